@@ -1,0 +1,36 @@
+"""headscope: find out what each attention head of a transformer does.
+
+Top-level API (imported lazily, so `import headscope` stays fast):
+- `load(spec)`, `models()`: load a model by alias, path, GGUF file or hub id.
+- `capture(model, ...)`, `ablate(model, heads, ...)`: attention maps and head ablation inside
+  Hugging Face models, through headscope's kernel.
+- `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
+- `MultiHeadAttention`: headscope's own attention module with hook points.
+- `HeadscopeError`: raised for bad input.
+"""
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "load": "headscope.loading",
+    "models": "headscope.loading",
+    "Loaded": "headscope.loading",
+    "capture": "headscope.hf.capture",
+    "ablate": "headscope.hf.capture",
+    "verify": "headscope.hf.verify",
+    "MultiHeadAttention": "headscope.attention",
+    "HeadscopeError": "headscope.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'headscope' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,166 @@
+"""Per-head attention maps and head ablation inside Hugging Face models.
+
+- `capture(model, layers=None, heads=None, to="cpu", dtype=None, reduce=None)`: a context
+  manager; inside it every forward pass stores `cap.patterns[layer]` `[batch, head, query, key]`
+  or, with `reduce=fn`, stores only `fn(layer, pattern, attention_mask)` in `cap.results[layer]`
+  so full maps never accumulate.
+- `ablate(model, heads=[(layer, head), ...], mode="zero"|"mean", means=None)`: a context manager
+  that replaces those heads' outputs z (before the output projection).
+Both route attention through headscope's kernel (`headscope.hf.route`) and restore the model's
+own attention implementation on exit, also on exceptions.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import HeadscopeError
+from .route import Session, layer_map, routed
+
+__all__ = ["capture", "ablate", "Capture"]
+
+Reducer = Callable[[int, torch.Tensor, Optional[torch.Tensor]], Any]
+
+
+def _check_layers(layers: Optional[Iterable[int]], n_layers: int) -> list[int]:
+    if layers is None:
+        return list(range(n_layers))
+    chosen = [int(l) for l in layers]
+    for layer in chosen:
+        if not 0 <= layer < n_layers:
+            raise HeadscopeError(f"layer {layer} is out of range: the model has {n_layers} layers (0-{n_layers - 1})")
+    return chosen
+
+
+def _check_heads(heads: Optional[Sequence[int]], n_heads: int) -> Optional[list[int]]:
+    if heads is None:
+        return None
+    chosen = [int(h) for h in heads]
+    for head in chosen:
+        if not 0 <= head < n_heads:
+            raise HeadscopeError(f"head {head} is out of range: each layer has {n_heads} heads (0-{n_heads - 1})")
+    return chosen
+
+
+class Capture(Session):
+    """What `capture` yields: `patterns` (stored maps) or `results` (reducer outputs)."""
+
+    def __init__(self, layer_of, layers, heads, to, dtype, reduce: Optional[Reducer]):
+        self.layer_of = {k: l for k, l in layer_of.items() if l in set(layers)}
+        self.layers = layers
+        self.heads = heads
+        self.to = to
+        self.dtype = dtype
+        self.reduce = reduce
+        self._maps: dict[int, list[torch.Tensor]] = defaultdict(list)
+        self.results: dict[int, list[Any]] = defaultdict(list)
+
+    def wants_pattern(self, layer: int) -> bool:
+        return True
+
+    def on_pattern(self, layer, pattern, attention_mask):
+        if self.heads is not None:
+            pattern = pattern[:, self.heads]
+        if self.reduce is not None:
+            self.results[layer].append(self.reduce(layer, pattern, attention_mask))
+            return
+        self._maps[layer].append(pattern.detach().to(device=self.to, dtype=self.dtype or pattern.dtype))
+
+    @property
+    def patterns(self) -> dict[int, torch.Tensor]:
+        """`{layer: [batch, head, query, key]}`; several forward passes concatenate on batch."""
+        out = {}
+        for layer, maps in self._maps.items():
+            if len({m.shape[1:] for m in maps}) > 1:
+                raise HeadscopeError(
+                    f"layer {layer} saw forward passes of different lengths; use capture(reduce=...) or one pass per capture"
+                )
+            out[layer] = maps[0] if len(maps) == 1 else torch.cat(maps, dim=0)
+        return out
+
+
+@contextmanager
+def capture(
+    model: nn.Module,
+    layers: Optional[Iterable[int]] = None,
+    heads: Optional[Sequence[int]] = None,
+    to: Any = "cpu",
+    dtype: Optional[torch.dtype] = None,
+    reduce: Optional[Reducer] = None,
+) -> Iterator[Capture]:
+    """Capture per-head attention patterns inside a Hugging Face model.
+
+    Args:
+        model: a transformers model of a supported family.
+        layers: layer indices to capture (default all).
+        heads: query-head indices to keep (default all).
+        to: device for stored maps (ignored by reducers, which run on the model's device).
+        dtype: dtype for stored maps (default fp32).
+        reduce: `fn(layer, pattern, attention_mask) -> stat` called on each layer's pattern
+            `[batch, head, query, key]` as soon as it is computed; only the stats are kept,
+            in `cap.results[layer]` (one entry per forward pass).
+    Yields:
+        A `Capture` with `.patterns` or `.results`.
+    """
+    layer_of = layer_map(model)
+    chosen = _check_layers(layers, len(layer_of))
+    from .adapters import head_sizes
+
+    session = Capture(layer_of, chosen, _check_heads(heads, head_sizes(model.config)[1]), to, dtype, reduce)
+    with routed(model, session):
+        yield session
+
+
+class _Ablation(Session):
+    def __init__(self, layer_of, by_layer, mode, means):
+        self.layer_of = {k: l for k, l in layer_of.items() if l in by_layer}
+        self.by_layer = by_layer
+        self.mode = mode
+        self.means = means or {}
+
+    def edit_z(self, layer, z):
+        heads = self.by_layer[layer]
+        z = z.clone()
+        if self.mode == "zero":
+            z[:, :, heads] = 0
+        elif layer in self.means:  # (H, D) reference means for this layer
+            z[:, :, heads] = self.means[layer][heads].to(z)
+        else:
+            z[:, :, heads] = z[:, :, heads].mean(dim=(0, 1), keepdim=True)
+        return z
+
+
+@contextmanager
+def ablate(
+    model: nn.Module,
+    heads: Sequence[tuple[int, int]],
+    mode: str = "zero",
+    means: Optional[dict[int, torch.Tensor]] = None,
+) -> Iterator[None]:
+    """Remove heads' contributions inside a Hugging Face model for the `with` block.
+
+    Args:
+        model: a transformers model of a supported family.
+        heads: `[(layer, head), ...]` query heads to ablate.
+        mode: "zero" sets the head's z to 0; "mean" sets it to its mean, taken from
+            `means[layer][head]` (`[head, d_head]` tensors) when given, else over the batch
+            and positions of the current forward pass.
+        means: optional reference means for "mean" mode.
+    """
+    if mode not in ("zero", "mean"):
+        raise HeadscopeError(f"unknown ablation mode {mode!r}; use 'zero' or 'mean'")
+    layer_of = layer_map(model)
+    from .adapters import head_sizes
+
+    n_heads = head_sizes(model.config)[1]
+    by_layer: dict[int, list[int]] = defaultdict(list)
+    for layer, head in heads:
+        _check_layers([layer], len(layer_of))
+        _check_heads([head], n_heads)
+        by_layer[int(layer)].append(int(head))
+    with routed(model, _Ablation(layer_of, dict(by_layer), mode, means)):
+        yield

@@ -1,0 +1,111 @@
+"""Routing a Hugging Face model's attention through headscope's kernel.
+
+transformers (v5) looks up each layer's attention function by `config._attn_implementation`.
+headscope registers its kernel under the name "headscope", with transformers' SDPA mask builder
+registered under the same name (without a mask function no causal mask would be built and the
+outputs would be silently wrong). While at least one `Session` is active on a model, the model
+runs with that implementation; when the last one exits, the previous implementation returns.
+
+Sessions see each layer's pattern `[batch, head, query, key]` (key/value heads expanded to
+query heads) and may edit z `[batch, pos, head, d_head]` before the output projection.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import torch
+from torch import nn
+
+from ..errors import HeadscopeError
+from ..kernel import attention
+from .adapters import core_modules
+
+__all__ = ["IMPLEMENTATION", "Session", "routed"]
+
+IMPLEMENTATION = "headscope"
+_ACTIVE: list["Session"] = []
+_MODEL_STATE: dict[int, tuple[str, int]] = {}  # id(model) -> (previous implementation, sessions)
+_registered = False
+
+
+class Session:
+    """Base class for what runs inside the kernel: override the three hooks below."""
+
+    layer_of: dict[int, int]  # id(attention core module) -> layer index
+
+    def wants_pattern(self, layer: int) -> bool:
+        return False
+
+    def on_pattern(self, layer: int, pattern: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> None:
+        """Receives `[batch, head, query, key]` fp32 probabilities on the model's device."""
+
+    def edit_z(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """Receives z `[batch, pos, head, d_head]`; returns it, edited or not."""
+        return z
+
+
+def _headscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention-interface function: query `[b, h, q, d]`, key/value `[b, kv, k, d]`."""
+    active = [(s, s.layer_of[id(module)]) for s in _ACTIVE if id(module) in s.layer_of]
+    need_pattern = any(s.wants_pattern(layer) for s, layer in active)
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    # As in transformers' SDPA path: a missing mask means "causal" only for causal modules.
+    is_causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
+    z, pattern = attention(
+        query, key, value, mask=attention_mask, is_causal=is_causal, scale=scaling,
+        dropout_p=dropout, need_pattern=need_pattern,
+    )
+    for session, layer in active:
+        if pattern is not None and session.wants_pattern(layer):
+            session.on_pattern(layer, pattern, attention_mask)
+    z = z.transpose(1, 2)  # (B, T, H, D)
+    for session, layer in active:
+        z = session.edit_z(layer, z)
+    weights = pattern.to(query.dtype) if pattern is not None else None
+    return z.contiguous(), weights
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, _headscope_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    _registered = True
+
+
+def layer_map(model: nn.Module) -> dict[int, int]:
+    """`{id(core module): layer}` for a supported model; HeadscopeError otherwise."""
+    layers = core_modules(model)  # raises for unsupported families
+    if not type(model)._can_set_attn_implementation():
+        raise HeadscopeError(
+            f"{type(model).__name__} does not route attention through transformers' attention interface"
+        )
+    return {id(core): i for i, core in layers}
+
+
+@contextmanager
+def routed(model: nn.Module, session: Session) -> Iterator[Session]:
+    """Run `model` through headscope's kernel with `session` active; always restores the model."""
+    _register()
+    key = id(model)
+    previous, count = _MODEL_STATE.get(key, (model.config._attn_implementation, 0))
+    if count == 0:
+        model.set_attn_implementation(IMPLEMENTATION)
+    _MODEL_STATE[key] = (previous, count + 1)
+    _ACTIVE.append(session)
+    try:
+        yield session
+    finally:
+        _ACTIVE.remove(session)
+        previous, count = _MODEL_STATE.pop(key)
+        if count > 1:
+            _MODEL_STATE[key] = (previous, count - 1)
+        else:
+            model.set_attn_implementation(previous)

