@@ -1,0 +1,185 @@
+"""The result of `headscope.analyze`: per-head scores, labels, metadata and example patterns.
+
+- `Analysis`: `.scores` (layer, head, detector, score, ci_low, ci_high, n), `.labels` (layer,
+  head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), and `.syntax`
+  (per-relation scores, when the syntactic detector ran).
+- `Analysis.save(dir)` / `Analysis.load(dir)`: a folder of CSV and JSON files, written
+  atomically (a temporary folder renamed into place).
+- `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
+  rounded) to keep reports small.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["Analysis", "Example", "atomic_dir"]
+
+SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n"]
+LABEL_COLUMNS = ["layer", "head", "label", "score", "labels"]
+SYNTAX_COLUMNS = ["layer", "head", "relation", "direction", "accuracy", "baseline", "n"]
+
+
+@dataclass
+class Example:
+    """One probe example shown in the head explorer.
+
+    Attributes:
+        probe: probe name ("text", "repeated", ...).
+        index: example number within the probe.
+        tokens: token strings as the tokenizer gives them (escape before putting in HTML).
+        patterns: uint8 `[layer, head, query, key]`, attention x 255 rounded.
+    """
+
+    probe: str
+    index: int
+    tokens: list[str]
+    patterns: np.ndarray
+
+    def pattern(self, layer: int, head: int) -> np.ndarray:
+        """Float `[query, key]` pattern of one head (to within 1/510)."""
+        return self.patterns[layer, head].astype(np.float32) / 255.0
+
+    def to_json(self) -> dict:
+        return {
+            "probe": self.probe, "index": self.index, "tokens": self.tokens,
+            "shape": list(self.patterns.shape),
+            "patterns_uint8_base64": base64.b64encode(np.ascontiguousarray(self.patterns, dtype=np.uint8).tobytes()).decode(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Example":
+        raw = np.frombuffer(base64.b64decode(data["patterns_uint8_base64"]), dtype=np.uint8)
+        return cls(data["probe"], int(data["index"]), list(data["tokens"]), raw.reshape(data["shape"]).copy())
+
+    @classmethod
+    def from_float(cls, probe: str, index: int, tokens: list[str], patterns) -> "Example":
+        """Quantise float patterns `[layer, head, query, key]` in [0, 1]."""
+        arr = np.asarray(patterns, dtype=np.float32)
+        return cls(probe, index, list(tokens), np.clip(np.rint(arr * 255.0), 0, 255).astype(np.uint8))
+
+
+@dataclass
+class Analysis:
+    """Scores, labels and metadata of one model's heads; see the module docstring."""
+
+    scores: Any  # pandas.DataFrame
+    labels: Any  # pandas.DataFrame
+    meta: dict
+    examples: list[Example] = field(default_factory=list)
+    syntax: Optional[Any] = None  # pandas.DataFrame or None
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.meta["n_layers"])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.meta["n_heads"])
+
+    @property
+    def detectors(self) -> list[str]:
+        return list(dict.fromkeys(self.scores["detector"]))
+
+    def score_grid(self, detector: str, column: str = "score") -> np.ndarray:
+        """`[layer, head]` array of one detector's column (NaN where missing)."""
+        grid = np.full((self.n_layers, self.n_heads), np.nan)
+        rows = self.scores[self.scores.detector == detector]
+        grid[rows.layer.to_numpy(), rows.head.to_numpy()] = rows[column].to_numpy()
+        return grid
+
+    def heads_with(self, label: str) -> Any:
+        """Rows of `.labels` with this label, strongest first."""
+        rows = self.labels[self.labels.label == label]
+        return rows.sort_values("score", ascending=False)
+
+    def save(self, directory, *, force: bool = False) -> Path:
+        """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv) atomically.
+
+        Args:
+            directory: target folder; must not exist unless `force`.
+            force: replace an existing folder.
+        Returns:
+            The folder's path.
+        """
+        with atomic_dir(directory, force=force) as tmp:
+            self.write_into(tmp)
+        return Path(directory)
+
+    def write_into(self, folder: Path) -> None:
+        """Write the analysis files into an existing folder (no atomicity of its own)."""
+        folder = Path(folder)
+        self.scores[SCORE_COLUMNS].to_csv(folder / "scores.csv", index=False)
+        self.labels[LABEL_COLUMNS].to_csv(folder / "labels.csv", index=False)
+        (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, sort_keys=True, default=str))
+        (folder / "examples.json").write_text(json.dumps([e.to_json() for e in self.examples]))
+        if self.syntax is not None:
+            self.syntax[SYNTAX_COLUMNS].to_csv(folder / "syntax.csv", index=False)
+
+    @classmethod
+    def load(cls, directory) -> "Analysis":
+        """Read an analysis written by `save`."""
+        import pandas as pd
+
+        from .errors import HeadscopeError
+
+        folder = Path(directory)
+        needed = ["scores.csv", "labels.csv", "meta.json"]
+        missing = [n for n in needed if not (folder / n).is_file()]
+        if missing:
+            raise HeadscopeError(f"{folder} is not a headscope analysis (missing {', '.join(missing)})")
+        try:
+            scores = pd.read_csv(folder / "scores.csv")
+            labels = pd.read_csv(folder / "labels.csv", keep_default_na=False)
+            meta = json.loads((folder / "meta.json").read_text())
+            examples_file = folder / "examples.json"
+            examples = [Example.from_json(e) for e in json.loads(examples_file.read_text())] if examples_file.exists() else []
+            syntax = pd.read_csv(folder / "syntax.csv") if (folder / "syntax.csv").exists() else None
+        except (ValueError, KeyError, OSError) as err:
+            raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
+        return cls(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax)
+
+
+class atomic_dir:
+    """Context manager giving a temporary folder that is renamed to `target` on success.
+
+    On an exception (Ctrl-C included) the temporary folder is deleted and `target` is left as
+    it was. With `force`, an existing target is replaced only after the new one is complete.
+    """
+
+    def __init__(self, target, *, force: bool = False):
+        from .errors import HeadscopeError
+
+        self.target = Path(target)
+        if self.target.exists() and not force:
+            raise HeadscopeError(f"{self.target} already exists; pass --force (force=True) to replace it")
+        if self.target.exists() and not self.target.is_dir():
+            raise HeadscopeError(f"{self.target} exists and is not a folder")
+        self.force = force
+
+    def __enter__(self) -> Path:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-", dir=self.target.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        os.chmod(self.tmp, 0o755)
+        if self.target.exists():
+            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
+            os.replace(self.target, old)
+            os.replace(self.tmp, self.target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp, self.target)
+        return False

@@ -1,0 +1,197 @@
+"""`analyze`: score every head of a model with the detectors, with confidence intervals.
+
+For each probe the detectors need, batches run through the model inside `capture(reduce=...)`,
+so each layer's pattern is turned into per-example scores `[batch, head]` as soon as it is
+computed and never stored (only a few short explorer examples keep their maps). Scores are the
+mean over probe examples with a 95% percentile-bootstrap interval (`headscope.stats`); labels
+follow `headscope.labels`.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from . import __version__
+from .analysis import Analysis, Example
+from .errors import HeadscopeError
+from .hf.capture import capture
+from .labels import label_heads
+from .probes import ProbeSet, repeated_probe, text_probe
+
+__all__ = ["analyze", "Progress"]
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def _context_length(config) -> Optional[int]:
+    return getattr(config, "max_position_embeddings", None)
+
+
+def _check_args(loaded, names, n_examples, seq_len, batch_size, repeat_len, repeats):
+    from . import detectors as registry
+
+    if n_examples <= 0:
+        raise HeadscopeError(f"n_examples must be at least 1, got {n_examples}")
+    if batch_size <= 0:
+        raise HeadscopeError(f"batch_size must be at least 1, got {batch_size}")
+    chosen = registry.defaults(loaded.causal) if names is None else list(dict.fromkeys(names))
+    if not chosen:
+        raise HeadscopeError("no detectors chosen")
+    dets = [registry.get(n) for n in chosen]
+    for det in dets:
+        if det.bidirectional_only and loaded.causal:
+            raise HeadscopeError(f"detector {det.name!r} needs a bidirectional model; {loaded.name} is causal")
+    context = _context_length(loaded.model.config)
+    lengths = {"text": seq_len, "repeated": repeat_len * repeats + 2}
+    for probe in {d.probe for d in dets}:
+        if context is not None and lengths.get(probe, 0) > context:
+            raise HeadscopeError(
+                f"the {probe} probe needs {lengths[probe]} tokens but {loaded.name} takes at most {context}"
+            )
+    return dets
+
+
+def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) -> dict[str, ProbeSet]:
+    probes = {}
+    for name in dict.fromkeys(d.probe for d in dets):
+        if name == "text":
+            probes[name] = text_probe(loaded.tokenizer, n_examples, seq_len, seed)
+        elif name == "repeated":
+            vocab = loaded.model.config.vocab_size
+            probes[name] = repeated_probe(loaded.tokenizer, n_examples, repeat_len, repeats, seed, vocab_size=vocab)
+    return probes
+
+
+@torch.no_grad()
+def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress]):
+    """Per-example scores: {detector: {layer: [examples, head]}}."""
+    collected: dict[str, dict[int, list[torch.Tensor]]] = {d.name: defaultdict(list) for d in dets}
+    current = {}
+
+    def reduce(layer, pattern, mask):
+        batch = current["batch"]
+        for det in dets:
+            collected[det.name][layer].append(det.score(pattern, batch).float().cpu())
+
+    batches = probe.batches(batch_size, loaded.causal, loaded.device)
+    with capture(loaded.model, reduce=reduce):
+        for i, batch in enumerate(batches):
+            current["batch"] = batch
+            loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long())
+            if progress:
+                progress(f"probe {probe.name}", i + 1, len(batches))
+    return {name: {layer: torch.cat(parts) for layer, parts in per_layer.items()} for name, per_layer in collected.items()}
+
+
+@torch.no_grad()
+def _explorer_examples(loaded, probes, n_show, length) -> list[Example]:
+    examples = []
+    for name, probe in probes.items():
+        ids = probe.input_ids[:n_show, :length].to(loaded.device)
+        with capture(loaded.model, to="cpu") as cap:
+            loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        maps = torch.stack([cap.patterns[l] for l in range(loaded.n_layers)], dim=1)  # (N, L, H, T, T)
+        for i in range(ids.shape[0]):
+            tokens = loaded.tokenizer.convert_ids_to_tokens(ids[i].tolist())
+            examples.append(Example.from_float(name, i, [str(t) for t in tokens], maps[i].numpy()))
+    return examples
+
+
+def analyze(
+    loaded,
+    detectors: Optional[Iterable[str]] = None,
+    n_examples: int = 16,
+    seq_len: int = 128,
+    batch_size: int = 8,
+    seed: int = 0,
+    *,
+    repeat_len: int = 25,
+    repeats: int = 4,
+    explorer_examples: int = 2,
+    explorer_len: int = 48,
+    progress: Optional[Progress] = None,
+) -> Analysis:
+    """Score every head of a loaded model.
+
+    Args:
+        loaded: a `headscope.load(...)` result.
+        detectors: detector names (default: all that apply to the model; see
+            `headscope.detectors.names()`).
+        n_examples: probe examples per probe (the bootstrap resamples these).
+        seq_len: tokens per natural-text example.
+        batch_size: examples per forward pass.
+        seed: chooses text windows, random tokens and bootstrap resamples.
+        repeat_len, repeats: the repeated-random-tokens probe (Olsson et al.: 25 x 4).
+        explorer_examples, explorer_len: examples per probe whose full maps are kept for the
+            report's head explorer, truncated to this many tokens.
+        progress: `fn(stage, done, total)` called as batches finish.
+    Returns:
+        An `Analysis`.
+    """
+    started = time.perf_counter()
+    dets = _check_args(loaded, detectors, n_examples, seq_len, batch_size, repeat_len, repeats)
+    timings = {}
+    t = time.perf_counter()
+    probes = _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed)
+    timings["probes"] = time.perf_counter() - t
+
+    per_example: dict[str, dict[int, torch.Tensor]] = {}
+    for name, probe in probes.items():
+        t = time.perf_counter()
+        per_example.update(_run_probe(loaded, probe, [d for d in dets if d.probe == name], batch_size, progress))
+        timings[f"probe_{name}"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    scores = _score_table(per_example, dets, loaded.n_layers, loaded.n_heads, seed)
+    labels = label_heads(scores, {d.name: d.threshold for d in dets})
+    timings["statistics"] = time.perf_counter() - t
+    t = time.perf_counter()
+    examples = _explorer_examples(loaded, probes, explorer_examples, explorer_len) if explorer_examples else []
+    timings["explorer"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - started
+    meta = _meta(loaded, dets, probes, seed, timings, batch_size)
+    return Analysis(scores=scores, labels=labels, meta=meta, examples=examples)
+
+
+def _score_table(per_example, dets, n_layers, n_heads, seed):
+    import pandas as pd
+
+    from .stats import bootstrap_mean_ci
+
+    frames = []
+    for det in dets:
+        values = torch.stack([per_example[det.name][layer] for layer in range(n_layers)])  # (L, N, H)
+        rows = values.permute(0, 2, 1).reshape(n_layers * n_heads, -1)  # (L*H, N)
+        mean, low, high, n = bootstrap_mean_ci(rows, seed=seed)
+        frames.append(pd.DataFrame({
+            "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
+            "head": torch.arange(n_heads).repeat(n_layers).numpy(),
+            "detector": det.name, "score": mean.numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
+            "n": n.numpy(),
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _meta(loaded, dets, probes, seed, timings, batch_size) -> dict:
+    import datetime
+
+    import transformers
+
+    config = loaded.model.config
+    return {
+        "model": loaded.name, "family": loaded.family, "causal": loaded.causal,
+        "n_layers": loaded.n_layers, "n_heads": loaded.n_heads,
+        "n_kv_heads": getattr(config, "num_key_value_heads", None) or loaded.n_heads,
+        "parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "device": str(loaded.device), "dtype": str(loaded.model.dtype).replace("torch.", ""),
+        "probes": {name: {"n_examples": len(p), "seq_len": int(p.input_ids.shape[1]), "description": p.description}
+                   for name, p in probes.items()},
+        "batch_size": batch_size, "seed": seed,
+        "versions": {"headscope": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "detectors": {d.name: d.describe() for d in dets},
+    }

@@ -1,0 +1,73 @@
+"""What a detector is, and the registry that finds detectors by name.
+
+A `Detector` scores every head of one layer from that layer's attention patterns on one probe
+batch: `score(pattern [batch, head, query, key], batch) -> [batch, head]`, one number per
+probe example (NaN where the example has no query the formula applies to). Scores lie in
+[0, 1]; a head passes when its mean over examples is at least `threshold`. Detectors are pure:
+they never modify the pattern they are given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["Detector", "REGISTRY", "register", "masked_query_mean"]
+
+
+@dataclass(frozen=True)
+class Detector:
+    """A named head-scoring rule.
+
+    Attributes:
+        name: registry key, also the label of heads that pass.
+        probe: which probe it reads ("text" or "repeated").
+        threshold: score at which a head gets this label.
+        formula: the formula in words, for reports and docs.
+        source: the paper (and what the threshold rests on).
+        fn: `(pattern, batch) -> [batch, head]` per-example scores.
+        bidirectional_only: meaningless for causal models (e.g. next-token attention).
+    """
+
+    name: str
+    probe: str
+    threshold: float
+    formula: str
+    source: str
+    fn: Callable
+    bidirectional_only: bool = False
+
+    def score(self, pattern: torch.Tensor, batch) -> torch.Tensor:
+        """Per-example scores `[batch, head]` of one layer's pattern `[batch, head, query, key]`."""
+        return self.fn(pattern, batch)
+
+    def __call__(self, pattern: torch.Tensor, batch) -> torch.Tensor:
+        return self.score(pattern, batch)
+
+    def describe(self) -> dict:
+        return {"formula": self.formula, "threshold": self.threshold, "source": self.source, "probe": self.probe}
+
+
+REGISTRY: dict[str, Detector] = {}
+
+
+def register(detector: Detector) -> Detector:
+    """Add a detector to the registry under its name."""
+    REGISTRY[detector.name] = detector
+    return detector
+
+
+def masked_query_mean(values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """Mean over the selected queries of each example.
+
+    Args:
+        values: `[batch, head, query]`.
+        queries: `[batch, query]` bool, the queries the formula applies to.
+    Returns:
+        `[batch, head]`, NaN for examples with no selected query.
+    """
+    weights = queries[:, None, :].to(values.dtype)
+    count = weights.sum(-1)
+    total = (values * weights).sum(-1)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))

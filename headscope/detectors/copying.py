@@ -1,0 +1,66 @@
+"""Heads that look at earlier copies of the current token: induction and duplicate-token.
+
+Both read the repeated-random-tokens probe, where every token of a later repeat has earlier
+occurrences. For query i, let E_i = {j < i : x_j = x_i} (earlier occurrences).
+induction:        mean over queries with E_i non-empty of  sum_{j in E_i} A[i, j+1]
+                  (attention to the token right after an earlier occurrence: prefix matching)
+duplicate_token:  mean over queries with E_i non-empty of  sum_{j in E_i} A[i, j]
+Only queries that have a target are averaged. TransformerLens's detect_head divides by every
+query instead, so on two copies a perfect induction head scores about 0.5; here it scores 1.
+With more than two repeats a query's targets are all earlier occurrences (for two copies this
+is Olsson et al.'s single target).
+Sources: Olsson et al. 2022 (prefix-matching score on 25 random tokens x 4 with a start token;
+threshold 0.4 as common practice, e.g. ARENA); duplicate-token heads: Wang et al. 2022 (IOI),
+threshold 0.4 by analogy.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Detector, masked_query_mean, register
+
+__all__ = ["induction", "duplicate_token", "earlier_copies"]
+
+
+def earlier_copies(batch) -> torch.Tensor:
+    """`[batch, query, key]` bool: key j < query i holds the same token as i (both real)."""
+    def build():
+        ids = batch.input_ids
+        valid = batch.attention_mask.bool()
+        same = (ids[:, :, None] == ids[:, None, :]) & valid[:, :, None] & valid[:, None, :]
+        t = ids.shape[1]
+        before = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril(-1)
+        same = same & before
+        same[:, :, : batch.content_start] = False  # special start tokens are not copies
+        return same
+    return batch.cached("earlier_copies", build)
+
+
+def induction_targets(batch) -> torch.Tensor:
+    """`[batch, query, key]` bool: key j+1 follows an earlier occurrence j of query i's token."""
+    def build():
+        copies = earlier_copies(batch)
+        targets = torch.zeros_like(copies)
+        targets[:, :, 1:] = copies[:, :, :-1]
+        return targets & batch.attention_mask.bool()[:, None, :]
+    return batch.cached("induction_targets", build)
+
+
+def _mass_on(pattern: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    mass = (pattern * targets[:, None].to(pattern.dtype)).sum(-1)  # (B, H, T)
+    return masked_query_mean(mass, targets.any(-1))
+
+
+induction = register(Detector(
+    name="induction", probe="repeated", threshold=0.4,
+    formula="mean over queries with an earlier occurrence of the attention on the tokens right after its earlier occurrences",
+    source="Olsson et al. 2022 (prefix matching); threshold 0.4 as in common practice (ARENA)",
+    fn=lambda pattern, batch: _mass_on(pattern, induction_targets(batch)),
+))
+
+duplicate_token = register(Detector(
+    name="duplicate_token", probe="repeated", threshold=0.4,
+    formula="mean over queries with an earlier occurrence of the attention on its earlier occurrences",
+    source="Wang et al. 2022 (IOI duplicate-token heads); threshold 0.4 by analogy with induction",
+    fn=lambda pattern, batch: _mass_on(pattern, earlier_copies(batch)),
+))

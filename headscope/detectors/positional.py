@@ -1,0 +1,63 @@
+"""Fixed-offset heads: previous-token, next-token and self (diagonal) attention.
+
+previous_token:  mean over queries i >= 1 of A[i, i-1]
+next_token:      mean over queries i < n-1 of A[i, i+1]   (bidirectional models only)
+self:            mean over queries i >= 1 of A[i, i]       (i = 0 skipped: in a causal model its
+                                                            only key is itself)
+Queries and keys are real tokens of the natural-text probe. Source: Voita et al. 2019
+("positional heads", their max weight at a fixed relative position) and Clark et al. 2019
+(four previous-token and five next-token heads in BERT-base). Threshold 0.5: the share of
+attention at that offset used by Clark et al.'s released code to call a head positional.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Detector, masked_query_mean, register
+
+__all__ = ["previous_token", "next_token", "self_attention", "offset_score"]
+
+
+def offset_score(pattern: torch.Tensor, batch, offset: int) -> torch.Tensor:
+    """Mean of A[i, i + offset] over real queries whose key i + offset is a real token.
+
+    Args:
+        pattern: `[batch, head, query, key]`.
+        batch: a `ProbeBatch`.
+        offset: -1 previous token, +1 next token, 0 self.
+    Returns:
+        `[batch, head]`.
+    """
+    valid = batch.attention_mask.bool()  # (B, T)
+    diag = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)  # (B, H, T - |offset|)
+    n = diag.shape[-1]
+    if offset < 0:
+        queries = valid[:, -offset:] & valid[:, :n]
+    elif offset > 0:
+        queries = valid[:, :n] & valid[:, offset:]
+    else:
+        queries = valid.clone()
+        queries[:, 0] = False
+    return masked_query_mean(diag, queries)
+
+
+previous_token = register(Detector(
+    name="previous_token", probe="text", threshold=0.5,
+    formula="mean over queries i >= 1 of A[i, i-1]",
+    source="Voita et al. 2019 (positional heads); Clark et al. 2019 (threshold 0.5 of attention at the offset)",
+    fn=lambda pattern, batch: offset_score(pattern, batch, -1),
+))
+
+next_token = register(Detector(
+    name="next_token", probe="text", threshold=0.5,
+    formula="mean over queries i < n-1 of A[i, i+1] (bidirectional models)",
+    source="Clark et al. 2019 (five next-token heads in BERT; threshold 0.5)",
+    fn=lambda pattern, batch: offset_score(pattern, batch, +1), bidirectional_only=True,
+))
+
+self_attention = register(Detector(
+    name="self", probe="text", threshold=0.5,
+    formula="mean over queries i >= 1 of A[i, i]",
+    source="Clark et al. 2019 (attention to the token itself; threshold 0.5 as for offsets)",
+    fn=lambda pattern, batch: offset_score(pattern, batch, 0),
+))

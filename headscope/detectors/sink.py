@@ -1,0 +1,28 @@
+"""Attention-sink heads: most attention on the first position.
+
+sink: mean over queries i >= 1 of A[i, 0]
+Source: Xiao et al. 2023 (StreamingLLM): beyond the bottom layers, LLMs put most attention on
+the first token in most heads; such heads must be labelled sinks, not uniform or positional.
+Threshold 0.6: Clark et al. 2019's code calls a head special-token-focused at >= 0.6 of its
+attention on [CLS]/[SEP].
+"""
+from __future__ import annotations
+
+from .base import Detector, masked_query_mean, register
+
+__all__ = ["sink"]
+
+
+def _sink(pattern, batch):
+    valid = batch.attention_mask.bool()
+    queries = valid.clone()
+    queries[:, 0] = False
+    return masked_query_mean(pattern[..., 0], queries)
+
+
+sink = register(Detector(
+    name="sink", probe="text", threshold=0.6,
+    formula="mean over queries i >= 1 of A[i, 0] (attention on the first position)",
+    source="Xiao et al. 2023 (StreamingLLM attention sinks); threshold 0.6 from Clark et al. 2019's special-token heads",
+    fn=_sink,
+))

@@ -1,0 +1,37 @@
+"""Uniform ("broad") heads: attention spread evenly over every key a query may see.
+
+uniform: mean over queries with n_i >= 8 of H(A_i) / ln(n_i), where H is the entropy in nats
+and n_i the number of keys query i may attend to (earlier-or-equal real tokens in a causal
+model, all real tokens in an encoder). 1 means perfectly uniform.
+Source: Clark et al. 2019 ("broad" heads put at most ~10% on any word; their code uses mean
+entropy >= 3.8 nats). headscope normalises by ln(n_i) so the score does not depend on length;
+threshold 0.9. Queries with fewer than 8 keys are skipped (their entropy says little).
+"""
+from __future__ import annotations
+
+
+import torch
+
+from .base import Detector, masked_query_mean, register
+
+__all__ = ["uniform", "uniform_score", "MIN_KEYS"]
+
+MIN_KEYS = 8
+
+
+def uniform_score(pattern: torch.Tensor, batch, min_keys: int = MIN_KEYS) -> torch.Tensor:
+    """Normalised entropy per example `[batch, head]`; see the module docstring."""
+    allowed = batch.key_allowed()  # (B, Tq, Tk)
+    n_keys = allowed.sum(-1)  # (B, Tq)
+    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)  # (B, H, Tq)
+    normalised = entropy / torch.log(n_keys.clamp(min=2).to(pattern.dtype))[:, None, :]
+    queries = (n_keys >= min_keys) & batch.attention_mask.bool()
+    return masked_query_mean(normalised, queries)
+
+
+uniform = register(Detector(
+    name="uniform", probe="text", threshold=0.9,
+    formula=f"mean over queries with n_i >= {MIN_KEYS} keys of H(A_i) / ln(n_i)",
+    source="Clark et al. 2019 (broad heads, entropy >= 3.8 nats); normalised by ln(n_i), threshold 0.9",
+    fn=lambda pattern, batch: uniform_score(pattern, batch),
+))

@@ -1,0 +1,157 @@
+"""Probe inputs for the detectors.
+
+- `text_probe(tokenizer, n_examples, seq_len, seed)`: windows of natural English from
+  `probes/text/` (written for headscope; see its README), wrapped in the tokenizer's own special
+  tokens ([CLS] ... [SEP] for BERT, nothing for SmolLM2).
+- `repeated_probe(tokenizer, n_examples, repeat_len, repeats, seed)`: random tokens repeated
+  (Olsson et al. 2022: 25 tokens x 4 with a start token), drawn without replacement within a
+  repeat from the middle of the vocabulary (special tokens and the first and last 5% of ids,
+  typically the most frequent pieces and the rarest merges, excluded), wrapped in the
+  tokenizer's special tokens, or after the model's BOS token when the tokenizer adds none.
+- `ProbeSet`: input_ids `[example, pos]`, attention_mask, and what the detectors need to know.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ._paths import probes_dir
+from .errors import HeadscopeError
+
+__all__ = ["ProbeSet", "ProbeBatch", "text_probe", "repeated_probe", "text_corpus"]
+
+
+@dataclass
+class ProbeBatch:
+    """One batch as the detectors see it.
+
+    Attributes:
+        input_ids: `[batch, pos]`.
+        attention_mask: `[batch, pos]`, True for real tokens.
+        causal: whether the model is causal (a query sees keys <= itself).
+        content_start: index of the first probe token (after a BOS/[CLS]).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    causal: bool
+    content_start: int = 0
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def to(self, device) -> "ProbeBatch":
+        return ProbeBatch(self.input_ids.to(device), self.attention_mask.to(device), self.causal, self.content_start)
+
+    def cached(self, key: str, build):
+        """Memoise per-batch masks shared by detectors across layers."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def key_allowed(self) -> torch.Tensor:
+        """`[batch, query, key]` bool: which keys each real query may attend to."""
+        def build():
+            valid = self.attention_mask.bool()
+            allowed = valid[:, None, :] & valid[:, :, None]
+            if self.causal:
+                t = valid.shape[1]
+                allowed = allowed & torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
+            return allowed
+        return self.cached("key_allowed", build)
+
+
+@dataclass
+class ProbeSet:
+    """A probe's examples, all the same length (no padding needed)."""
+
+    name: str
+    input_ids: torch.Tensor  # (N, T)
+    content_start: int
+    description: str
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def batches(self, batch_size: int, causal: bool, device) -> list[ProbeBatch]:
+        out = []
+        for start in range(0, len(self), batch_size):
+            ids = self.input_ids[start:start + batch_size].to(device)
+            out.append(ProbeBatch(ids, torch.ones_like(ids, dtype=torch.bool), causal, self.content_start))
+        return out
+
+
+def _special_wrapping(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after a text by default."""
+    probe = "hello"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start], full[start + len(plain):]
+    return [], []
+
+
+def text_corpus() -> str:
+    """All passages of the bundled natural-text probe, separated by blank lines."""
+    folder = probes_dir() / "text"
+    passages = []
+    for path in sorted(folder.glob("*.txt")):
+        for chunk in path.read_text(encoding="utf-8").split("\n---\n"):
+            chunk = chunk.strip()
+            if chunk and chunk != "---":
+                passages.append(chunk)
+    return "\n\n".join(passages)
+
+
+def text_probe(tokenizer, n_examples: int, seq_len: int, seed: int = 0) -> ProbeSet:
+    """`n_examples` non-overlapping windows of `seq_len` tokens of natural text, chosen by seed."""
+    prefix, suffix = _special_wrapping(tokenizer)
+    content = seq_len - len(prefix) - len(suffix)
+    if content < 2:
+        raise HeadscopeError(f"seq_len {seq_len} is too short for the tokenizer's special tokens")
+    stream = tokenizer(text_corpus(), add_special_tokens=False, verbose=False)["input_ids"]
+    available = len(stream) // content
+    if available < n_examples:
+        raise HeadscopeError(
+            f"the text probe has {len(stream)} tokens: at most {available} examples of seq_len {seq_len} "
+            f"(asked for {n_examples})"
+        )
+    order = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:n_examples]
+    rows = [prefix + stream[i * content:(i + 1) * content] + suffix for i in sorted(order.tolist())]
+    return ProbeSet("text", torch.tensor(rows), len(prefix),
+                    f"natural English from probes/text, {n_examples} windows of {seq_len} tokens")
+
+
+def _candidate_ids(tokenizer, vocab_size: int) -> torch.Tensor:
+    special = set(tokenizer.all_special_ids or [])
+    lo, hi = int(0.05 * vocab_size), int(0.95 * vocab_size)
+    ids = [i for i in range(lo, hi) if i not in special]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def repeated_probe(
+    tokenizer, n_examples: int, repeat_len: int = 25, repeats: int = 4, seed: int = 0,
+    vocab_size: Optional[int] = None,
+) -> ProbeSet:
+    """Random tokens repeated `repeats` times, BOS first when the tokenizer has one."""
+    if repeat_len < 2 or repeats < 2:
+        raise HeadscopeError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
+    vocab = vocab_size or len(tokenizer)
+    candidates = _candidate_ids(tokenizer, vocab)
+    if len(candidates) < repeat_len:
+        raise HeadscopeError(
+            f"the tokenizer has only {len(candidates)} ordinary token ids in the middle of its vocabulary; "
+            f"the repeated probe needs {repeat_len} distinct ones"
+        )
+    gen = torch.Generator().manual_seed(seed + 1)
+    units = torch.stack([candidates[torch.randperm(len(candidates), generator=gen)[:repeat_len]] for _ in range(n_examples)])
+    ids = units.repeat(1, repeats)  # (N, repeat_len * repeats)
+    prefix, suffix = _special_wrapping(tokenizer)
+    if not prefix and tokenizer.bos_token_id is not None:
+        prefix = [tokenizer.bos_token_id]
+    wrap = lambda extra: torch.tensor(extra, dtype=torch.long).expand(n_examples, len(extra))
+    ids = torch.cat([wrap(prefix), ids, wrap(suffix)], dim=1)
+    return ProbeSet("repeated", ids, len(prefix),
+                    f"{n_examples} sequences of {repeat_len} random tokens x {repeats}"
+                    f"{' after ' + str(len(prefix)) + ' start token(s)' if prefix else ''}")
