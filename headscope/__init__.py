@@ -19,6 +19,8 @@ _EXPORTS = {
     "capture": "headscope.hf.capture",
     "ablate": "headscope.hf.capture",
     "verify": "headscope.hf.verify",
+    "analyze": "headscope.pipeline",
+    "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",
     "HeadscopeError": "headscope.errors",
 }

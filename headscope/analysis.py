@@ -93,7 +93,7 @@ class Analysis:
         """`[layer, head]` array of one detector's column (NaN where missing)."""
         grid = np.full((self.n_layers, self.n_heads), np.nan)
         rows = self.scores[self.scores.detector == detector]
-        grid[rows.layer.to_numpy(), rows.head.to_numpy()] = rows[column].to_numpy()
+        grid[rows.layer.to_numpy(), rows["head"].to_numpy()] = rows[column].to_numpy()
         return grid
 
     def heads_with(self, label: str) -> Any:
@@ -119,7 +119,7 @@ class Analysis:
         folder = Path(folder)
         self.scores[SCORE_COLUMNS].to_csv(folder / "scores.csv", index=False)
         self.labels[LABEL_COLUMNS].to_csv(folder / "labels.csv", index=False)
-        (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, sort_keys=True, default=str))
+        (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
         (folder / "examples.json").write_text(json.dumps([e.to_json() for e in self.examples]))
         if self.syntax is not None:
             self.syntax[SYNTAX_COLUMNS].to_csv(folder / "syntax.csv", index=False)

@@ -1,12 +1,14 @@
 """The `headscope` command line: thin commands over the library.
 
-Commands: `models`, `verify MODEL`. Bad input ends with one line on stderr and exit code 1,
-never a traceback; Ctrl-C ends with exit code 130.
+Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`.
+Bad input ends with one line on stderr and exit code 1, never a traceback; Ctrl-C ends with
+exit code 130 and leaves no half-written output.
 """
 from __future__ import annotations
 
 import functools
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -87,6 +89,165 @@ def verify_command(
         typer.echo(f"FAIL: largest difference {worst:.3g} exceeds tolerance {limit:g}", err=True)
         raise typer.Exit(1)
     typer.echo(f"OK: all {len(table)} layers within {limit:g}")
+
+
+PlotlyOpt = Annotated[str, typer.Option("--plotlyjs", help="embed (works offline) or cdn (small file).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")]
+OpenOpt = Annotated[bool, typer.Option("--open", help="Open the report in a browser when done.")]
+
+
+def _check_plotlyjs(value: str) -> str:
+    from .errors import HeadscopeError
+
+    if value not in ("embed", "cdn"):
+        raise HeadscopeError(f"--plotlyjs must be embed or cdn, got {value!r}")
+    return value
+
+
+def _default_out(model: str) -> Path:
+    import re
+
+    stem = Path(model).stem if model.endswith(".gguf") else Path(model.rstrip("/")).name
+    return Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "-", stem) or "model")
+
+
+class _Bars:
+    """tqdm bars on stderr, one per stage, fed by analyze's progress callback."""
+
+    def __init__(self):
+        self.bars = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        from tqdm.auto import tqdm
+
+        bar = self.bars.get(stage)
+        if bar is None:
+            bar = self.bars[stage] = tqdm(total=total, desc=stage, unit="batch", file=sys.stderr, leave=True)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+
+def _summary(analysis, out: Path) -> None:
+    labels = analysis.labels
+    counts = labels.label.value_counts()
+    typer.echo(f"\n{analysis.meta['model']}: {analysis.n_layers} layers x {analysis.n_heads} heads")
+    for label, count in counts.items():
+        if label in ("none", "mixed"):
+            continue
+        top = analysis.heads_with(label).head(3)
+        heads = ", ".join(f"{l}.{h} ({s:.2f})" for l, h, s in zip(top["layer"], top["head"], top["score"]))
+        typer.echo(f"  {label:<18} {count:>4}  strongest: {heads}")
+    for label in ("mixed", "none"):
+        if label in counts:
+            typer.echo(f"  {label:<18} {counts[label]:>4}")
+    typer.echo(f"report: {out / 'index.html'}")
+
+
+@app.command("analyze")
+@_friendly
+def analyze_command(
+    model: ModelArg = "smollm2-135m",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL).")] = None,
+    detectors: Annotated[Optional[str], typer.Option("--detectors", help="Comma-separated detector names (default: all that apply).")] = None,
+    n_examples: Annotated[int, typer.Option("--n-examples", help="Probe examples per probe.")] = 16,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text example.")] = 128,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward pass.")] = 8,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for probes and bootstrap.")] = 0,
+    plotlyjs: PlotlyOpt = "embed",
+    force: ForceOpt = False,
+    open_report: OpenOpt = False,
+) -> None:
+    """Score every head of MODEL, write the analysis and an interactive HTML report."""
+    from .analysis import atomic_dir
+    from .pipeline import analyze
+    from .loading import load
+    from .report import write_report_into
+
+    _check_plotlyjs(plotlyjs)
+    out = out or _default_out(model)
+    names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
+    if names is not None:
+        from .detectors import get
+
+        for name in names:
+            get(name)
+    guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
+    typer.echo(f"loading {model} ...", err=True)
+    loaded = load(model, device=device, dtype=dtype)
+    analysis = analyze(loaded, detectors=names, n_examples=n_examples, seq_len=seq_len,
+                       batch_size=batch_size, seed=seed, progress=_Bars())
+    with guard as tmp:
+        analysis.write_into(tmp)
+        write_report_into(analysis, tmp, plotlyjs=plotlyjs)
+    _summary(analysis, out)
+    if open_report:
+        import webbrowser
+
+        webbrowser.open((out / "index.html").resolve().as_uri())
+
+
+@app.command("report")
+@_friendly
+def report_command(
+    directory: Annotated[Path, typer.Argument(help="A folder written by `headscope analyze`.")],
+    plotlyjs: PlotlyOpt = "embed",
+    open_report: OpenOpt = False,
+) -> None:
+    """Re-render DIR/index.html from a saved analysis (no model needed)."""
+    import os
+    import tempfile
+
+    from .analysis import Analysis
+    from .report import render_html
+
+    analysis = Analysis.load(directory)
+    page = render_html(analysis, plotlyjs=_check_plotlyjs(plotlyjs))
+    fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".html", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(page)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, Path(directory) / "index.html")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    typer.echo(f"report: {Path(directory) / 'index.html'}")
+    if open_report:
+        import webbrowser
+
+        webbrowser.open((Path(directory) / "index.html").resolve().as_uri())
+
+
+@app.command("compare")
+@_friendly
+def compare_command(
+    first: Annotated[Path, typer.Argument(help="First analysis folder.")],
+    second: Annotated[Path, typer.Argument(help="Second analysis folder.")],
+    out: Annotated[Path, typer.Option("--out", help="Output folder for the comparison page.")] = Path("reports/compare"),
+    plotlyjs: PlotlyOpt = "embed",
+    force: ForceOpt = False,
+) -> None:
+    """Two analyses side by side: label maps, score differences, heads that changed label."""
+    from .analysis import Analysis
+    from .report import write_compare
+
+    a, b = Analysis.load(first), Analysis.load(second)
+    path = write_compare(a, b, out, plotlyjs=_check_plotlyjs(plotlyjs), force=force)
+    typer.echo(f"comparison: {path}")
+
+
+@app.command("detectors")
+@_friendly
+def detectors_command() -> None:
+    """List the detectors with their formula, threshold and source."""
+    from .detectors import REGISTRY
+
+    for det in REGISTRY.values():
+        typer.echo(f"{det.name:<16} threshold {det.threshold:<5} probe {det.probe:<9} {det.formula}")
+        typer.echo(f"{'':<16} source: {det.source}")
 
 
 def main() -> None:

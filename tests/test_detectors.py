@@ -8,7 +8,7 @@ import torch
 import headscope
 from headscope import detectors
 from headscope.analysis import Analysis
-from headscope.analyze import analyze
+from headscope.pipeline import analyze
 from headscope.labels import label_heads
 from headscope.probes import ProbeBatch
 from headscope.stats import bootstrap_mean_ci

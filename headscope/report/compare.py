@@ -1,0 +1,212 @@
+"""Two analyses side by side: data, then the page.
+
+- `compare_data(a, b) -> CompareData`: label maps with shared colours, `b - a` score grids per
+  shared detector (same shape only), heads whose label changed, each detector's top heads in
+  both, and label counts. Notes say what could not be compared (shapes, detectors).
+- `render_compare_html(a, b, plotlyjs=)`, `write_compare(a, b, out_dir, plotlyjs=, force=)`.
+- Types: `CompareData`, `DiffGrid`, `ChangedHead`, `TopPair`, `LabelCount`.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from .data import TOP_K, header_fields, label_categories, label_grid
+
+__all__ = ["CompareData", "DiffGrid", "ChangedHead", "TopPair", "LabelCount", "compare_data",
+           "render_compare_html", "write_compare"]
+
+
+class DiffGrid(NamedTuple):
+    detector: str
+    a: np.ndarray  # [layer, head]
+    b: np.ndarray
+    diff: np.ndarray  # b - a
+    hover: tuple  # [layer][head]
+
+
+class ChangedHead(NamedTuple):
+    layer: int
+    head: int
+    label_a: str
+    score_a: float
+    label_b: str
+    score_b: float
+
+
+class TopPair(NamedTuple):
+    """The rank-th strongest head of one detector in a and in b (None past the end)."""
+
+    detector: str
+    rank: int
+    a_head: Optional[tuple]  # (layer, head)
+    a_score: Optional[float]
+    b_head: Optional[tuple]
+    b_score: Optional[float]
+
+
+class LabelCount(NamedTuple):
+    label: str
+    count_a: int
+    count_b: int
+
+
+@dataclass(frozen=True)
+class CompareData:
+    name_a: str
+    name_b: str
+    header_a: tuple
+    header_b: tuple
+    same_shape: bool
+    notes: tuple  # str
+    grid_a: object  # LabelGrid
+    grid_b: object
+    diffs: tuple  # DiffGrid; empty when the shapes differ
+    changed: tuple  # ChangedHead; empty when the shapes differ
+    top: tuple  # TopPair
+    label_counts: tuple  # LabelCount
+
+
+def compare_data(a, b) -> CompareData:
+    """Compare two analyses.
+
+    Args:
+        a, b: `headscope.analysis.Analysis` objects ("before" and "after"); differences are b - a.
+    Returns:
+        A `CompareData`.
+    """
+    same_shape = (a.n_layers, a.n_heads) == (b.n_layers, b.n_heads)
+    shared = [d for d in a.detectors if d in set(b.detectors)]
+    notes = []
+    if not same_shape:
+        notes.append(f"The models have different shapes (a: {a.n_layers} layers × {a.n_heads} heads, "
+                     f"b: {b.n_layers} × {b.n_heads}): scores and labels are not compared head by head, "
+                     "only each detector's top heads.")
+    only_a, only_b = sorted(set(a.detectors) - set(shared)), sorted(set(b.detectors) - set(shared))
+    if only_a or only_b:
+        notes.append("Not compared: detectors only in a: " + (", ".join(only_a) or "none")
+                     + "; only in b: " + (", ".join(only_b) or "none") + ".")
+    categories = label_categories(list(a.labels["label"].astype(str)) + list(b.labels["label"].astype(str)))
+    grid_a, grid_b = label_grid(a, categories), label_grid(b, categories)
+
+    diffs, changed = (), ()
+    if same_shape:
+        diffs = tuple(_diff_grid(a, b, detector) for detector in shared)
+        changed = tuple(
+            ChangedHead(layer, head, grid_a.labels[layer][head], float(grid_a.scores[layer, head]),
+                        grid_b.labels[layer][head], float(grid_b.scores[layer, head]))
+            for layer in range(a.n_layers) for head in range(a.n_heads)
+            if grid_a.labels[layer][head] != grid_b.labels[layer][head]
+        )
+    counts_a, counts_b = a.labels["label"].astype(str).value_counts(), b.labels["label"].astype(str).value_counts()
+    return CompareData(
+        name_a=str(a.meta.get("model", "a")), name_b=str(b.meta.get("model", "b")),
+        header_a=header_fields(a.meta), header_b=header_fields(b.meta), same_shape=same_shape, notes=tuple(notes),
+        grid_a=grid_a, grid_b=grid_b, diffs=diffs, changed=changed,
+        top=tuple(pair for detector in shared for pair in _top_pairs(a, b, detector)),
+        label_counts=tuple(LabelCount(c, int(counts_a.get(c, 0)), int(counts_b.get(c, 0))) for c in categories),
+    )
+
+
+def render_compare_html(a, b, plotlyjs: str = "embed") -> str:
+    """The compare page of two analyses (see `compare_data`).
+
+    Args:
+        a, b: `headscope.analysis.Analysis` objects.
+        plotlyjs: "embed" or "cdn".
+    Returns:
+        The page's HTML.
+    """
+    from . import figures
+    from .html import check_plotlyjs, header_list, page, table
+
+    check_plotlyjs(plotlyjs)
+    data = compare_data(a, b)
+    figs = [("hs-compare-a", figures.label_map_figure(data.grid_a, "a: " + html.escape(data.name_a, quote=False))),
+            ("hs-compare-b", figures.label_map_figure(data.grid_b, "b: " + html.escape(data.name_b, quote=False)))]
+    figs += [(f"hs-diff-{i}", figures.diff_figure(d.detector, d.diff, d.hover)) for i, d in enumerate(data.diffs)]
+    body = [
+        f"<header>\n<h1>headscope comparison: {html.escape(data.name_a)} vs {html.escape(data.name_b)}</h1>",
+        "<div class=\"columns\"><div><h2>a</h2>", header_list(data.header_a), "</div><div><h2>b</h2>",
+        header_list(data.header_b), "</div></div>", "<p id=\"hs-error\"></p>\n</header>",
+        *[f"<p class=\"note\">{html.escape(note)}</p>" for note in data.notes],
+        "<section id=\"labels\"><h2>Label maps</h2>\n<div class=\"figures\">",
+        "<div id=\"hs-compare-a\" class=\"figure\"></div>", "<div id=\"hs-compare-b\" class=\"figure\"></div>", "</div>",
+        table(["label", "heads in a", "heads in b"], [list(c) for c in data.label_counts]), "</section>",
+    ]
+    if data.diffs:
+        body += ["<section id=\"differences\"><h2>Score differences (b − a)</h2>\n<div class=\"figures\">",
+                 *[f"<div id=\"hs-diff-{i}\" class=\"figure\"></div>" for i in range(len(data.diffs))],
+                 "</div>\n</section>"]
+    if data.same_shape:
+        body += ["<section id=\"changed\"><h2>Heads that changed label</h2>",
+                 table(["layer", "head", "label in a", "score in a", "label in b", "score in b"],
+                       [list(c) for c in data.changed]) if data.changed else "<p>No head changed label.</p>",
+                 "</section>"]
+    top: dict = {}
+    for t in data.top:
+        row = top.setdefault(t.detector, ([], []))
+        for heads, head, score in ((row[0], t.a_head, t.a_score), (row[1], t.b_head, t.b_score)):
+            if head is not None:
+                heads.append(f"L{head[0]} H{head[1]} {score:.3f}")
+    body += ["<section id=\"top\"><h2>Top heads per detector</h2><p class=\"hint\">Strongest first.</p>",
+             table(["detector", "a", "b"], [[name, " · ".join(a_heads), " · ".join(b_heads)]
+                                           for name, (a_heads, b_heads) in top.items()]),
+             "</section>"]
+    return page(f"headscope: {data.name_a} vs {data.name_b}", "\n".join(body), figs, plotlyjs)
+
+
+def write_compare(a, b, out_dir, *, plotlyjs: str = "embed", force: bool = False) -> Path:
+    """Write the compare page to `out_dir/index.html`, atomically.
+
+    Args:
+        a, b: `headscope.analysis.Analysis` objects.
+        out_dir: the folder to create; must not exist unless `force`.
+        plotlyjs: "embed" or "cdn".
+        force: replace an existing folder.
+    Returns:
+        The path of `index.html`.
+    """
+    from ..analysis import atomic_dir
+
+    with atomic_dir(out_dir, force=force) as tmp:
+        (tmp / "index.html").write_text(render_compare_html(a, b, plotlyjs=plotlyjs), encoding="utf-8")
+    return Path(out_dir) / "index.html"
+
+
+def _diff_grid(a, b, detector: str) -> DiffGrid:
+    score_a, score_b = a.score_grid(detector), b.score_grid(detector)
+    diff = score_b - score_a
+    name = html.escape(detector)
+    hover = tuple(
+        tuple(f"<b>layer {layer} head {head}</b><br>{name}<br>a: {_num(score_a[layer, head])}"
+              f"<br>b: {_num(score_b[layer, head])}<br>b − a: {_num(diff[layer, head], signed=True)}"
+              for head in range(a.n_heads))
+        for layer in range(a.n_layers)
+    )
+    return DiffGrid(detector, score_a, score_b, diff, hover)
+
+
+def _top_pairs(a, b, detector: str, k: int = TOP_K) -> list:
+    def top(analysis):
+        rows = analysis.scores[analysis.scores["detector"] == detector]
+        rows = rows.sort_values(["score", "layer", "head"], ascending=[False, True, True]).head(k)
+        return [((int(r.layer), int(r.head)), float(r.score)) for r in rows.itertuples(index=False)]
+
+    top_a, top_b = top(a), top(b)
+    pairs = []
+    for rank in range(max(len(top_a), len(top_b))):
+        head_a, score_a = top_a[rank] if rank < len(top_a) else (None, None)
+        head_b, score_b = top_b[rank] if rank < len(top_b) else (None, None)
+        pairs.append(TopPair(detector, rank + 1, head_a, score_a, head_b, score_b))
+    return pairs
+
+
+def _num(value: float, signed: bool = False) -> str:
+    if np.isnan(value):
+        return "–"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"

@@ -1,0 +1,184 @@
+"""Plotly figures built from report data only (no analysis, no HTML).
+
+- `label_map_figure(grid)`: layer x head grid coloured by label, categorical colour legend.
+- `detector_figure(grid)`: one detector's scores (colours span [0, 1], or wider when a score
+  such as the syntactic margin falls outside), hover with the 95% CI.
+- `syntax_figure(rows)`: best head per relation vs its baseline (grouped bars).
+- `explorer_figure()`: the head explorer's empty frame; the page's script fills it in.
+- `diff_figure(detector, diff, hover)`: a b - a score difference (compare page).
+- Fixed div ids: `LABEL_MAP_ID`, `detector_id(i)`, `SYNTAX_ID`, `EXPLORER_ID`.
+
+Heatmaps put heads on x and layers on y (layer 0 on top), both as integer axes, so a click's
+point gives `x = head`, `y = layer`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "label_map_figure", "detector_figure", "syntax_figure", "explorer_figure", "diff_figure",
+    "LABEL_MAP_ID", "SYNTAX_ID", "EXPLORER_ID", "detector_id",
+]
+
+LABEL_MAP_ID = "hs-label-map"
+SYNTAX_ID = "hs-syntax"
+EXPLORER_ID = "hs-explorer"
+FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
+
+
+def detector_id(index: int) -> str:
+    """Div id of the `index`-th detector heatmap (ids never contain detector names)."""
+    return f"hs-detector-{index}"
+
+
+def label_map_figure(grid, title: str = ""):
+    """Layer x head heatmap coloured by label.
+
+    Args:
+        grid: a `LabelGrid`.
+        title: figure title (plotly pseudo-HTML, escaped by the caller); none by default.
+    Returns:
+        A plotly `go.Figure`.
+    """
+    import plotly.graph_objects as go
+
+    n_layers, n_heads = grid.index.shape
+    count = len(grid.categories)
+    # Category i is drawn as z = count - 1 - i so the legend (a colour bar, low values at the
+    # bottom) lists the categories top-down in their fixed order; one flat band per category.
+    colourscale = []
+    for band, colour in enumerate(reversed(grid.colours)):
+        colourscale += [[band / max(count, 1), colour], [(band + 1) / max(count, 1), colour]]
+    z = [[None if i < 0 else count - 1 - int(i) for i in row] for row in grid.index]
+    heatmap = go.Heatmap(
+        z=z, x=list(range(n_heads)), y=list(range(n_layers)), zmin=-0.5, zmax=count - 0.5,
+        colorscale=colourscale or [[0, "#ffffff"], [1, "#ffffff"]], xgap=1, ygap=1,
+        text=[[_escape_plotly(s) for s in row] for row in grid.short], texttemplate="%{text}", textfont={"size": 9},
+        customdata=[list(row) for row in grid.hover], hovertemplate="%{customdata}<extra></extra>",
+        colorbar={"title": {"text": "label"}, "tickvals": list(range(count)), "ticktext": [_escape_plotly(c) for c in reversed(grid.categories)],
+                  "thickness": 14, "y": 1, "yanchor": "top", "lenmode": "pixels", "len": 22 * max(count, 1)},
+    )
+    fig = go.Figure(heatmap)
+    _grid_layout(fig, title, n_layers, n_heads, cell=40, row=20, legend_px=170)
+    fig.update_layout(height=max(fig.layout.height, 22 * count + 100))  # room for the legend
+    return fig
+
+
+def detector_figure(grid):
+    """One detector's layer x head scores in [0, 1].
+
+    Args:
+        grid: a `DetectorGrid`.
+    Returns:
+        A plotly `go.Figure`.
+    """
+    import plotly.graph_objects as go
+
+    n_layers, n_heads = grid.score.shape
+    title = grid.detector if grid.threshold is None else f"{grid.detector} (threshold {grid.threshold:g})"
+    finite = grid.score[np.isfinite(grid.score)]
+    low, high = min(0.0, float(finite.min(initial=0.0))), max(1.0, float(finite.max(initial=1.0)))  # margins may be < 0
+    fig = go.Figure(go.Heatmap(
+        z=_rounded(grid.score), x=list(range(n_heads)), y=list(range(n_layers)), zmin=low, zmax=high,
+        colorscale="Blues", xgap=1, ygap=1, customdata=[list(row) for row in grid.hover],
+        hovertemplate="%{customdata}<extra></extra>", colorbar={"thickness": 10, "len": 0.8},
+    ))
+    _grid_layout(fig, _escape_plotly(title), n_layers, n_heads, cell=18, row=12, legend_px=40)
+    return fig
+
+
+def syntax_figure(rows):
+    """Best head's accuracy per relation next to the best fixed-offset baseline.
+
+    Args:
+        rows: `SyntaxBest` rows.
+    Returns:
+        A plotly `go.Figure`; the head bars carry `customdata = [layer, head]` for the explorer.
+    """
+    import plotly.graph_objects as go
+
+    relations = [_escape_plotly(r.relation) for r in rows]
+    heads = [f"L{r.layer} H{r.head}" for r in rows]
+    fig = go.Figure([
+        go.Bar(name="best head", x=relations, y=[round(r.accuracy, 4) for r in rows], text=heads,
+               textposition="outside", marker_color="#1f77b4", customdata=[[r.layer, r.head] for r in rows],
+               hovertemplate="%{x}: layer %{customdata[0]} head %{customdata[1]}<br>accuracy %{y:.3f}<extra></extra>"),
+        go.Bar(name="baseline", x=relations, y=[round(r.baseline_accuracy, 4) for r in rows], marker_color="#bdbdbd",
+               hovertemplate="%{x}: fixed-offset baseline %{y:.3f}<extra></extra>"),
+    ])
+    fig.update_layout(
+        title={"text": "Best head per relation vs baseline"}, barmode="group", yaxis={"range": [0, 1.08], "title": {"text": "accuracy"}},
+        height=320, width=max(420, 90 * len(rows) + 160), margin={"l": 60, "r": 20, "t": 40, "b": 40},
+        legend={"orientation": "h", "y": -0.2}, **_style(),
+    )
+    return fig
+
+
+def explorer_figure():
+    """The explorer's frame: an empty heatmap whose data and tick labels the page's script sets."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Heatmap(z=[[0]], zmin=0, zmax=1, colorscale="Blues", colorbar={"thickness": 10},
+                               hovertemplate="%{text}<br>attention %{z:.3f}<extra></extra>", text=[[""]]))
+    fig.update_layout(
+        width=520, height=520, margin={"l": 110, "r": 20, "t": 20, "b": 110},
+        xaxis={"title": {"text": "key"}, "tickangle": -60, "tickfont": {"size": 9}, "constrain": "domain"},
+        yaxis={"title": {"text": "query"}, "autorange": "reversed", "tickfont": {"size": 9}, "scaleanchor": "x"},
+        **_style(),
+    )
+    return fig
+
+
+def diff_figure(detector: str, diff: np.ndarray, hover):
+    """`b - a` for one detector on a red-blue scale centred on 0.
+
+    Args:
+        detector: detector name.
+        diff: `[layer, head]` differences.
+        hover: `[layer][head]` hover strings.
+    Returns:
+        A plotly `go.Figure`.
+    """
+    import plotly.graph_objects as go
+
+    n_layers, n_heads = diff.shape
+    fig = go.Figure(go.Heatmap(
+        z=_rounded(diff), x=list(range(n_heads)), y=list(range(n_layers)), zmin=-1, zmax=1, zmid=0,
+        colorscale="RdBu", reversescale=True, xgap=1, ygap=1, customdata=[list(row) for row in hover],
+        hovertemplate="%{customdata}<extra></extra>", colorbar={"thickness": 10, "len": 0.8},
+    ))
+    _grid_layout(fig, _escape_plotly(f"{detector}: b − a"), n_layers, n_heads, cell=18, row=12, legend_px=40)
+    return fig
+
+
+def _grid_layout(fig, title: str, n_layers: int, n_heads: int, *, cell: int, row: int, legend_px: int) -> None:
+    """Integer head/layer axes with layer 0 on top; `cell` x `row` pixels per head, within bounds."""
+    top = 34 if title else 12
+    width = max(min(max(n_heads * cell, 120), 760) + 40 + legend_px, 7 * len(title) + 30)  # title fits
+    height = min(max(n_layers * row, 110), 900) + 50 + top
+    fig.update_layout(
+        title={"text": title, "font": {"size": 13}}, width=int(width), height=int(height),
+        margin={"l": 40, "r": 10, "t": top, "b": 40},
+        xaxis={"title": {"text": "head"}, "dtick": 1 if n_heads <= 16 else None, "showgrid": False, "zeroline": False},
+        yaxis={"title": {"text": "layer"}, "autorange": "reversed", "dtick": 1 if n_layers <= 16 else None,
+               "showgrid": False, "zeroline": False},
+        **_style(),
+    )
+
+
+def _style() -> dict:
+    """A small inline template (plotly's default template adds ~7 KB of JSON to every figure)."""
+    return {"template": {"layout": {"font": {"family": FONT, "size": 11}}}, "paper_bgcolor": "white",
+            "plot_bgcolor": "white", "hoverlabel": {"align": "left"}}
+
+
+def _rounded(values: np.ndarray) -> list:
+    """Nested lists with 4 decimals and None for NaN (smaller, stable JSON)."""
+    return [[None if np.isnan(v) else round(float(v), 4) for v in row] for row in values]
+
+
+def _escape_plotly(text: str) -> str:
+    """Escape text for plotly's pseudo-HTML (titles, tick labels, hover)."""
+    import html
+
+    return html.escape(text, quote=False)

@@ -1,0 +1,278 @@
+"""The HTML writer: turns `ReportData` (and figures built from it) into one self-contained page.
+
+- `render_report(data, plotlyjs)`: the analysis report page as a string.
+- Building blocks shared with the compare page: `page(...)`, `table(headers, rows)`, `Raw`,
+  `figure_div(id)`, `header_list(fields)`, `head_button(layer, head)`, `script_json(obj)`,
+  `plotlyjs_tag(mode)`, `check_plotlyjs(mode)`.
+
+Every text from the analysis goes through `html.escape` (or `textContent` in the script); JSON
+placed in `<script>` blocks has `<`, `>` and `&` as `\\u` escapes, so a token such as
+`</script>` cannot end the block. plotly.js appears once per page: inline ("embed") or as one
+`<script src>` ("cdn"). The output depends only on the data, so two renders of one analysis
+differ only in the line holding `meta["created"]`.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import zlib
+
+from . import figures
+from .script import EXPLORER_JS, PLOT_JS
+
+__all__ = ["render_report", "page", "table", "Raw", "figure_div", "header_list", "head_button",
+           "script_json", "plotlyjs_tag", "check_plotlyjs", "PLOTLYJS_MODES"]
+
+PLOTLYJS_MODES = ("embed", "cdn")
+TICK_CHARS = 14  # longer tokens are cut on the explorer's axes (the hover shows them whole)
+
+CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif; margin: 0 24px 40px;
+       color: #222; font-size: 14px; }
+h1 { font-size: 22px; margin: 18px 0 8px; } h2 { font-size: 17px; margin: 22px 0 6px; }
+dl.meta { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 0; }
+dl.meta dt { font-weight: 600; color: #555; } dl.meta dd { margin: 0; }
+p.created, p.hint { color: #666; font-size: 12px; margin: 4px 0; }
+.layout { display: grid; grid-template-columns: minmax(0, 1fr) 560px; gap: 24px; align-items: start; }
+.layout aside { position: sticky; top: 8px; border: 1px solid #ddd; border-radius: 6px; padding: 0 12px 8px; }
+@media (max-width: 1150px) { .layout { grid-template-columns: minmax(0, 1fr); } .layout aside { position: static; } }
+.figures { display: flex; flex-wrap: wrap; gap: 6px; }
+.columns { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 0 24px; }
+#hs-explorer-title { font-weight: 600; font-size: 15px; margin: 6px 0; }
+#hs-error { color: #b00020; font-weight: 600; }
+table { border-collapse: collapse; margin: 6px 0; } th, td { padding: 3px 10px; text-align: left; }
+th { border-bottom: 2px solid #ccc; } td { border-bottom: 1px solid #eee; } td.num { text-align: right; }
+code { font-size: 12px; } .swatch { display: inline-block; width: 11px; height: 11px; margin-right: 6px;
+  vertical-align: -1px; border: 1px solid #999; }
+button.head { font: inherit; padding: 0 6px; cursor: pointer; border: 1px solid #bbb; border-radius: 3px; background: #f7f7f7; }
+.note { background: #fff6db; border-left: 4px solid #f0c040; padding: 6px 10px; }
+"""
+
+
+class Raw(str):
+    """Trusted HTML that `table` inserts without escaping (built from escaped parts only)."""
+
+
+def render_report(data, plotlyjs: str = "embed") -> str:
+    """The analysis report page.
+
+    Args:
+        data: a `ReportData`.
+        plotlyjs: "embed" (inline, works offline) or "cdn" (one `<script src>`).
+    Returns:
+        The page's HTML.
+    """
+    check_plotlyjs(plotlyjs)  # fail before any work
+    figs = [(figures.LABEL_MAP_ID, figures.label_map_figure(data.label_grid))]
+    figs += [(figures.detector_id(i), figures.detector_figure(g)) for i, g in enumerate(data.detector_grids)]
+    if data.syntax_best is not None:
+        figs.append((figures.SYNTAX_ID, figures.syntax_figure(data.syntax_best)))
+    figs.append((figures.EXPLORER_ID, figures.explorer_figure()))
+    clickable = [fig_id for fig_id, _ in figs if fig_id != figures.EXPLORER_ID]
+
+    grid = data.label_grid
+    initial = (data.top_heads[0].layer, data.top_heads[0].head) if data.top_heads else (0, 0)
+    body = [
+        f"<header>\n<h1>headscope report: {html.escape(data.title)}</h1>",
+        header_list(data.header),
+        f"<p class=\"created\">Created {html.escape(data.created)}</p>",
+        "<p id=\"hs-error\"></p>\n</header>",
+        "<div class=\"layout\">\n<div>",
+        "<section id=\"labels\"><h2>Label map</h2><p class=\"hint\">Each head's label (hover: every "
+        "detector's score with its 95% CI). Click a cell to see the head's attention.</p>",
+        figure_div(figures.LABEL_MAP_ID), "</section>",
+        "<section id=\"detectors\"><h2>Detector scores</h2><p class=\"hint\">One heatmap per detector; "
+        "click a cell to explore the head.</p>\n<div class=\"figures\">",
+        *[figure_div(figures.detector_id(i)) for i in range(len(data.detector_grids))],
+        "</div>\n</section>\n</div>",
+        _explorer_section(data, initial),
+        "</div>",
+        _top_heads_section(data),
+        _syntax_section(data),
+        _method_section(data),
+    ]
+    explorer_payload = {
+        "explorer": figures.EXPLORER_ID, "labelMap": figures.LABEL_MAP_ID, "clickable": clickable,
+        "n_layers": data.n_layers, "n_heads": data.n_heads, "initial": list(initial),
+        "labels": [list(row) for row in grid.labels], "passing": [list(row) for row in grid.passing],
+        "examples": [_example_payload(e) for e in data.examples],
+    }
+    return page(f"headscope: {data.title}", "\n".join(body), figs, plotlyjs,
+                json_blocks={"hs-explorer-data": explorer_payload}, scripts=[EXPLORER_JS])
+
+
+def page(title: str, body: str, figs: list, plotlyjs: str, *, json_blocks: dict | None = None,
+         scripts: list | None = None) -> str:
+    """A whole page: CSS, body, the figures' JSON, plotly.js once, then the scripts.
+
+    Args:
+        title: the `<title>` text (escaped here).
+        body: trusted HTML.
+        figs: `(div_id, go.Figure)` pairs; each id needs a `figure_div` in `body`.
+        plotlyjs: "embed" or "cdn".
+        json_blocks: `{element_id: object}` written as `<script type="application/json">`.
+        scripts: JavaScript run after the figures are drawn (see `script.PLOT_JS`).
+    Returns:
+        The page's HTML.
+    """
+    import plotly.io as pio
+
+    figures_json = "[" + ",".join(f"[{json.dumps(fig_id)},{pio.to_json(fig, validate=False)}]" for fig_id, fig in figs) + "]"
+    blocks = [f"<script type=\"application/json\" id=\"hs-figures\">{_script_safe(figures_json)}</script>"]
+    blocks += [f"<script type=\"application/json\" id=\"{block_id}\">{script_json(obj)}</script>"
+               for block_id, obj in (json_blocks or {}).items()]
+    return "\n".join([
+        "<!DOCTYPE html>", "<html lang=\"en\">", "<head>", "<meta charset=\"utf-8\">",
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+        f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>", "</head>", "<body>",
+        body, *blocks, plotlyjs_tag(plotlyjs), f"<script>{PLOT_JS}</script>",
+        *[f"<script>{js}</script>" for js in scripts or []], "</body>", "</html>", "",
+    ])
+
+
+def check_plotlyjs(mode: str) -> None:
+    """Raise `HeadscopeError` unless `mode` is one of `PLOTLYJS_MODES`."""
+    from ..errors import HeadscopeError
+
+    if mode not in PLOTLYJS_MODES:
+        raise HeadscopeError(f"plotlyjs must be one of {', '.join(PLOTLYJS_MODES)}, not {mode!r}")
+
+
+def plotlyjs_tag(mode: str) -> str:
+    """plotly.js as one inline `<script>` ("embed") or a versioned CDN `<script src>` ("cdn")."""
+    import plotly.offline
+
+    check_plotlyjs(mode)
+    if mode == "embed":
+        return f"<script charset=\"utf-8\">{plotly.offline.get_plotlyjs()}</script>"
+    version = plotly.offline.get_plotlyjs_version()
+    return f"<script src=\"https://cdn.plot.ly/plotly-{version}.min.js\" charset=\"utf-8\"></script>"
+
+
+def table(headers: list, rows: list, *, css_class: str = "") -> str:
+    """An HTML table; cells are escaped unless `Raw`; numbers are right-aligned.
+
+    Args:
+        headers: column titles.
+        rows: lists of cells (str, Raw, int, float -> 3 decimals, None -> "").
+        css_class: the table's class.
+    """
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    lines = [f"<table class=\"{css_class}\"><thead><tr>{head}</tr></thead><tbody>"]
+    for row in rows:
+        lines.append("<tr>" + "".join(_cell(c) for c in row) + "</tr>")
+    lines.append("</tbody></table>")
+    return "\n".join(lines)
+
+
+def figure_div(fig_id: str) -> str:
+    """The empty `<div>` a figure is drawn into."""
+    return f"<div id=\"{fig_id}\" class=\"figure\"></div>"
+
+
+def header_list(fields) -> str:
+    """`HeaderField`s as a definition list."""
+    items = "".join(f"<dt>{html.escape(f.name)}</dt><dd>{html.escape(f.value)}</dd>" for f in fields)
+    return f"<dl class=\"meta\">{items}</dl>"
+
+
+def head_button(layer: int, head: int) -> Raw:
+    """A button that opens the head in the explorer."""
+    return Raw(f"<button class=\"head\" data-layer=\"{int(layer)}\" data-head=\"{int(head)}\">L{int(layer)} H{int(head)}</button>")
+
+
+def script_json(obj) -> str:
+    """JSON safe inside a `<script>` element."""
+    return _script_safe(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+
+
+def _script_safe(text: str) -> str:
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _cell(value) -> str:
+    if isinstance(value, Raw):
+        return f"<td>{value}</td>"
+    if isinstance(value, bool) or value is None:
+        return f"<td>{'' if value is None else value}</td>"
+    if isinstance(value, int):
+        return f"<td class=\"num\">{value}</td>"
+    if isinstance(value, float):
+        return f"<td class=\"num\">{value:.3f}</td>"
+    return f"<td>{html.escape(str(value))}</td>"
+
+
+def _swatch(label: str, grid) -> Raw:
+    colour = grid.colours[grid.categories.index(label)] if label in grid.categories else "#fff"
+    return Raw(f"<span class=\"swatch\" style=\"background:{colour}\"></span>{html.escape(label)}")
+
+
+def _display_token(token: str) -> str:
+    """A token as plotly shows it: whitespace made visible, escaped for its pseudo-HTML."""
+    shown = token.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423") or "\u2205"
+    return html.escape(shown, quote=False)
+
+
+def _example_payload(example) -> dict:
+    """One example for the explorer: tokens (escaped for plotly) and zlib + base64 uint8 patterns."""
+    raw = example.patterns.astype("uint8", copy=False).tobytes()  # [layer, head, query, key]
+    return {
+        "name": f"{example.probe} #{example.index}", "n": len(example.tokens),
+        "tokens": [_display_token(t) for t in example.tokens],
+        "ticks": [_display_token(t if len(t) <= TICK_CHARS else t[: TICK_CHARS - 1] + "…") for t in example.tokens],
+        "encoding": "zlib+base64", "data": base64.b64encode(zlib.compress(raw, 6)).decode("ascii"),
+    }
+
+
+def _explorer_section(data, initial) -> str:
+    options = []
+    for i, example in enumerate(data.examples):
+        preview = "".join(example.tokens)[:40]
+        options.append(f"<option value=\"{i}\">{html.escape(example.probe)} #{int(example.index)}: "
+                       f"{html.escape(preview)} ({len(example.tokens)} tokens)</option>")
+    label = data.label_grid.labels[initial[0]][initial[1]] or "no label"
+    picker = (f"<label>Example <select id=\"hs-example\">{''.join(options)}</select></label>" if options
+              else "<p class=\"note\">This analysis stores no example patterns.</p><select id=\"hs-example\" hidden></select>")
+    return "\n".join([
+        "<aside><section id=\"explorer\"><h2>Head explorer</h2>", picker,
+        f"<p id=\"hs-explorer-title\">layer {initial[0]} head {initial[1]} — {html.escape(label)}</p>",
+        figure_div(figures.EXPLORER_ID),
+        "<p class=\"hint\" id=\"hs-explorer-note\">Query on y, key on x. Click any cell of the label map "
+        "or a detector heatmap, or a head button in the tables.</p></section></aside>",
+    ])
+
+
+def _top_heads_section(data) -> str:
+    """One row per label: its strongest heads (buttons into the explorer) with their scores."""
+    by_label: dict = {}
+    for t in data.top_heads:
+        by_label.setdefault(t.label, []).append(Raw(f"{head_button(t.layer, t.head)} {t.score:.3f}"))
+    counts = {label: sum(row.count(label) for row in data.label_grid.labels) for label in by_label}
+    rank_headers = [f"#{rank}" for rank in range(1, max((len(v) for v in by_label.values()), default=0) + 1)]
+    rows = [[_swatch(label, data.label_grid), counts[label], *heads] for label, heads in by_label.items()]
+    return ("<section id=\"top-heads\"><h2>Top heads per label</h2><p class=\"hint\">Strongest first; "
+            "click a head to explore it.</p>" + table(["label", "heads", *rank_headers], rows) + "</section>")
+
+
+def _syntax_section(data) -> str:
+    if data.syntax_best is None:
+        return ""
+    rows = [[r.relation, head_button(r.layer, r.head), r.direction, r.accuracy, r.baseline_accuracy,
+             "" if r.baseline_offset is None else f"{r.baseline_offset:+d}", r.accuracy - r.baseline_accuracy, r.n]
+            for r in data.syntax_best]
+    return "\n".join([
+        "<section id=\"syntax\"><h2>Syntactic heads</h2><p class=\"hint\">Best head per dependency "
+        "relation against the best fixed-offset baseline (Clark et al. 2019, Table 1).</p>",
+        figure_div(figures.SYNTAX_ID),
+        table(["relation", "head", "direction", "accuracy", "baseline", "baseline offset", "gain", "n"], rows),
+        "</section>",
+    ])
+
+
+def _method_section(data) -> str:
+    rows = [[m.detector, Raw(f"<code>{html.escape(m.formula)}</code>"), m.threshold, m.source, m.probe]
+            for m in data.methods]
+    return ("<section id=\"method\"><h2>Method</h2><p class=\"hint\">A head gets a detector's label when "
+            "its score reaches the threshold; two or more labels make it \"mixed\".</p>"
+            + table(["detector", "formula", "threshold", "source", "probe"], rows) + "</section>")

@@ -1,0 +1,182 @@
+"""A synthetic but realistic `Analysis` for report tests, built without a model.
+
+- `fake_analysis(n_layers, n_heads, seed, with_syntax, ...)`: scores with CIs for every detector,
+  labels that include "mixed", "none" and (with syntax) "syntactic:obj", metadata shaped like
+  `headscope.analyze`'s, example patterns whose heads do what their label says, and tokens with
+  HTML nasties (`<script>alert(1)</script>`, `&amp;`, `<b>&`, `</script>`).
+- `NASTY_TOKENS`: those tokens, for escaping tests.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from headscope.analysis import Analysis, Example
+
+__all__ = ["fake_analysis", "NASTY_TOKENS", "THRESHOLDS"]
+
+NASTY_TOKENS = ["<script>alert(1)</script>", "&amp;", "<b>&", "</script>"]
+THRESHOLDS = {
+    "previous_token": 0.4, "induction": 0.3, "duplicate_token": 0.3, "self": 0.3,
+    "next_token": 0.3, "sink": 0.5, "uniform": 0.7,
+}
+FORMULAS = {
+    "previous_token": "mean_i A[i, i-1]",
+    "induction": "mean_i A[i, j+1] over earlier copies j of token i (i > j)",
+    "duplicate_token": "mean_i sum_{j<i, t_j = t_i} A[i, j]",
+    "self": "mean_i A[i, i]",
+    "next_token": "mean_i A[i, i+1]",
+    "sink": "mean_i A[i, 0]",
+    "uniform": "1 - mean_i JS(A[i, :], uniform over allowed keys)",
+    "syntactic": "accuracy of argmax_j A[i, j] == syntactic head of word i (best relation)",
+}
+SOURCES = {
+    "previous_token": "Elhage et al. 2021", "induction": "Olsson et al. 2022",
+    "duplicate_token": "Wang et al. 2022", "self": "Clark et al. 2019",
+    "next_token": "Clark et al. 2019", "sink": "Xiao et al. 2023",
+    "uniform": "Clark et al. 2019", "syntactic": "Clark et al. 2019",
+}
+RELATIONS = ["nsubj", "obj", "det", "amod", "advmod"]
+_PLAN = ["previous_token", "induction", "sink", "mixed", "none", "uniform", "duplicate_token",
+         "syntactic:obj", "self", "none", "previous_token", "sink", "mixed", "induction"]
+_WORDS = ["The", " cat", " sat", " on", " the", " mat", ".", " A", " dog", " ran", ",", " and"]
+
+
+def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_syntax: bool = True,
+                  *, n_examples: int = 2, seq_len: int = 14, created: str = "2025-01-02T03:04:05+00:00") -> Analysis:
+    """A deterministic synthetic Analysis.
+
+    Args:
+        n_layers, n_heads: grid size.
+        seed: numpy seed for scores and patterns.
+        with_syntax: add the "syntactic" detector, `.syntax` and `meta["syntax_best"]`.
+        n_examples: number of stored examples (probes "text" and "repeated" alternate).
+        seq_len: tokens per example (at least 8).
+        created: the meta["created"] timestamp.
+    Returns:
+        An `Analysis`.
+    """
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    detectors = list(THRESHOLDS) + (["syntactic"] if with_syntax else [])
+    thresholds = dict(THRESHOLDS, **({"syntactic": 0.5} if with_syntax else {}))
+    plan = [[_PLAN[(layer * n_heads + head * 4 + seed) % len(_PLAN)] for head in range(n_heads)]
+            for layer in range(n_layers)]
+    if not with_syntax:
+        plan = [["next_token" if p == "syntactic:obj" else p for p in row] for row in plan]
+
+    score_rows, label_rows = [], []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            wanted = {"mixed": ["previous_token", "induction"], "none": []}.get(plan[layer][head], [plan[layer][head].split(":")[0]])
+            scores = {}
+            for det in detectors:
+                low, high = (thresholds[det] + 0.05, 0.97) if det in wanted else (0.0, 0.6 * thresholds[det])
+                scores[det] = float(rng.uniform(low, high))
+                n = int(rng.integers(80, 160))
+                half = 1.96 * np.sqrt(scores[det] * (1 - scores[det]) / n)
+                score_rows.append((layer, head, det, scores[det], max(0.0, scores[det] - half), min(1.0, scores[det] + half), n))
+            passing = [det if det != "syntactic" else "syntactic:obj" for det in detectors if scores[det] >= thresholds[det]]
+            if len(passing) == 1:
+                label, score = passing[0], scores[passing[0].split(":")[0]]
+            else:
+                label, score = ("mixed" if passing else "none"), max(scores.values())
+            label_rows.append((layer, head, label, score, ";".join(passing)))
+    scores_df = pd.DataFrame(score_rows, columns=["layer", "head", "detector", "score", "ci_low", "ci_high", "n"])
+    labels_df = pd.DataFrame(label_rows, columns=["layer", "head", "label", "score", "labels"])
+
+    examples = [_example(rng, plan, i, max(8, seq_len)) for i in range(n_examples)]
+    meta = _meta(n_layers, n_heads, seed, detectors, thresholds, seq_len, n_examples, created)
+    syntax = None
+    if with_syntax:
+        syntax, meta["syntax_best"] = _syntax(rng, plan)
+    return Analysis(scores=scores_df, labels=labels_df, meta=meta, examples=examples, syntax=syntax)
+
+
+def _example(rng, plan, index: int, seq_len: int) -> Example:
+    """Tokens (nasties first, then a repeated half for induction) and planned patterns."""
+    probe = "text" if index % 2 == 0 else "repeated"
+    half = max(1, (seq_len - 1 - len(NASTY_TOKENS)) // 2)
+    body = [(_WORDS + NASTY_TOKENS)[int(k)] for k in rng.integers(0, len(_WORDS) + len(NASTY_TOKENS), half)]
+    tokens = (["<s>"] + NASTY_TOKENS + body + body)[:seq_len]
+    tokens += [_WORDS[k % len(_WORDS)] for k in range(seq_len - len(tokens))]
+    n_layers, n_heads = len(plan), len(plan[0])
+    patterns = np.zeros((n_layers, n_heads, seq_len, seq_len), dtype=np.float32)  # [layer, head, query, key]
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            patterns[layer, head] = _pattern(rng, plan[layer][head], tokens)
+    return Example.from_float(probe, index, tokens, patterns)
+
+
+def _pattern(rng, kind: str, tokens: list[str]) -> np.ndarray:
+    """A causal `[query, key]` pattern whose main target follows `kind`, plus peaky noise."""
+    T = len(tokens)
+    allowed = np.tril(np.ones((T, T), dtype=np.float32))
+    noise = rng.dirichlet(np.full(T, 0.3), size=T).astype(np.float32) * allowed
+    noise /= noise.sum(-1, keepdims=True)
+    target = np.zeros((T, T), dtype=np.float32)
+    for i in range(T):
+        earlier = [j for j in range(i) if tokens[j] == tokens[i]]
+        if kind in ("previous_token", "mixed"):
+            target[i, max(i - 1, 0)] += 1.0
+        if kind in ("induction", "mixed"):
+            target[i, earlier[-1] + 1 if earlier else 0] += 1.0
+        if kind == "duplicate_token":
+            target[i, earlier[-1] if earlier else i] = 1.0
+        if kind in ("self", "next_token"):
+            target[i, i] = 1.0
+        if kind == "sink":
+            target[i, 0] = 1.0
+        if kind == "uniform":
+            target[i, : i + 1] = 1.0
+        if kind.startswith("syntactic"):
+            target[i, (i * 7) % (i + 1)] = 1.0
+    if kind == "none":
+        return noise
+    target /= target.sum(-1, keepdims=True)
+    return 0.8 * target + 0.2 * noise
+
+
+def _meta(n_layers, n_heads, seed, detectors, thresholds, seq_len, n_examples, created) -> dict:
+    probes = {
+        "text": {"n_examples": 24, "seq_len": seq_len, "description": "natural text"},
+        "repeated": {"n_examples": 24, "seq_len": seq_len, "description": "random tokens, repeated once"},
+    }
+    if "syntactic" in detectors:
+        probes["syntax"] = {"n_examples": 40, "seq_len": 32, "description": "CoNLL-U sentences"}
+    return {
+        "model": f"fake/tiny-{n_layers}x{n_heads}", "family": "llama",
+        "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": max(1, n_heads // 3), "causal": True,
+        "parameters": 1_234_567 * n_layers, "probes": probes, "seed": seed,
+        "versions": {"headscope": "0.1.0", "torch": "2.13.0", "transformers": "5.0.0"},
+        "timings": {"capture": 1.25, "detect": 0.5, "total": 1.75 + n_examples * 0.01},
+        "created": created,
+        "detectors": {
+            det: {"formula": FORMULAS[det], "threshold": thresholds[det], "source": SOURCES[det],
+                  "probe": "syntax" if det == "syntactic" else ("repeated" if det == "induction" else "text")}
+            for det in detectors
+        },
+    }
+
+
+def _syntax(rng, plan):
+    """Per-relation accuracy of every head in both directions, and the best head per relation."""
+    import pandas as pd
+
+    rows, best = [], []
+    for r, relation in enumerate(RELATIONS):
+        baseline, n = 0.2 + 0.1 * r, 50 + 20 * r
+        rel_rows = []
+        for layer, row in enumerate(plan):
+            for head, kind in enumerate(row):
+                for direction in ("dep->head", "head->dep"):
+                    top = kind == "syntactic:obj" and relation == "obj" and direction == "dep->head"
+                    accuracy = float(rng.uniform(0.6, 0.9) if top else rng.uniform(0.0, baseline + 0.15))
+                    rel_rows.append((layer, head, relation, direction, accuracy, baseline, n))
+        rows += rel_rows
+        layer, head, _, direction, accuracy, _, _ = max(rel_rows, key=lambda t: t[4])
+        best.append({"relation": relation, "layer": layer, "head": head, "direction": direction,
+                     "accuracy": accuracy, "baseline_offset": -1 if r % 2 else 1,
+                     "baseline_accuracy": baseline, "n": n})
+    frame = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "accuracy", "baseline", "n"])
+    return frame, best

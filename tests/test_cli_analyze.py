@@ -1,0 +1,136 @@
+"""`headscope analyze`, `report`, `compare`, `detectors` end to end on the planted tiny model."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from headscope.analysis import Analysis
+from headscope.cli import app
+from planted import save_planted
+
+ARGS = ["--n-examples", "4", "--seq-len", "40", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(save_planted(tmp_path_factory.mktemp("planted-model")))
+
+
+@pytest.fixture(scope="module")
+def analyzed(model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "planted"
+    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS,
+                                      "--detectors", "previous_token,sink,uniform,self"])
+    assert result.exit_code == 0, result.output
+    return out, result
+
+
+def _leftovers(folder):
+    return [p.name for p in folder.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_analyze_writes_analysis_and_report(analyzed):
+    out, result = analyzed
+    assert {p.name for p in out.iterdir()} == {"scores.csv", "labels.csv", "meta.json", "examples.json", "index.html"}
+    analysis = Analysis.load(out)
+    assert set(analysis.detectors) == {"previous_token", "sink", "uniform", "self"}
+    assert analysis.labels.set_index(["layer", "head"]).label[(0, 0)] == "previous_token"
+    assert "previous_token" in result.stdout and "0.0 (1.00)" in result.stdout
+    assert f"report: {out / 'index.html'}" in result.stdout
+    assert _leftovers(out) == []
+
+
+def test_existing_output_needs_force(analyzed, model_dir):
+    out, _ = analyzed
+    before = (out / "scores.csv").read_text()
+    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS])
+    assert result.exit_code == 1 and "already exists; pass --force" in result.output
+    assert (out / "scores.csv").read_text() == before
+
+
+def test_force_replaces(analyzed, model_dir, tmp_path):
+    out = tmp_path / "again"
+    for _ in range(2):
+        result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--force",
+                                          "--detectors", "sink", "--plotlyjs", "cdn"])
+        assert result.exit_code == 0, result.output
+    assert (out / "index.html").stat().st_size < 3_000_000 and _leftovers(out) == []
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--detectors", "previous_token,copy_suppression"], "unknown detector 'copy_suppression'; detectors:"),
+    (["--n-examples", "0"], "n_examples must be at least 1"),
+    (["--seq-len", "4000"], "takes at most 48"),
+    (["--device", "tpu"], "unknown device"),
+    (["--plotlyjs", "inline"], "--plotlyjs must be embed or cdn"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(model_dir, tmp_path, extra, message):
+    out = tmp_path / "never"
+    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, *extra])
+    assert result.exit_code == 1
+    assert message in result.output and "Traceback" not in result.output
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_interrupt_while_writing_leaves_nothing(model_dir, tmp_path, monkeypatch):
+    import headscope.report as report
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "write_report_into", interrupted)
+    out = tmp_path / "half"
+    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--detectors", "sink"])
+    assert result.exit_code == 130 and "interrupted" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_in_a_real_process(model_dir, tmp_path):
+    out = tmp_path / "sigint"
+    proc = subprocess.Popen([sys.executable, "-m", "headscope", "analyze", model_dir, "--out", str(out), *ARGS,
+                             "--n-examples", "40"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()  # "loading ..." is printed inside the command
+    assert first.startswith("loading")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_rerenders_without_a_model(analyzed, tmp_path):
+    out, _ = analyzed
+    page = (out / "index.html").read_bytes()
+    (out / "index.html").unlink()
+    result = CliRunner().invoke(app, ["report", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "index.html").read_bytes() == page  # deterministic for the same analysis
+    bad = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert bad.exit_code == 1 and "is not a headscope analysis" in bad.output
+
+
+def test_compare_and_detectors(analyzed, model_dir, tmp_path):
+    out, _ = analyzed
+    other = tmp_path / "other"
+    assert CliRunner().invoke(app, ["analyze", model_dir, "--out", str(other), *ARGS, "--seed", "1",
+                                    "--detectors", "previous_token,sink,uniform,self"]).exit_code == 0
+    result = CliRunner().invoke(app, ["compare", str(out), str(other), "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cmp" / "index.html").exists()
+    listing = CliRunner().invoke(app, ["detectors"])
+    assert listing.exit_code == 0
+    for name in ("induction", "previous_token", "sink", "uniform", "duplicate_token", "self", "next_token"):
+        assert name in listing.stdout
+
+
+def test_help_is_fast_and_lists_commands():
+    out = subprocess.run([sys.executable, "-m", "headscope", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for command in ("analyze", "report", "compare", "models", "detectors", "verify"):
+        assert command in out.stdout
