@@ -126,6 +126,7 @@ class _Bars:
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
+            del self.bars[stage]
 
 
 def _summary(analysis, out: Path) -> None:

@@ -77,6 +77,8 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
             collected[det.name][layer].append(det.score(pattern, batch).float().cpu())
 
     batches = probe.batches(batch_size, loaded.causal, loaded.device)
+    if progress:
+        progress(f"probe {probe.name}", 0, len(batches))
     with capture(loaded.model, reduce=reduce):
         for i, batch in enumerate(batches):
             current["batch"] = batch
@@ -95,8 +97,8 @@ def _explorer_examples(loaded, probes, n_show, length) -> list[Example]:
             loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids))
         maps = torch.stack([cap.patterns[l] for l in range(loaded.n_layers)], dim=1)  # (N, L, H, T, T)
         for i in range(ids.shape[0]):
-            tokens = loaded.tokenizer.convert_ids_to_tokens(ids[i].tolist())
-            examples.append(Example.from_float(name, i, [str(t) for t in tokens], maps[i].numpy()))
+            tokens = [loaded.tokenizer.decode([t]) for t in ids[i].tolist()]  # display text, not "Ġword"
+            examples.append(Example.from_float(name, i, tokens, maps[i].numpy()))
     return examples
 
 

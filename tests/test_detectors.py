@@ -199,7 +199,7 @@ def test_seed_reproducible_and_progress_reported(planted):
     a = analyze(planted, detectors=["previous_token"], seed=3, progress=lambda *s: seen.append(s), **SMALL)
     b = analyze(planted, detectors=["previous_token"], seed=3, **SMALL)
     pd.testing.assert_frame_equal(a.scores, b.scores)
-    assert seen[-1] == ("probe text", 1, 1)
+    assert seen == [("probe text", 0, 1), ("probe text", 1, 1)]
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -92,3 +92,14 @@ def test_import_is_light():
     code = "import sys, headscope; print('transformers' in sys.modules, 'plotly' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_wheel_lists_every_package():
+    """pyproject names packages explicitly (for the probes mapping): none may be forgotten."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "headscope").rglob("__init__.py")}
+    assert found <= listed
