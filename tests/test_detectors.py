@@ -227,3 +227,22 @@ def test_tokenizer_without_enough_vocabulary(tmp_path):
     loaded = headscope.load(str(tmp_path), device="cpu")
     with pytest.raises(headscope.HeadscopeError, match="only 9 ordinary token ids.*needs 25 distinct ones"):
         analyze(loaded, detectors=["induction"], n_examples=2)
+
+
+def test_detectors_called_on_a_loaded_model_and_on_captured_patterns(planted):
+    from headscope.detectors import induction, previous_token
+
+    table = induction(planted, **SMALL)
+    assert list(table.columns) == ["layer", "head", "detector", "score", "ci_low", "ci_high", "n"]
+    assert table.set_index(["layer", "head"]).score[(1, 0)] > 0.99
+    text_ids = planted.tokenizer("the cat sat on the mat. the cat sat on the mat.", return_tensors="pt")["input_ids"]
+    ids = torch.cat([torch.tensor([[planted.tokenizer.bos_token_id]]), text_ids], dim=1)
+    with torch.no_grad(), headscope.capture(planted.model) as cap:
+        planted.model(input_ids=ids)
+    prev = previous_token(cap.patterns).set_index(["layer", "head"]).score
+    assert prev[(0, 0)] == pytest.approx(1.0, abs=1e-4) and prev[(0, 2)] < 0.2
+    ind = induction(cap.patterns, input_ids=ids, content_start=1).set_index(["layer", "head"]).score
+    assert ind[(1, 0)] > 0.99
+    with pytest.raises(headscope.HeadscopeError, match="pass input_ids="):
+        induction(cap.patterns)
+    assert previous_token(cap.patterns[0][0]).shape[0] == 4  # one [head, q, k] map

@@ -4,17 +4,20 @@ Each detector is a pure function of one layer's patterns `[batch, head, query, k
 probe batch, returning one score per example and head; see `base.Detector`.
 
 - `REGISTRY`: name -> Detector; `get(name)`; `names()`.
-- previous_token, next_token, self (positional.py), sink (sink.py), uniform (uniform.py),
-  induction, duplicate_token (copying.py).
-- Called on a loaded model, or on captured patterns, from a notebook:
-  `headscope.detectors.score(loaded, "induction")`, `headscope.detectors.score_patterns(...)`.
+- One module per detector: induction, duplicate_token (formulas shared in copying.py),
+  previous_token, next_token, self_token (formula shared in positional.py), sink, uniform.
+- From a notebook, a detector is called on a loaded model (`induction(loaded)`, a DataFrame
+  from `headscope.analyze`) or on captured patterns (`previous_token(cap.patterns)`).
 """
 from __future__ import annotations
 
 from ..errors import HeadscopeError
 from .base import REGISTRY, Detector, register
-from .copying import duplicate_token, induction
-from .positional import next_token, previous_token, self_attention
+from .induction import induction
+from .duplicate_token import duplicate_token
+from .previous_token import previous_token
+from .next_token import next_token
+from .self_token import self_attention
 from .sink import sink
 from .uniform import uniform
 

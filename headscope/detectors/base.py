@@ -42,8 +42,23 @@ class Detector:
         """Per-example scores `[batch, head]` of one layer's pattern `[batch, head, query, key]`."""
         return self.fn(pattern, batch)
 
-    def __call__(self, pattern: torch.Tensor, batch) -> torch.Tensor:
-        return self.score(pattern, batch)
+    def __call__(self, target, batch=None, **kwargs):
+        """Score heads of whatever a notebook has at hand.
+
+        - `detector(pattern, probe_batch)`: per-example scores `[batch, head]` (the pure form).
+        - `detector(loaded, **analyze_kwargs)`: runs `headscope.analyze` with this detector
+          alone and returns its scores DataFrame (layer, head, detector, score, ci_low, ...).
+        - `detector(patterns, input_ids=None, attention_mask=None, causal=True)`: patterns
+          captured by the user (`cap.patterns`, a `{layer: [batch, head, query, key]}` dict, or
+          one such tensor) -> DataFrame layer, head, detector, score (mean over examples).
+        """
+        if isinstance(target, torch.Tensor) and batch is not None:
+            return self.score(target, batch)
+        from .calling import score_loaded, score_patterns
+
+        if hasattr(target, "model") and hasattr(target, "tokenizer"):
+            return score_loaded(self, target, **kwargs)
+        return score_patterns(self, target, **kwargs)
 
     def describe(self) -> dict:
         return {"formula": self.formula, "threshold": self.threshold, "source": self.source, "probe": self.probe}

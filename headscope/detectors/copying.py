@@ -1,4 +1,4 @@
-"""Heads that look at earlier copies of the current token: induction and duplicate-token.
+"""Shared formulas of heads that look at earlier copies of the current token.
 
 Both read the repeated-random-tokens probe, where every token of a later repeat has earlier
 occurrences. For query i, let E_i = {j < i : x_j = x_i} (earlier occurrences).
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .base import Detector, masked_query_mean, register
+from .base import masked_query_mean
 
-__all__ = ["induction", "duplicate_token", "earlier_copies"]
+__all__ = ["earlier_copies", "induction_targets", "mass_on"]
 
 
 def earlier_copies(batch) -> torch.Tensor:
@@ -46,21 +46,7 @@ def induction_targets(batch) -> torch.Tensor:
     return batch.cached("induction_targets", build)
 
 
-def _mass_on(pattern: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def mass_on(pattern: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     mass = (pattern * targets[:, None].to(pattern.dtype)).sum(-1)  # (B, H, T)
     return masked_query_mean(mass, targets.any(-1))
 
-
-induction = register(Detector(
-    name="induction", probe="repeated", threshold=0.4,
-    formula="mean over queries with an earlier occurrence of the attention on the tokens right after its earlier occurrences",
-    source="Olsson et al. 2022 (prefix matching); threshold 0.4 as in common practice (ARENA)",
-    fn=lambda pattern, batch: _mass_on(pattern, induction_targets(batch)),
-))
-
-duplicate_token = register(Detector(
-    name="duplicate_token", probe="repeated", threshold=0.4,
-    formula="mean over queries with an earlier occurrence of the attention on its earlier occurrences",
-    source="Wang et al. 2022 (IOI duplicate-token heads); threshold 0.4 by analogy with induction",
-    fn=lambda pattern, batch: _mass_on(pattern, earlier_copies(batch)),
-))

@@ -1,4 +1,4 @@
-"""Fixed-offset heads: previous-token, next-token and self (diagonal) attention.
+"""The shared formula of fixed-offset heads (previous-token, next-token, self).
 
 previous_token:  mean over queries i >= 1 of A[i, i-1]
 next_token:      mean over queries i < n-1 of A[i, i+1]   (bidirectional models only)
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from .base import Detector, masked_query_mean, register
+from .base import masked_query_mean
 
-__all__ = ["previous_token", "next_token", "self_attention", "offset_score"]
+__all__ = ["offset_score"]
 
 
 def offset_score(pattern: torch.Tensor, batch, offset: int) -> torch.Tensor:
@@ -40,24 +40,3 @@ def offset_score(pattern: torch.Tensor, batch, offset: int) -> torch.Tensor:
         queries[:, 0] = False
     return masked_query_mean(diag, queries)
 
-
-previous_token = register(Detector(
-    name="previous_token", probe="text", threshold=0.5,
-    formula="mean over queries i >= 1 of A[i, i-1]",
-    source="Voita et al. 2019 (positional heads); Clark et al. 2019 (threshold 0.5 of attention at the offset)",
-    fn=lambda pattern, batch: offset_score(pattern, batch, -1),
-))
-
-next_token = register(Detector(
-    name="next_token", probe="text", threshold=0.5,
-    formula="mean over queries i < n-1 of A[i, i+1] (bidirectional models)",
-    source="Clark et al. 2019 (five next-token heads in BERT; threshold 0.5)",
-    fn=lambda pattern, batch: offset_score(pattern, batch, +1), bidirectional_only=True,
-))
-
-self_attention = register(Detector(
-    name="self", probe="text", threshold=0.5,
-    formula="mean over queries i >= 1 of A[i, i]",
-    source="Clark et al. 2019 (attention to the token itself; threshold 0.5 as for offsets)",
-    fn=lambda pattern, batch: offset_score(pattern, batch, 0),
-))
