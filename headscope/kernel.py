@@ -108,20 +108,35 @@ def attention(
 
     k = expand_kv(k, n_heads)
     v = expand_kv(v, n_heads)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
+    # Without autograd the pattern is built in place in one [B, H, Tq, Tk] fp32 buffer, so
+    # the explicit path holds a single map per layer (it matters at long sequence lengths).
+    in_place = not torch.is_grad_enabled()
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2))  # (B, H, Tq, Tk)
+    scores = scores.mul_(scale) if in_place else scores * scale
     if is_causal:
         mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
     if mask is not None:
         if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            fill = torch.finfo(scores.dtype).min
+            scores = scores.masked_fill_(~mask, fill) if in_place else scores.masked_fill(~mask, fill)
         else:
-            scores = scores + mask.float()
+            scores = scores.add_(mask.float()) if in_place else scores + mask.float()
     scores = _apply(on_scores, scores)
-    pattern = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk), fp32
+    if in_place and on_scores is None:
+        pattern = _softmax_(scores)
+    else:
+        pattern = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk), fp32
     pattern = _apply(on_pattern, pattern)
     weights = F.dropout(pattern, p=dropout_p) if dropout_p > 0 else pattern
     z = torch.matmul(weights.to(v.dtype), v)  # (B, H, Tq, d_head)
     return z, pattern
+
+
+def _softmax_(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last axis, overwriting `scores` (same formula as torch.softmax)."""
+    scores.sub_(scores.amax(dim=-1, keepdim=True))
+    scores.exp_()
+    return scores.div_(scores.sum(dim=-1, keepdim=True))
 
 
 def _combine(mask: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ def _context_length(config) -> Optional[int]:
     return getattr(config, "max_position_embeddings", None)
 
 
-def _check_args(loaded, names, n_examples, seq_len, batch_size, repeat_len, repeats):
+def _check_args(loaded, names, n_examples, batch_size):
     from . import detectors as registry
 
     if n_examples <= 0:
@@ -44,14 +44,15 @@ def _check_args(loaded, names, n_examples, seq_len, batch_size, repeat_len, repe
     for det in dets:
         if det.bidirectional_only and loaded.causal:
             raise HeadscopeError(f"detector {det.name!r} needs a bidirectional model; {loaded.name} is causal")
-    context = _context_length(loaded.model.config)
-    lengths = {"text": seq_len, "repeated": repeat_len * repeats + 2}
-    for probe in {d.probe for d in dets}:
-        if context is not None and lengths.get(probe, 0) > context:
-            raise HeadscopeError(
-                f"the {probe} probe needs {lengths[probe]} tokens but {loaded.name} takes at most {context}"
-            )
     return dets
+
+
+def _check_lengths(loaded, probes: dict[str, ProbeSet]) -> None:
+    context = _context_length(loaded.model.config)
+    for name, probe in probes.items():
+        length = probe.input_ids.shape[1]
+        if context is not None and length > context:
+            raise HeadscopeError(f"the {name} probe needs {length} tokens but {loaded.name} takes at most {context}")
 
 
 def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) -> dict[str, ProbeSet]:
@@ -77,12 +78,13 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
             collected[det.name][layer].append(det.score(pattern, batch).float().cpu())
 
     batches = probe.batches(batch_size, loaded.causal, loaded.device)
+    body = getattr(loaded.model, "base_model", loaded.model)  # no LM head: logits are not needed
     if progress:
         progress(f"probe {probe.name}", 0, len(batches))
     with capture(loaded.model, reduce=reduce):
         for i, batch in enumerate(batches):
             current["batch"] = batch
-            loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long())
+            body(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long())
             if progress:
                 progress(f"probe {probe.name}", i + 1, len(batches))
     return {name: {layer: torch.cat(parts) for layer, parts in per_layer.items()} for name, per_layer in collected.items()}
@@ -114,6 +116,7 @@ def analyze(
     repeats: int = 4,
     explorer_examples: int = 2,
     explorer_len: int = 48,
+    probes: Optional[dict[str, ProbeSet]] = None,
     progress: Optional[Progress] = None,
 ) -> Analysis:
     """Score every head of a loaded model.
@@ -129,15 +132,20 @@ def analyze(
         repeat_len, repeats: the repeated-random-tokens probe (Olsson et al.: 25 x 4).
         explorer_examples, explorer_len: examples per probe whose full maps are kept for the
             report's head explorer, truncated to this many tokens.
+        probes: your own `ProbeSet`s by probe name ("text", "repeated"), used instead of the
+            bundled ones (n_examples, seq_len, repeat_len and repeats then do not apply to them).
         progress: `fn(stage, done, total)` called as batches finish.
     Returns:
         An `Analysis`.
     """
     started = time.perf_counter()
-    dets = _check_args(loaded, detectors, n_examples, seq_len, batch_size, repeat_len, repeats)
+    dets = _check_args(loaded, detectors, n_examples, batch_size)
     timings = {}
     t = time.perf_counter()
-    probes = _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed)
+    given = probes or {}
+    built = _build_probes(loaded, [d for d in dets if d.probe not in given], n_examples, seq_len, repeat_len, repeats, seed)
+    probes = {name: given.get(name) or built[name] for name in dict.fromkeys(d.probe for d in dets)}
+    _check_lengths(loaded, probes)
     timings["probes"] = time.perf_counter() - t
 
     per_example: dict[str, dict[int, torch.Tensor]] = {}

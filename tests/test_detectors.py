@@ -207,7 +207,7 @@ def test_seed_reproducible_and_progress_reported(planted):
     (dict(detectors=["next_token"]), "needs a bidirectional model"),
     (dict(n_examples=0), "n_examples must be at least 1"),
     (dict(seq_len=100), "the text probe needs 100 tokens but .* takes at most 48"),
-    (dict(repeat_len=20, repeats=4), "the repeated probe needs 82 tokens"),
+    (dict(repeat_len=20, repeats=4), "the repeated probe needs 81 tokens"),
     (dict(n_examples=100000), "at most .* examples"),
 ])
 def test_bad_input(planted, kwargs, message):

@@ -23,7 +23,9 @@ def uniform_score(pattern: torch.Tensor, batch, min_keys: int = MIN_KEYS) -> tor
     """Normalised entropy per example `[batch, head]`; see the module docstring."""
     allowed = batch.key_allowed()  # (B, Tq, Tk)
     n_keys = allowed.sum(-1)  # (B, Tq)
-    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)  # (B, H, Tq)
+    # One head at a time, so no second full-size map is allocated.
+    entropy = torch.stack([-torch.special.xlogy(pattern[:, h], pattern[:, h]).sum(-1)
+                           for h in range(pattern.shape[1])], dim=1)  # (B, H, Tq)
     normalised = entropy / torch.log(n_keys.clamp(min=2).to(pattern.dtype))[:, None, :]
     queries = (n_keys >= min_keys) & batch.attention_mask.bool()
     return masked_query_mean(normalised, queries)
