@@ -32,21 +32,41 @@ VERIFY_TEXT = (
 )
 
 
+def _where() -> str:
+    """"rank N: " inside a torchrun process group, else nothing."""
+    import os
+
+    from .distributed import rank_and_size
+
+    rank, size = rank_and_size()
+    if size == 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        rank, size = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+    return f"rank {rank}: " if size > 1 else ""
+
+
 def _friendly(fn):
     """Turn headscope's errors into one line on stderr and a non-zero exit."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        import signal
+
         from .errors import HeadscopeError
 
+        def terminated(signum, frame):  # torchrun stops the others when one process fails
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, terminated)
         try:
             return fn(*args, **kwargs)
         except HeadscopeError as err:
-            typer.echo(f"error: {err}", err=True)
+            typer.echo(f"error: {_where()}{err}", err=True)
             raise typer.Exit(1)
         except KeyboardInterrupt:
-            typer.echo("interrupted; nothing was written", err=True)
+            typer.echo(f"{_where()}interrupted; nothing was written", err=True)
             raise typer.Exit(130)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     return wrapper
 
@@ -154,14 +174,21 @@ def analyze_command(
     n_examples: Annotated[int, typer.Option("--n-examples", help="Probe examples per probe.")] = 16,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text example.")] = 128,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward pass.")] = 8,
+    repeat_len: Annotated[int, typer.Option("--repeat-len", help="Random tokens per repeat in the induction probe.")] = 25,
+    repeats: Annotated[int, typer.Option("--repeats", help="Repeats in the induction probe.")] = 4,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for probes and bootstrap.")] = 0,
+    device_map: Annotated[Optional[str], typer.Option("--device-map", help="Split a large model over devices: auto, balanced, sequential or a JSON {module: device} map (accelerate).")] = None,
     plotlyjs: PlotlyOpt = "embed",
     force: ForceOpt = False,
     open_report: OpenOpt = False,
 ) -> None:
-    """Score every head of MODEL, write the analysis and an interactive HTML report."""
+    """Score every head of MODEL, write the analysis and an interactive HTML report.
+
+    Under `torchrun --nproc-per-node N -m headscope analyze ...` the probe batches are split
+    across the N processes; rank 0 alone writes, and the result equals a single-process run.
+    """
     from .analysis import atomic_dir
     from .pipeline import analyze
     from .loading import load
@@ -175,11 +202,20 @@ def analyze_command(
 
         for name in names:
             get(name)
+    from .distributed import init_from_env, local_device
+
+    rank, world = init_from_env(device)
     guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
-    typer.echo(f"loading {model} ...", err=True)
-    loaded = load(model, device=device, dtype=dtype)
+    if rank == 0:
+        typer.echo(f"loading {model} ...", err=True)
+    loaded = load(model, device=local_device(device), dtype=dtype, device_map=_parse_device_map(device_map))
     analysis = analyze(loaded, detectors=names, n_examples=n_examples, seq_len=seq_len,
-                       batch_size=batch_size, seed=seed, progress=_Bars())
+                       batch_size=batch_size, seed=seed, repeat_len=repeat_len, repeats=repeats,
+                       progress=_Bars())
+    if rank != 0:
+        return
+    if world > 1:
+        analysis.meta["processes"] = world
     with guard as tmp:
         analysis.write_into(tmp)
         write_report_into(analysis, tmp, plotlyjs=plotlyjs)
@@ -188,6 +224,22 @@ def analyze_command(
         import webbrowser
 
         webbrowser.open((out / "index.html").resolve().as_uri())
+
+
+def _parse_device_map(value: Optional[str]):
+    import json
+
+    from .errors import HeadscopeError
+
+    if value is None or value in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise HeadscopeError(f"--device-map must be auto, balanced, sequential or a JSON object, got {value!r}")
+    return parsed
 
 
 @app.command("report")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -72,6 +73,15 @@ class Loaded:
 
     @property
     def device(self):
+        """Where inputs go: the execution device of the first layer (CPU for disk offload)."""
+        placement = getattr(self.model, "hf_device_map", None)
+        if placement:
+            first = next(iter(placement.values()))
+            if first in ("disk", "meta"):
+                first = "cpu"
+            import torch
+
+            return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
         return next(self.model.parameters()).device
 
     @property
@@ -150,14 +160,20 @@ def _is_causal_config(config) -> bool:
     return not archs and config.model_type not in ("bert", "roberta")
 
 
-def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None) -> Loaded:
+def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, device_map=None,
+         max_memory: Optional[dict] = None, offload_folder: Optional[str] = None) -> Loaded:
     """Load a model and its tokenizer.
 
     Args:
         spec: an alias (see `models()`), a local model folder, a `.gguf` file, or a hub id
             (taken from the local cache, or downloaded when the network allows).
-        device: "auto", "cpu", "cuda" or "mps".
+        device: "auto", "cpu", "cuda" or "mps" (ignored when `device_map` is given).
         dtype: torch dtype or name ("float32", "bfloat16", ...); default: as stored.
+        device_map: "auto", "balanced", ... or a dict of module name -> device ("cpu", a GPU
+            index, "disk"), for models larger than one device; placed by accelerate, the same
+            path transformers uses. Attention then runs on each layer's own device.
+        max_memory: per-device budget for accelerate's placement, e.g. {0: "20GiB", "cpu": "60GiB"}.
+        offload_folder: where "disk" layers keep their weights (default: a temporary folder).
     Returns:
         A `Loaded`.
     """
@@ -167,7 +183,7 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None) -> Loaded:
 
     where, extra = _locate(spec)
     torch_dtype = _resolve_dtype(dtype)
-    device = resolve_device(device)
+    device = resolve_device(device) if device_map is None else None
     local = Path(where).is_dir()
     # A hub id is taken from the local cache first; the network is tried only when it answers,
     # so an offline machine gets its error at once instead of after minutes of retries.
@@ -189,11 +205,14 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None) -> Loaded:
         kwargs = dict(extra, local_files_only=cached_only)
         if torch_dtype is not None:
             kwargs["dtype"] = torch_dtype
+        if device_map is not None:
+            kwargs.update(device_map=device_map, max_memory=max_memory,
+                          offload_folder=offload_folder or tempfile.mkdtemp(prefix="headscope-offload-"))
         model = cls.from_pretrained(where, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(where, **extra, local_files_only=cached_only)
     except Exception as err:
         raise HeadscopeError(_load_error(spec, where, extra, local, err)) from None
-    model = model.to(device).eval()
+    model = (model if device_map is not None else model.to(device)).eval()
     return Loaded(model=model, tokenizer=tokenizer, name=spec, family=family, causal=causal)
 
 

@@ -68,26 +68,38 @@ def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) 
 
 @torch.no_grad()
 def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress]):
-    """Per-example scores: {detector: {layer: [examples, head]}}."""
-    collected: dict[str, dict[int, list[torch.Tensor]]] = {d.name: defaultdict(list) for d in dets}
-    current = {}
+    """Per-example scores: {detector: {layer: [examples, head]}}.
 
-    def reduce(layer, pattern, mask):
-        batch = current["batch"]
-        for det in dets:
-            collected[det.name][layer].append(det.score(pattern, batch).float().cpu())
+    Under torchrun the batches are dealt across processes and the results gathered in order.
+    """
+    from .distributed import gather, mine, rank_and_size
 
     batches = probe.batches(batch_size, loaded.causal, loaded.device)
     body = getattr(loaded.model, "base_model", loaded.model)  # no LM head: logits are not needed
-    if progress:
-        progress(f"probe {probe.name}", 0, len(batches))
-    with capture(loaded.model, reduce=reduce):
-        for i, batch in enumerate(batches):
-            current["batch"] = batch
-            body(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long())
-            if progress:
-                progress(f"probe {probe.name}", i + 1, len(batches))
-    return {name: {layer: torch.cat(parts) for layer, parts in per_layer.items()} for name, per_layer in collected.items()}
+    todo = [i for i in range(len(batches)) if mine(i)]
+    report = progress if rank_and_size()[0] == 0 else None
+    if report:
+        report(f"probe {probe.name}", 0, len(todo))
+    done = []
+    with capture(loaded.model, reduce=lambda layer, pattern, mask: _reduce(layer, pattern, current, dets)) as cap:
+        for n, i in enumerate(todo):
+            current = {"batch": batches[i], "on": {}}
+            body(input_ids=batches[i].input_ids, attention_mask=batches[i].attention_mask.long())
+            done.append((i, {layer: results.pop() for layer, results in cap.results.items()}))
+            if report:
+                report(f"probe {probe.name}", n + 1, len(todo))
+    per_batch = gather(done)  # [{layer: {detector: [batch, head]}}] in batch order
+    return {det.name: {layer: torch.cat([b[layer][det.name] for b in per_batch]) for layer in range(loaded.n_layers)}
+            for det in dets}
+
+
+def _reduce(layer, pattern, current, dets) -> dict:
+    """One layer's pattern -> {detector: [batch, head]} on the CPU; the map is not kept."""
+    device = pattern.device  # with a device map each layer has its own
+    if device not in current["on"]:
+        current["on"][device] = current["batch"].to(device)
+    batch = current["on"][device]
+    return {det.name: det.score(pattern, batch).float().cpu() for det in dets}
 
 
 @torch.no_grad()
