@@ -108,7 +108,7 @@ def _explorer_examples(loaded, probes, n_show, length) -> list[Example]:
     for name, probe in probes.items():
         ids = probe.input_ids[:n_show, :length].to(loaded.device)
         with capture(loaded.model, to="cpu") as cap:
-            loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            getattr(loaded.model, "base_model", loaded.model)(input_ids=ids, attention_mask=torch.ones_like(ids))
         maps = torch.stack([cap.patterns[l] for l in range(loaded.n_layers)], dim=1)  # (N, L, H, T, T)
         for i in range(ids.shape[0]):
             tokens = [loaded.tokenizer.decode([t]) for t in ids[i].tolist()]  # display text, not "Ġword"
