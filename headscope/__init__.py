@@ -5,7 +5,9 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `capture(model, ...)`, `ablate(model, heads, ...)`: attention maps and head ablation inside
   Hugging Face models, through headscope's kernel.
 - `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
+- `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
 - `MultiHeadAttention`: headscope's own attention module with hook points.
+- `plot_pattern(pattern, tokens)`: a plotly figure of any captured attention map.
 - `HeadscopeError`: raised for bad input.
 """
 from importlib import import_module
@@ -22,6 +24,7 @@ _EXPORTS = {
     "analyze": "headscope.pipeline",
     "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",
+    "plot_pattern": "headscope.plotting",
     "HeadscopeError": "headscope.errors",
 }
 

@@ -101,6 +101,43 @@ class Analysis:
         rows = self.labels[self.labels.label == label]
         return rows.sort_values("score", ascending=False)
 
+    # Display: figures come from the report's builders (headscope.plotting, headscope.notebook).
+
+    def plot_labels(self):
+        """The label map as a plotly figure; see `headscope.plotting.plot_labels`."""
+        from .plotting import plot_labels
+
+        return plot_labels(self)
+
+    def plot_scores(self, detector: str):
+        """One detector's `[layer, head]` scores as a plotly heatmap; see `headscope.plotting.plot_scores`."""
+        from .plotting import plot_scores
+
+        return plot_scores(self, detector)
+
+    def plot_head(self, layer: int, head: int, probe: Optional[str] = None, example: int = 0):
+        """A head's pattern on a stored example, tokens on the axes; see `headscope.plotting.plot_head`."""
+        from .plotting import plot_head
+
+        return plot_head(self, layer, head, probe=probe, example=example)
+
+    def plot_syntax(self):
+        """Best head per relation vs baseline (needs `.syntax`); see `headscope.plotting.plot_syntax`."""
+        from .plotting import plot_syntax
+
+        return plot_syntax(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: summary and interactive label map, offline (`headscope.notebook`)."""
+        from .notebook import analysis_html
+
+        return analysis_html(self)
+
+    def __repr__(self) -> str:
+        from .notebook import analysis_text
+
+        return analysis_text(self)
+
     def save(self, directory, *, force: bool = False) -> Path:
         """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv) atomically.
 

@@ -4,9 +4,10 @@
 - `label_grid(analysis, categories)`: the `[layer][head]` label map with colours and hover text.
 - `detector_grids(analysis)`: one `DetectorGrid` (scores, 95% CI, n, hover) per detector.
 - `top_heads(analysis, k)`, `syntax_best(analysis)`, `method_rows(meta)`, `header_fields(meta)`.
+- `validation_rows(analysis)`: the causal checks (`headscope.validate`), when the analysis has them.
 - `label_categories(labels)`, `LABEL_COLOURS`: the fixed label -> colour mapping.
 - Types: `ReportData`, `LabelGrid`, `DetectorGrid`, `TopHead`, `SyntaxBest`, `MethodRow`,
-  `HeaderField`.
+  `HeaderField`, `ValidationRow`.
 
 Hover strings are plotly's pseudo-HTML: label and detector names in them are escaped here.
 """
@@ -20,7 +21,8 @@ import numpy as np
 
 __all__ = [
     "ReportData", "LabelGrid", "DetectorGrid", "TopHead", "SyntaxBest", "MethodRow", "HeaderField",
-    "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best", "method_rows",
+    "ValidationRow", "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best",
+    "validation_rows", "method_rows",
     "header_fields", "label_categories", "label_colour", "short_label", "LABEL_COLOURS", "TOP_K",
 ]
 
@@ -85,6 +87,25 @@ class SyntaxBest(NamedTuple):
     n: int
 
 
+class ValidationRow(NamedTuple):
+    """One causal check: a label's top heads ablated in one mode, against random heads."""
+
+    label: str
+    mode: str  # "zero" or "mean"
+    primary: bool  # the mode that drives the verdict
+    metric: str
+    heads: tuple  # ((layer, head), ...)
+    baseline: float
+    ablated: float
+    delta: float
+    random_deltas: tuple  # floats, one per random draw
+    random_mean: float
+    ratio: float
+    hurts_more: bool
+    baseline_accuracy: float  # NaN when the metric has none
+    ablated_accuracy: float
+
+
 class MethodRow(NamedTuple):
     detector: str
     formula: str
@@ -113,6 +134,7 @@ class ReportData:
     syntax_best: Optional[tuple]  # SyntaxBest; None when the analysis has no syntax scores
     methods: tuple  # MethodRow
     examples: tuple  # headscope.analysis.Example
+    validation: Optional[tuple] = None  # ValidationRow; None when the analysis has no causal checks
 
 
 def report_data(analysis) -> ReportData:
@@ -136,6 +158,7 @@ def report_data(analysis) -> ReportData:
         syntax_best=syntax_best(analysis),
         methods=method_rows(meta, analysis.detectors),
         examples=tuple(analysis.examples),
+        validation=validation_rows(analysis),
     )
 
 
@@ -255,6 +278,28 @@ def syntax_best(analysis) -> Optional[tuple]:
     )
 
 
+def validation_rows(analysis) -> Optional[tuple]:
+    """The causal checks of `analysis.validation` (a `headscope.validate` frame, possibly read
+    back from CSV), in its row order.
+
+    Returns:
+        `ValidationRow`s, or None when the analysis has no `validation` (or it is None).
+    """
+    frame = getattr(analysis, "validation", None)
+    if frame is None:
+        return None
+    rows = []
+    for r in frame.itertuples(index=False):
+        heads = tuple(tuple(int(x) for x in h.split(".")) for h in _text(r.heads).split(";") if h)
+        deltas = r.random_deltas if isinstance(r.random_deltas, (list, tuple)) else _text(r.random_deltas).split(";")
+        rows.append(ValidationRow(
+            str(r.label), str(r.mode), _flag(r.primary), str(r.metric), heads, float(r.baseline), float(r.ablated),
+            float(r.delta), tuple(float(d) for d in deltas if str(d) != ""), float(r.random_mean), float(r.ratio),
+            _flag(r.hurts_more), float(getattr(r, "baseline_accuracy", np.nan)), float(getattr(r, "ablated_accuracy", np.nan)),
+        ))
+    return tuple(rows)
+
+
 def method_rows(meta: dict, detectors: Optional[list] = None) -> tuple:
     """Formula, threshold, source and probe of each detector in `meta["detectors"]`.
 
@@ -321,6 +366,16 @@ def _score_hover(layer, head, detector, score, low, high, n) -> str:
     count = "" if np.isnan(n) else f" (n={int(n)})"
     return (f"<b>layer {layer} head {head}</b><br>{html.escape(detector)}: {score:.3f}"
             f"<br>95% CI [{low:.3f}, {high:.3f}]{count}")
+
+
+def _text(value: Any) -> str:
+    """A CSV cell as text ("" for a missing one)."""
+    return "" if _missing(value) else str(value)
+
+
+def _flag(value: Any) -> bool:
+    """A bool cell, also when read back from CSV as text."""
+    return value.strip().lower() == "true" if isinstance(value, str) else bool(value)
 
 
 def _missing(value: Any) -> bool:

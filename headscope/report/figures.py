@@ -4,9 +4,13 @@
 - `detector_figure(grid)`: one detector's scores (colours span [0, 1], or wider when a score
   such as the syntactic margin falls outside), hover with the 95% CI.
 - `syntax_figure(rows)`: best head per relation vs its baseline (grouped bars).
+- `validation_figure(rows)`: per label, the metric's change with its top heads ablated (bars) and
+  with each random draw of heads (markers).
 - `explorer_figure()`: the head explorer's empty frame; the page's script fills it in.
+- `pattern_figure(pattern, tokens, ticks, title)`: that frame filled in Python with one
+  `[query, key]` pattern, as the script fills it (the notebook helpers in `headscope.plotting`).
 - `diff_figure(detector, diff, hover)`: a b - a score difference (compare page).
-- Fixed div ids: `LABEL_MAP_ID`, `detector_id(i)`, `SYNTAX_ID`, `EXPLORER_ID`.
+- Fixed div ids: `LABEL_MAP_ID`, `detector_id(i)`, `SYNTAX_ID`, `VALIDATION_ID`, `EXPLORER_ID`.
 
 Heatmaps put heads on x and layers on y (layer 0 on top), both as integer axes, so a click's
 point gives `x = head`, `y = layer`.
@@ -16,12 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
-    "label_map_figure", "detector_figure", "syntax_figure", "explorer_figure", "diff_figure",
-    "LABEL_MAP_ID", "SYNTAX_ID", "EXPLORER_ID", "detector_id",
+    "label_map_figure", "detector_figure", "syntax_figure", "validation_figure", "explorer_figure", "pattern_figure",
+    "diff_figure", "LABEL_MAP_ID", "SYNTAX_ID", "VALIDATION_ID", "EXPLORER_ID", "detector_id",
 ]
 
 LABEL_MAP_ID = "hs-label-map"
 SYNTAX_ID = "hs-syntax"
+VALIDATION_ID = "hs-validation"
 EXPLORER_ID = "hs-explorer"
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 
@@ -114,6 +119,40 @@ def syntax_figure(rows):
     return fig
 
 
+def validation_figure(rows):
+    """Change of each label's metric with its top heads ablated, next to random draws of heads.
+
+    Args:
+        rows: `ValidationRow`s of one mode (the report passes the primary ones).
+    Returns:
+        A plotly `go.Figure`: one bar per label (its heads) and one marker per random draw.
+    """
+    import plotly.graph_objects as go
+
+    labels = [_escape_plotly(r.label) for r in rows]
+    heads = [", ".join(f"{layer}.{head}" for layer, head in r.heads) for r in rows]
+    draws_x = [label for label, r in zip(labels, rows) for _ in r.random_deltas]
+    draws_y = [round(d, 4) for r in rows for d in r.random_deltas]
+    metrics = sorted({r.metric for r in rows} - {"icl_score"}) or ["icl_score"]
+    mode = rows[0].mode if rows else ""
+    fig = go.Figure([
+        go.Bar(name="top heads ablated", x=labels, y=[round(r.delta, 4) for r in rows], marker_color="#d62728",
+               customdata=[[h, r.baseline, r.ablated] for h, r in zip(heads, rows)],
+               hovertemplate="%{x}: heads %{customdata[0]}<br>Δ %{y:.3f} (%{customdata[1]:.3f} → "
+                             "%{customdata[2]:.3f})<extra></extra>"),
+        go.Scatter(name="random heads ablated", x=draws_x, y=draws_y, mode="markers",
+                   marker={"color": "#636363", "symbol": "diamond", "size": 8},
+                   hovertemplate="%{x}: random draw Δ %{y:.3f}<extra></extra>"),
+    ])
+    fig.update_layout(
+        title={"text": _escape_plotly(f"What breaks: {mode} ablation")},
+        yaxis={"title": {"text": _escape_plotly(f"Δ {', '.join(metrics)} (ablated − unablated)")}, "zeroline": True},
+        height=340, width=max(420, 80 * len(rows) + 200), margin={"l": 60, "r": 20, "t": 40, "b": 40},
+        legend={"orientation": "h", "y": -0.2}, **_style(),
+    )
+    return fig
+
+
 def explorer_figure():
     """The explorer's frame: an empty heatmap whose data and tick labels the page's script sets."""
     import plotly.graph_objects as go
@@ -128,6 +167,29 @@ def explorer_figure():
     )
     return fig
 
+
+def pattern_figure(pattern, tokens, ticks, title: str = ""):
+    """The explorer's frame filled with one `[query, key]` pattern, as `EXPLORER_JS` fills it.
+
+    Args:
+        pattern: `[query, key]` attention weights (query and key over the same tokens).
+        tokens: one display string per position for the hover (escaped for plotly's pseudo-HTML).
+        ticks: one shorter display string per position for the axes.
+        title: figure title (plotly pseudo-HTML, escaped by the caller); none by default.
+    Returns:
+        A plotly `go.Figure`.
+    """
+    n = len(tokens)
+    positions = list(range(n))
+    shown = positions[:: -(-n // 32) or 1]  # at most ~32 labelled ticks per axis; the hover names every token
+    hover = [[f"query {i}: {q}<br>key {j}: {k}" for j, k in enumerate(tokens)] for i, q in enumerate(tokens)]
+    fig = explorer_figure()
+    fig.update_traces(z=_rounded(np.asarray(pattern, dtype=np.float64)), x=positions, y=positions, text=hover)
+    axis = {"tickvals": shown, "ticktext": [ticks[t] for t in shown]}
+    fig.update_layout(xaxis=axis, yaxis=axis)
+    if title:
+        fig.update_layout(title={"text": title, "font": {"size": 13}}, margin={"t": 40})
+    return fig
 
 def diff_figure(detector: str, diff: np.ndarray, hover):
     """`b - a` for one detector on a red-blue scale centred on 0.

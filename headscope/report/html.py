@@ -68,8 +68,11 @@ def render_report(data, plotlyjs: str = "embed") -> str:
     figs += [(figures.detector_id(i), figures.detector_figure(g)) for i, g in enumerate(data.detector_grids)]
     if data.syntax_best is not None:
         figs.append((figures.SYNTAX_ID, figures.syntax_figure(data.syntax_best)))
+    if data.validation is not None:
+        figs.append((figures.VALIDATION_ID, figures.validation_figure([r for r in data.validation if r.primary])))
     figs.append((figures.EXPLORER_ID, figures.explorer_figure()))
-    clickable = [fig_id for fig_id, _ in figs if fig_id != figures.EXPLORER_ID]
+    # The validation bars stand for several heads each: clicking them opens nothing.
+    clickable = [fig_id for fig_id, _ in figs if fig_id not in (figures.EXPLORER_ID, figures.VALIDATION_ID)]
 
     grid = data.label_grid
     initial = (data.top_heads[0].layer, data.top_heads[0].head) if data.top_heads else (0, 0)
@@ -90,6 +93,7 @@ def render_report(data, plotlyjs: str = "embed") -> str:
         "</div>",
         _top_heads_section(data),
         _syntax_section(data),
+        _validation_section(data),
         _method_section(data),
     ]
     explorer_payload = {
@@ -268,6 +272,43 @@ def _syntax_section(data) -> str:
         table(["relation", "head", "direction", "accuracy", "baseline", "baseline offset", "gain", "n"], rows),
         "</section>",
     ])
+
+
+def _validation_section(data) -> str:
+    if data.validation is None:
+        return ""
+    primary = sorted({r.mode for r in data.validation if r.primary})
+    rows = []
+    for r in data.validation:
+        accuracy = "" if r.baseline_accuracy != r.baseline_accuracy else f"{r.baseline_accuracy:.3f} → {r.ablated_accuracy:.3f}"
+        rows.append([
+            r.label, Raw(f"<b>{html.escape(r.mode)}</b>") if r.primary else r.mode, r.metric,
+            Raw(" ".join(head_button(layer, head) for layer, head in r.heads)), r.baseline, r.ablated, r.delta,
+            r.random_mean, max(r.random_deltas) if r.random_deltas else None, _ratio(r.ratio),
+            ("yes" if r.hurts_more else "no") if r.random_deltas else "no control", accuracy,
+        ])
+    return "\n".join([
+        "<section id=\"validation\"><h2>What breaks when these heads are removed</h2><p class=\"hint\">Each "
+        "label's top heads are ablated and the metric that label should hurt is measured (next-token loss for "
+        "causal models; for encoders masked-token loss, or the change of the final hidden states when there is "
+        "no LM head): on repeated random tokens for induction and duplicate-token heads, on treebank sentences "
+        "for syntactic heads, on natural text for the others; icl_score is the in-context learning score (loss "
+        "at a late token minus an early one) with the induction heads ablated. The control ablates as many "
+        "random heads from the same layers. A label <i>hurts more</i> when its Δ exceeds every random draw's; "
+        f"{html.escape(' and '.join(primary) or 'no')} ablation (bold) gives the verdict.</p>",
+        figure_div(figures.VALIDATION_ID),
+        table(["label", "mode", "metric", "heads", "unablated", "ablated", "Δ", "random Δ mean", "random Δ max",
+               "Δ / random", "hurts more", "accuracy"], rows),
+        "</section>",
+    ])
+
+
+def _ratio(value: float) -> str:
+    if value != value:
+        return ""
+    if abs(value) == float("inf"):
+        return "∞" if value > 0 else "−∞"
+    return f"{value:.1f}×"
 
 
 def _method_section(data) -> str:

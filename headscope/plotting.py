@@ -1,0 +1,165 @@
+"""Plotly figures for notebooks and scripts, drawn by the report's own figure builders.
+
+- `plot_labels(analysis)`: the label map (layer x head, coloured by label).
+- `plot_scores(analysis, detector)`: one detector's scores with their 95% CI in the hover.
+- `plot_head(analysis, layer, head, probe=None, example=0)`: a head's pattern on a stored
+  example, tokens on the axes (the report's head explorer, drawn in Python).
+- `plot_syntax(source)`: best head per dependency relation vs the fixed-offset baseline, from
+  an `Analysis` with syntax scores or a `headscope.syntax.SyntaxResult`.
+- `plot_pattern(pattern, tokens, title=None, head=None)`: any captured map, e.g.
+  `cap.patterns[layer][0]` (`[head, query, key]`, pick `head=`) or one `[query, key]` map.
+
+Every function returns a `plotly.graph_objects.Figure` whose numbers are the report's
+(`headscope.report.report_data`). plotly is imported only when a figure is built.
+"""
+from __future__ import annotations
+
+import html
+from typing import Optional
+
+import numpy as np
+
+from .errors import HeadscopeError
+
+__all__ = ["plot_labels", "plot_scores", "plot_head", "plot_syntax", "plot_pattern"]
+
+
+def plot_labels(analysis):
+    """The label map of an analysis, titled with the model's name.
+
+    Args:
+        analysis: a `headscope.analysis.Analysis`.
+    Returns:
+        A plotly `go.Figure` (`z` holds category numbers, `customdata` every detector's score).
+    """
+    from .report.data import label_grid
+    from .report.figures import label_map_figure
+
+    return label_map_figure(label_grid(analysis), title=_plotly_text(str(analysis.meta.get("model", ""))))
+
+
+def plot_scores(analysis, detector: str):
+    """One detector's `[layer, head]` scores as a heatmap.
+
+    Args:
+        analysis: a `headscope.analysis.Analysis`.
+        detector: a detector name from `analysis.detectors`, e.g. "induction".
+    Returns:
+        A plotly `go.Figure`.
+    Raises:
+        HeadscopeError: the analysis has no scores for `detector`.
+    """
+    from .report.data import detector_grids
+    from .report.figures import detector_figure
+
+    for grid in detector_grids(analysis):
+        if grid.detector == detector:
+            return detector_figure(grid)
+    raise HeadscopeError(f"this analysis has no scores for {detector!r}; detectors: {', '.join(analysis.detectors)}")
+
+
+def plot_head(analysis, layer: int, head: int, probe: Optional[str] = None, example: int = 0):
+    """One head's attention pattern on an example stored in the analysis.
+
+    Args:
+        analysis: a `headscope.analysis.Analysis` with `examples` (`analyze(explorer_examples=...)`).
+        layer, head: the head.
+        probe: only examples of this probe ("text", "repeated", ...); default: all, in stored order.
+        example: position among those examples (0 = first).
+    Returns:
+        A plotly `go.Figure`: query on y, key on x, titled with the head's label.
+    Raises:
+        HeadscopeError: no such head or example.
+    """
+    from .report.data import label_grid
+
+    if not (0 <= layer < analysis.n_layers and 0 <= head < analysis.n_heads):
+        raise HeadscopeError(f"no head {layer}.{head}: the model has {analysis.n_layers} layers x {analysis.n_heads} heads")
+    chosen = [e for e in analysis.examples if probe is None or e.probe == probe]
+    if not 0 <= example < len(chosen):
+        stored = ", ".join(sorted({e.probe for e in analysis.examples})) or "none"
+        raise HeadscopeError(f"no example {example} of probe {probe or 'any'}: this analysis stores "
+                             f"{len(chosen)} such examples (probes: {stored})")
+    shown = chosen[example]
+    grid = label_grid(analysis)
+    label, passing = grid.labels[layer][head] or "no label", grid.passing[layer][head]
+    title = f"layer {layer} head {head} — {label}" + (f" ({passing})" if passing and passing != label else "")
+    title += f" · {shown.probe} #{shown.index}"
+    return _pattern_figure(shown.pattern(layer, head), shown.tokens, _plotly_text(title))
+
+
+def plot_syntax(source):
+    """Best head per dependency relation next to the best fixed-offset baseline (the report's figure).
+
+    Args:
+        source: an `Analysis` whose `syntax` is set, or a `headscope.syntax.SyntaxResult`.
+    Returns:
+        A plotly `go.Figure`; the head bars' `customdata` is `[layer, head]`.
+    Raises:
+        HeadscopeError: an analysis without syntax scores.
+    """
+    from types import SimpleNamespace
+
+    from .report.data import syntax_best
+    from .report.figures import syntax_figure
+
+    if hasattr(source, "best") and hasattr(source, "table"):  # a SyntaxResult
+        # The same rows the report reads from an analysis's meta["syntax_best"].
+        source = SimpleNamespace(syntax=source.table, meta={"syntax_best": source.best.to_dict("records")})
+    rows = syntax_best(source)
+    if rows is None:
+        raise HeadscopeError("this analysis has no syntax scores: run the syntactic detector (headscope.syntax.run_syntax)")
+    return syntax_figure(rows)
+
+
+def plot_pattern(pattern, tokens, title: Optional[str] = None, head: Optional[int] = None):
+    """Any attention map with its tokens on the axes.
+
+    Args:
+        pattern: `[query, key]`, or `[head, query, key]` with `head=` (e.g. `cap.patterns[layer][0]`);
+            a torch tensor (any device or dtype) or an array.
+        tokens: one string per position, e.g. `[tokenizer.decode([t]) for t in input_ids[0]]`.
+        title: figure title (plain text; escaped here).
+        head: which head of a `[head, query, key]` map.
+    Returns:
+        A plotly `go.Figure`: query on y, key on x.
+    Raises:
+        HeadscopeError: a shape that does not match the tokens, or a missing or bad `head`.
+    """
+    values = _as_array(pattern)
+    if values.ndim == 3:
+        if head is None:
+            raise HeadscopeError(f"pattern has shape {tuple(values.shape)} [head, query, key]: pass head=")
+        if not 0 <= head < values.shape[0]:
+            raise HeadscopeError(f"head {head} is out of range: the pattern has {values.shape[0]} heads")
+        values = values[head]
+    elif values.ndim != 2:
+        hint = " (index the batch first, e.g. cap.patterns[layer][0])" if values.ndim == 4 else ""
+        raise HeadscopeError(f"pattern must be [query, key] or [head, query, key], got shape {tuple(values.shape)}{hint}")
+    elif head is not None:
+        raise HeadscopeError("head= needs a [head, query, key] pattern; this one is [query, key]")
+    tokens = [str(t) for t in tokens]
+    if values.shape != (len(tokens), len(tokens)):
+        raise HeadscopeError(f"a [query, key] pattern of shape {tuple(values.shape)} does not fit {len(tokens)} tokens")
+    return _pattern_figure(values, tokens, _plotly_text(title or ""))
+
+
+def _pattern_figure(pattern, tokens: list, title: str):
+    """The report's explorer figure, with tokens shown exactly as the report's explorer shows them."""
+    from .report.figures import pattern_figure
+    from .report.html import TICK_CHARS, _display_token
+
+    shown = [_display_token(t) for t in tokens]
+    ticks = [_display_token(t if len(t) <= TICK_CHARS else t[: TICK_CHARS - 1] + "…") for t in tokens]
+    return pattern_figure(pattern, shown, ticks, title)
+
+
+def _as_array(pattern) -> np.ndarray:
+    if hasattr(pattern, "detach"):  # a torch tensor, possibly on a GPU or in bfloat16
+        pattern = pattern.detach().float().cpu().numpy()
+    return np.asarray(pattern, dtype=np.float64)
+
+
+def _plotly_text(text: str) -> str:
+    """Plain text made safe for plotly's pseudo-HTML (titles)."""
+    return html.escape(text, quote=False)
