@@ -179,6 +179,8 @@ def analyze_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for probes and bootstrap.")] = 0,
+    treebank: Annotated[Optional[Path], typer.Option("--treebank", help="CoNLL-U file for the syntactic detector (default: the bundled treebank).")] = None,
+    n_sentences: Annotated[int, typer.Option("--n-sentences", help="Treebank sentences scored by the syntactic detector (0: all).")] = 200,
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="Split a large model over devices: auto, balanced, sequential or a JSON {module: device} map (accelerate).")] = None,
     plotlyjs: PlotlyOpt = "embed",
     force: ForceOpt = False,
@@ -206,12 +208,16 @@ def analyze_command(
 
     rank, world = init_from_env(device)
     guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
+    if treebank is not None:
+        from .treebank import read_conllu
+
+        treebank = read_conllu(treebank)  # a bad file fails here, before the model loads
     if rank == 0:
         typer.echo(f"loading {model} ...", err=True)
     loaded = load(model, device=local_device(device), dtype=dtype, device_map=_parse_device_map(device_map))
     analysis = analyze(loaded, detectors=names, n_examples=n_examples, seq_len=seq_len,
                        batch_size=batch_size, seed=seed, repeat_len=repeat_len, repeats=repeats,
-                       progress=_Bars())
+                       treebank=treebank, n_sentences=n_sentences or None, progress=_Bars())
     if rank != 0:
         return
     if world > 1:

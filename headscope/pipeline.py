@@ -8,10 +8,12 @@ follow `headscope.labels`.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from typing import Callable, Iterable, Optional
 
+import pandas as pd
 import torch
 
 from . import __version__
@@ -45,6 +47,17 @@ def _check_args(loaded, names, n_examples, batch_size):
         if det.bidirectional_only and loaded.causal:
             raise HeadscopeError(f"detector {det.name!r} needs a bidirectional model; {loaded.name} is causal")
     return dets
+
+
+def _read_treebank(treebank):
+    """None -> the bundled treebank; a path -> its sentences; a list -> itself."""
+    from .treebank import bundled_treebank, read_conllu
+
+    if treebank is None:
+        return bundled_treebank()
+    if isinstance(treebank, (str, os.PathLike)):
+        return read_conllu(treebank)
+    return list(treebank)
 
 
 def _check_lengths(loaded, probes: dict[str, ProbeSet]) -> None:
@@ -129,6 +142,8 @@ def analyze(
     explorer_examples: int = 2,
     explorer_len: int = 48,
     probes: Optional[dict[str, ProbeSet]] = None,
+    treebank=None,
+    n_sentences: Optional[int] = 200,
     progress: Optional[Progress] = None,
 ) -> Analysis:
     """Score every head of a loaded model.
@@ -146,6 +161,9 @@ def analyze(
             report's head explorer, truncated to this many tokens.
         probes: your own `ProbeSet`s by probe name ("text", "repeated"), used instead of the
             bundled ones (n_examples, seq_len, repeat_len and repeats then do not apply to them).
+        treebank: for the syntactic detector, a CoNLL-U file path or a list of
+            `headscope.treebank.Sentence` (default: the bundled treebank, probes/syntax).
+        n_sentences: score a seeded sample of this many sentences (None: all of them).
         progress: `fn(stage, done, total)` called as batches finish.
     Returns:
         An `Analysis`.
@@ -154,9 +172,11 @@ def analyze(
     dets = _check_args(loaded, detectors, n_examples, batch_size)
     timings = {}
     t = time.perf_counter()
+    sentences = _read_treebank(treebank) if any(d.probe == "treebank" for d in dets) else None
+    pattern_dets = [d for d in dets if d.probe != "treebank"]
     given = probes or {}
-    built = _build_probes(loaded, [d for d in dets if d.probe not in given], n_examples, seq_len, repeat_len, repeats, seed)
-    probes = {name: given.get(name) or built[name] for name in dict.fromkeys(d.probe for d in dets)}
+    built = _build_probes(loaded, [d for d in pattern_dets if d.probe not in given], n_examples, seq_len, repeat_len, repeats, seed)
+    probes = {name: given.get(name) or built[name] for name in dict.fromkeys(d.probe for d in pattern_dets)}
     _check_lengths(loaded, probes)
     timings["probes"] = time.perf_counter() - t
 
@@ -166,21 +186,40 @@ def analyze(
         per_example.update(_run_probe(loaded, probe, [d for d in dets if d.probe == name], batch_size, progress))
         timings[f"probe_{name}"] = time.perf_counter() - t
 
+    syntax = None
+    if sentences is not None:
+        from .syntax import run_syntax
+
+        t = time.perf_counter()
+        syntax = run_syntax(loaded, sentences, batch_size=batch_size, progress=progress, seed=seed,
+                            max_sentences=n_sentences)
+        timings["probe_treebank"] = time.perf_counter() - t
+
     t = time.perf_counter()
-    scores = _score_table(per_example, dets, loaded.n_layers, loaded.n_heads, seed)
-    labels = label_heads(scores, {d.name: d.threshold for d in dets})
+    scores = _score_table(per_example, pattern_dets, loaded.n_layers, loaded.n_heads, seed)
+    names = {}
+    if syntax is not None:
+        rows = syntax.head_scores
+        scores = pd.concat([scores, rows[list(scores.columns)]], ignore_index=True)
+        names = {(l, h, "syntactic"): f"syntactic:{r}" for l, h, r in zip(rows["layer"], rows["head"], rows["relation"])}
+    labels = label_heads(scores, {d.name: d.threshold for d in dets}, {d.name: d.probe for d in dets}, names)
     timings["statistics"] = time.perf_counter() - t
     t = time.perf_counter()
     examples = _explorer_examples(loaded, probes, explorer_examples, explorer_len) if explorer_examples else []
     timings["explorer"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - started
     meta = _meta(loaded, dets, probes, seed, timings, batch_size)
-    return Analysis(scores=scores, labels=labels, meta=meta, examples=examples)
+    if syntax is None:
+        return Analysis(scores=scores, labels=labels, meta=meta, examples=examples)
+    meta["probes"]["treebank"] = {"n_examples": syntax.meta.get("n_sentences"), "seq_len": None,
+                                  "description": f"{syntax.meta.get('n_sentences')} dependency-annotated sentences, "
+                                                 f"{syntax.meta.get('n_arcs')} arcs"}
+    meta["syntax_best"] = syntax.best.to_dict(orient="records")
+    meta["syntax_notes"] = list(syntax.notes)
+    return Analysis(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax.table)
 
 
 def _score_table(per_example, dets, n_layers, n_heads, seed):
-    import pandas as pd
-
     from .stats import bootstrap_mean_ci
 
     frames = []
@@ -194,6 +233,8 @@ def _score_table(per_example, dets, n_layers, n_heads, seed):
             "detector": det.name, "score": mean.numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
             "n": n.numpy(),
         }))
+    if not frames:
+        return pd.DataFrame(columns=["layer", "head", "detector", "score", "ci_low", "ci_high", "n"])
     return pd.concat(frames, ignore_index=True)
 
 

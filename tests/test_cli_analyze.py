@@ -134,3 +134,27 @@ def test_help_is_fast_and_lists_commands():
     assert out.returncode == 0
     for command in ("analyze", "report", "compare", "models", "detectors", "verify"):
         assert command in out.stdout
+
+
+def test_treebank_option_and_bad_treebank(model_dir, tmp_path):
+    from headscope.treebank import bundled_treebank
+
+    sample = tmp_path / "mine.conllu"
+    lines = []
+    for s in bundled_treebank()[:120]:
+        lines.append(f"# sent_id = {s.sent_id}")
+        for i, (w, h, r) in enumerate(zip(s.words, s.heads, s.relations), 1):
+            lines.append(f"{i}\t{w}\t{w.lower()}\t_\t_\t_\t{h}\t{r}\t_\t_")
+        lines.append("")
+    sample.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "syn"
+    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--repeat-len", "10",
+                                      "--treebank", str(sample), "--n-sentences", "0"])
+    assert result.exit_code == 0, result.output
+    analysis = Analysis.load(out)
+    assert analysis.syntax is not None and "syntactic" in set(analysis.scores.detector)
+    broken = tmp_path / "broken.conllu"
+    broken.write_text("# sent_id = x\n1\tThe\tthe\tDET\n")
+    bad = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "never"), "--treebank", str(broken)])
+    assert bad.exit_code == 1 and "broken.conllu" in bad.output and "line 2" in bad.output
+    assert not (tmp_path / "never").exists()

@@ -5,7 +5,8 @@ probe batch, returning one score per example and head; see `base.Detector`.
 
 - `REGISTRY`: name -> Detector; `get(name)`; `names()`.
 - One module per detector: induction, duplicate_token (formulas shared in copying.py),
-  previous_token, next_token, self_token (formula shared in positional.py), sink, uniform.
+  previous_token, next_token, self_token (formula shared in positional.py), sink, uniform,
+  syntactic (computed by headscope.syntax from dependency arcs, not from one pattern).
 - From a notebook, a detector is called on a loaded model (`induction(loaded)`, a DataFrame
   from `headscope.analyze`) or on captured patterns (`previous_token(cap.patterns)`).
 """
@@ -19,11 +20,13 @@ from .previous_token import previous_token
 from .next_token import next_token
 from .self_token import self_attention
 from .sink import sink
+from .syntactic import syntactic
 from .uniform import uniform
 
 __all__ = [
     "REGISTRY", "Detector", "register", "get", "names", "defaults",
     "previous_token", "next_token", "self_attention", "sink", "uniform", "induction", "duplicate_token",
+    "syntactic",
 ]
 
 
@@ -41,4 +44,4 @@ def get(name: str) -> Detector:
 
 def defaults(causal: bool) -> list[str]:
     """Detectors run when none are named: all that apply to the model."""
-    return [n for n, d in REGISTRY.items() if not (causal and d.bidirectional_only) and d.probe != "treebank"]
+    return [n for n, d in REGISTRY.items() if not (causal and d.bidirectional_only)]

@@ -24,9 +24,8 @@ Method (Clark, Khandelwal, Levy, Manning 2019, "What Does BERT Look At?", sectio
     sentences (1000 resamples, baseline recomputed on each).
 """
 from .align import Alignment, align_words
+from .margins import THRESHOLD
 from .run import SyntaxResult, run_syntax
+from .scoring import MIN_ARCS
 
 __all__ = ["run_syntax", "SyntaxResult", "align_words", "Alignment", "THRESHOLD", "MIN_ARCS"]
-
-THRESHOLD = 0.10
-MIN_ARCS = 30

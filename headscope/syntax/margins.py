@@ -1,6 +1,7 @@
 """One syntactic score per head: its best margin over the offset baseline, with a bootstrap CI.
 
 Offers:
+    THRESHOLD   -- 0.10, the margin for the label ``syntactic:<relation>`` (Voita et al. 2019).
     head_scores -- per head: the (relation, direction) with the largest accuracy - baseline
                    among those with at least ``min_arcs`` arcs, that margin, and a 95%
                    percentile-bootstrap interval over sentences.
@@ -18,7 +19,9 @@ from headscope.errors import HeadscopeError
 
 from .scoring import DIRECTIONS, Arcs, arc_hits, offset_hits
 
-__all__ = ["head_scores"]
+__all__ = ["head_scores", "THRESHOLD"]
+
+THRESHOLD = 0.10
 
 
 def head_scores(predictions: torch.Tensor, arcs: Arcs, table, min_arcs: int, threshold: float,

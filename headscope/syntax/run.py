@@ -22,8 +22,9 @@ import torch
 from headscope.errors import HeadscopeError
 
 from .align import Alignment, align_words
+from .margins import THRESHOLD
 from .margins import head_scores as score_heads
-from .scoring import accuracy_table, best_heads, collect_arcs, predicted_partners, word_attention
+from .scoring import MIN_ARCS, accuracy_table, best_heads, collect_arcs, predicted_partners, word_attention
 
 __all__ = ["run_syntax", "SyntaxResult"]
 
@@ -43,8 +44,10 @@ class SyntaxResult:
             n -- the best head per relation (Clark et al. 2019, Table 1).
         head_scores: layer, head, detector, score, ci_low, ci_high, n, relation, direction,
             label -- one row per head (see ``margins.head_scores``).
-        notes: caveats in words (causal filtering, skipped sentences, unaligned words).
-        meta: counts and timings.
+        notes: caveats in words (causal filtering, a BOS put in front, skipped sentences,
+            unaligned words).
+        meta: n_sentences, skipped, n_arcs, causal, bos_added, max_sentences, min_arcs,
+            threshold, seed, seconds.
     """
 
     table: object
@@ -55,8 +58,8 @@ class SyntaxResult:
 
 
 def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[Progress] = None,
-               min_arcs: int = 30, seed: int = 0, max_sentences: Optional[int] = None,
-               threshold: float = 0.10) -> SyntaxResult:
+               min_arcs: int = MIN_ARCS, seed: int = 0, max_sentences: Optional[int] = None,
+               threshold: float = THRESHOLD) -> SyntaxResult:
     """Score every head of a model as a syntactic head (Clark et al. 2019; Voita et al. 2019).
 
     Args:
@@ -91,7 +94,9 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
             sentences = [sentences[i] for i in sorted(chosen.tolist())]
     validate_sentences(sentences, "sentences")
 
-    alignments = [_model_alignment(loaded, s) for s in sentences]
+    alignments = [align_words(loaded.tokenizer, s) for s in sentences]
+    bos = _bos_to_add(loaded, alignments[0])
+    alignments = [a.with_prefix(bos) for a in alignments] if bos else alignments
     context = _context_length(loaded.model.config)
     kept = [i for i, a in enumerate(alignments) if context is None or len(a.input_ids) <= context]
     skipped = len(sentences) - len(kept)
@@ -111,24 +116,26 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
     notes = []
     if loaded.causal:
         notes.append(CAUSAL_NOTE)
+    if bos:
+        notes.append(f"{loaded.tokenizer.bos_token} put in front of every sentence: the tokenizer adds no "
+                     "special token and a causal model's attention sink should fall on a dropped token")
     if skipped:
         notes.append(f"{skipped} sentences skipped: longer than the context ({context} tokens)")
     if arcs.unaligned:
         notes.append(f"{arcs.unaligned} dependencies skipped: a word shares its only token with another word")
     meta = {"n_sentences": len(sentences), "skipped": skipped, "n_arcs": int(len(arcs.sentence)),
-            "causal": loaded.causal, "min_arcs": min_arcs, "threshold": threshold, "seed": seed,
+            "causal": loaded.causal, "bos_added": bool(bos), "max_sentences": max_sentences,
+            "min_arcs": min_arcs, "threshold": threshold, "seed": seed,
             "seconds": round(time.perf_counter() - started, 3)}
     return SyntaxResult(table=table, best=best, head_scores=heads, notes=notes, meta=meta)
 
 
-def _model_alignment(loaded, sentence) -> Alignment:
-    """The sentence's tokens as the model will see them: its special tokens, BOS for causal."""
-    tokenizer = loaded.tokenizer
-    alignment = align_words(tokenizer, sentence)
-    bos = getattr(tokenizer, "bos_token_id", None)
+def _bos_to_add(loaded, alignment: Alignment) -> list[int]:
+    """``[bos_id]`` for a causal model whose tokenizer puts no special token in front, else []."""
+    bos = getattr(loaded.tokenizer, "bos_token_id", None)
     if loaded.causal and bos is not None and alignment.token_words[:1] != (-1,):
-        alignment = alignment.with_prefix([bos])
-    return alignment
+        return [bos]
+    return []
 
 
 def _context_length(config) -> Optional[int]:

@@ -7,7 +7,7 @@ Offers:
     offset_baseline      -- best fixed offset in -3..+3 per relation and direction.
     accuracy_table       -- accuracy of every head on every relation and direction.
     best_heads           -- the best head per relation (Clark et al.'s Table 1).
-    DIRECTIONS, OFFSETS, EXCLUDED_RELATIONS
+    DIRECTIONS, OFFSETS, EXCLUDED_RELATIONS, MIN_ARCS (30: arcs a relation and direction need)
 
 Formulas:
     to a word:   W[i, j] = sum over pieces q of word j of  A_word-i[q]
@@ -29,12 +29,13 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["word_attention", "predicted_partners", "Arcs", "collect_arcs", "offset_baseline",
-           "accuracy_table", "best_heads", "DIRECTIONS", "OFFSETS", "EXCLUDED_RELATIONS"]
+           "accuracy_table", "best_heads", "DIRECTIONS", "OFFSETS", "EXCLUDED_RELATIONS", "MIN_ARCS"]
 
 DIRECTIONS = ("dep->head", "head->dep")
 # Offsets in the order ties are broken: nearer first, then the left one.
 OFFSETS = (-1, 1, -2, 2, -3, 3)
 EXCLUDED_RELATIONS = frozenset({"root", "punct"})
+MIN_ARCS = 30  # fewer arcs give accuracies too noisy to rank heads by
 
 
 def word_attention(pattern: torch.Tensor, token_words: torch.Tensor, n_words: int) -> torch.Tensor:
