@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def test_analyze_smollm2_end_to_end(tmp_path):
     out = tmp_path / "smollm2"
     result = subprocess.run([sys.executable, "-m", "headscope", "analyze", "--out", str(out), "--n-examples", "6",
-                             "--seq-len", "96", "--device", "cpu"], capture_output=True, text=True, timeout=900)
+                             "--seq-len", "96", "--n-sentences", "40", "--device", "cpu"], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     analysis = Analysis.load(out)
     assert (analysis.n_layers, analysis.n_heads) == (30, 9)
