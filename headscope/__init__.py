@@ -5,6 +5,7 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `capture(model, ...)`, `ablate(model, heads, ...)`: attention maps and head ablation inside
   Hugging Face models, through headscope's kernel.
 - `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
+- `validate(loaded, analysis)`: ablate each label's top heads against random heads.
 - `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
 - `MultiHeadAttention`: headscope's own attention module with hook points.
 - `plot_pattern(pattern, tokens)`: a plotly figure of any captured attention map.
@@ -21,6 +22,7 @@ _EXPORTS = {
     "capture": "headscope.hf.capture",
     "ablate": "headscope.hf.capture",
     "verify": "headscope.hf.verify",
+    "validate": "headscope.validation",
     "analyze": "headscope.pipeline",
     "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",

@@ -1,8 +1,9 @@
 """The result of `headscope.analyze`: per-head scores, labels, metadata and example patterns.
 
 - `Analysis`: `.scores` (layer, head, detector, score, ci_low, ci_high, n), `.labels` (layer,
-  head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), and `.syntax`
-  (per-relation scores, when the syntactic detector ran).
+  head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), `.syntax`
+  (per-relation scores, when the syntactic detector ran) and `.validation` (what ablating each
+  label's heads did, when `headscope.validate` ran).
 - `Analysis.save(dir)` / `Analysis.load(dir)`: a folder of CSV and JSON files, written
   atomically (a temporary folder renamed into place).
 - `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
@@ -76,6 +77,7 @@ class Analysis:
     meta: dict
     examples: list[Example] = field(default_factory=list)
     syntax: Optional[Any] = None  # pandas.DataFrame or None
+    validation: Optional[Any] = None  # pandas.DataFrame from headscope.validate, or None
 
     @property
     def n_layers(self) -> int:
@@ -159,7 +161,11 @@ class Analysis:
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
         (folder / "examples.json").write_text(json.dumps([e.to_json() for e in self.examples]))
         if self.syntax is not None:
-            self.syntax[SYNTAX_COLUMNS].to_csv(folder / "syntax.csv", index=False)
+            self.syntax.to_csv(folder / "syntax.csv", index=False)
+        if self.validation is not None:
+            from .validation import write_csv
+
+            write_csv(self.validation, folder / "validation.csv")
 
     @classmethod
     def load(cls, directory) -> "Analysis":
@@ -180,9 +186,14 @@ class Analysis:
             examples_file = folder / "examples.json"
             examples = [Example.from_json(e) for e in json.loads(examples_file.read_text())] if examples_file.exists() else []
             syntax = pd.read_csv(folder / "syntax.csv") if (folder / "syntax.csv").exists() else None
+            validation = None
+            if (folder / "validation.csv").exists():
+                from .validation import read_csv
+
+                validation = read_csv(folder / "validation.csv")
         except (ValueError, KeyError, OSError) as err:
             raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
-        return cls(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax)
+        return cls(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax, validation=validation)
 
 
 class atomic_dir:

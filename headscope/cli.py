@@ -181,6 +181,7 @@ def analyze_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed for probes and bootstrap.")] = 0,
     treebank: Annotated[Optional[Path], typer.Option("--treebank", help="CoNLL-U file for the syntactic detector (default: the bundled treebank).")] = None,
     n_sentences: Annotated[int, typer.Option("--n-sentences", help="Treebank sentences scored by the syntactic detector (0: all).")] = 200,
+    validate: Annotated[bool, typer.Option("--validate", help="Also ablate each label's top-3 heads against random heads (slow: several forward passes per label).")] = False,
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="Split a large model over devices: auto, balanced, sequential or a JSON {module: device} map (accelerate).")] = None,
     plotlyjs: PlotlyOpt = "embed",
     force: ForceOpt = False,
@@ -217,7 +218,8 @@ def analyze_command(
     loaded = load(model, device=local_device(device), dtype=dtype, device_map=_parse_device_map(device_map))
     analysis = analyze(loaded, detectors=names, n_examples=n_examples, seq_len=seq_len,
                        batch_size=batch_size, seed=seed, repeat_len=repeat_len, repeats=repeats,
-                       treebank=treebank, n_sentences=n_sentences or None, progress=_Bars())
+                       treebank=treebank, n_sentences=n_sentences or None, validate=validate,
+                       progress=_Bars())
     if rank != 0:
         return
     if world > 1:

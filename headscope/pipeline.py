@@ -144,6 +144,7 @@ def analyze(
     probes: Optional[dict[str, ProbeSet]] = None,
     treebank=None,
     n_sentences: Optional[int] = 200,
+    validate: bool = False,
     progress: Optional[Progress] = None,
 ) -> Analysis:
     """Score every head of a loaded model.
@@ -164,6 +165,8 @@ def analyze(
         treebank: for the syntactic detector, a CoNLL-U file path or a list of
             `headscope.treebank.Sentence` (default: the bundled treebank, probes/syntax).
         n_sentences: score a seeded sample of this many sentences (None: all of them).
+        validate: also run `headscope.validate` (ablate each label's top-3 heads against
+            random heads) and keep its table in `.validation`.
         progress: `fn(stage, done, total)` called as batches finish.
     Returns:
         An `Analysis`.
@@ -209,14 +212,29 @@ def analyze(
     timings["explorer"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - started
     meta = _meta(loaded, dets, probes, seed, timings, batch_size)
-    if syntax is None:
-        return Analysis(scores=scores, labels=labels, meta=meta, examples=examples)
+    analysis = Analysis(scores=scores, labels=labels, meta=meta, examples=examples)
+    if syntax is not None:
+        _attach_syntax(analysis, syntax)
+    if validate:
+        from .validation import validate as run_validation
+
+        t = time.perf_counter()
+        analysis.validation = run_validation(loaded, analysis, seed=seed, n_examples=min(n_examples, 8), seq_len=seq_len,
+                                             batch_size=batch_size, repeat_len=repeat_len, repeats=repeats,
+                                             progress=progress)
+        meta["timings"]["validate"] = round(time.perf_counter() - t, 3)
+        meta["timings"]["total"] = round(time.perf_counter() - started, 3)
+    return analysis
+
+
+def _attach_syntax(analysis: Analysis, syntax) -> None:
+    meta = analysis.meta
     meta["probes"]["treebank"] = {"n_examples": syntax.meta.get("n_sentences"), "seq_len": None,
                                   "description": f"{syntax.meta.get('n_sentences')} dependency-annotated sentences, "
                                                  f"{syntax.meta.get('n_arcs')} arcs"}
     meta["syntax_best"] = syntax.best.to_dict(orient="records")
     meta["syntax_notes"] = list(syntax.notes)
-    return Analysis(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax.table)
+    analysis.syntax = syntax.table
 
 
 def _score_table(per_example, dets, n_layers, n_heads, seed):

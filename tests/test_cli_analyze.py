@@ -158,3 +158,17 @@ def test_treebank_option_and_bad_treebank(model_dir, tmp_path):
     bad = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "never"), "--treebank", str(broken)])
     assert bad.exit_code == 1 and "broken.conllu" in bad.output and "line 2" in bad.output
     assert not (tmp_path / "never").exists()
+
+
+def test_validate_flag_writes_the_causal_check(model_dir, tmp_path):
+    out = tmp_path / "validated"
+    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--repeat-len", "10",
+                                      "--detectors", "previous_token,induction,sink", "--validate"])
+    assert result.exit_code == 0, result.output
+    analysis = Analysis.load(out)
+    table = analysis.validation
+    induction = table[(table.label == "induction") & table.primary]
+    assert induction.hurts_more.all() and induction.heads.tolist() == ["1.0"]
+    from headscope.report import report_data
+
+    assert report_data(analysis).validation is not None

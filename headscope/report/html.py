@@ -294,7 +294,8 @@ def _validation_section(data) -> str:
         "no LM head): on repeated random tokens for induction and duplicate-token heads, on treebank sentences "
         "for syntactic heads, on natural text for the others; icl_score is the in-context learning score (loss "
         "at a late token minus an early one) with the induction heads ablated. The control ablates as many "
-        "random heads from the same layers. A label <i>hurts more</i> when its Δ exceeds every random draw's; "
+        "random heads from the same layers. A label <i>hurts more</i> when its Δ is positive and exceeds every "
+        "random draw's; "
         f"{html.escape(' and '.join(primary) or 'no')} ablation (bold) gives the verdict.</p>",
         figure_div(figures.VALIDATION_ID),
         table(["label", "mode", "metric", "heads", "unablated", "ablated", "Δ", "random Δ mean", "random Δ max",
