@@ -147,10 +147,9 @@ def plot_pattern(pattern, tokens, title: Optional[str] = None, head: Optional[in
 def _pattern_figure(pattern, tokens: list, title: str):
     """The report's explorer figure, with tokens shown exactly as the report's explorer shows them."""
     from .report.figures import pattern_figure
-    from .report.html import TICK_CHARS, _display_token
+    from .report.html import axis_tokens
 
-    shown = [_display_token(t) for t in tokens]
-    ticks = [_display_token(t if len(t) <= TICK_CHARS else t[: TICK_CHARS - 1] + "…") for t in tokens]
+    shown, ticks = axis_tokens(tokens)
     return pattern_figure(pattern, shown, ticks, title)
 
 

@@ -229,8 +229,14 @@ def _grid_layout(fig, title: str, n_layers: int, n_heads: int, *, cell: int, row
 
 
 def _style() -> dict:
-    """A small inline template (plotly's default template adds ~7 KB of JSON to every figure)."""
-    return {"template": {"layout": {"font": {"family": FONT, "size": 11}}}, "paper_bgcolor": "white",
+    """A small inline template (plotly's default template adds ~7 KB of JSON to every figure).
+
+    It must be a Template object: `update_layout(template=dict)` merges the dict into the
+    default template instead of replacing it.
+    """
+    import plotly.graph_objects as go
+
+    return {"template": go.layout.Template(layout={"font": {"family": FONT, "size": 11}}), "paper_bgcolor": "white",
             "plot_bgcolor": "white", "hoverlabel": {"align": "left"}}
 
 

@@ -21,7 +21,7 @@ import zlib
 from . import figures
 from .script import EXPLORER_JS, PLOT_JS
 
-__all__ = ["render_report", "page", "table", "Raw", "figure_div", "header_list", "head_button",
+__all__ = ["render_report", "axis_tokens", "page", "table", "Raw", "figure_div", "header_list", "head_button",
            "script_json", "plotlyjs_tag", "check_plotlyjs", "PLOTLYJS_MODES"]
 
 PLOTLYJS_MODES = ("embed", "cdn")
@@ -212,6 +212,13 @@ def _swatch(label: str, grid) -> Raw:
     return Raw(f"<span class=\"swatch\" style=\"background:{colour}\"></span>{html.escape(label)}")
 
 
+def axis_tokens(tokens) -> tuple[list[str], list[str]]:
+    """(shown, ticks): tokens as the explorer shows them, and cut to TICK_CHARS for the axes."""
+    shown = [_display_token(t) for t in tokens]
+    ticks = [_display_token(t if len(t) <= TICK_CHARS else t[: TICK_CHARS - 1] + "…") for t in tokens]
+    return shown, ticks
+
+
 def _display_token(token: str) -> str:
     """A token as plotly shows it: whitespace made visible, escaped for its pseudo-HTML."""
     shown = token.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423") or "\u2205"
@@ -223,8 +230,7 @@ def _example_payload(example) -> dict:
     raw = example.patterns.astype("uint8", copy=False).tobytes()  # [layer, head, query, key]
     return {
         "name": f"{example.probe} #{example.index}", "n": len(example.tokens),
-        "tokens": [_display_token(t) for t in example.tokens],
-        "ticks": [_display_token(t if len(t) <= TICK_CHARS else t[: TICK_CHARS - 1] + "…") for t in example.tokens],
+        **dict(zip(("tokens", "ticks"), axis_tokens(example.tokens))),
         "encoding": "zlib+base64", "data": base64.b64encode(zlib.compress(raw, 6)).decode("ascii"),
     }
 
