@@ -71,6 +71,20 @@ def _available_bytes(device: str) -> int:
     return int(next(l for l in meminfo if l.startswith("MemAvailable")).split()[1]) * 1024
 
 
+def _text_ids(tokenizer, batch: int, seq_len: int) -> torch.Tensor:
+    """`batch` windows of natural text; at long lengths the corpus has fewer, so rows repeat."""
+    from headscope.errors import HeadscopeError
+
+    n = batch
+    while True:
+        try:
+            ids = text_probe(tokenizer, n, seq_len, seed=0).input_ids
+            break
+        except HeadscopeError:
+            n -= 1
+    return ids.repeat((batch + n - 1) // n, 1)[:batch]
+
+
 def agreement(scores: dict, k: int = 5) -> dict:
     """Top-k overlap and rank correlation of each contender's head scores with headscope's."""
     out = {}
@@ -108,7 +122,7 @@ def main() -> None:
     elem = 4 if loaded.model.dtype == torch.float32 else 2
     for seq_len in args.seq_lens:
         for batch in args.batches:
-            text = text_probe(loaded.tokenizer, batch, seq_len, seed=0).input_ids.to(loaded.device)
+            text = _text_ids(loaded.tokenizer, batch, seq_len).to(loaded.device)
             rep = repeated_probe(loaded.tokenizer, batch, repeat_len=(seq_len - 1) // 2, repeats=2, seed=0,
                                  vocab_size=cfg.vocab_size)
             repeated, start = rep.input_ids.to(loaded.device), rep.content_start
