@@ -172,3 +172,14 @@ def test_validate_flag_writes_the_causal_check(model_dir, tmp_path):
     from headscope.report import report_data
 
     assert report_data(analysis).validation is not None
+
+
+def test_open_flag_opens_the_report(analyzed, monkeypatch):
+    import webbrowser
+
+    out, _ = analyzed
+    opened = []
+    monkeypatch.setattr(webbrowser, "open", lambda url: opened.append(url))
+    result = CliRunner().invoke(app, ["report", str(out), "--open"])
+    assert result.exit_code == 0, result.output
+    assert opened == [(out / "index.html").resolve().as_uri()]
