@@ -94,7 +94,10 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
     if report:
         report(f"probe {probe.name}", 0, len(todo))
     done = []
-    with capture(loaded.model, reduce=lambda layer, pattern, mask: _reduce(layer, pattern, current, dets)) as cap:
+    first = batches[0].input_ids if batches else None
+    chunk = _head_chunk(first.shape[0], first.shape[1], loaded.n_heads) if first is not None else None
+    with capture(loaded.model, reduce=lambda layer, pattern, mask: _reduce(layer, pattern, current, dets),
+                 chunk_heads=chunk) as cap:
         for n, i in enumerate(todo):
             current = {"batch": batches[i], "on": {}}
             body(input_ids=batches[i].input_ids, attention_mask=batches[i].attention_mask.long())
@@ -104,6 +107,16 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
     per_batch = gather(done)  # [{layer: {detector: [batch, head]}}] in batch order
     return {det.name: {layer: torch.cat([b[layer][det.name] for b in per_batch]) for layer in range(loaded.n_layers)}
             for det in dets}
+
+
+MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
+
+
+def _head_chunk(batch: int, length: int, n_heads: int) -> Optional[int]:
+    """Heads per group so one group's map stays under MAP_BUDGET (None: all heads at once)."""
+    per_head = batch * length * length * 4
+    chunk = max(1, MAP_BUDGET // per_head)
+    return None if chunk >= n_heads else int(chunk)
 
 
 def _reduce(layer, pattern, current, dets) -> dict:

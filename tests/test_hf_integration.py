@@ -200,3 +200,23 @@ def test_unsupported_architecture_is_named():
     with pytest.raises(headscope.HeadscopeError, match="'gpt_neo' is not supported.*llama"):
         with headscope.capture(model):
             pass
+
+
+@torch.no_grad()
+def test_reducer_in_head_groups_matches_whole_layer(family):
+    """chunk_heads: the layer's map is never whole, yet reducers and outputs agree."""
+    model = tiny_model(family)
+    x = tiny_inputs()
+    reduce = lambda layer, p, mask: {"max": p.amax(-1).mean(-1), "first": p[..., 0].sum(-1)}  # (B, H) each
+    with headscope.capture(model, reduce=reduce) as whole:
+        out_whole = _out(model(**x))
+    with headscope.capture(model, reduce=reduce, chunk_heads=2) as grouped:
+        out_grouped = _out(model(**x))
+    valid = _valid_positions(x)
+    assert (out_whole - out_grouped).abs()[valid].max() <= 1e-5
+    for layer, results in whole.results.items():
+        for key in ("max", "first"):
+            torch.testing.assert_close(grouped.results[layer][0][key], results[0][key], atol=1e-6, rtol=0)
+    with pytest.raises(headscope.HeadscopeError, match="chunk_heads needs a reducer"):
+        with headscope.capture(model, chunk_heads=2):
+            pass

@@ -49,26 +49,37 @@ def _check_heads(heads: Optional[Sequence[int]], n_heads: int) -> Optional[list[
 class Capture(Session):
     """What `capture` yields: `patterns` (stored maps) or `results` (reducer outputs)."""
 
-    def __init__(self, layer_of, layers, heads, to, dtype, reduce: Optional[Reducer]):
+    def __init__(self, layer_of, layers, heads, to, dtype, reduce: Optional[Reducer], chunk_heads: Optional[int] = None):
         self.layer_of = {k: l for k, l in layer_of.items() if l in set(layers)}
         self.layers = layers
         self.heads = heads
         self.to = to
         self.dtype = dtype
         self.reduce = reduce
+        self.chunk_heads = chunk_heads
         self._maps: dict[int, list[torch.Tensor]] = defaultdict(list)
+        self._pieces: dict[int, list[Any]] = defaultdict(list)
         self.results: dict[int, list[Any]] = defaultdict(list)
 
     def wants_pattern(self, layer: int) -> bool:
         return True
 
-    def on_pattern(self, layer, pattern, attention_mask):
+    def pattern_chunk(self, layer: int) -> Optional[int]:
+        return self.chunk_heads
+
+    def on_pattern(self, layer, pattern, attention_mask, heads=None):
+        if heads is not None:  # one head group of a layer: reduce it now, join at end_pattern
+            self._pieces[layer].append(self.reduce(layer, pattern, attention_mask))
+            return
         if self.heads is not None:
             pattern = pattern[:, self.heads]
         if self.reduce is not None:
             self.results[layer].append(self.reduce(layer, pattern, attention_mask))
             return
         self._maps[layer].append(pattern.detach().to(device=self.to, dtype=self.dtype or pattern.dtype))
+
+    def end_pattern(self, layer):
+        self.results[layer].append(_join_heads(self._pieces.pop(layer)))
 
     @property
     def patterns(self) -> dict[int, torch.Tensor]:
@@ -83,6 +94,13 @@ class Capture(Session):
         return out
 
 
+def _join_heads(pieces: list):
+    """Join reducer outputs of head groups along dim 1 (tensors, or dicts of tensors)."""
+    if isinstance(pieces[0], dict):
+        return {key: torch.cat([p[key] for p in pieces], dim=1) for key in pieces[0]}
+    return torch.cat(pieces, dim=1)
+
+
 @contextmanager
 def capture(
     model: nn.Module,
@@ -91,6 +109,7 @@ def capture(
     to: Any = "cpu",
     dtype: Optional[torch.dtype] = None,
     reduce: Optional[Reducer] = None,
+    chunk_heads: Optional[int] = None,
 ) -> Iterator[Capture]:
     """Capture per-head attention patterns inside a Hugging Face model.
 
@@ -103,6 +122,10 @@ def capture(
         reduce: `fn(layer, pattern, attention_mask) -> stat` called on each layer's pattern
             `[batch, head, query, key]` as soon as it is computed; only the stats are kept,
             in `cap.results[layer]` (one entry per forward pass).
+        chunk_heads: with `reduce`, compute each layer's attention this many heads at a time and
+            call the reducer on each group (`[batch, chunk, query, key]`), so a layer's full
+            map never exists; the group results, tensors or dicts of tensors with heads on dim
+            1, are joined along dim 1. Needs a reducer that treats heads independently.
     Yields:
         A `Capture` with `.patterns` or `.results`.
     """
@@ -110,7 +133,9 @@ def capture(
     chosen = _check_layers(layers, len(layer_of))
     from .adapters import head_sizes
 
-    session = Capture(layer_of, chosen, _check_heads(heads, head_sizes(model.config)[1]), to, dtype, reduce)
+    if chunk_heads is not None and (reduce is None or heads is not None or chunk_heads < 1):
+        raise HeadscopeError("chunk_heads needs a reducer, no heads= selection, and a size of at least 1")
+    session = Capture(layer_of, chosen, _check_heads(heads, head_sizes(model.config)[1]), to, dtype, reduce, chunk_heads)
     with routed(model, session):
         yield session
 

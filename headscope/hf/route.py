@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..kernel import attention
+from ..kernel import attention, expand_kv
 from .adapters import core_modules
 
 __all__ = ["IMPLEMENTATION", "Session", "routed"]
@@ -37,8 +37,17 @@ class Session:
     def wants_pattern(self, layer: int) -> bool:
         return False
 
-    def on_pattern(self, layer: int, pattern: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> None:
-        """Receives `[batch, head, query, key]` fp32 probabilities on the model's device."""
+    def pattern_chunk(self, layer: int) -> Optional[int]:
+        """Heads per piece if this session can take the pattern in head groups (None: whole)."""
+        return None
+
+    def on_pattern(self, layer: int, pattern: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                   heads: Optional[slice] = None) -> None:
+        """Receives `[batch, head, query, key]` fp32 probabilities on the model's device; with
+        head groups, `heads` says which query heads this piece holds."""
+
+    def end_pattern(self, layer: int) -> None:
+        """Called after the last head group of a layer (only when patterns came in groups)."""
 
     def edit_z(self, layer: int, z: torch.Tensor) -> torch.Tensor:
         """Receives z `[batch, pos, head, d_head]`; returns it, edited or not."""
@@ -54,13 +63,34 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
         is_causal = getattr(module, "is_causal", True)
     # As in transformers' SDPA path: a missing mask means "causal" only for causal modules.
     is_causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
-    z, pattern = attention(
-        query, key, value, mask=attention_mask, is_causal=is_causal, scale=scaling,
-        dropout_p=dropout, need_pattern=need_pattern,
-    )
-    for session, layer in active:
-        if pattern is not None and session.wants_pattern(layer):
-            session.on_pattern(layer, pattern, attention_mask)
+    watchers = [(s, layer) for s, layer in active if s.wants_pattern(layer)]
+    chunks = [s.pattern_chunk(layer) for s, layer in watchers]
+    chunk = min(chunks) if chunks and all(chunks) else None
+    n_heads = query.shape[1]
+    if chunk is not None and chunk < n_heads:
+        # Head groups: the explicit path on a few heads at a time, so one layer's full map
+        # never exists; observers get each group's pattern, z is assembled from the groups.
+        keys, values = expand_kv(key, n_heads), expand_kv(value, n_heads)
+        parts = []
+        for start in range(0, n_heads, chunk):
+            heads = slice(start, min(n_heads, start + chunk))
+            z_part, piece = attention(query[:, heads], keys[:, heads], values[:, heads], mask=attention_mask,
+                                      is_causal=is_causal, scale=scaling, dropout_p=dropout, need_pattern=True)
+            for session, layer in watchers:
+                session.on_pattern(layer, piece, attention_mask, heads=heads)
+            parts.append(z_part)
+            del piece
+        for session, layer in watchers:
+            session.end_pattern(layer)
+        z, pattern = torch.cat(parts, dim=1), None
+    else:
+        z, pattern = attention(
+            query, key, value, mask=attention_mask, is_causal=is_causal, scale=scaling,
+            dropout_p=dropout, need_pattern=need_pattern,
+        )
+        for session, layer in watchers:
+            if pattern is not None:
+                session.on_pattern(layer, pattern, attention_mask)
     z = z.transpose(1, 2)  # (B, T, H, D)
     for session, layer in active:
         z = session.edit_z(layer, z)
