@@ -28,15 +28,11 @@ from headscope.probes import ProbeBatch, ProbeSet
 __all__ = ["CONTENDERS"]
 
 
-def _body(loaded):
-    return getattr(loaded.model, "base_model", loaded.model)
-
-
 @torch.no_grad()
 def floor_sdpa(loaded, text, repeated, content_start):
     loaded.model.set_attn_implementation("sdpa")
     for ids in (text, repeated):
-        _body(loaded)(input_ids=ids)
+        loaded.body(input_ids=ids)
     return None
 
 
@@ -45,7 +41,7 @@ def floor_eager(loaded, text, repeated, content_start):
     loaded.model.set_attn_implementation("eager")
     try:
         for ids in (text, repeated):
-            _body(loaded)(input_ids=ids)
+            loaded.body(input_ids=ids)
     finally:
         loaded.model.set_attn_implementation("sdpa")
     return None
@@ -58,7 +54,7 @@ def eager_maps(loaded, text, repeated, content_start):
     try:
         for name, det, ids, start in (("previous_token", previous_token, text, 0),
                                       ("induction", induction, repeated, content_start)):
-            maps = _body(loaded)(input_ids=ids, output_attentions=True).attentions  # all layers kept
+            maps = loaded.body(input_ids=ids, output_attentions=True).attentions  # all layers kept
             batch = ProbeBatch(ids, torch.ones_like(ids, dtype=torch.bool), True, start)
             scores[name] = torch.stack([det(m.float(), batch).nanmean(0) for m in maps]).cpu()
             del maps

@@ -85,6 +85,17 @@ class Loaded:
         return next(self.model.parameters()).device
 
     @property
+    def context_length(self) -> Optional[int]:
+        """Most positions the model takes (None when its config does not say)."""
+        config = self.model.config
+        return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+    @property
+    def body(self):
+        """The model without its task head (no logits): what the detectors need to run."""
+        return getattr(self.model, "base_model", self.model)
+
+    @property
     def n_layers(self) -> int:
         return self.model.config.num_hidden_layers
 

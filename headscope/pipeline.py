@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict
 from typing import Callable, Iterable, Optional
 
 import pandas as pd
@@ -26,10 +25,6 @@ from .probes import ProbeSet, repeated_probe, text_probe
 __all__ = ["analyze", "Progress"]
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
-
-def _context_length(config) -> Optional[int]:
-    return getattr(config, "max_position_embeddings", None)
 
 
 def _check_args(loaded, names, n_examples, batch_size):
@@ -61,7 +56,7 @@ def _read_treebank(treebank):
 
 
 def _check_lengths(loaded, probes: dict[str, ProbeSet]) -> None:
-    context = _context_length(loaded.model.config)
+    context = loaded.context_length
     for name, probe in probes.items():
         length = probe.input_ids.shape[1]
         if context is not None and length > context:
@@ -88,7 +83,6 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
     from .distributed import gather, mine, rank_and_size
 
     batches = probe.batches(batch_size, loaded.causal, loaded.device)
-    body = getattr(loaded.model, "base_model", loaded.model)  # no LM head: logits are not needed
     todo = [i for i in range(len(batches)) if mine(i)]
     report = progress if rank_and_size()[0] == 0 else None
     if report:
@@ -100,7 +94,7 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
                  chunk_heads=chunk) as cap:
         for n, i in enumerate(todo):
             current = {"batch": batches[i], "on": {}}
-            body(input_ids=batches[i].input_ids, attention_mask=batches[i].attention_mask.long())
+            loaded.body(input_ids=batches[i].input_ids, attention_mask=batches[i].attention_mask.long())
             done.append((i, {layer: results.pop() for layer, results in cap.results.items()}))
             if report:
                 report(f"probe {probe.name}", n + 1, len(todo))
@@ -134,7 +128,7 @@ def _explorer_examples(loaded, probes, n_show, length) -> list[Example]:
     for name, probe in probes.items():
         ids = probe.input_ids[:n_show, :length].to(loaded.device)
         with capture(loaded.model, to="cpu") as cap:
-            getattr(loaded.model, "base_model", loaded.model)(input_ids=ids, attention_mask=torch.ones_like(ids))
+            loaded.body(input_ids=ids, attention_mask=torch.ones_like(ids))
         maps = torch.stack([cap.patterns[l] for l in range(loaded.n_layers)], dim=1)  # (N, L, H, T, T)
         for i in range(ids.shape[0]):
             tokens = [loaded.tokenizer.decode([t]) for t in ids[i].tolist()]  # display text, not "Ġword"

@@ -57,7 +57,6 @@ class Session:
 def _headscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention-interface function: query `[b, h, q, d]`, key/value `[b, kv, k, d]`."""
     active = [(s, s.layer_of[id(module)]) for s in _ACTIVE if id(module) in s.layer_of]
-    need_pattern = any(s.wants_pattern(layer) for s, layer in active)
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
@@ -86,7 +85,7 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
     else:
         z, pattern = attention(
             query, key, value, mask=attention_mask, is_causal=is_causal, scale=scaling,
-            dropout_p=dropout, need_pattern=need_pattern,
+            dropout_p=dropout, need_pattern=bool(watchers),
         )
         for session, layer in watchers:
             if pattern is not None:

@@ -97,7 +97,7 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
     alignments = [align_words(loaded.tokenizer, s) for s in sentences]
     bos = _bos_to_add(loaded, alignments[0])
     alignments = [a.with_prefix(bos) for a in alignments] if bos else alignments
-    context = _context_length(loaded.model.config)
+    context = loaded.context_length
     kept = [i for i, a in enumerate(alignments) if context is None or len(a.input_ids) <= context]
     skipped = len(sentences) - len(kept)
     if not kept:
@@ -136,10 +136,6 @@ def _bos_to_add(loaded, alignment: Alignment) -> list[int]:
     if loaded.causal and bos is not None and alignment.token_words[:1] != (-1,):
         return [bos]
     return []
-
-
-def _context_length(config) -> Optional[int]:
-    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
 @torch.no_grad()

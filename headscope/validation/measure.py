@@ -122,7 +122,7 @@ def treebank_eval_probe(loaded, n_sentences: int, seed: int) -> EvalProbe:
         prefix = [tokenizer.bos_token_id]
     texts = [sentence.text for sentence in bundled_treebank()]
     rows = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    context = getattr(loaded.model.config, "max_position_embeddings", None) or float("inf")
+    context = loaded.context_length or float("inf")
     fitting = [row for row in rows if len(prefix) + len(row) + len(suffix) <= context]
     if not fitting:
         raise HeadscopeError(f"no treebank sentence fits {loaded.name}'s context of {context} tokens")

@@ -108,7 +108,7 @@ def validate(
     metric = metric_for(loaded)
     draws = {label: _random_draws(analysis, label, heads, n_random, seed) for label, heads in chosen.items()}
     with_icl = icl and loaded.causal and "induction" in chosen
-    context = getattr(loaded.model.config, "max_position_embeddings", None)
+    context = loaded.context_length
     icl_length = min(icl_len, context) if context else icl_len
     if with_icl and icl_length < 4:
         raise HeadscopeError(f"icl_len must be at least 4, got {icl_len}")
@@ -215,7 +215,7 @@ def _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size, seq
         )
     if repeat_len < 2 or repeats < 2:
         raise HeadscopeError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
-    context = getattr(loaded.model.config, "max_position_embeddings", None)
+    context = loaded.context_length
     for probe, length in (("text", seq_len), ("repeated", repeat_len * repeats + 2)):
         if context is not None and length > context:
             raise HeadscopeError(f"the {probe} probe needs {length} tokens but {loaded.name} takes at most {context}")
