@@ -8,7 +8,7 @@ Offers:
     TreebankError       -- a missing, unreadable, malformed or invalid treebank (one-line message).
     UD_RELATIONS        -- the 37 universal relations of UD v2; ``x:y`` is valid when ``x`` is one.
 
-Reading needs the ``conllu`` package (the ``syntax`` extra), imported only when a file is read.
+Reading uses the ``conllu`` package (a runtime dependency), imported only when a file is read.
 """
 from __future__ import annotations
 
