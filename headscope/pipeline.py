@@ -2,7 +2,10 @@
 
 For each probe the detectors need, batches run through the model inside `capture(reduce=...)`,
 so each layer's pattern is turned into per-example scores `[batch, head]` as soon as it is
-computed and never stored (only a few short explorer examples keep their maps). Scores are the
+computed and never stored (only a few short explorer examples keep their maps). When every
+detector of a probe reads the pattern only through a `LazyPattern`'s entries and row
+statistics (all built-in pattern detectors do), the layer runs the fused kernel and the map is
+never computed either (`lazy=True`, the default). Scores are the
 mean over probe examples with a 95% percentile-bootstrap interval (`headscope.stats`); labels
 follow `headscope.labels`.
 """
@@ -75,7 +78,7 @@ def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) 
 
 
 @torch.no_grad()
-def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress]):
+def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress], lazy: bool = True):
     """Per-example scores: {detector: {layer: [examples, head]}}.
 
     Under torchrun the batches are dealt across processes and the results gathered in order.
@@ -89,9 +92,10 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
         report(f"probe {probe.name}", 0, len(todo))
     done = []
     first = batches[0].input_ids if batches else None
-    chunk = _head_chunk(first.shape[0], first.shape[1], loaded.n_heads) if first is not None else None
+    lazy = lazy and all(d.lazy for d in dets)
+    chunk = _head_chunk(first.shape[0], first.shape[1], loaded.n_heads) if first is not None and not lazy else None
     with capture(loaded.model, reduce=lambda layer, pattern, mask: _reduce(layer, pattern, current, dets),
-                 chunk_heads=chunk) as cap:
+                 chunk_heads=chunk, lazy=lazy) as cap:
         for n, i in enumerate(todo):
             current = {"batch": batches[i], "on": {}}
             loaded.body(input_ids=batches[i].input_ids, attention_mask=batches[i].attention_mask.long())
@@ -114,7 +118,7 @@ def _head_chunk(batch: int, length: int, n_heads: int) -> Optional[int]:
 
 
 def _reduce(layer, pattern, current, dets) -> dict:
-    """One layer's pattern -> {detector: [batch, head]} on the CPU; the map is not kept."""
+    """One layer's pattern (or LazyPattern) -> {detector: [batch, head]} on the CPU; nothing is kept."""
     device = pattern.device  # with a device map each layer has its own
     if device not in current["on"]:
         current["on"][device] = current["batch"].to(device)
@@ -153,6 +157,7 @@ def analyze(
     n_sentences: Optional[int] = 200,
     validate: bool = False,
     progress: Optional[Progress] = None,
+    lazy: bool = True,
 ) -> Analysis:
     """Score every head of a loaded model.
 
@@ -175,6 +180,9 @@ def analyze(
         validate: also run `headscope.validate` (ablate each label's top-3 heads against
             random heads) and keep its table in `.validation`.
         progress: `fn(stage, done, total)` called as batches finish.
+        lazy: score from the fused kernel's output and row log-sum-exp where every detector of
+            a probe allows it (no map is computed); False computes each layer's full map, the
+            reference path (same scores to float rounding, slower).
     Returns:
         An `Analysis`.
     """
@@ -193,7 +201,7 @@ def analyze(
     per_example: dict[str, dict[int, torch.Tensor]] = {}
     for name, probe in probes.items():
         t = time.perf_counter()
-        per_example.update(_run_probe(loaded, probe, [d for d in dets if d.probe == name], batch_size, progress))
+        per_example.update(_run_probe(loaded, probe, [d for d in dets if d.probe == name], batch_size, progress, lazy))
         timings[f"probe_{name}"] = time.perf_counter() - t
 
     syntax = None

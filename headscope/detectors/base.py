@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Detector", "REGISTRY", "register", "masked_query_mean"]
+__all__ = ["Detector", "REGISTRY", "register", "masked_query_mean", "diagonal", "column", "mass_on_targets", "entropy"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class Detector:
         source: the paper (and what the threshold rests on).
         fn: `(pattern, batch) -> [batch, head]` per-example scores.
         bidirectional_only: meaningless for causal models (e.g. next-token attention).
+        lazy: `fn` also accepts a `LazyPattern` (it reads the pattern only through the
+            accessors of this module).
     """
 
     name: str
@@ -37,6 +39,7 @@ class Detector:
     source: str
     fn: Callable
     bidirectional_only: bool = False
+    lazy: bool = False
 
     def score(self, pattern: torch.Tensor, batch) -> torch.Tensor:
         """Per-example scores `[batch, head]` of one layer's pattern `[batch, head, query, key]`."""
@@ -82,7 +85,39 @@ def masked_query_mean(values: torch.Tensor, queries: torch.Tensor) -> torch.Tens
     Returns:
         `[batch, head]`, NaN for examples with no selected query.
     """
-    weights = queries[:, None, :].to(values.dtype)
-    count = weights.sum(-1)
-    total = (values * weights).sum(-1)
+    chosen = queries[:, None, :]
+    count = chosen.sum(-1).to(values.dtype)
+    total = torch.where(chosen, values, torch.zeros((), dtype=values.dtype, device=values.device)).sum(-1)
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+
+
+def _is_lazy(pattern) -> bool:
+    return not isinstance(pattern, torch.Tensor)
+
+
+def diagonal(pattern, offset: int) -> torch.Tensor:
+    """`[batch, head, n]` A[i, i + offset] (the order of `Tensor.diagonal(offset, -2, -1)`)."""
+    if _is_lazy(pattern):
+        return pattern.diagonal(offset)
+    return pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
+
+
+def column(pattern, key: int) -> torch.Tensor:
+    """`[batch, head, query]` A[:, key]."""
+    return pattern.column(key) if _is_lazy(pattern) else pattern[..., key]
+
+
+def mass_on_targets(pattern, targets: torch.Tensor) -> torch.Tensor:
+    """`[batch, head, query]` sum of A[i, j] over keys j with `targets[b, i, j]` (`[batch, query, key]` bool)."""
+    if _is_lazy(pattern):
+        return pattern.mass(targets)
+    return (pattern * targets[:, None].to(pattern.dtype)).sum(-1)
+
+
+def entropy(pattern) -> torch.Tensor:
+    """`[batch, head, query]` row entropy -sum_j A[i, j] ln A[i, j] in nats."""
+    if _is_lazy(pattern):
+        return pattern.entropy()
+    # One head at a time, so no second full-size map is allocated.
+    return torch.stack([-torch.special.xlogy(pattern[:, h], pattern[:, h]).sum(-1)
+                        for h in range(pattern.shape[1])], dim=1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import masked_query_mean
+from .base import mass_on_targets, masked_query_mean
 
 __all__ = ["earlier_copies", "induction_targets", "mass_on"]
 
@@ -47,6 +47,6 @@ def induction_targets(batch) -> torch.Tensor:
 
 
 def mass_on(pattern: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    mass = (pattern * targets[:, None].to(pattern.dtype)).sum(-1)  # (B, H, T)
+    mass = mass_on_targets(pattern, targets)  # (B, H, T)
     return masked_query_mean(mass, targets.any(-1))
 

@@ -10,5 +10,5 @@ duplicate_token = register(Detector(
     name="duplicate_token", probe="repeated", threshold=0.4,
     formula="mean over queries with an earlier occurrence of the attention on its earlier occurrences",
     source="Wang et al. 2022 (IOI duplicate-token heads); threshold 0.4 by analogy with induction",
-    fn=lambda pattern, batch: mass_on(pattern, earlier_copies(batch)),
+    fn=lambda pattern, batch: mass_on(pattern, earlier_copies(batch)), lazy=True,
 ))

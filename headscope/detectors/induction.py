@@ -10,5 +10,5 @@ induction = register(Detector(
     name="induction", probe="repeated", threshold=0.4,
     formula="mean over queries with an earlier occurrence of the attention on the tokens right after its earlier occurrences",
     source="Olsson et al. 2022 (prefix matching); threshold 0.4 as in common practice (ARENA)",
-    fn=lambda pattern, batch: mass_on(pattern, induction_targets(batch)),
+    fn=lambda pattern, batch: mass_on(pattern, induction_targets(batch)), lazy=True,
 ))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import masked_query_mean
+from .base import diagonal, masked_query_mean
 
 __all__ = ["offset_score"]
 
@@ -22,14 +22,14 @@ def offset_score(pattern: torch.Tensor, batch, offset: int) -> torch.Tensor:
     """Mean of A[i, i + offset] over real queries whose key i + offset is a real token.
 
     Args:
-        pattern: `[batch, head, query, key]`.
+        pattern: `[batch, head, query, key]` or a `LazyPattern`.
         batch: a `ProbeBatch`.
         offset: -1 previous token, +1 next token, 0 self.
     Returns:
         `[batch, head]`.
     """
     valid = batch.attention_mask.bool()  # (B, T)
-    diag = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)  # (B, H, T - |offset|)
+    diag = diagonal(pattern, offset)  # (B, H, T - |offset|)
     n = diag.shape[-1]
     if offset < 0:
         queries = valid[:, -offset:] & valid[:, :n]

@@ -10,5 +10,5 @@ previous_token = register(Detector(
     name="previous_token", probe="text", threshold=0.5,
     formula="mean over queries i >= 1 of A[i, i-1]",
     source="Voita et al. 2019 (positional heads); Clark et al. 2019 (threshold 0.5 of attention at the offset)",
-    fn=lambda pattern, batch: offset_score(pattern, batch, -1),
+    fn=lambda pattern, batch: offset_score(pattern, batch, -1), lazy=True,
 ))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Detector, masked_query_mean, register
+from .base import Detector, entropy, masked_query_mean, register
 
 __all__ = ["uniform", "uniform_score", "MIN_KEYS"]
 
@@ -23,10 +23,7 @@ def uniform_score(pattern: torch.Tensor, batch, min_keys: int = MIN_KEYS) -> tor
     """Normalised entropy per example `[batch, head]`; see the module docstring."""
     allowed = batch.key_allowed()  # (B, Tq, Tk)
     n_keys = allowed.sum(-1)  # (B, Tq)
-    # One head at a time, so no second full-size map is allocated.
-    entropy = torch.stack([-torch.special.xlogy(pattern[:, h], pattern[:, h]).sum(-1)
-                           for h in range(pattern.shape[1])], dim=1)  # (B, H, Tq)
-    normalised = entropy / torch.log(n_keys.clamp(min=2).to(pattern.dtype))[:, None, :]
+    normalised = entropy(pattern) / torch.log(n_keys.clamp(min=2).float())[:, None, :]  # (B, H, Tq)
     queries = (n_keys >= min_keys) & batch.attention_mask.bool()
     return masked_query_mean(normalised, queries)
 
@@ -35,5 +32,5 @@ uniform = register(Detector(
     name="uniform", probe="text", threshold=0.9,
     formula=f"mean over queries with n_i >= {MIN_KEYS} keys of H(A_i) / ln(n_i)",
     source="Clark et al. 2019 (broad heads, entropy >= 3.8 nats); normalised by ln(n_i), threshold 0.9",
-    fn=lambda pattern, batch: uniform_score(pattern, batch),
+    fn=lambda pattern, batch: uniform_score(pattern, batch), lazy=True,
 ))

@@ -3,7 +3,8 @@
 - `capture(model, layers=None, heads=None, to="cpu", dtype=None, reduce=None)`: a context
   manager; inside it every forward pass stores `cap.patterns[layer]` `[batch, head, query, key]`
   or, with `reduce=fn`, stores only `fn(layer, pattern, attention_mask)` in `cap.results[layer]`
-  so full maps never accumulate.
+  so full maps never accumulate; with `lazy=True` the reducer gets a `LazyPattern` and no map
+  is computed at all.
 - `ablate(model, heads=[(layer, head), ...], mode="zero"|"mean", means=None)`: a context manager
   that replaces those heads' outputs z (before the output projection).
 Both route attention through headscope's kernel (`headscope.hf.route`) and restore the model's
@@ -49,7 +50,8 @@ def _check_heads(heads: Optional[Sequence[int]], n_heads: int) -> Optional[list[
 class Capture(Session):
     """What `capture` yields: `patterns` (stored maps) or `results` (reducer outputs)."""
 
-    def __init__(self, layer_of, layers, heads, to, dtype, reduce: Optional[Reducer], chunk_heads: Optional[int] = None):
+    def __init__(self, layer_of, layers, heads, to, dtype, reduce: Optional[Reducer], chunk_heads: Optional[int] = None,
+                 lazy: bool = False):
         self.layer_of = {k: l for k, l in layer_of.items() if l in set(layers)}
         self.layers = layers
         self.heads = heads
@@ -57,12 +59,16 @@ class Capture(Session):
         self.dtype = dtype
         self.reduce = reduce
         self.chunk_heads = chunk_heads
+        self.lazy = lazy
         self._maps: dict[int, list[torch.Tensor]] = defaultdict(list)
         self._pieces: dict[int, list[Any]] = defaultdict(list)
         self.results: dict[int, list[Any]] = defaultdict(list)
 
     def wants_pattern(self, layer: int) -> bool:
         return True
+
+    def takes_lazy(self, layer: int) -> bool:
+        return self.lazy
 
     def pattern_chunk(self, layer: int) -> Optional[int]:
         return self.chunk_heads
@@ -110,6 +116,7 @@ def capture(
     dtype: Optional[torch.dtype] = None,
     reduce: Optional[Reducer] = None,
     chunk_heads: Optional[int] = None,
+    lazy: bool = False,
 ) -> Iterator[Capture]:
     """Capture per-head attention patterns inside a Hugging Face model.
 
@@ -126,6 +133,9 @@ def capture(
             call the reducer on each group (`[batch, chunk, query, key]`), so a layer's full
             map never exists; the group results, tensors or dicts of tensors with heads on dim
             1, are joined along dim 1. Needs a reducer that treats heads independently.
+        lazy: with `reduce`, hand the reducer a `headscope.lazy.LazyPattern` instead of the
+            pattern: the layer runs the fused kernel, and the reducer computes only the entries
+            and row statistics it reads (`diagonal`, `column`, `mass`, `entropy`).
     Yields:
         A `Capture` with `.patterns` or `.results`.
     """
@@ -135,7 +145,10 @@ def capture(
 
     if chunk_heads is not None and (reduce is None or heads is not None or chunk_heads < 1):
         raise HeadscopeError("chunk_heads needs a reducer, no heads= selection, and a size of at least 1")
-    session = Capture(layer_of, chosen, _check_heads(heads, head_sizes(model.config)[1]), to, dtype, reduce, chunk_heads)
+    if lazy and (reduce is None or heads is not None):
+        raise HeadscopeError("lazy=True needs a reducer and no heads= selection")
+    session = Capture(layer_of, chosen, _check_heads(heads, head_sizes(model.config)[1]), to, dtype, reduce, chunk_heads,
+                      lazy)
     with routed(model, session):
         yield session
 

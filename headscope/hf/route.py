@@ -7,7 +7,9 @@ outputs would be silently wrong). While at least one `Session` is active on a mo
 runs with that implementation; when the last one exits, the previous implementation returns.
 
 Sessions see each layer's pattern `[batch, head, query, key]` (key/value heads expanded to
-query heads) and may edit z `[batch, pos, head, d_head]` before the output projection.
+query heads) and may edit z `[batch, pos, head, d_head]` before the output projection. When
+every session watching a layer takes a `LazyPattern` (`takes_lazy`), the layer runs the fused
+kernel (output plus row log-sum-exp) and no map is built.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torch import nn
 
 from ..errors import HeadscopeError
 from ..kernel import attention, expand_kv
+from ..lazy import LazyPattern, attention_lse
 from .adapters import core_modules
 
 __all__ = ["IMPLEMENTATION", "Session", "routed"]
@@ -37,14 +40,19 @@ class Session:
     def wants_pattern(self, layer: int) -> bool:
         return False
 
+    def takes_lazy(self, layer: int) -> bool:
+        """True if `on_pattern` accepts a `headscope.lazy.LazyPattern` instead of a map."""
+        return False
+
     def pattern_chunk(self, layer: int) -> Optional[int]:
         """Heads per piece if this session can take the pattern in head groups (None: whole)."""
         return None
 
     def on_pattern(self, layer: int, pattern: torch.Tensor, attention_mask: Optional[torch.Tensor],
                    heads: Optional[slice] = None) -> None:
-        """Receives `[batch, head, query, key]` fp32 probabilities on the model's device; with
-        head groups, `heads` says which query heads this piece holds."""
+        """Receives `[batch, head, query, key]` fp32 probabilities on the model's device (or a
+        `LazyPattern` of them if every watcher `takes_lazy`); with head groups, `heads` says
+        which query heads this piece holds."""
 
     def end_pattern(self, layer: int) -> None:
         """Called after the last head group of a layer (only when patterns came in groups)."""
@@ -66,7 +74,13 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
     chunks = [s.pattern_chunk(layer) for s, layer in watchers]
     chunk = min(chunks) if chunks and all(chunks) else None
     n_heads = query.shape[1]
-    if chunk is not None and chunk < n_heads:
+    if watchers and not dropout and all(s.takes_lazy(layer) for s, layer in watchers):
+        z, lse, additive = attention_lse(query, key, value, mask=attention_mask, is_causal=is_causal, scale=scaling)
+        lazy = LazyPattern(query, key, lse, additive, scaling)
+        for session, layer in watchers:
+            session.on_pattern(layer, lazy, attention_mask)
+        pattern = None
+    elif chunk is not None and chunk < n_heads:
         # Head groups: the explicit path on a few heads at a time, so one layer's full map
         # never exists; observers get each group's pattern, z is assembled from the groups.
         keys, values = expand_kv(key, n_heads), expand_kv(value, n_heads)

@@ -1,0 +1,189 @@
+"""A layer's attention pattern that is never materialised.
+
+Every probability is A[i, j] = exp(s_ij - lse_i), with s_ij = scale * q_i . k_j + m_ij (m the
+additive mask) and lse_i = log sum_j exp(s_ij) the row's log-sum-exp. A fused kernel gives z
+and lse in one pass without writing the [query, key] map; the few entries a detector reads
+(a diagonal, a column, a sparse set of targets) then cost one dot product each, and the row
+entropy H_i = lse_i - sum_j A[i, j] s_ij costs one more fused pass with the keys as values
+(sum_j A[i, j] k_j), or is computed exactly in query blocks.
+
+- `attention_lse(q, k, v, ...) -> (z, lse)`: SDPA output plus each row's log-sum-exp (fp32).
+- `LazyPattern`: `diagonal(offset)`, `column(j)`, `mass(targets)`, `entropy()`, each equal
+  to what the same reduction of the full pattern gives (tests check both paths against it).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .kernel import causal_mask, expand_kv
+
+__all__ = ["attention_lse", "LazyPattern", "fused_lse_available", "BLOCK_BYTES"]
+
+BLOCK_BYTES = 64 * 2**20  # fp32 scores held at once by the blockwise fallback
+
+
+def fused_lse_available(device: torch.device) -> bool:
+    """Whether torch exposes a fused kernel that returns the log-sum-exp on this device.
+
+    On the CPU, aten's flash kernel returns (output, logsumexp); it is the kernel public SDPA
+    calls there. Elsewhere the log-sum-exp is computed blockwise (`_blockwise_stats`).
+    """
+    return torch.device(device).type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _additive(mask: Optional[torch.Tensor], is_causal: bool, n_query: int, n_key: int, device, dtype):
+    """One additive float mask `[batch or 1, head or 1, query, key]` (0 = may attend, dtype's
+    minimum = hidden), or None."""
+    hide = torch.finfo(dtype).min  # not -inf: a fully hidden row stays finite, as in the kernel
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, hide)
+    if is_causal:
+        causal = torch.zeros(n_query, n_key, dtype=dtype, device=device).masked_fill(
+            ~causal_mask(n_query, n_key, device), hide)
+        mask = causal if mask is None else (mask.to(dtype) + causal).clamp(min=hide)
+    if mask is None:
+        return None
+    mask = mask.to(dtype).clamp(min=hide)  # -inf -> the minimum: exp() still 0, no 0 * inf
+    while mask.dim() < 4:
+        mask = mask[None]
+    return mask
+
+
+def _zero_or_hidden(mask: Optional[torch.Tensor]) -> bool:
+    """True when an additive mask only ever adds 0 (allowed) or hides a key."""
+    if mask is None:
+        return True
+    return bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
+
+
+def attention_lse(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """softmax(q k^T * scale + mask) v and each row's log-sum-exp, without the map.
+
+    Args:
+        q: `[batch, head, query, d_head]`; k, v: `[batch, kv_head, key, d_head]`.
+        mask: boolean (True = may attend) or additive float, broadcastable to
+            `[batch, head, query, key]`.
+        is_causal: hide keys after each query (queries aligned to the last keys).
+        scale: default `1 / sqrt(d_head)`.
+    Returns:
+        `(z [batch, head, query, d_head] in v's dtype, lse [batch, head, query] fp32, additive mask or None)`.
+    """
+    n_heads, n_query, n_key = q.shape[1], q.shape[-2], k.shape[-2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    additive = _additive(mask, is_causal and n_query > 1, n_query, n_key, q.device, q.dtype)
+    if fused_lse_available(q.device) and v.shape[-1] == q.shape[-1]:
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        z, lse = op(q, expand_kv(k, n_heads), expand_kv(v, n_heads), 0.0, False, attn_mask=additive, scale=scale)
+        return z, lse.float(), additive
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=scale, enable_gqa=k.shape[1] != n_heads)
+    lse, _ = _blockwise_stats(q, k, additive, scale, entropy=False)
+    return z, lse, additive
+
+
+def _blockwise_stats(q, k, additive, scale, entropy: bool):
+    """(lse, entropy or None) `[batch, head, query]` in fp32, a block of queries at a time."""
+    b, h, n_query, _ = q.shape
+    keys = expand_kv(k, h).float()
+    n_key = keys.shape[-2]
+    rows = max(1, BLOCK_BYTES // (4 * b * h * n_key))
+    lse, ent = [], []
+    for start in range(0, n_query, rows):
+        block = slice(start, min(n_query, start + rows))
+        scores = torch.matmul(q[:, :, block].float(), keys.transpose(-1, -2)).mul_(scale)  # (B, H, rows, Tk)
+        if additive is not None:
+            scores = scores + additive[..., block, :].float()
+        row_lse = torch.logsumexp(scores, dim=-1)
+        lse.append(row_lse)
+        if entropy:
+            log_p = scores.sub_(row_lse[..., None])  # log A[i, j]
+            ent.append(-(log_p.exp() * log_p).sum(-1))
+    return torch.cat(lse, dim=-1), (torch.cat(ent, dim=-1) if entropy else None)
+
+
+class LazyPattern:
+    """Entries and row statistics of softmax(q k^T * scale + mask), computed on demand.
+
+    Built by the attention route from one layer's q `[batch, head, query, d_head]`, k
+    `[batch, kv_head, key, d_head]`, the additive mask and the row log-sum-exp; detectors read it
+    through `headscope.detectors.base`'s `diagonal`, `column`, `mass_on_targets` and `entropy`.
+    Everything returned is fp32 and on q's device.
+    """
+
+    def __init__(self, q, k, lse, additive=None, scale=None):
+        self.q = q
+        self.k = expand_kv(k, q.shape[1])  # (B, H, Tk, D)
+        self.lse = lse  # (B, H, Tq)
+        self.additive = additive  # broadcastable to (B, H, Tq, Tk), or None
+        self.scale = q.shape[-1] ** -0.5 if scale is None else scale
+        self._entropy = None
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (*self.q.shape[:3], self.k.shape[-2])
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def _mask_at(self, b, i, j):
+        """Additive mask at (b, i, j) index tensors -> `[n, head or 1]`."""
+        m = self.additive.expand(self.shape[0], -1, -1, -1)  # (B, H or 1, Tq, Tk)
+        return m[b, :, i, j].float()
+
+    def diagonal(self, offset: int) -> torch.Tensor:
+        """`[batch, head, n]` A[i, i + offset], as `pattern.diagonal(offset, -2, -1)` orders it."""
+        n_query, n_key = self.shape[2], self.shape[3]
+        first_query = max(0, -offset)
+        n = min(n_query - first_query, n_key - (first_query + offset))
+        i = torch.arange(first_query, first_query + n, device=self.device)
+        q, k = self.q[:, :, i].float(), self.k[:, :, i + offset].float()
+        logits = (q * k).sum(-1) * self.scale  # (B, H, n)
+        if self.additive is not None:
+            m = self.additive.expand(self.shape[0], -1, -1, -1)
+            logits = logits + m[:, :, i, i + offset].float()
+        return (logits - self.lse[:, :, i]).exp()
+
+    def column(self, j: int) -> torch.Tensor:
+        """`[batch, head, query]` A[:, j]."""
+        logits = torch.matmul(self.q.float(), self.k[:, :, j].float()[..., None])[..., 0] * self.scale  # (B, H, Tq)
+        if self.additive is not None:
+            logits = logits + self.additive.expand(self.shape[0], -1, -1, -1)[..., j].float()
+        return (logits - self.lse).exp()
+
+    def mass(self, targets: torch.Tensor) -> torch.Tensor:
+        """`[batch, head, query]` sum over keys j with targets[b, i, j] of A[i, j].
+
+        Args:
+            targets: `[batch, query, key]` bool, sparse (a few keys per query).
+        """
+        b, i, j = targets.nonzero(as_tuple=True)
+        q = self.q.permute(0, 2, 1, 3)[b, i].float()  # (n, H, D)
+        k = self.k.permute(0, 2, 1, 3)[b, j].float()
+        logits = (q * k).sum(-1) * self.scale  # (n, H)
+        if self.additive is not None:
+            logits = logits + self._mask_at(b, i, j)
+        probs = (logits - self.lse.permute(0, 2, 1)[b, i]).exp()  # (n, H)
+        batch, heads, n_query = self.shape[:3]
+        out = torch.zeros(batch * n_query, heads, dtype=torch.float32, device=self.device)
+        out.index_add_(0, b * n_query + i, probs)
+        return out.view(batch, n_query, heads).permute(0, 2, 1)
+
+    def entropy(self) -> torch.Tensor:
+        """`[batch, head, query]` H_i = -sum_j A[i, j] ln A[i, j] in nats."""
+        if self._entropy is None:
+            self._entropy = self._compute_entropy()
+        return self._entropy
+
+    def _compute_entropy(self) -> torch.Tensor:
+        q, k = self.q, self.k
+        if fused_lse_available(q.device) and q.dtype == torch.float32 and _zero_or_hidden(self.additive):
+            # H_i = lse_i - sum_j A[i, j] s_ij, and sum_j A[i, j] s_ij = scale * q_i . (sum_j A[i, j] k_j)
+            # when the mask only adds 0 or hides (hidden keys have A = 0): one fused pass, keys as values.
+            op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+            mean_key, _ = op(q, k, k, 0.0, False, attn_mask=self.additive, scale=self.scale)  # (B, H, Tq, D)
+            return self.lse - (q * mean_key).sum(-1) * self.scale
+        _, ent = _blockwise_stats(q, k, self.additive, self.scale, entropy=True)
+        return ent
