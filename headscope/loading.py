@@ -90,6 +90,12 @@ class Loaded:
         config = self.model.config
         return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
+    def check_fits(self, what: str, n_tokens: int) -> None:
+        """HeadscopeError if `n_tokens` (the length of `what`, e.g. "the text probe") exceed the context."""
+        context = self.context_length
+        if context is not None and n_tokens > context:
+            raise HeadscopeError(f"{what} needs {n_tokens} tokens but {self.name} takes at most {context}")
+
     @property
     def body(self):
         """The model without its task head (no logits): what the detectors need to run."""

@@ -59,11 +59,8 @@ def _read_treebank(treebank):
 
 
 def _check_lengths(loaded, probes: dict[str, ProbeSet]) -> None:
-    context = loaded.context_length
     for name, probe in probes.items():
-        length = probe.input_ids.shape[1]
-        if context is not None and length > context:
-            raise HeadscopeError(f"the {name} probe needs {length} tokens but {loaded.name} takes at most {context}")
+        loaded.check_fits(f"the {name} probe", probe.input_ids.shape[1])
 
 
 def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) -> dict[str, ProbeSet]:

@@ -258,6 +258,7 @@ def test_encoder_with_lm_head_reports_masked_token_loss(tmp_path):
     (dict(labels=["copy_suppression"]), "no heads labelled 'copy_suppression' to check; labels with heads: "),
     (dict(labels=["none"]), "no heads labelled 'none'"),
     (dict(seq_len=100), "the text probe needs 100 tokens but .* takes at most 48"),
+    (dict(repeat_len=12, repeats=4), "the repeated probe needs 49 tokens"),  # measured: 48 + the BOS
 ])
 def test_bad_input(planted, planted_analysis, kwargs, message):
     with pytest.raises(headscope.HeadscopeError, match=message) as err:

@@ -128,6 +128,7 @@ def validate(
     runners, cache = {}, {}
     for name in probes_needed:
         probe = _build_probe(loaded, name, n_examples, seq_len, repeat_len, repeats, icl_length, seed)
+        loaded.check_fits(f"the {name} probe", probe.input_ids.shape[1])  # measured, wrapping included
         if metric == "masked_token_loss":
             probe = masked_for_lm(probe, loaded.tokenizer.mask_token_id, seed)
         runners[name] = ProbeRunner(loaded, probe, batch_size)
@@ -215,10 +216,6 @@ def _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size, seq
         )
     if repeat_len < 2 or repeats < 2:
         raise HeadscopeError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
-    context = loaded.context_length
-    for probe, length in (("text", seq_len), ("repeated", repeat_len * repeats + 2)):
-        if context is not None and length > context:
-            raise HeadscopeError(f"the {probe} probe needs {length} tokens but {loaded.name} takes at most {context}")
 
 
 def _chosen_heads(analysis, k: int, labels: Optional[Iterable[str]]) -> dict[str, list[tuple[int, int]]]:
