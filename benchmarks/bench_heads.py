@@ -127,7 +127,7 @@ def main() -> None:
                                  vocab_size=cfg.vocab_size)
             repeated, start = rep.input_ids.to(loaded.device), rep.content_start
             maps_bytes = cfg.num_hidden_layers * batch * cfg.num_attention_heads * seq_len ** 2 * max(elem, 4)
-            row = {"model": args.model, "device": args.device, "dtype": str(loaded.model.dtype), "seq_len": seq_len,
+            row = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "device": args.device, "dtype": str(loaded.model.dtype), "seq_len": seq_len,
                    "batch": batch, "repeats": args.repeats, "contenders": {}}
             scores = {}
             for name in args.contenders:

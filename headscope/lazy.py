@@ -7,7 +7,8 @@ and lse in one pass without writing the [query, key] map; the few entries a dete
 entropy H_i = lse_i - sum_j A[i, j] s_ij costs one more fused pass with the keys as values
 (sum_j A[i, j] k_j), or is computed exactly in query blocks.
 
-- `attention_lse(q, k, v, ...) -> (z, lse)`: SDPA output plus each row's log-sum-exp (fp32).
+- `lazy_attention(q, k, v, ...) -> (z, LazyPattern)`: the SDPA output and the pattern as
+  a `LazyPattern` (the row log-sum-exp, q, k and the mask).
 - `LazyPattern`: `diagonal(offset)`, `column(j)`, `mass(targets)`, `entropy()`, each equal
   to what the same reduction of the full pattern gives (tests check both paths against it).
 """
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from .kernel import causal_mask, expand_kv
 
-__all__ = ["attention_lse", "LazyPattern", "fused_lse_available", "BLOCK_BYTES"]
+__all__ = ["lazy_attention", "LazyPattern", "fused_lse_available", "BLOCK_BYTES"]
 
 BLOCK_BYTES = 64 * 2**20  # fp32 scores held at once by the blockwise fallback
 
@@ -34,18 +35,14 @@ def fused_lse_available(device: torch.device) -> bool:
     return torch.device(device).type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
-def _additive(mask: Optional[torch.Tensor], is_causal: bool, n_query: int, n_key: int, device, dtype):
-    """One additive float mask `[batch or 1, head or 1, query, key]` (0 = may attend, dtype's
-    minimum = hidden), or None."""
-    hide = torch.finfo(dtype).min  # not -inf: a fully hidden row stays finite, as in the kernel
-    if mask is not None and mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, hide)
-    if is_causal:
-        causal = torch.zeros(n_query, n_key, dtype=dtype, device=device).masked_fill(
-            ~causal_mask(n_query, n_key, device), hide)
-        mask = causal if mask is None else (mask.to(dtype) + causal).clamp(min=hide)
+def _additive(mask: Optional[torch.Tensor], dtype) -> Optional[torch.Tensor]:
+    """A mask as additive floats `[batch or 1, head or 1, query, key]` (0 = may attend, the
+    dtype's minimum = hidden), or None."""
     if mask is None:
         return None
+    hide = torch.finfo(dtype).min  # not -inf: a fully hidden row stays finite, as in the kernel
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, hide)
     mask = mask.to(dtype).clamp(min=hide)  # -inf -> the minimum: exp() still 0, no 0 * inf
     while mask.dim() < 4:
         mask = mask[None]
@@ -59,42 +56,52 @@ def _zero_or_hidden(mask: Optional[torch.Tensor]) -> bool:
     return bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
 
 
-def attention_lse(q, k, v, *, mask=None, is_causal=False, scale=None):
-    """softmax(q k^T * scale + mask) v and each row's log-sum-exp, without the map.
+def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """softmax(q k^T * scale + mask) v, and the pattern as a `LazyPattern`, without the map.
 
     Args:
         q: `[batch, head, query, d_head]`; k, v: `[batch, kv_head, key, d_head]`.
         mask: boolean (True = may attend) or additive float, broadcastable to
             `[batch, head, query, key]`.
-        is_causal: hide keys after each query (queries aligned to the last keys).
+        is_causal: hide keys after each query (queries aligned to the last keys); passed to
+            the kernel as a flag, so it skips the hidden blocks.
         scale: default `1 / sqrt(d_head)`.
     Returns:
-        `(z [batch, head, query, d_head] in v's dtype, lse [batch, head, query] fp32, additive mask or None)`.
+        `(z [batch, head, query, d_head] in v's dtype, LazyPattern)`.
     """
     n_heads, n_query, n_key = q.shape[1], q.shape[-2], k.shape[-2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    additive = _additive(mask, is_causal and n_query > 1, n_query, n_key, q.device, q.dtype)
+    is_causal = is_causal and n_query > 1
+    if is_causal and mask is not None:  # one mask holding both
+        hidden = ~causal_mask(n_query, n_key, q.device)
+        mask = (mask & ~hidden) if mask.dtype == torch.bool else _additive(mask, q.dtype).masked_fill(hidden, torch.finfo(q.dtype).min)
+        is_causal = False
+    additive = _additive(mask, q.dtype)
     if fused_lse_available(q.device) and v.shape[-1] == q.shape[-1]:
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        z, lse = op(q, expand_kv(k, n_heads), expand_kv(v, n_heads), 0.0, False, attn_mask=additive, scale=scale)
-        return z, lse.float(), additive
-    z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=scale, enable_gqa=k.shape[1] != n_heads)
-    lse, _ = _blockwise_stats(q, k, additive, scale, entropy=False)
-    return z, lse, additive
+        z, lse = op(q, expand_kv(k, n_heads), expand_kv(v, n_heads), 0.0, is_causal, attn_mask=additive, scale=scale)
+        return z, LazyPattern(q, k, lse.float(), additive, is_causal, scale)
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=is_causal, scale=scale,
+                                       enable_gqa=k.shape[1] != n_heads)
+    lazy = LazyPattern(q, k, None, additive, is_causal, scale)
+    lazy.lse, _ = _blockwise_stats(lazy, entropy=False)
+    return z, lazy
 
 
-def _blockwise_stats(q, k, additive, scale, entropy: bool):
+def _blockwise_stats(lazy: "LazyPattern", entropy: bool):
     """(lse, entropy or None) `[batch, head, query]` in fp32, a block of queries at a time."""
-    b, h, n_query, _ = q.shape
-    keys = expand_kv(k, h).float()
-    n_key = keys.shape[-2]
+    b, h, n_query, n_key = lazy.shape
+    keys = lazy.k.float()
     rows = max(1, BLOCK_BYTES // (4 * b * h * n_key))
     lse, ent = [], []
     for start in range(0, n_query, rows):
         block = slice(start, min(n_query, start + rows))
-        scores = torch.matmul(q[:, :, block].float(), keys.transpose(-1, -2)).mul_(scale)  # (B, H, rows, Tk)
-        if additive is not None:
-            scores = scores + additive[..., block, :].float()
+        scores = torch.matmul(lazy.q[:, :, block].float(), keys.transpose(-1, -2)).mul_(lazy.scale)  # (B, H, rows, Tk)
+        if lazy.additive is not None:
+            scores = scores + lazy.additive[..., block, :].float()
+        if lazy.is_causal:
+            i, j = torch.arange(block.start, block.stop, device=lazy.device), torch.arange(n_key, device=lazy.device)
+            scores = scores.masked_fill(lazy.causally_hidden(i[:, None], j[None, :]), torch.finfo(torch.float32).min)
         row_lse = torch.logsumexp(scores, dim=-1)
         lse.append(row_lse)
         if entropy:
@@ -106,17 +113,18 @@ def _blockwise_stats(q, k, additive, scale, entropy: bool):
 class LazyPattern:
     """Entries and row statistics of softmax(q k^T * scale + mask), computed on demand.
 
-    Built by the attention route from one layer's q `[batch, head, query, d_head]`, k
-    `[batch, kv_head, key, d_head]`, the additive mask and the row log-sum-exp; detectors read it
-    through `headscope.detectors.base`'s `diagonal`, `column`, `mass_on_targets` and `entropy`.
-    Everything returned is fp32 and on q's device.
+    Built by `lazy_attention` from one layer's q `[batch, head, query, d_head]`, k
+    `[batch, kv_head, key, d_head]`, the additive mask, the causal flag and the row
+    log-sum-exp; detectors read it through `headscope.detectors.base`'s `diagonal`, `column`,
+    `mass_on_targets` and `entropy`. Everything returned is fp32 and on q's device.
     """
 
-    def __init__(self, q, k, lse, additive=None, scale=None):
+    def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None):
         self.q = q
         self.k = expand_kv(k, q.shape[1])  # (B, H, Tk, D)
-        self.lse = lse  # (B, H, Tq)
-        self.additive = additive  # broadcastable to (B, H, Tq, Tk), or None
+        self.lse = lse  # (B, H, Tq) fp32
+        self.additive = additive  # (B or 1, H or 1, Tq, Tk) additive floats, or None
+        self.is_causal = is_causal
         self.scale = q.shape[-1] ** -0.5 if scale is None else scale
         self._entropy = None
 
@@ -128,10 +136,26 @@ class LazyPattern:
     def device(self) -> torch.device:
         return self.q.device
 
-    def _mask_at(self, b, i, j):
-        """Additive mask at (b, i, j) index tensors -> `[n, head or 1]`."""
-        m = self.additive.expand(self.shape[0], -1, -1, -1)  # (B, H or 1, Tq, Tk)
-        return m[b, :, i, j].float()
+    def causally_hidden(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Bool, True where key j is after query i (queries aligned to the last keys)."""
+        return j > i + (self.shape[3] - self.shape[2])
+
+    def _probs(self, logits, b, i, j):
+        """exp(logit + mask - lse) at 1-D query/key indices i, j: logits `[batch, head, n]` for
+        every example (b None) or `[n, head]` at examples b."""
+        hidden = self.causally_hidden(i, j)  # (n,)
+        m = self.additive.expand(self.shape[0], -1, -1, -1) if self.additive is not None else None  # (B, H or 1, Tq, Tk)
+        if b is None:
+            bias = m[:, :, i, j] if m is not None else None  # (B, H or 1, n)
+            lse = self.lse[:, :, i]
+        else:
+            bias = m[b, :, i, j] if m is not None else None  # (n, H or 1)
+            hidden, lse = hidden[:, None], self.lse.permute(0, 2, 1)[b, i]
+        if bias is not None:
+            logits = logits + bias.float()
+        if self.is_causal:
+            logits = logits.masked_fill(hidden, float("-inf"))
+        return (logits - lse).exp()
 
     def diagonal(self, offset: int) -> torch.Tensor:
         """`[batch, head, n]` A[i, i + offset], as `pattern.diagonal(offset, -2, -1)` orders it."""
@@ -139,19 +163,14 @@ class LazyPattern:
         first_query = max(0, -offset)
         n = min(n_query - first_query, n_key - (first_query + offset))
         i = torch.arange(first_query, first_query + n, device=self.device)
-        q, k = self.q[:, :, i].float(), self.k[:, :, i + offset].float()
-        logits = (q * k).sum(-1) * self.scale  # (B, H, n)
-        if self.additive is not None:
-            m = self.additive.expand(self.shape[0], -1, -1, -1)
-            logits = logits + m[:, :, i, i + offset].float()
-        return (logits - self.lse[:, :, i]).exp()
+        logits = (self.q[:, :, i].float() * self.k[:, :, i + offset].float()).sum(-1) * self.scale  # (B, H, n)
+        return self._probs(logits, None, i, i + offset)
 
-    def column(self, j: int) -> torch.Tensor:
-        """`[batch, head, query]` A[:, j]."""
-        logits = torch.matmul(self.q.float(), self.k[:, :, j].float()[..., None])[..., 0] * self.scale  # (B, H, Tq)
-        if self.additive is not None:
-            logits = logits + self.additive.expand(self.shape[0], -1, -1, -1)[..., j].float()
-        return (logits - self.lse).exp()
+    def column(self, key: int) -> torch.Tensor:
+        """`[batch, head, query]` A[:, key]."""
+        logits = torch.matmul(self.q.float(), self.k[:, :, key].float()[..., None])[..., 0] * self.scale  # (B, H, Tq)
+        i = torch.arange(self.shape[2], device=self.device)
+        return self._probs(logits, None, i, torch.full_like(i, key))
 
     def mass(self, targets: torch.Tensor) -> torch.Tensor:
         """`[batch, head, query]` sum over keys j with targets[b, i, j] of A[i, j].
@@ -163,9 +182,7 @@ class LazyPattern:
         q = self.q.permute(0, 2, 1, 3)[b, i].float()  # (n, H, D)
         k = self.k.permute(0, 2, 1, 3)[b, j].float()
         logits = (q * k).sum(-1) * self.scale  # (n, H)
-        if self.additive is not None:
-            logits = logits + self._mask_at(b, i, j)
-        probs = (logits - self.lse.permute(0, 2, 1)[b, i]).exp()  # (n, H)
+        probs = self._probs(logits, b, i, j)  # (n, H)
         batch, heads, n_query = self.shape[:3]
         out = torch.zeros(batch * n_query, heads, dtype=torch.float32, device=self.device)
         out.index_add_(0, b * n_query + i, probs)
@@ -183,7 +200,6 @@ class LazyPattern:
             # H_i = lse_i - sum_j A[i, j] s_ij, and sum_j A[i, j] s_ij = scale * q_i . (sum_j A[i, j] k_j)
             # when the mask only adds 0 or hides (hidden keys have A = 0): one fused pass, keys as values.
             op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-            mean_key, _ = op(q, k, k, 0.0, False, attn_mask=self.additive, scale=self.scale)  # (B, H, Tq, D)
+            mean_key, _ = op(q, k, k, 0.0, self.is_causal, attn_mask=self.additive, scale=self.scale)  # (B, H, Tq, D)
             return self.lse - (q * mean_key).sum(-1) * self.scale
-        _, ent = _blockwise_stats(q, k, self.additive, self.scale, entropy=True)
-        return ent
+        return _blockwise_stats(self, entropy=True)[1]

@@ -8,7 +8,7 @@ import headscope
 import headscope.lazy as lazy_module
 from headscope import detectors
 from headscope.kernel import attention
-from headscope.lazy import LazyPattern, attention_lse
+from headscope.lazy import lazy_attention
 from headscope.pipeline import analyze
 from headscope.probes import ProbeBatch
 from planted import save_planted
@@ -54,6 +54,7 @@ def _alibi(heads, length):
 MASKS = {
     "causal": lambda b, h, t: (None, True, torch.ones(b, t, dtype=torch.bool)),
     "padded bool": lambda b, h, t: (_padded_causal(b, t)[1], False, _padded_causal(b, t)[0]),
+    "padding and causal flag": lambda b, h, t: (_padded_causal(b, t)[0][:, None, None, :], True, _padded_causal(b, t)[0]),
     "additive bias": lambda b, h, t: (_alibi(h, t), False, torch.ones(b, t, dtype=torch.bool)),
     "bidirectional": lambda b, h, t: (None, False, torch.ones(b, t, dtype=torch.bool)),
 }
@@ -64,9 +65,8 @@ def test_lazy_entries_equal_the_full_pattern(path, mask_kind):
     q, k, v = _qkv()
     b, h, t, _ = q.shape
     mask, is_causal, real = MASKS[mask_kind](b, h, t)
-    z, lse, additive = attention_lse(q, k, v, mask=mask, is_causal=is_causal)
+    z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal)
     z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True)
-    lazy = LazyPattern(q, k, lse, additive)
     rows = real  # (B, T): rows of queries that see at least one real key (padded rows carry no meaning)
     assert lazy.shape == tuple(pattern.shape)
     torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **FP32)
@@ -90,11 +90,11 @@ def test_fused_entropy_falls_back_for_an_additive_bias(monkeypatch):
     """The keys-as-values identity needs a mask of 0 or hidden; a bias takes the exact blockwise path."""
     q, k, v = _qkv()
     mask = _alibi(q.shape[1], q.shape[2])
-    _, lse, additive = attention_lse(q, k, v, mask=mask)
+    _, lazy = lazy_attention(q, k, v, mask=mask)
     calls = []
     original = lazy_module._blockwise_stats
     monkeypatch.setattr(lazy_module, "_blockwise_stats", lambda *a, **kw: calls.append(kw) or original(*a, **kw))
-    LazyPattern(q, k, lse, additive).entropy()
+    lazy.entropy()
     assert calls == [{"entropy": True}]
 
 

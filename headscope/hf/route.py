@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import HeadscopeError
 from ..kernel import attention, expand_kv
-from ..lazy import LazyPattern, attention_lse
+from ..lazy import lazy_attention
 from .adapters import core_modules
 
 __all__ = ["IMPLEMENTATION", "Session", "routed"]
@@ -75,8 +75,7 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
     chunk = min(chunks) if chunks and all(chunks) else None
     n_heads = query.shape[1]
     if watchers and not dropout and all(s.takes_lazy(layer) for s, layer in watchers):
-        z, lse, additive = attention_lse(query, key, value, mask=attention_mask, is_causal=is_causal, scale=scaling)
-        lazy = LazyPattern(query, key, lse, additive, scaling)
+        z, lazy = lazy_attention(query, key, value, mask=attention_mask, is_causal=is_causal, scale=scaling)
         for session, layer in watchers:
             session.on_pattern(layer, lazy, attention_mask)
         pattern = None
