@@ -6,9 +6,12 @@ the common practice (eager maps) and TransformerLens, on the same tokens, in one
     python benchmarks/bench_heads.py --device cuda --dtype bfloat16
 
 For each (seq_len, batch) every contender (see contenders.py) runs once to warm up, then
-`--repeats` times; the table gives median seconds and peak memory, and the ratios d/a, d/a',
-d/b, d/c. Peak memory on the CPU is the process's peak resident set during the run (VmHWM after
-resetting it through /proc/self/clear_refs), with large allocations forced to mmap
+`--repeats` rounds run every contender once each (round robin, so a slow spell of a shared
+machine does not land on one contender; TransformerLens runs after the others because its copy
+of the weights stays resident); the table gives median seconds and peak memory, and the time
+ratios d/a, d/a', d/b, d/c as medians over rounds of each round's ratio. Peak memory on the CPU
+is the process's peak resident set during the run (VmHWM after resetting it through
+/proc/self/clear_refs), with large allocations forced to mmap
 (MALLOC_MMAP_THRESHOLD_) so that freed maps go back to the system between contenders; "extra"
 is that peak minus the resident set before the run. On CUDA it is torch's peak allocation.
 A contender whose maps cannot fit (b at long sequences) is skipped and reported as such.
@@ -85,6 +88,10 @@ def _text_ids(tokenizer, batch: int, seq_len: int) -> torch.Tensor:
     return ids.repeat((batch + n - 1) // n, 1)[:batch]
 
 
+def _call(name, loaded, text, repeated, start):
+    return lambda: CONTENDERS[name](loaded, text, repeated, start)
+
+
 def agreement(scores: dict, k: int = 5) -> dict:
     """Top-k overlap and rank correlation of each contender's head scores with headscope's."""
     out = {}
@@ -129,19 +136,30 @@ def main() -> None:
             maps_bytes = cfg.num_hidden_layers * batch * cfg.num_attention_heads * seq_len ** 2 * max(elem, 4)
             row = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "device": args.device, "dtype": str(loaded.model.dtype), "seq_len": seq_len,
                    "batch": batch, "repeats": args.repeats, "contenders": {}}
-            scores = {}
+            scores, runs = {}, {}
+            chosen = []
             for name in args.contenders:
                 if name == "b_eager_maps" and maps_bytes * 1.5 > _available_bytes(args.device):
                     row["contenders"][name] = {"skipped": f"its maps need {maps_bytes / 2**30:.1f} GiB"}
                     continue
-                fn = lambda: CONTENDERS[name](loaded, text, repeated, start)
-                measure(fn, args.device)  # warm-up
-                runs = [measure(fn, args.device) for _ in range(args.repeats)]
+                chosen.append(name)
+            # Round robin: each round runs every contender once, so a slow spell of a shared machine
+            # touches all of them rather than every run of one. TransformerLens goes last and on its
+            # own: its copy of the weights stays resident and would count in the others' peaks.
+            for group in ([n for n in chosen if n != "c_transformer_lens"], [n for n in chosen if n == "c_transformer_lens"]):
+                for name in group:
+                    measure(_call(name, loaded, text, repeated, start), args.device)  # warm-up
+                    runs[name] = []
+                for _ in range(args.repeats):
+                    for name in group:
+                        runs[name].append(measure(_call(name, loaded, text, repeated, start), args.device))
+            for name in chosen:
                 row["contenders"][name] = {
-                    "seconds": statistics.median(r[0] for r in runs),
-                    "peak_gib": max(r[1] for r in runs) / 2**30, "extra_gib": max(r[2] for r in runs) / 2**30,
+                    "seconds": statistics.median(r[0] for r in runs[name]),
+                    "peak_gib": max(r[1] for r in runs[name]) / 2**30, "extra_gib": max(r[2] for r in runs[name]) / 2**30,
+                    "all_seconds": [round(r[0], 3) for r in runs[name]],
                 }
-                scores[name] = runs[-1][3]
+                scores[name] = runs[name][-1][3]
                 print(f"seq {seq_len:>5} batch {batch}  {name:<20} {row['contenders'][name]['seconds']:8.2f} s  "
                       f"peak {row['contenders'][name]['peak_gib']:.2f} GiB (+{row['contenders'][name]['extra_gib']:.2f})",
                       flush=True)
@@ -149,7 +167,9 @@ def main() -> None:
             for other in ("a_sdpa", "a_eager", "b_eager_maps", "c_transformer_lens"):
                 o = row["contenders"].get(other, {})
                 if "seconds" in d and "seconds" in o:
-                    row[f"time d/{other[:1] if other != 'a_eager' else 'a_prime'}"] = round(d["seconds"] / o["seconds"], 3)
+                    # median over rounds of the ratio of the two contenders' runs in that round
+                    ratio = statistics.median(x[0] / y[0] for x, y in zip(runs["d_headscope"], runs[other]))
+                    row[f"time d/{other[:1] if other != 'a_eager' else 'a_prime'}"] = round(ratio, 3)
                     row[f"peak d/{other[:1] if other != 'a_eager' else 'a_prime'}"] = round(d["peak_gib"] / o["peak_gib"], 3)
             row["agreement"] = agreement(scores)
             print(json.dumps({k: v for k, v in row.items() if k not in ("contenders",)}), flush=True)

@@ -36,10 +36,14 @@ def label_heads(scores, thresholds: dict[str, float], probes: dict[str, str] | N
     names = names or {}
     import pandas as pd
 
+    by_head: dict[tuple[int, int], list[tuple[str, float]]] = {}  # plain dicts: pandas groupby cost 90 ms
+    for layer, head, det, score in zip(scores["layer"].tolist(), scores["head"].tolist(), scores["detector"].tolist(),
+                                       scores["score"].tolist()):
+        by_head.setdefault((int(layer), int(head)), []).append((det, float(score)))
     rows = []
-    for (layer, head), group in scores.groupby(["layer", "head"], sort=True):
+    for (layer, head), group in sorted(by_head.items()):
         passing = []
-        for det, score in zip(group.detector, group.score):
+        for det, score in group:
             threshold = thresholds[det]
             if score == score and score >= threshold:  # NaN never passes
                 clarity = (score - threshold) / max(1e-9, 1 - threshold)
@@ -49,11 +53,12 @@ def label_heads(scores, thresholds: dict[str, float], probes: dict[str, str] | N
         repeated = [p for p in passing if probes.get(p[3]) == "repeated" and p[3] not in RESTING]
         candidates = repeated if resting and repeated else passing
         if not candidates:
-            label, score = "none", float(group.score.max()) if group.score.notna().any() else float("nan")
+            known = [score for _, score in group if score == score]
+            label, score = "none", max(known) if known else float("nan")
         elif len(candidates) > 1 and candidates[0][0] - candidates[1][0] < MIXED_MARGIN:
             label, score = "mixed", candidates[0][2]
         else:
             label, score = candidates[0][1], candidates[0][2]
-        rows.append({"layer": int(layer), "head": int(head), "label": label, "score": score,
+        rows.append({"layer": layer, "head": head, "label": label, "score": score,
                      "labels": ";".join(p[1] for p in passing)})
     return pd.DataFrame(rows, columns=["layer", "head", "label", "score", "labels"])

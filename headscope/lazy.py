@@ -79,8 +79,9 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None):
     additive = _additive(mask, q.dtype)
     if fused_lse_available(q.device) and v.shape[-1] == q.shape[-1]:
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        z, lse = op(q, expand_kv(k, n_heads), expand_kv(v, n_heads), 0.0, is_causal, attn_mask=additive, scale=scale)
-        return z, LazyPattern(q, k, lse.float(), additive, is_causal, scale)
+        keys = expand_kv(k, n_heads)
+        z, lse = op(q, keys, expand_kv(v, n_heads), 0.0, is_causal, attn_mask=additive, scale=scale)
+        return z, LazyPattern(q, keys, lse.float(), additive, is_causal, scale)
     z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=is_causal, scale=scale,
                                        enable_gqa=k.shape[1] != n_heads)
     lazy = LazyPattern(q, k, None, additive, is_causal, scale)
@@ -121,7 +122,7 @@ class LazyPattern:
 
     def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None):
         self.q = q
-        self.k = expand_kv(k, q.shape[1])  # (B, H, Tk, D)
+        self.k = expand_kv(k, q.shape[1])  # (B, H, Tk, D); already expanded: no copy
         self.lse = lse  # (B, H, Tq) fp32
         self.additive = additive  # (B or 1, H or 1, Tq, Tk) additive floats, or None
         self.is_causal = is_causal
@@ -162,8 +163,10 @@ class LazyPattern:
         n_query, n_key = self.shape[2], self.shape[3]
         first_query = max(0, -offset)
         n = min(n_query - first_query, n_key - (first_query + offset))
+        queries = self.q[:, :, first_query:first_query + n].float()  # (B, H, n, D), a view in fp32
+        keys = self.k[:, :, first_query + offset:first_query + offset + n].float()
+        logits = (queries * keys).sum(-1) * self.scale  # (B, H, n)
         i = torch.arange(first_query, first_query + n, device=self.device)
-        logits = (self.q[:, :, i].float() * self.k[:, :, i + offset].float()).sum(-1) * self.scale  # (B, H, n)
         return self._probs(logits, None, i, i + offset)
 
     def column(self, key: int) -> torch.Tensor:

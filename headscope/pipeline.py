@@ -76,7 +76,8 @@ def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) 
 
 @torch.no_grad()
 def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress], lazy: bool = True):
-    """Per-example scores: {detector: {layer: [examples, head]}}.
+    """Per-example scores {detector: {layer: [examples, head]}}, and how patterns were computed
+    ("lazy", "maps" or "maps, N heads at a time").
 
     Under torchrun the batches are dealt across processes and the results gathered in order.
     """
@@ -100,8 +101,9 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
             if report:
                 report(f"probe {probe.name}", n + 1, len(todo))
     per_batch = gather(done)  # [{layer: {detector: [batch, head]}}] in batch order
+    how = "lazy" if lazy else ("maps" if chunk is None else f"maps, {chunk} heads at a time")
     return {det.name: {layer: torch.cat([b[layer][det.name] for b in per_batch]) for layer in range(loaded.n_layers)}
-            for det in dets}
+            for det in dets}, how
 
 
 MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
@@ -196,9 +198,11 @@ def analyze(
     timings["probes"] = time.perf_counter() - t
 
     per_example: dict[str, dict[int, torch.Tensor]] = {}
+    patterns = {}
     for name, probe in probes.items():
         t = time.perf_counter()
-        per_example.update(_run_probe(loaded, probe, [d for d in dets if d.probe == name], batch_size, progress, lazy))
+        scores, patterns[name] = _run_probe(loaded, probe, [d for d in dets if d.probe == name], batch_size, progress, lazy)
+        per_example.update(scores)
         timings[f"probe_{name}"] = time.perf_counter() - t
 
     syntax = None
@@ -224,6 +228,8 @@ def analyze(
     timings["explorer"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - started
     meta = _meta(loaded, dets, probes, seed, timings, batch_size)
+    for name, how in patterns.items():
+        meta["probes"][name]["patterns"] = how
     analysis = Analysis(scores=scores, labels=labels, meta=meta, examples=examples)
     if syntax is not None:
         _attach_syntax(analysis, syntax)

@@ -153,4 +153,20 @@ def test_analyze_lazy_equals_maps_and_computes_no_map(planted, monkeypatch):
         torch.testing.assert_close(torch.tensor(lazy.scores[column].values), torch.tensor(maps.scores[column].values),
                                    atol=1e-5, rtol=0)
     assert lazy.labels.label.tolist() == maps.labels.label.tolist()
+    assert {p["patterns"] for p in lazy.meta["probes"].values()} == {"lazy"}
+    assert {p["patterns"] for p in maps.meta["probes"].values()} == {"maps"}
     assert (lazy.labels.label != "none").sum() >= 6  # the planted heads are found on this path too
+
+
+def test_bf16_entries_stay_within_bf16_rounding(path):
+    """In bf16 the kernel's log-sum-exp comes from bf16 products; entries and entropy must still
+    match the explicit path (fp32 softmax of the same bf16 q, k) to bf16's resolution."""
+    q, k, v = (x.to(torch.bfloat16) for x in _qkv())
+    z, lazy = lazy_attention(q, k, v, is_causal=True)
+    _, pattern = attention(q, k, v, is_causal=True, need_pattern=True)
+    # The kernel's fp32 lse from bf16 products differs from an fp32 softmax by accumulation order
+    # only (measured 5e-5 on the entries, 6e-7 on the entropy); 1e-3 is far below bf16's own 4e-3.
+    bf16 = dict(atol=1e-3, rtol=0)
+    torch.testing.assert_close(lazy.diagonal(-1), pattern.diagonal(offset=-1, dim1=-2, dim2=-1), **bf16)
+    torch.testing.assert_close(lazy.column(0), pattern[..., 0], **bf16)
+    torch.testing.assert_close(lazy.entropy(), -torch.special.xlogy(pattern, pattern).sum(-1), **bf16)
