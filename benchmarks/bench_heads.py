@@ -1,7 +1,7 @@
 """Head-analysis benchmark on SmolLM2-135M: time and peak memory of headscope against the floors,
 the common practice (eager maps) and TransformerLens, on the same tokens, in one process.
 
-    python benchmarks/bench_heads.py                       # the default grid, CPU fp32
+    python benchmarks/bench_heads.py                       # the issue's grid: T 128-2048, B 1 and 8
     python benchmarks/bench_heads.py --seq-lens 1024 --batches 4 --repeats 3
     python benchmarks/bench_heads.py --device cuda --dtype bfloat16
 
@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import headscope  # noqa: E402
-from contenders import CONTENDERS  # noqa: E402
+from contenders import CONTENDERS, release  # noqa: E402
 from headscope.probes import repeated_probe, text_probe  # noqa: E402
 
 
@@ -115,8 +115,8 @@ def agreement(scores: dict, k: int = 5) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[128, 512, 1024])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[128, 512, 1024, 2048])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS))
     parser.add_argument("--device", default="cpu")
@@ -153,6 +153,7 @@ def main() -> None:
                 for _ in range(args.repeats):
                     for name in group:
                         runs[name].append(measure(_call(name, loaded, text, repeated, start), args.device))
+            release()  # the next configuration's peaks start without TransformerLens's weights
             for name in chosen:
                 row["contenders"][name] = {
                     "seconds": statistics.median(r[0] for r in runs[name]),

@@ -25,7 +25,7 @@ import headscope
 from headscope.detectors import induction, previous_token
 from headscope.probes import ProbeBatch, ProbeSet
 
-__all__ = ["CONTENDERS"]
+__all__ = ["CONTENDERS", "release"]
 
 
 @torch.no_grad()
@@ -73,6 +73,11 @@ def headscope_analyze(loaded, text, repeated, content_start):
 
 
 _BRIDGE = {}
+
+
+def release() -> None:
+    """Drop TransformerLens's copy of the weights, so it does not count in later peaks."""
+    _BRIDGE.clear()
 
 
 def _bridge(loaded):
