@@ -9,8 +9,8 @@ NAMES = ["a_sdpa", "a_eager", "b_eager_maps", "c_transformer_lens", "d_headscope
 def main(path: str = str(Path(__file__).parent / "results.jsonl")) -> None:
     print("| seq | batch | " + " | ".join(f"{n} s (GiB)" for n in NAMES) + " | d/a | d/a' | d/b | d/c | peak d/a | peak d/b |")
     print("|" + "---|" * (2 + len(NAMES) + 6))
-    for line in Path(path).read_text().splitlines():
-        row = json.loads(line)
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    for row in sorted(rows, key=lambda r: (r["seq_len"], r["batch"])):
         cells = []
         for name in NAMES:
             c = row["contenders"].get(name)
