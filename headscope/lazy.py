@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .kernel import causal_mask, expand_kv
+from .kernel import _combine, causal_mask, expand_kv
 
 __all__ = ["lazy_attention", "LazyPattern", "fused_lse_available", "BLOCK_BYTES"]
 
@@ -72,10 +72,8 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None):
     n_heads, n_query, n_key = q.shape[1], q.shape[-2], k.shape[-2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     is_causal = is_causal and n_query > 1
-    if is_causal and mask is not None:  # one mask holding both
-        hidden = ~causal_mask(n_query, n_key, q.device)
-        mask = (mask & ~hidden) if mask.dtype == torch.bool else _additive(mask, q.dtype).masked_fill(hidden, torch.finfo(q.dtype).min)
-        is_causal = False
+    if is_causal and mask is not None:  # one mask holding both, as the explicit path does
+        mask, is_causal = _combine(mask, causal_mask(n_query, n_key, q.device)), False
     additive = _additive(mask, q.dtype)
     if fused_lse_available(q.device) and v.shape[-1] == q.shape[-1]:
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
