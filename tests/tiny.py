@@ -5,13 +5,14 @@ FAMILIES = ("gpt2", "bert", "llama", "qwen2", "gpt_neox")
 VOCAB = 99
 
 
-def tiny_config(family: str):
+def tiny_config(family: str, positions: int = 64):
     import transformers as tf
 
     common = dict(vocab_size=VOCAB, hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
-                  intermediate_size=37, max_position_embeddings=64)
+                  intermediate_size=37, max_position_embeddings=positions)
     if family == "gpt2":
-        return tf.GPT2Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, n_embd=36, n_layer=2, n_head=3, n_positions=64,
+        return tf.GPT2Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, n_embd=36, n_layer=2, n_head=3,
+                             n_positions=positions,
                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     if family == "bert":
         return tf.BertConfig(**common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -24,12 +25,12 @@ def tiny_config(family: str):
     raise ValueError(family)
 
 
-def tiny_model(family: str, seed: int = 0):
+def tiny_model(family: str, seed: int = 0, positions: int = 64):
     """A model in eval mode with the default (SDPA) attention."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    config = tiny_config(family)
+    config = tiny_config(family, positions)
     cls = tf.BertModel if family == "bert" else tf.AutoModelForCausalLM
     model = cls.from_config(config) if cls is tf.AutoModelForCausalLM else cls(config)
     return model.eval()
