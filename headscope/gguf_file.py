@@ -137,9 +137,9 @@ def _raw_array(blob, table: TensorTable, entry: TensorEntry):
     if qtype in plain:
         count = int(np.prod(shape, dtype=np.int64))
         return np.frombuffer(blob, dtype=plain[qtype], count=count, offset=start).reshape(shape)
-    byte_shape = quant_shape_to_byte_shape(shape, qtype)
     if qtype not in GGML_QUANT_SIZES:
         raise ValueError(f"tensor {entry.name}: unsupported ggml type {qtype.name}")
+    byte_shape = quant_shape_to_byte_shape(shape, qtype)
     count = int(np.prod(byte_shape, dtype=np.int64))
     return np.frombuffer(blob, dtype=np.uint8, count=count, offset=start).reshape(byte_shape)
 
