@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import HeadscopeError
+from .hf.adapters import adapter_for, family_of
 
 __all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
 
@@ -174,7 +175,8 @@ def _is_causal_config(config) -> bool:
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         return True
-    return not archs and config.model_type not in ("bert", "roberta")
+    adapter = adapter_for(config)
+    return not archs and (adapter is None or adapter.causal)
 
 
 def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, device_map=None,
@@ -196,7 +198,6 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, device_
     """
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    from .hf.adapters import adapter_for
 
     where, extra = _locate(spec)
     torch_dtype = _resolve_dtype(dtype)
@@ -215,7 +216,7 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, device_
             config = AutoConfig.from_pretrained(where, **extra)
         except Exception as err:
             raise HeadscopeError(_load_error(spec, where, extra, local, err)) from None
-    family = adapter_for(config).family
+    family = family_of(config)
     causal = _is_causal_config(config)
     cls = AutoModelForCausalLM if causal else AutoModel
     try:
