@@ -76,8 +76,9 @@ def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) 
 
 @torch.no_grad()
 def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress], lazy: bool = True):
-    """Per-example scores {detector: {layer: [examples, head]}}, and how patterns were computed
-    ("lazy", "maps" or "maps, N heads at a time").
+    """Per-example scores {detector: {layer: [examples, head]}}, how patterns were computed
+    ("lazy", "maps" or "maps, N heads at a time"), and the layers whose heads have learned sink
+    logits (their pattern rows sum to less than 1).
 
     Under torchrun the batches are dealt across processes and the results gathered in order.
     """
@@ -102,9 +103,13 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
                 report(f"probe {probe.name}", n + 1, len(todo))
     per_batch = gather(done)  # [{layer: {detector: [batch, head]}}] in batch order
     how = "lazy" if lazy else ("maps" if chunk is None else f"maps, {chunk} heads at a time")
+    sink_layers = sorted(layer for layer, extras in cap.extras.items() if "sinks" in extras)
     return {det.name: {layer: torch.cat([b[layer][det.name] for b in per_batch]) for layer in range(loaded.n_layers)}
-            for det in dets}, how
+            for det in dets}, how, sink_layers
 
+
+SINK_NOTE = ("{n} of {total} layers have a learned sink logit per head: each pattern row sums to less than 1 (the "
+             "sink takes the rest), and every score reads the tokens' share only")
 
 MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
 
@@ -198,11 +203,12 @@ def analyze(
     timings["probes"] = time.perf_counter() - t
 
     per_example: dict[str, dict[int, torch.Tensor]] = {}
-    patterns = {}
+    patterns, sink_layers = {}, set()
     for name, probe in probes.items():
         t = time.perf_counter()
-        scores, patterns[name] = _run_probe(loaded, probe, [d for d in dets if d.probe == name], batch_size, progress, lazy)
+        scores, patterns[name], sinks = _run_probe(loaded, probe, [d for d in dets if d.probe == name], batch_size, progress, lazy)
         per_example.update(scores)
+        sink_layers.update(sinks)
         timings[f"probe_{name}"] = time.perf_counter() - t
 
     syntax = None
@@ -230,6 +236,8 @@ def analyze(
     meta = _meta(loaded, dets, probes, seed, timings, batch_size)
     for name, how in patterns.items():
         meta["probes"][name]["patterns"] = how
+    if sink_layers:
+        meta["notes"] = [SINK_NOTE.format(n=len(sink_layers), total=loaded.n_layers)]
     analysis = Analysis(scores=scores, labels=labels, meta=meta, examples=examples)
     if syntax is not None:
         _attach_syntax(analysis, syntax)

@@ -112,9 +112,11 @@ _QKV = Separate("q_proj", "k_proj", "v_proj")
 _BERT_QKV = Separate("self.query", "self.key", "self.value")
 
 ADAPTERS = (
-    Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "granite", "starcoder2"),
+    Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2"),
             layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
-            notes="GQA, rotary; Granite's attention_multiplier is its scale"),
+            notes="GQA, rotary, sliding windows where configured"),
+    Adapter("granite", ("granite",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), notes="attention_multiplier is the score scale"),
     Adapter("qwen3", ("qwen3", "qwen3_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), notes="per-head q/k RMSNorm before rotary"),
     Adapter("gemma2", ("gemma2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
