@@ -120,7 +120,8 @@ def attention(
     n_heads = q.shape[1]
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    explicit = need_pattern or on_scores is not None or on_pattern is not None or softcap is not None or sinks is not None
+    extras = softcap is not None or sinks is not None  # SDPA has neither
+    explicit = need_pattern or on_scores is not None or on_pattern is not None or extras
     if is_causal and mask is not None:
         mask = _combine(mask, causal_mask(q.shape[-2], k.shape[-2], q.device))
         is_causal = False

@@ -130,12 +130,12 @@ def _blockwise_stats(lazy: "LazyPattern", entropy: bool, values: Optional[torch.
 
 
 class LazyPattern:
-    """Entries and row statistics of softmax(q k^T * scale + mask), computed on demand.
+    """Entries and row statistics of softmax(cap(q k^T * scale) + mask), computed on demand.
 
     Built by `lazy_attention` from one layer's q `[batch, head, query, d_head]`, k
     `[batch, kv_head, key, d_head]`, the additive mask, the causal flag and the row
-    log-sum-exp (including the sink, if any), the soft-cap and the sinks; detectors read it through `headscope.detectors.base`'s `diagonal`, `column`,
-    `mass_on_targets` and `entropy`. Everything returned is fp32 and on q's device.
+    log-sum-exp (including the sink, if any), the soft-cap and the sinks; detectors read it
+    through `headscope.detectors.base`'s `diagonal`, `column`, `mass_on_targets` and `entropy`. Everything returned is fp32 and on q's device.
     """
 
     def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None, softcap=None, sinks=None):
@@ -234,7 +234,9 @@ class LazyPattern:
             # when the mask only adds 0 or hides (hidden keys have A = 0): one fused pass, keys as
             # values; A' is the pattern without the sink, W_i = exp(lse'_i - lse_i) its share.
             op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-            mean_key, keys_lse = op(q, k, k, 0.0, self.is_causal, attn_mask=self.additive, scale=self.scale)  # (B, H, Tq, D)
-            share = (keys_lse.float() - self.lse).exp()  # (B, H, Tq), 1 without a sink
-            return share * (self.lse - (q * mean_key).sum(-1) * self.scale)
+            mean_key, keys_lse = op(q, k, k, 0.0, self.is_causal, attn_mask=self.additive, scale=self.scale)
+            entropy = self.lse - (q * mean_key).sum(-1) * self.scale  # mean_key: (B, H, Tq, D)
+            if self.sinks is None:
+                return entropy
+            return (keys_lse.float() - self.lse).exp() * entropy  # the keys' share W_i, (B, H, Tq)
         return _blockwise_stats(self, entropy=True)[1]

@@ -166,7 +166,8 @@ def layer_map(model: nn.Module) -> dict[int, int]:
     if not type(model)._can_set_attn_implementation():
         raise HeadscopeError(
             f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')}) does not send attention through "
-            f"transformers' attention interface (_can_set_attn_implementation() is False), so headscope cannot run inside it"
+            f"transformers' attention interface (_can_set_attn_implementation() is False), so headscope cannot "
+            f"run inside it"
         )
     return {id(core): i for i, core in core_modules(model)}
 

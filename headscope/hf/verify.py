@@ -4,8 +4,8 @@
 `output_attentions=True`, records what every attention layer received (hidden states, mask,
 rotary tables) and what its output projection produced, then runs a `MultiHeadAttention` built
 with `from_hf` on exactly those inputs. Families whose adapter says from_hf is not available
-(multi-head latent attention, T5) and families without an adapter get a one-line HeadscopeError. It returns one row per layer: layer,
-max_abs_diff_output, max_abs_diff_pattern.
+(multi-head latent attention, T5) and families without an adapter get a one-line HeadscopeError.
+It returns one row per layer: layer, max_abs_diff_output, max_abs_diff_pattern.
 """
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
 
     blocks = attention_blocks(model)  # raises without an adapter
     adapter = adapter_for(model.config)
-    mine = {layer: MultiHeadAttention.from_hf(block, model.config) for layer, block in blocks}  # raises where unavailable
+    # Built first: from_hf raises where the family's adapter says it is not available.
+    mine = {layer: MultiHeadAttention.from_hf(block, model.config) for layer, block in blocks}
     received: dict[int, dict] = {}
     produced: dict[int, torch.Tensor] = {}
     handles = []
