@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import HeadscopeError
-from .hf.adapters import adapter_for, family_of
+from .hf.adapters import adapter_for, check_on_interface, family_of
 
 __all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
 
@@ -219,6 +219,8 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, device_
     family = family_of(config)
     causal = _is_causal_config(config)
     cls = AutoModelForCausalLM if causal else AutoModel
+    if type(config) in cls._model_mapping:  # refuse before loading weights that headscope cannot run
+        check_on_interface(cls._model_mapping[type(config)], config.model_type)
     try:
         kwargs = dict(extra, local_files_only=cached_only)
         if torch_dtype is not None:

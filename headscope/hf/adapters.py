@@ -13,6 +13,7 @@ Capture, ablation and analysis need no adapter: in a model of another family, th
 - `family_of(config)`: the adapter's family name, else the config's model type.
 - `attention_blocks(model)`: `[(layer, block)]` for every layer (needs an adapter).
 - `core_modules(model)`: `[(layer, module calling the attention interface)]`.
+- `check_on_interface(model_class, model_type)`: the one-line refusal for models that bypass it.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
 __all__ = ["Adapter", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
-           "discovered_cores", "out_projection", "head_sizes", "supported_families"]
+           "discovered_cores", "check_on_interface", "out_projection", "head_sizes", "supported_families"]
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,15 @@ def _needs_adapter(config) -> Adapter:
             f"need (capture, ablate and analyze work without one); adapters: {supported_families()}"
         )
     return adapter
+
+
+def check_on_interface(model_class: type, model_type: str) -> None:
+    """HeadscopeError naming the reason when a model class's attention bypasses the interface."""
+    if not model_class._can_set_attn_implementation():
+        raise HeadscopeError(
+            f"{model_class.__name__} ({model_type}) does not send attention through transformers' attention interface "
+            f"(_can_set_attn_implementation() is False), so headscope cannot run inside it"
+        )
 
 
 def _sub(module: nn.Module, path: str) -> nn.Module:

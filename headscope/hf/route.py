@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import HeadscopeError
 from ..kernel import attention, expand_kv, with_bias
 from ..lazy import lazy_attention
-from .adapters import core_modules
+from .adapters import check_on_interface, core_modules
 
 __all__ = ["IMPLEMENTATION", "Session", "routed"]
 
@@ -163,12 +163,7 @@ def _register() -> None:
 def layer_map(model: nn.Module) -> dict[int, int]:
     """`{id(core module): layer}` for a model whose attention goes through the interface;
     HeadscopeError naming the reason otherwise."""
-    if not type(model)._can_set_attn_implementation():
-        raise HeadscopeError(
-            f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')}) does not send attention through "
-            f"transformers' attention interface (_can_set_attn_implementation() is False), so headscope cannot "
-            f"run inside it"
-        )
+    check_on_interface(type(model), getattr(model.config, "model_type", "?"))
     return {id(core): i for i, core in core_modules(model)}
 
 
