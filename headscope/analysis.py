@@ -1,6 +1,7 @@
 """The result of `headscope.analyze`: per-head scores, labels, metadata and example patterns.
 
-- `Analysis`: `.scores` (layer, head, detector, score, ci_low, ci_high, n), `.labels` (layer,
+- `Analysis`: `.scores` (layer, head, detector, score, ci_low, ci_high, n, control,
+  control_max: the control model's score for the head and its best over heads), `.labels` (layer,
   head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), `.syntax`
   (per-relation scores, when the syntactic detector ran) and `.validation` (what ablating each
   label's heads did, when `headscope.validate` ran).
@@ -24,7 +25,7 @@ import numpy as np
 
 __all__ = ["Analysis", "Example", "atomic_dir"]
 
-SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n"]
+SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
 LABEL_COLUMNS = ["layer", "head", "label", "score", "labels"]
 SYNTAX_COLUMNS = ["layer", "head", "relation", "direction", "accuracy", "baseline", "n"]
 
@@ -156,7 +157,7 @@ class Analysis:
     def write_into(self, folder: Path) -> None:
         """Write the analysis files into an existing folder (no atomicity of its own)."""
         folder = Path(folder)
-        self.scores[SCORE_COLUMNS].to_csv(folder / "scores.csv", index=False)
+        self.scores.reindex(columns=SCORE_COLUMNS).to_csv(folder / "scores.csv", index=False)
         self.labels[LABEL_COLUMNS].to_csv(folder / "labels.csv", index=False)
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
         (folder / "examples.json").write_text(json.dumps([e.to_json() for e in self.examples]))
@@ -181,6 +182,9 @@ class Analysis:
             raise HeadscopeError(f"{folder} is not a headscope analysis (missing {', '.join(missing)})")
         try:
             scores = pd.read_csv(folder / "scores.csv")
+            for column in ("control", "control_max"):  # analyses saved before controls existed
+                if column not in scores:
+                    scores[column] = float("nan")
             labels = pd.read_csv(folder / "labels.csv", keep_default_na=False)
             meta = json.loads((folder / "meta.json").read_text())
             examples_file = folder / "examples.json"

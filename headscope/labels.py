@@ -1,59 +1,91 @@
 """Turning detector scores into one label per head.
 
-A head passes a detector when its mean score is at least the detector's threshold. Among the
-detectors it passes, its label is the one passed most clearly, measured as the share of the
-way from the threshold to a perfect score: clarity = (score - threshold) / (1 - threshold).
-"sink" and "uniform" are resting behaviours: a head that passes a detector of the repeated-token
-probe (induction, duplicate-token) and rests on the first token of natural text (as LLM
-induction heads do on text without repeats) is labelled by the repeated-token one. On natural
-text (the text and treebank probes) the clearest wins, so a sink head stays a sink even if the
-little attention it has left happens to follow syntax. When the two clearest candidates differ by
-less than `MIXED_MARGIN` the label is "mixed"; when the head passes nothing it is "none".
-Every passing detector is listed in `labels` (";"-joined), clearest first.
+A head passes a detector when its value reaches the detector's threshold, the value being the
+mean score (``gate="score"``) or, for detectors whose score is itself a held-out estimate (the
+syntactic detector), its 95% CI lower bound (``gate="ci_low"``). A detector that claims a
+*learned* behaviour (every built-in one but sink and uniform) also needs the head's CI lower
+bound to be above ``control_max``, the best score any head of the untrained control model
+reaches on the same probes (``headscope.control``): a max-statistic rule, so a head of an
+untrained network of the same shape passes only by beating all L x H heads of another one,
+and with the lower bound rather than the mean it is conservative. Without a control
+(``control_max`` missing or NaN) only the threshold applies.
+
+Among the detectors a head passes, its label is the one passed most clearly, measured as the
+share of the way from the threshold to a perfect score: clarity = (value - threshold) /
+(1 - threshold). "sink" and "uniform" are resting behaviours: a head that passes a detector of
+the repeated-token probe (induction, duplicate-token) and rests on the first token of natural
+text (as LLM induction heads do on text without repeats) is labelled by the repeated-token one.
+On natural text (the text and treebank probes) the clearest wins, so a sink head stays a sink
+even if the little attention it has left happens to follow syntax. When the two clearest
+candidates differ in clarity by less than `MIXED_MARGIN` the label is "mixed"; when the head
+passes nothing it is "none". Every passing detector is listed in `labels` (";"-joined),
+clearest first. A label's `score` is the detector's score (mean or held-out margin).
 """
 from __future__ import annotations
 
-__all__ = ["label_heads", "MIXED_MARGIN", "RESTING"]
+import math
+
+__all__ = ["label_heads", "passes", "MIXED_MARGIN", "RESTING"]
 
 MIXED_MARGIN = 0.05
 RESTING = frozenset({"sink", "uniform"})
 
 
-def label_heads(scores, thresholds: dict[str, float], probes: dict[str, str] | None = None,
-                names: dict | None = None):
+def passes(rule, score: float, ci_low: float, control_max: float) -> bool:
+    """Whether one head's scores earn a detector's label (see the module docstring).
+
+    Args:
+        rule: the detector (threshold, learned, gate).
+        score, ci_low: the head's score and the lower bound of its 95% CI.
+        control_max: the control model's best score for this detector (NaN: no control).
+    """
+    value = ci_low if rule.gate == "ci_low" else score
+    if not value >= rule.threshold:  # NaN never passes
+        return False
+    if rule.learned and not math.isnan(control_max):
+        return ci_low > control_max
+    return True
+
+
+def label_heads(scores, rules: dict, names: dict | None = None):
     """One row per head: layer, head, label, score, labels.
 
     Args:
-        scores: DataFrame with layer, head, detector, score.
-        thresholds: detector -> threshold.
-        probes: detector -> probe name; detectors on "repeated" outrank resting behaviours.
+        scores: DataFrame with layer, head, detector, score and, when there was a control,
+            ci_low and control_max.
+        rules: detector name -> the detector (threshold, probe, learned, gate); detectors
+            on the "repeated" probe outrank resting behaviours.
         names: {(layer, head, detector): label} to show instead of the detector name
             (e.g. "syntactic:obj").
     Returns:
         pandas DataFrame sorted by layer and head.
     """
-    probes = probes or {}
-    names = names or {}
     import pandas as pd
 
-    by_head: dict[tuple[int, int], list[tuple[str, float]]] = {}  # plain dicts: pandas groupby cost 90 ms
-    for layer, head, det, score in zip(scores["layer"].tolist(), scores["head"].tolist(), scores["detector"].tolist(),
-                                       scores["score"].tolist()):
-        by_head.setdefault((int(layer), int(head)), []).append((det, float(score)))
+    names = names or {}
+    nan = [float("nan")] * len(scores)
+    low = scores["ci_low"].tolist() if "ci_low" in scores else nan
+    ceiling = scores["control_max"].tolist() if "control_max" in scores else nan
+    by_head: dict[tuple[int, int], list[tuple]] = {}  # plain dicts: pandas groupby cost 90 ms
+    for layer, head, det, score, ci_low, control_max in zip(
+            scores["layer"].tolist(), scores["head"].tolist(), scores["detector"].tolist(), scores["score"].tolist(),
+            low, ceiling):
+        by_head.setdefault((int(layer), int(head)), []).append((det, float(score), float(ci_low), float(control_max)))
     rows = []
     for (layer, head), group in sorted(by_head.items()):
         passing = []
-        for det, score in group:
-            threshold = thresholds[det]
-            if score == score and score >= threshold:  # NaN never passes
-                clarity = (score - threshold) / max(1e-9, 1 - threshold)
-                passing.append((clarity, names.get((layer, head, det), det), float(score), det))
+        for det, score, ci_low, control_max in group:
+            rule = rules[det]
+            if passes(rule, score, ci_low, control_max):
+                value = ci_low if rule.gate == "ci_low" else score
+                clarity = (value - rule.threshold) / max(1e-9, 1 - rule.threshold)
+                passing.append((clarity, names.get((layer, head, det), det), score, det))
         passing.sort(reverse=True)
         resting = any(p[3] in RESTING for p in passing)
-        repeated = [p for p in passing if probes.get(p[3]) == "repeated" and p[3] not in RESTING]
+        repeated = [p for p in passing if rules[p[3]].probe == "repeated" and p[3] not in RESTING]
         candidates = repeated if resting and repeated else passing
         if not candidates:
-            known = [score for _, score in group if score == score]
+            known = [score for _, score, _, _ in group if score == score]
             label, score = "none", max(known) if known else float("nan")
         elif len(candidates) > 1 and candidates[0][0] - candidates[1][0] < MIXED_MARGIN:
             label, score = "mixed", candidates[0][2]

@@ -72,6 +72,29 @@ class Loaded:
     family: str
     causal: bool
 
+    @classmethod
+    def from_model(cls, model, tokenizer, name: Optional[str] = None) -> "Loaded":
+        """Wrap a model already in memory (fine-tuned in a notebook, say) for analysis.
+
+        Args:
+            model: a transformers model of a supported family.
+            tokenizer: its (fast) tokenizer.
+            name: what reports call it (default: the config's name_or_path, else the class).
+        Returns:
+            A `Loaded`; family from the config, causal from the class (``...ForCausalLM``,
+            ``...LMHeadModel``) or the config. The model is put in eval mode.
+        """
+        from .hf.adapters import adapter_for
+
+        config = getattr(model, "config", None)
+        if config is None:
+            raise HeadscopeError(f"{type(model).__name__} is not a transformers model (it has no config)")
+        family = adapter_for(config).family
+        cls_name = type(model).__name__
+        causal = cls_name.endswith(("ForCausalLM", "LMHeadModel")) or _is_causal_config(config)
+        name = name or getattr(config, "name_or_path", "") or cls_name
+        return cls(model=model.eval(), tokenizer=tokenizer, name=name, family=family, causal=causal)
+
     @property
     def device(self):
         """Where inputs go: the execution device of the first layer (CPU for disk offload)."""

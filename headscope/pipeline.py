@@ -6,8 +6,10 @@ computed and never stored (only a few short explorer examples keep their maps). 
 detector of a probe reads the pattern only through a `LazyPattern`'s entries and row
 statistics (all built-in pattern detectors do), the layer runs the fused kernel and the map is
 never computed either (`lazy=True`, the default). Scores are the
-mean over probe examples with a 95% percentile-bootstrap interval (`headscope.stats`); labels
-follow `headscope.labels`.
+mean over probe examples with a 95% percentile-bootstrap interval (`headscope.stats`). The
+same batches also run through a control model, an untrained twin (`headscope.control`), whose
+score for the same head (`control`) and best score over heads (`control_max`) join the table;
+labels follow `headscope.labels`.
 """
 from __future__ import annotations
 
@@ -20,10 +22,13 @@ import torch
 
 from . import __version__
 from .analysis import Analysis, Example
+from .control import resolve_control
 from .errors import HeadscopeError
 from .hf.capture import capture
 from .labels import label_heads
 from .probes import ProbeSet, repeated_probe, text_probe
+from .syntax import run_syntax
+from .syntax.crossfit import NotEnoughArcs
 
 __all__ = ["analyze", "Progress"]
 
@@ -48,14 +53,18 @@ def _check_args(loaded, names, n_examples, batch_size):
 
 
 def _read_treebank(treebank):
-    """None -> the bundled treebank; a path -> its sentences; a list -> itself."""
+    """(sentences, meta): None -> the bundled treebank; a path -> its sentences; a list -> itself."""
     from .treebank import bundled_treebank, read_conllu
 
     if treebank is None:
-        return bundled_treebank()
+        sentences = bundled_treebank()
+        natural = sum(s.sent_id.startswith("nat-") for s in sentences)
+        return sentences, {"source": "bundled", "n_sentences": len(sentences), "natural": natural}
     if isinstance(treebank, (str, os.PathLike)):
-        return read_conllu(treebank)
-    return list(treebank)
+        sentences = read_conllu(treebank)
+        return sentences, {"source": str(treebank), "n_sentences": len(sentences), "natural": None}
+    sentences = list(treebank)
+    return sentences, {"source": "sentences given in Python", "n_sentences": len(sentences), "natural": None}
 
 
 def _check_lengths(loaded, probes: dict[str, ProbeSet]) -> None:
@@ -75,7 +84,8 @@ def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) 
 
 
 @torch.no_grad()
-def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress], lazy: bool = True):
+def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress], lazy: bool = True,
+               stage: Optional[str] = None):
     """Per-example scores {detector: {layer: [examples, head]}}, how patterns were computed
     ("lazy", "maps" or "maps, N heads at a time"), and the layers whose heads have learned sink
     logits (their pattern rows sum to less than 1).
@@ -87,8 +97,9 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
     batches = probe.batches(batch_size, loaded.causal, loaded.device)
     todo = [i for i in range(len(batches)) if mine(i)]
     report = progress if rank_and_size()[0] == 0 else None
+    stage = stage or f"probe {probe.name}"
     if report:
-        report(f"probe {probe.name}", 0, len(todo))
+        report(stage, 0, len(todo))
     done = []
     first = batches[0].input_ids if batches else None
     lazy = lazy and all(d.lazy for d in dets)
@@ -100,7 +111,7 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
             loaded.body(input_ids=batches[i].input_ids, attention_mask=batches[i].attention_mask.long())
             done.append((i, {layer: results.pop() for layer, results in cap.results.items()}))
             if report:
-                report(f"probe {probe.name}", n + 1, len(todo))
+                report(stage, n + 1, len(todo))
     per_batch = gather(done)  # [{layer: {detector: [batch, head]}}] in batch order
     how = "lazy" if lazy else ("maps" if chunk is None else f"maps, {chunk} heads at a time")
     sink_layers = sorted(layer for layer, extras in cap.extras.items() if "sinks" in extras)
@@ -162,6 +173,7 @@ def analyze(
     validate: bool = False,
     progress: Optional[Progress] = None,
     lazy: bool = True,
+    control="random-init",
 ) -> Analysis:
     """Score every head of a loaded model.
 
@@ -187,6 +199,11 @@ def analyze(
         lazy: score from the fused kernel's output and row log-sum-exp where every detector of
             a probe allows it (no map is computed); False computes each layer's full map, the
             reference path (same scores to float rounding, slower).
+        control: "random-init" (default): score the same probes on a twin with the same config
+            and tokenizer and seeded random weights (skipped, and said so in `meta["control"]`,
+            when it would not fit in memory); None or "none": no control; or a `Loaded` to use
+            as the control. Learned-behaviour labels need the head's CI lower bound above the
+            control's best head (`headscope.labels`).
     Returns:
         An `Analysis`.
     """
@@ -194,7 +211,10 @@ def analyze(
     dets = _check_args(loaded, detectors, n_examples, batch_size)
     timings = {}
     t = time.perf_counter()
-    sentences = _read_treebank(treebank) if any(d.probe == "treebank" for d in dets) else None
+    twin, control_meta = resolve_control(loaded, control, seed)
+    timings["control_init"] = time.perf_counter() - t
+    t = time.perf_counter()
+    sentences, treebank_meta = _read_treebank(treebank) if any(d.probe == "treebank" for d in dets) else (None, None)
     pattern_dets = [d for d in dets if d.probe != "treebank"]
     given = probes or {}
     built = _build_probes(loaded, [d for d in pattern_dets if d.probe not in given], n_examples, seq_len, repeat_len, repeats, seed)
@@ -203,37 +223,60 @@ def analyze(
     timings["probes"] = time.perf_counter() - t
 
     per_example: dict[str, dict[int, torch.Tensor]] = {}
+    control_per_example: dict[str, dict[int, torch.Tensor]] = {}
     patterns, sink_layers = {}, set()
     for name, probe in probes.items():
         t = time.perf_counter()
-        scores, patterns[name], sinks = _run_probe(loaded, probe, [d for d in dets if d.probe == name], batch_size, progress, lazy)
+        probe_dets = [d for d in dets if d.probe == name]
+        scores, patterns[name], sinks = _run_probe(loaded, probe, probe_dets, batch_size, progress, lazy)
         per_example.update(scores)
         sink_layers.update(sinks)
         timings[f"probe_{name}"] = time.perf_counter() - t
+        if twin is not None:
+            t = time.perf_counter()
+            scores, _, _ = _run_probe(twin, probe, probe_dets, batch_size, progress, lazy,
+                                      stage=f"probe {name} (control)")
+            control_per_example.update(scores)
+            timings[f"probe_{name}_control"] = time.perf_counter() - t
 
     syntax = None
+    skipped_syntax = None
     if sentences is not None:
-        from .syntax import run_syntax
-
         t = time.perf_counter()
-        syntax = run_syntax(loaded, sentences, batch_size=batch_size, progress=progress, seed=seed,
-                            max_sentences=n_sentences)
+        try:
+            syntax = run_syntax(loaded, sentences, batch_size=batch_size, progress=progress, seed=seed,
+                                max_sentences=n_sentences, control=twin)
+        except NotEnoughArcs as err:
+            if detectors is not None or treebank is not None:  # asked for: say why it cannot run
+                raise
+            # Among the defaults (a model with a short context, say) it is left out and said so.
+            dets = [d for d in dets if d.probe != "treebank"]
+            skipped_syntax = f"syntactic detector skipped: {err}"
         timings["probe_treebank"] = time.perf_counter() - t
 
     t = time.perf_counter()
     scores = _score_table(per_example, pattern_dets, loaded.n_layers, loaded.n_heads, seed)
+    if twin is not None:
+        scores = _with_control(scores, _score_table(control_per_example, pattern_dets, loaded.n_layers, loaded.n_heads, seed))
+    else:
+        scores = scores.assign(control=float("nan"), control_max=float("nan"))
     names = {}
     if syntax is not None:
         rows = syntax.head_scores
         scores = pd.concat([scores, rows[list(scores.columns)]], ignore_index=True)
         names = {(l, h, "syntactic"): f"syntactic:{r}" for l, h, r in zip(rows["layer"], rows["head"], rows["relation"])}
-    labels = label_heads(scores, {d.name: d.threshold for d in dets}, {d.name: d.probe for d in dets}, names)
+    labels = label_heads(scores, {d.name: d for d in dets}, names)
     timings["statistics"] = time.perf_counter() - t
     t = time.perf_counter()
     examples = _explorer_examples(loaded, probes, explorer_examples, explorer_len) if explorer_examples else []
     timings["explorer"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - started
     meta = _meta(loaded, dets, probes, seed, timings, batch_size)
+    meta["control"] = control_meta
+    if treebank_meta is not None:
+        meta["treebank"] = treebank_meta
+    if skipped_syntax:
+        meta["syntax_notes"] = [skipped_syntax]
     for name, how in patterns.items():
         meta["probes"][name]["patterns"] = how
     if sink_layers:
@@ -261,6 +304,14 @@ def _attach_syntax(analysis: Analysis, syntax) -> None:
     meta["syntax_best"] = syntax.best.to_dict(orient="records")
     meta["syntax_notes"] = list(syntax.notes)
     analysis.syntax = syntax.table
+
+
+def _with_control(scores, control):
+    """Add the control's score for the same head and detector, and its best over heads."""
+    keyed = control.set_index(["layer", "head", "detector"]).score
+    best = control.groupby("detector").score.max()
+    same = [keyed.get((l, h, d), float("nan")) for l, h, d in zip(scores.layer, scores["head"], scores.detector)]
+    return scores.assign(control=same, control_max=scores.detector.map(best).astype(float))
 
 
 def _score_table(per_example, dets, n_layers, n_heads, seed):

@@ -3,7 +3,7 @@
 Offers:
     Sentence            -- one sentence: words, 1-based heads (0 = root), UD relations, spacing.
     read_conllu         -- read a CoNLL-U file; multiword-token ranges and empty nodes are skipped.
-    bundled_treebank    -- the English treebank shipped in ``probes/syntax`` (generated + natural).
+    bundled_treebank    -- the English treebank shipped in ``probes/syntax`` (natural sentences).
     validate_sentences  -- one root, no cycles, heads in range, UD relation names.
     TreebankError       -- a missing, unreadable, malformed or invalid treebank (one-line message).
     UD_RELATIONS        -- the 37 universal relations of UD v2; ``x:y`` is valid when ``x`` is one.
@@ -26,7 +26,8 @@ UD_RELATIONS = frozenset("""acl advcl advmod amod appos aux case cc ccomp clf co
     csubj dep det discourse dislocated expl fixed flat goeswith iobj list mark nmod nsubj nummod obj
     obl orphan parataxis punct reparandum root vocative xcomp""".split())
 
-BUNDLED_FILES = ("generated.conllu", "natural.conllu")
+# Natural English written for headscope and annotated by hand, by register (see probes/syntax/README.md).
+BUNDLED_FILES = ("natural.conllu", "natural-a.conllu", "natural-b.conllu", "natural-c.conllu")
 
 _WORD_ID = re.compile(r"[1-9][0-9]*")
 _RANGE_ID = re.compile(r"([1-9][0-9]*)-([1-9][0-9]*)")
@@ -48,6 +49,7 @@ class Sentence:
     heads: tuple[int, ...]  # 1-based index of each word's syntactic head, 0 = root
     relations: tuple[str, ...]  # UD relation per word, subtypes kept ("nmod:poss")
     space_after: tuple[bool, ...]  # False where MISC has SpaceAfter=No
+    upos: tuple[str, ...] = ()  # universal part of speech per word ("_" unknown); () when not given
 
     @property
     def text(self) -> str:
@@ -103,9 +105,10 @@ def bundled_treebank() -> list[Sentence]:
     """The English treebank that ships with headscope, validated.
 
     Returns:
-        The sentences of ``probes/syntax/generated.conllu`` (``gen-N``, from ``grammar.py``)
-        followed by ``probes/syntax/natural.conllu`` (``nat-N``, annotated by hand), UD v2 in
-        EWT conventions.
+        The sentences of ``probes/syntax/natural*.conllu`` (``nat-...``): natural English written
+        for headscope in nine registers and annotated by hand in UD v2, EWT conventions. The
+        grammar-generated sentences of earlier versions are opt-in
+        (``tools/grammar/generated.conllu``, pass it as a treebank).
     """
     return list(_bundled())
 
@@ -233,7 +236,7 @@ def _blocks(path: Path, lines: list[str]) -> list[list[tuple[int, str]]]:
 
 def _sentence(tokens, default_id: str) -> Sentence:
     """A Sentence from a conllu TokenList, keeping syntactic words only."""
-    words, heads, relations, spaces = [], [], [], []
+    words, heads, relations, spaces, upos = [], [], [], [], []
     range_end, range_space = 0, True
     for token in tokens:
         token_id = token["id"]
@@ -244,6 +247,7 @@ def _sentence(tokens, default_id: str) -> Sentence:
         words.append(token["form"])
         heads.append(token["head"])
         relations.append(token["deprel"])
+        upos.append(token.get("upos") or "_")
         if token_id < range_end:
             spaces.append(False)
         elif token_id == range_end:
@@ -251,7 +255,7 @@ def _sentence(tokens, default_id: str) -> Sentence:
         else:
             spaces.append(_space_after(token))
     sent_id = tokens.metadata.get("sent_id") or default_id
-    return Sentence(sent_id, tuple(words), tuple(heads), tuple(relations), tuple(spaces))
+    return Sentence(sent_id, tuple(words), tuple(heads), tuple(relations), tuple(spaces), tuple(upos))
 
 
 def _space_after(token) -> bool:

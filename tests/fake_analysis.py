@@ -176,7 +176,8 @@ def _syntax(rng, plan):
         rows += rel_rows
         layer, head, _, direction, accuracy, _, _ = max(rel_rows, key=lambda t: t[4])
         best.append({"relation": relation, "layer": layer, "head": head, "direction": direction,
-                     "accuracy": accuracy, "baseline_offset": -1 if r % 2 else 1,
-                     "baseline_accuracy": baseline, "n": n})
+                     "accuracy": accuracy, "baseline_kind": "offset -1" if r % 2 else "first word",
+                     "baseline_accuracy": baseline, "held_out_margin": accuracy - baseline - 0.01,
+                     "significant": accuracy - baseline > 0.2, "n": n})
     frame = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "accuracy", "baseline", "n"])
     return frame, best

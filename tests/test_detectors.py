@@ -150,10 +150,29 @@ def test_labels_mixed_none_and_resting():
         (0, 3, "sink", 0.7), (0, 3, "self", 0.1),
     ]
     scores = pd.DataFrame(rows, columns=["layer", "head", "detector", "score"])
-    probes = {"induction": "repeated", "sink": "text", "previous_token": "text", "self": "text"}
-    labels = label_heads(scores, thresholds, probes).set_index("head")
+    rules = {name: detectors.get(name) for name in thresholds}
+    assert {name: rule.threshold for name, rule in rules.items()} == thresholds
+    labels = label_heads(scores, rules).set_index("head")
     assert labels.label.tolist() == ["induction", "mixed", "none", "sink"]
     assert labels.labels[0] == "sink;induction" and labels.labels[2] == ""  # clearest first
+
+
+def test_learned_labels_need_their_ci_above_the_control():
+    # previous_token (learned, threshold 0.5): the lower bound must beat the control's best head.
+    # sink (resting): descriptive, the control does not gate it.
+    # syntactic (gate "ci_low"): the CI lower bound itself must reach the threshold 0.10.
+    rows = [
+        (0, 0, "previous_token", 0.80, 0.70, 0.60),  # 0.70 > 0.60 -> passes
+        (0, 1, "previous_token", 0.80, 0.55, 0.60),  # mean passes, lower bound under the control
+        (0, 2, "previous_token", 0.80, 0.55, float("nan")),  # no control: the threshold alone
+        (0, 3, "sink", 0.90, 0.20, 0.95),  # resting: control ignored
+        (0, 4, "syntactic", 0.15, 0.11, 0.0),  # lower bound >= 0.10 -> passes
+        (0, 5, "syntactic", 0.15, 0.09, 0.0),  # margin 0.15 but lower bound 0.09 -> fails
+    ]
+    scores = pd.DataFrame(rows, columns=["layer", "head", "detector", "score", "ci_low", "control_max"])
+    rules = {name: detectors.get(name) for name in ("previous_token", "sink", "syntactic")}
+    labels = label_heads(scores, rules, {(0, 4, "syntactic"): "syntactic:det"}).set_index("head").label
+    assert labels.tolist() == ["previous_token", "none", "previous_token", "sink", "syntactic:det", "none"]
 
 
 def test_random_init_model_has_no_induction_head(tmp_path):
@@ -193,7 +212,11 @@ def test_explorer_examples_hold_real_patterns(planted_analysis):
 def test_meta_records_what_was_run(planted_analysis):
     meta = planted_analysis.meta
     assert meta["n_layers"] == 2 and meta["n_heads"] == 4 and meta["causal"] is True
-    assert set(meta["detectors"]) == set(detectors.defaults(causal=True))
+    # 48 positions: too few treebank sentences fit for 30 arcs per half, so the syntactic
+    # detector is left out of the defaults, and meta says why.
+    assert set(meta["detectors"]) == set(detectors.defaults(causal=True)) - {"syntactic"}
+    assert meta["syntax_notes"][0].startswith("syntactic detector skipped: no relation has at least 30 scored arcs")
+    assert meta["control"]["kind"] == "random-init" and meta["control"]["seed"] == 1_000_003
     assert meta["detectors"]["induction"]["threshold"] == 0.4
     assert meta["probes"]["repeated"]["seq_len"] == 41 and meta["probes"]["text"]["n_examples"] == 8
     assert meta["timings"]["total"] > 0 and "torch" in meta["versions"]
@@ -204,7 +227,8 @@ def test_seed_reproducible_and_progress_reported(planted):
     a = analyze(planted, detectors=["previous_token"], seed=3, progress=lambda *s: seen.append(s), **SMALL)
     b = analyze(planted, detectors=["previous_token"], seed=3, **SMALL)
     pd.testing.assert_frame_equal(a.scores, b.scores)
-    assert seen == [("probe text", 0, 1), ("probe text", 1, 1)]
+    assert seen == [("probe text", 0, 1), ("probe text", 1, 1), ("probe text (control)", 0, 1),
+                    ("probe text (control)", 1, 1)]
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -238,7 +262,7 @@ def test_detectors_called_on_a_loaded_model_and_on_captured_patterns(planted):
     from headscope.detectors import induction, previous_token
 
     table = induction(planted, **SMALL)
-    assert list(table.columns) == ["layer", "head", "detector", "score", "ci_low", "ci_high", "n"]
+    assert list(table.columns) == ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
     assert table.set_index(["layer", "head"]).score[(1, 0)] > 0.99
     text_ids = planted.tokenizer("the cat sat on the mat. the cat sat on the mat.", return_tensors="pt")["input_ids"]
     ids = torch.cat([torch.tensor([[planted.tokenizer.bos_token_id]]), text_ids], dim=1)

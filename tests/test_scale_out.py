@@ -81,10 +81,12 @@ def test_a_dying_rank_leaves_no_report_and_is_named(model_dir, tmp_path):
 
 def test_device_map_split_gives_the_same_scores(model_dir, tmp_path):
     kw = dict(n_examples=4, seq_len=40, repeat_len=10, repeats=4)
-    whole = analyze(headscope.load(model_dir, device="cpu"), **kw)
+    whole = analyze(headscope.load(model_dir, device="cpu"), **kw, control=None)
     split = headscope.load(model_dir, device_map=SPLIT, offload_folder=str(tmp_path / "offload"))
     assert split.model.hf_device_map["transformer.h.1"] == "disk"
-    parted = analyze(split, **kw)
+    # A model spread over devices gets no random twin by default (it would need as much memory).
+    assert "spread over devices" in analyze(split, **kw, detectors=["sink"]).meta["control"]["note"]
+    parted = analyze(split, **kw, control=None)
     pd.testing.assert_frame_equal(whole.scores, parted.scores)
     pd.testing.assert_frame_equal(whole.labels, parted.labels)
 

@@ -5,8 +5,9 @@ import torch
 from headscope.errors import HeadscopeError
 from headscope.loading import Loaded
 from headscope.syntax import MIN_ARCS, THRESHOLD, run_syntax
-from headscope.syntax.margins import head_scores
-from headscope.syntax.scoring import (accuracy_table, best_heads, collect_arcs, offset_baseline, predicted_partners,
+from headscope.syntax.baselines import PREDICTORS, predictor_hits
+from headscope.syntax.crossfit import NotEnoughArcs, score_arcs
+from headscope.syntax.scoring import (arc_hits, best_heads, collect_arcs, offset_baseline, predicted_partners,
                                       word_attention)
 from headscope.treebank import Sentence, bundled_treebank
 
@@ -143,39 +144,123 @@ def _planted_predictions(sentences):
     return predicted_partners(words, present)[:, None]  # (S, 1, 2, W)
 
 
+def _score(sentences, predictions, causal, control=None, **kwargs):
+    arcs = collect_arcs(sentences, causal)
+    pieces = [[1] * len(s.words) for s in sentences]
+    hits = predictor_hits(arcs, sentences, pieces)
+    control_hits = None if control is None else arc_hits(control, arcs).flatten(1)
+    kwargs.setdefault("min_arcs", MIN_ARCS)
+    table, heads = score_arcs(arc_hits(predictions, arcs).flatten(1), arcs, len(sentences), predictions.shape[1:3],
+                              hits, control_hits, **kwargs)
+    return arcs, hits, table, heads
+
+
+def test_position_only_predictors_worked_example():
+    # The big dog barks .   pieces 1 3 1 2 1; UPOS DET ADJ NOUN VERB PUNCT
+    sentence = Sentence("p", ("The", "big", "dog", "barks", "."), (3, 3, 4, 0, 4),
+                        ("det", "amod", "nsubj", "root", "punct"), (True,) * 5, ("DET", "ADJ", "NOUN", "VERB", "PUNCT"))
+    arcs = collect_arcs([sentence], causal=False)
+    hits = predictor_hits(arcs, [sentence], [[1, 3, 1, 2, 1]])
+    column = {name: i for i, name in enumerate(PREDICTORS)}
+    named = {}
+    for a in range(len(arcs.sentence)):
+        key = (int(arcs.attending[a]), int(arcs.partner[a]))
+        named[key] = {name for name, i in column.items() if hits[a, i]}
+    # The -> dog: 2 to the right (the next content word after "The" is "big")
+    assert named[(0, 2)] == {"offset +2"}
+    # dog -> The: the first word, 2 to the left
+    assert named[(2, 0)] == {"offset -2", "first word"}
+    # big -> dog: next content word, +1; dog -> big: previous content word, most pieces, -1
+    assert named[(1, 2)] == {"offset +1", "next content word"}
+    assert named[(2, 1)] == {"offset -1", "previous content word", "most pieces"}
+    # dog -> barks: last word ("." is punctuation), next content word, +1
+    assert named[(2, 3)] == {"offset +1", "last word", "next content word"}
+    # barks -> dog: -1, previous content word, and the last word other than barks itself;
+    # most pieces from barks is "big" (3)
+    assert named[(3, 2)] == {"offset -1", "previous content word", "last word"}
+    # Without UPOS the content-word predictors never fire.
+    bare = Sentence("q", sentence.words, sentence.heads, sentence.relations, sentence.space_after)
+    bare_hits = predictor_hits(collect_arcs([bare], causal=False), [bare], [[1, 3, 1, 2, 1]])
+    assert not bare_hits[:, column["previous content word"]].any()
+    assert not bare_hits[:, column["next content word"]].any()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_planted_gold_head_and_offset_head(causal):
     sentences = bundled_treebank()
     predictions = _planted_predictions(sentences)
-    arcs = collect_arcs(sentences, causal)
-    table = accuracy_table(predictions, arcs)
+    arcs, hits, table, heads = _score(sentences, predictions, causal, n_resamples=200)
     gold = table[(table["head"] == 0) & (table.direction == "dep->head")]
-    frequent = gold[gold.n >= MIN_ARCS]
+    frequent = gold[gold.n >= 2 * MIN_ARCS]
     assert len(frequent) >= (6 if causal else 15)
     assert (frequent.accuracy == 1.0).all()
-    # Where -1 is the best offset (mostly head->dep: det, amod, nsubj ...) head 1 is the baseline.
-    offset = table[(table["head"] == 1) & (table.baseline_offset == -1) & (table.n >= MIN_ARCS)]
-    assert len(offset) >= 5
-    assert (offset.accuracy - offset.baseline).abs().max() < 1e-6  # exactly the baseline
+    # baseline = the best position-only predictor on the same arcs (no control here)
+    group_n = torch.bincount(arcs.group, minlength=arcs.n_groups).clamp(min=1)
+    shares = torch.zeros(arcs.n_groups, hits.shape[1]).index_add_(0, arcs.group, hits.float()) / group_n[:, None]
+    for row in frequent.itertuples():
+        g = arcs.relations.index(row.relation) * 2
+        assert row.baseline == pytest.approx(float(shares[g].max()))
+        assert row.baseline_kind == PREDICTORS[int(shares[g].argmax())]
+    # The offset -1 head never beats the baseline, which contains offset -1.
+    offset = table[table["head"] == 1]
+    assert (offset.accuracy <= offset.baseline + 1e-9).all()
+    assert not offset.significant.any()
     assert table.causal_only.all() == causal
 
-    best = best_heads(table, MIN_ARCS)
-    assert set(best.relation) == set(table[table.n >= MIN_ARCS].relation)
-    scores = head_scores(predictions, arcs, table, MIN_ARCS, THRESHOLD, n_resamples=200)
-    planted = scores.set_index("head").loc[0]
-    # the planted head's largest margin is the relation with the weakest offset baseline
-    dep_head = table[(table["head"] == 0) & (table.direction == "dep->head") & (table.n >= MIN_ARCS)]
-    assert planted.score == pytest.approx((dep_head.accuracy - dep_head.baseline).max())
+    # The planted head's held-out margin, recomputed by hand from the two halves.
+    order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(0))
+    halves = [set(order[: len(sentences) // 2].tolist()), set(order[len(sentences) // 2:].tolist())]
+    planted = heads.set_index("head").loc[0]
+    g = arcs.relations.index(planted.relation) * 2 + ("dep->head", "head->dep").index(planted.direction)
+    margins, counts = [], []
+    for half in halves:
+        mine = torch.tensor([int(s) in half for s in arcs.sentence]) & (arcs.group == g)
+        n = int(mine.sum())
+        base = hits[mine].float().mean(0).max().item()
+        accuracy = (predictions[arcs.sentence[mine], 0, 0, arcs.attending[mine]] == arcs.partner[mine]).float().mean()
+        margins.append(accuracy.item() - base)
+        counts.append(n)
+    # both halves choose it (margin >= 0.10 there), so both held-out margins count
+    assert min(margins) >= THRESHOLD
+    expected = (margins[0] * counts[0] + margins[1] * counts[1]) / sum(counts)
+    assert planted.score == pytest.approx(expected, abs=1e-6)
     assert planted.label == "syntactic:" + planted.relation
     assert planted.ci_low <= planted.score <= planted.ci_high
-    assert scores.set_index("head").loc[1].score < THRESHOLD  # an offset head is no syntactic head
+    assert heads.set_index("head").loc[1].label == "none"  # an offset head is no syntactic head
+    best = best_heads(table, MIN_ARCS)
+    assert set(best.relation) == set(table[table.n >= MIN_ARCS].relation)
+
+
+def test_a_model_equal_to_its_control_earns_nothing():
+    # The control's best head joins the baseline: a model whose heads are the control's cannot
+    # beat it, however syntactic its heads are.
+    sentences = bundled_treebank()
+    predictions = _planted_predictions(sentences)
+    _, _, table, heads = _score(sentences, predictions, False, control=predictions, n_resamples=100)
+    assert (table.accuracy <= table.baseline + 1e-9).all()
+    assert table.baseline_kind.str.startswith("control").any()
+    assert not table.significant.any() and (heads.label == "none").all()
+    assert (table.control_accuracy == table.accuracy).all()
+    assert (heads.control_max <= 0).all()
+
+
+def test_cross_fitting_does_not_reward_luck():
+    # A head that guesses at random among the words: in-sample, the best of ~40 relation x
+    # direction pairs may beat the baseline by chance; held out, it must not be significant.
+    sentences = bundled_treebank()
+    gen = torch.Generator().manual_seed(5)
+    n_words = max(len(s.words) for s in sentences)
+    lengths = torch.tensor([len(s.words) for s in sentences])
+    guesses = (torch.rand(len(sentences), 1, 8, n_words, generator=gen) * lengths[:, None, None, None]).long()
+    _, _, table, heads = _score(sentences, guesses, False, n_resamples=200)
+    assert not table.significant.any()
+    assert (heads.label == "none").all()
 
 
 def test_not_enough_arcs_is_an_error():
-    arcs = collect_arcs(BASELINE_SENTENCES, causal=False)
     predictions = _planted_predictions(BASELINE_SENTENCES)
-    with pytest.raises(HeadscopeError, match="at least 30 scored arcs"):
-        head_scores(predictions, arcs, accuracy_table(predictions, arcs), MIN_ARCS, THRESHOLD)
+    with pytest.raises(NotEnoughArcs, match="at least 30 scored arcs in each half"):
+        _score(BASELINE_SENTENCES, predictions, False)
 
 
 # ---------------------------------------------------------------- the pipeline on tiny models

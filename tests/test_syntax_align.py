@@ -1,10 +1,12 @@
 """Word alignment (headscope.syntax.align) on WordPiece, byte-level BPE and Metaspace tokenizers."""
+from pathlib import Path
+
 import pytest
 
 from headscope.errors import HeadscopeError
 from headscope.syntax import align_words
 from headscope.syntax.align import word_spans
-from headscope.treebank import Sentence, bundled_treebank
+from headscope.treebank import Sentence, bundled_treebank, read_conllu
 
 # "Unbelievably, the re-tokenized bookshop opened (again)." -- split words and punctuation
 # glued to their neighbours (SpaceAfter=No).
@@ -15,13 +17,14 @@ SENTENCE = Sentence("t1", WORDS, (6, 6, 5, 5, 6, 0, 8, 6, 8, 6),
 
 
 def _train(kind: str, **options):
-    """A small tokenizer trained on the bundled treebank, wrapped for transformers."""
+    """A small tokenizer trained on 300 grammar sentences (tools/grammar), wrapped for transformers."""
     from tokenizers import ByteLevelBPETokenizer, SentencePieceBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
     cls = ByteLevelBPETokenizer if kind == "byte-level" else SentencePieceBPETokenizer
     trained = cls(**options)
-    trained.train_from_iterator([s.text for s in bundled_treebank()[:300]], vocab_size=400, min_frequency=2,
+    grammar = read_conllu(Path(__file__).resolve().parents[1] / "tools" / "grammar" / "generated.conllu")
+    trained.train_from_iterator([s.text for s in grammar[:300]], vocab_size=400, min_frequency=2,
                                 show_progress=False)
     return PreTrainedTokenizerFast(tokenizer_object=trained._tokenizer)
 

@@ -30,6 +30,12 @@ class Detector:
         bidirectional_only: meaningless for causal models (e.g. next-token attention).
         lazy: `fn` also accepts a `LazyPattern` (it reads the pattern only through the
             accessors of this module).
+        learned: passing claims the model learned the behaviour, so the label also needs the
+            head's CI lower bound above the untrained control's best head (`headscope.labels`);
+            False for resting behaviours (sink, uniform), which stay descriptive.
+        gate: what must reach `threshold`: "score" (the mean) or "ci_low" (its CI lower bound,
+            for scores that are held-out estimates, like the syntactic margin).
+        quantity: what the score is, in words, for report columns ("attention mass", ...).
     """
 
     name: str
@@ -40,6 +46,9 @@ class Detector:
     fn: Callable
     bidirectional_only: bool = False
     lazy: bool = False
+    learned: bool = True
+    gate: str = "score"
+    quantity: str = "attention mass"
 
     def score(self, pattern: torch.Tensor, batch) -> torch.Tensor:
         """Per-example scores `[batch, head]` of one layer's pattern `[batch, head, query, key]`."""
@@ -64,7 +73,8 @@ class Detector:
         return score_patterns(self, target, **kwargs)
 
     def describe(self) -> dict:
-        return {"formula": self.formula, "threshold": self.threshold, "source": self.source, "probe": self.probe}
+        return {"formula": self.formula, "threshold": self.threshold, "source": self.source, "probe": self.probe,
+                "learned": self.learned, "gate": self.gate, "quantity": self.quantity}
 
 
 REGISTRY: dict[str, Detector] = {}

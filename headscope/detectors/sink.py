@@ -24,5 +24,5 @@ sink = register(Detector(
     name="sink", probe="text", threshold=0.6,
     formula="mean over queries i >= 1 of A[i, 0] (attention on the first position)",
     source="Xiao et al. 2023 (StreamingLLM attention sinks); threshold 0.6 from Clark et al. 2019's special-token heads",
-    fn=_sink, lazy=True,
+    fn=_sink, lazy=True, learned=False,
 ))

@@ -75,7 +75,7 @@ class TopHead(NamedTuple):
 
 
 class SyntaxBest(NamedTuple):
-    """The best head for one dependency relation and the fixed-offset baseline it must beat."""
+    """The most accurate head for one dependency relation and the baseline it must beat."""
 
     relation: str
     layer: int
@@ -83,8 +83,10 @@ class SyntaxBest(NamedTuple):
     direction: str
     accuracy: float
     baseline_accuracy: float
-    baseline_offset: Optional[int]
+    baseline_kind: str  # the predictor that sets the baseline ("offset -1", "control 2.3", ...)
     n: int
+    held_out_margin: float  # NaN when the pair was chosen on neither half
+    significant: bool
 
 
 class ValidationRow(NamedTuple):
@@ -264,8 +266,8 @@ def syntax_best(analysis) -> Optional[tuple]:
     if stored:
         return tuple(
             SyntaxBest(str(b["relation"]), int(b["layer"]), int(b["head"]), str(b["direction"]), float(b["accuracy"]),
-                       float(b["baseline_accuracy"]), None if b.get("baseline_offset") is None else int(b["baseline_offset"]),
-                       int(b["n"]))
+                       float(b["baseline_accuracy"]), _text(b.get("baseline_kind")), int(b["n"]),
+                       float(b.get("held_out_margin", np.nan)), _flag(b.get("significant", False)))
             for b in stored
         )
     frame = analysis.syntax.sort_values(["relation", "accuracy", "layer", "head", "direction"],
@@ -273,7 +275,8 @@ def syntax_best(analysis) -> Optional[tuple]:
     best = frame.groupby("relation", sort=True).head(1)
     return tuple(
         SyntaxBest(str(r.relation), int(r.layer), int(r.head), str(r.direction), float(r.accuracy),
-                   float(r.baseline), None, int(r.n))
+                   float(r.baseline), _text(getattr(r, "baseline_kind", "")), int(r.n),
+                   float(getattr(r, "held_out_margin", np.nan)), _flag(getattr(r, "significant", False)))
         for r in best.itertuples(index=False)
     )
 

@@ -93,7 +93,7 @@ def detector_figure(grid):
 
 
 def syntax_figure(rows):
-    """Best head's accuracy per relation next to the best fixed-offset baseline.
+    """Best head's accuracy per relation next to the best baseline's.
 
     Args:
         rows: `SyntaxBest` rows.
@@ -109,7 +109,8 @@ def syntax_figure(rows):
                textposition="outside", marker_color="#1f77b4", customdata=[[r.layer, r.head] for r in rows],
                hovertemplate="%{x}: layer %{customdata[0]} head %{customdata[1]}<br>accuracy %{y:.3f}<extra></extra>"),
         go.Bar(name="baseline", x=relations, y=[round(r.baseline_accuracy, 4) for r in rows], marker_color="#bdbdbd",
-               hovertemplate="%{x}: fixed-offset baseline %{y:.3f}<extra></extra>"),
+               text=[_escape_plotly(r.baseline_kind) for r in rows], textposition="none",
+               hovertemplate="%{x}: baseline (%{text}) accuracy %{y:.3f}<extra></extra>"),
     ])
     fig.update_layout(
         title={"text": "Best head per relation vs baseline"}, barmode="group", yaxis={"range": [0, 1.08], "title": {"text": "accuracy"}},

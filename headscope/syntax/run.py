@@ -1,8 +1,9 @@
 """Running the syntactic detector on a loaded model.
 
 Offers:
-    run_syntax    -- align a treebank to the model's tokens, run it through the model inside
-                     ``capture(reduce=...)``, and score every head (``scoring``, ``margins``).
+    run_syntax    -- align a treebank to the model's tokens, run it through the model (and the
+                     control model) inside ``capture(reduce=...)``, and score every head
+                     (``scoring``, ``baselines``, ``crossfit``).
     SyntaxResult  -- table, best, head_scores, notes, meta.
 
 Each layer's pattern ``[batch, head, query, key]`` is reduced on the spot to the predicted
@@ -22,9 +23,9 @@ import torch
 from headscope.errors import HeadscopeError
 
 from .align import Alignment, align_words
-from .margins import THRESHOLD
-from .margins import head_scores as score_heads
-from .scoring import MIN_ARCS, accuracy_table, best_heads, collect_arcs, predicted_partners, word_attention
+from .baselines import predictor_hits
+from .crossfit import THRESHOLD, score_arcs
+from .scoring import MIN_ARCS, arc_hits, best_heads, collect_arcs, predicted_partners, word_attention
 
 __all__ = ["run_syntax", "SyntaxResult"]
 
@@ -38,12 +39,14 @@ class SyntaxResult:
     """What ``run_syntax`` returns.
 
     Attributes:
-        table: layer, head, relation, direction, accuracy, baseline, baseline_offset, n,
-            causal_only -- every head on every (relation, direction).
-        best: relation, layer, head, direction, accuracy, baseline_offset, baseline_accuracy,
-            n -- the best head per relation (Clark et al. 2019, Table 1).
-        head_scores: layer, head, detector, score, ci_low, ci_high, n, relation, direction,
-            label -- one row per head (see ``margins.head_scores``).
+        table: every head on every (relation, direction), see ``crossfit.score_arcs``: accuracy,
+            baseline, baseline_kind, control_accuracy, n, held_out_margin, ci_low, ci_high,
+            significant, causal_only.
+        best: relation, layer, head, direction, accuracy, baseline_kind, baseline_accuracy,
+            held_out_margin, significant, n -- the most accurate head per relation (Clark et
+            al. 2019, Table 1).
+        head_scores: layer, head, detector, score (held-out margin), ci_low, ci_high, n,
+            relation, direction, label, control, control_max -- one row per head.
         notes: caveats in words (causal filtering, a BOS put in front, skipped sentences,
             unaligned words).
         meta: n_sentences, skipped, n_arcs, causal, bos_added, max_sentences, min_arcs,
@@ -59,7 +62,7 @@ class SyntaxResult:
 
 def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[Progress] = None,
                min_arcs: int = MIN_ARCS, seed: int = 0, max_sentences: Optional[int] = None,
-               threshold: float = THRESHOLD) -> SyntaxResult:
+               threshold: float = THRESHOLD, control=None) -> SyntaxResult:
     """Score every head of a model as a syntactic head (Clark et al. 2019; Voita et al. 2019).
 
     Args:
@@ -67,11 +70,14 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
         sentences: ``Sentence`` objects (default: ``bundled_treebank()``, 770 sentences).
         batch_size: sentences per forward pass (padded on the right).
         progress: ``fn(stage, done, total)`` called as batches finish.
-        min_arcs: a (relation, direction) needs this many arcs to count for a head's score
-            and for ``best``.
+        min_arcs: a (relation, direction) needs this many arcs in each half of the sentences
+            to count for a head's score, and this many in all for ``best``.
         seed: sentence sample (with ``max_sentences``) and bootstrap resamples.
         max_sentences: score a seeded random sample of this many sentences (order kept).
-        threshold: margin over the baseline for the ``syntactic:<relation>`` label.
+        threshold: held-out margin over the baseline (CI lower bound) for the
+            ``syntactic:<relation>`` label.
+        control: a ``Loaded`` untrained twin with the same tokenizer (``headscope.control``);
+            its best head per relation joins the baseline. None: position-only baselines.
     Returns:
         A ``SyntaxResult``.
     Raises:
@@ -109,9 +115,15 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
     arcs = collect_arcs(sentences, loaded.causal, [a.aligned for a in alignments])
     if len(arcs.sentence) == 0:
         raise HeadscopeError("the sentences have no scorable arcs (only root and punct)")
-    table = accuracy_table(predictions, arcs)
+    control_hits = None
+    if control is not None:
+        control_predictions = _predict(control, alignments, batch_size, progress, stage="syntax (control)")
+        control_hits = arc_hits(control_predictions, arcs).flatten(1)
+    pieces = [[a.token_words.count(w) for w in range(a.n_words)] for a in alignments]
+    table, heads = score_arcs(arc_hits(predictions, arcs).flatten(1), arcs, len(sentences),
+                              (loaded.n_layers, loaded.n_heads), predictor_hits(arcs, sentences, pieces),
+                              control_hits, min_arcs=min_arcs, threshold=threshold, seed=seed)
     best = best_heads(table, min_arcs)
-    heads = score_heads(predictions, arcs, table, min_arcs, threshold, seed=seed)
 
     notes = []
     if loaded.causal:
@@ -125,7 +137,7 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
         notes.append(f"{arcs.unaligned} dependencies skipped: a word shares its only token with another word")
     meta = {"n_sentences": len(sentences), "skipped": skipped, "n_arcs": int(len(arcs.sentence)),
             "causal": loaded.causal, "bos_added": bool(bos), "max_sentences": max_sentences,
-            "min_arcs": min_arcs, "threshold": threshold, "seed": seed,
+            "min_arcs": min_arcs, "threshold": threshold, "seed": seed, "control": control is not None,
             "seconds": round(time.perf_counter() - started, 3)}
     return SyntaxResult(table=table, best=best, head_scores=heads, notes=notes, meta=meta)
 
@@ -139,7 +151,7 @@ def _bos_to_add(loaded, alignment: Alignment) -> list[int]:
 
 
 @torch.no_grad()
-def _predict(loaded, alignments: list[Alignment], batch_size: int, progress) -> torch.Tensor:
+def _predict(loaded, alignments: list[Alignment], batch_size: int, progress, stage: str = "syntax") -> torch.Tensor:
     """``[sentence, layer, head, word]`` predicted partners (-1 beyond a sentence's words)."""
     from headscope.hf.capture import capture
 
@@ -179,5 +191,5 @@ def _predict(loaded, alignments: list[Alignment], batch_size: int, progress) -> 
             for i in members:  # word slots past a sentence's end stay -1
                 predictions[i, :, :, alignments[i].n_words:] = -1
             if progress:
-                progress("syntax", done, len(batches))
+                progress(stage, done, len(batches))
     return predictions

@@ -5,9 +5,9 @@ Offers:
     predicted_partners   -- the word each word attends to most, own word and special tokens out.
     collect_arcs         -- the scored arcs of a treebank, both directions, causal filter.
     offset_baseline      -- best fixed offset in -3..+3 per relation and direction.
-    accuracy_table       -- accuracy of every head on every relation and direction.
     best_heads           -- the best head per relation (Clark et al.'s Table 1).
-    DIRECTIONS, OFFSETS, EXCLUDED_RELATIONS, MIN_ARCS (30: arcs a relation and direction need)
+    DIRECTIONS, OFFSETS, EXCLUDED_RELATIONS, MIN_ARCS (30: arcs a relation and direction need in each
+    half of the sentences)
 
 Formulas:
     to a word:   W[i, j] = sum over pieces q of word j of  A_word-i[q]
@@ -19,8 +19,9 @@ Formulas:
     "dep->head": the dependent attends (partner = its head); "head->dep": the head attends.
     Root arcs and punct arcs are not scored. In a causal model an arc is scored in a direction
     only when the partner precedes the attending word (a causal head cannot look ahead).
-    baseline(relation, direction) = max over offsets k in -3..+3, k != 0, of the share of arcs
-    with partner = attending + k (measured on the same arcs).
+    offset baseline(relation, direction) = max over offsets k in -3..+3, k != 0, of the share of
+    arcs with partner = attending + k (Clark et al.'s baseline; the baseline a head must beat
+    adds other position-only predictors and a control model, see ``baselines`` and ``crossfit``).
 """
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["word_attention", "predicted_partners", "Arcs", "collect_arcs", "offset_baseline",
-           "accuracy_table", "best_heads", "DIRECTIONS", "OFFSETS", "EXCLUDED_RELATIONS", "MIN_ARCS"]
+           "arc_hits", "offset_hits", "best_heads", "DIRECTIONS", "OFFSETS", "EXCLUDED_RELATIONS", "MIN_ARCS"]
 
 DIRECTIONS = ("dep->head", "head->dep")
 # Offsets in the order ties are broken: nearer first, then the left one.
 OFFSETS = (-1, 1, -2, 2, -3, 3)
 EXCLUDED_RELATIONS = frozenset({"root", "punct"})
-MIN_ARCS = 30  # fewer arcs give accuracies too noisy to rank heads by
+MIN_ARCS = 30  # per half: fewer arcs give accuracies too noisy to rank heads by
 
 
 def word_attention(pattern: torch.Tensor, token_words: torch.Tensor, n_words: int) -> torch.Tensor:
@@ -189,50 +190,16 @@ def arc_hits(predictions: torch.Tensor, arcs: Arcs) -> torch.Tensor:
     return predicted == arcs.partner[:, None, None]
 
 
-def accuracy_table(predictions: torch.Tensor, arcs: Arcs):
-    """Accuracy of every head for every relation and direction, with the offset baseline.
-
-    Args:
-        predictions: ``[sentence, layer, head, word]`` long, from ``predicted_partners``.
-        arcs: from ``collect_arcs`` on the same sentences.
-    Returns:
-        DataFrame layer, head, relation, direction, accuracy, baseline, baseline_offset, n,
-        causal_only; one row per (layer, head, relation, direction) with at least one arc.
-    """
-    import pandas as pd
-
-    n_layers, n_heads = predictions.shape[1:3]
-    hits = arc_hits(predictions, arcs).flatten(1).float()  # (A, L*H)
-    per_group = torch.zeros(arcs.n_groups, n_layers * n_heads).index_add_(0, arcs.group, hits)  # (G, L*H)
-    n = torch.bincount(arcs.group, minlength=arcs.n_groups)
-    baseline = offset_baseline(arcs).set_index(["relation", "direction"])
-    frames = []
-    for group in range(arcs.n_groups):
-        if n[group] == 0:
-            continue
-        relation, direction = arcs.relations[group // 2], DIRECTIONS[group % 2]
-        base = baseline.loc[(relation, direction)]
-        frames.append(pd.DataFrame({
-            "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
-            "head": torch.arange(n_heads).repeat(n_layers).numpy(),
-            "relation": relation, "direction": direction,
-            "accuracy": (per_group[group] / n[group]).numpy(),
-            "baseline": float(base.baseline), "baseline_offset": int(base.baseline_offset),
-            "n": int(n[group]), "causal_only": arcs.causal_only,
-        }))
-    table = pd.concat(frames, ignore_index=True)
-    return table.sort_values(["layer", "head", "relation", "direction"], ignore_index=True)
-
-
 def best_heads(table, min_arcs: int):
     """The most accurate head per relation over both directions (Clark et al. 2019, Table 1).
 
     Args:
-        table: from ``accuracy_table``.
+        table: the per-pair table of ``crossfit.score_arcs``.
         min_arcs: only (relation, direction) pairs with at least this many arcs compete.
     Returns:
-        DataFrame relation, layer, head, direction, accuracy, baseline_offset,
-        baseline_accuracy, n; most frequent relation first. Ties go to the lower layer, head.
+        DataFrame relation, layer, head, direction, accuracy, baseline_kind, baseline_accuracy,
+        held_out_margin, significant, n; most frequent relation first. Ties go to the lower
+        layer, head.
     """
     frequent = table[table.n >= min_arcs]
     ordered = frequent.sort_values(["relation", "accuracy", "layer", "head"], ascending=[True, False, True, True],
@@ -241,5 +208,6 @@ def best_heads(table, min_arcs: int):
     n_by_relation = table.drop_duplicates(["relation", "direction"]).groupby("relation").n.sum()
     best = best.assign(_total=best.relation.map(n_by_relation)).sort_values(["_total", "relation"],
                                                                             ascending=[False, True])
-    columns = ["relation", "layer", "head", "direction", "accuracy", "baseline_offset", "baseline_accuracy", "n"]
+    columns = ["relation", "layer", "head", "direction", "accuracy", "baseline_kind", "baseline_accuracy",
+               "held_out_margin", "significant", "n"]
     return best[columns].reset_index(drop=True)

@@ -1,5 +1,9 @@
 """Seeded generator of English sentences with Universal Dependencies (UD v2) trees.
 
+Not part of the default treebank since headscope 0.2: grammar sentences made heads look more
+syntactic than they are on natural text (docs/syntax.md). ``generated.conllu`` beside this file
+is its output, for users who want it: ``headscope analyze --treebank tools/grammar/generated.conllu``.
+
 Every phrase is built together with its arcs, so the trees are right by construction. The
 conventions are those of UD English EWT: determiner, adjective, number, compound and possessor
 hang from the noun (possessive ``'s`` is ``case`` on the possessor, ``her`` in "her dog" is
