@@ -4,11 +4,13 @@
 head_i = softmax(Q_i K_i^T / sqrt(d_head)) V_i (Vaswani et al. 2017), extended with what real
 models use: grouped-query attention (`n_kv_heads`), optional biases, a head size not tied to
 `d_model / n_heads`, causal or bidirectional masking, padding masks, rotary position embedding
-(full or partial), a scaling override and dropout.
+(full or partial, "rotate half" or interleaved pairs), a scaling override, dropout, and the
+extras of recent models: q/k norms before rotary (Qwen3, Gemma 3, OLMo 2), clipping of q/k/v
+(OLMo), score soft-capping (Gemma 2) and a learned sink logit per head (gpt-oss).
 
 Hook points (read or replace with `headscope.hooks.hooks(module, {...})` or `module.hooks(...)`):
-    hook_q       [batch, head, pos, d_head]      queries, after rotary
-    hook_k       [batch, kv_head, pos, d_head]   keys, after rotary
+    hook_q       [batch, head, pos, d_head]      queries, after q/k norm and rotary
+    hook_k       [batch, kv_head, pos, d_head]   keys, after q/k norm and rotary
     hook_v       [batch, kv_head, pos, d_head]   values
     hook_scores  [batch, head, query, key]       pre-softmax scores, fp32, masked entries at min
     hook_pattern [batch, head, query, key]       attention probabilities, fp32
@@ -18,7 +20,7 @@ Hook points (read or replace with `headscope.hooks.hooks(module, {...})` or `mod
 The fast path (SDPA) runs unless a hook on scores or pattern, or `return_pattern`, needs them.
 
 `MultiHeadAttention.from_hf(attention_module, config)` loads a Hugging Face layer's weights
-through the adapters in `headscope.hf.adapters`.
+through the adapters in `headscope.hf.adapters` (`headscope.hf.from_hf`).
 """
 from __future__ import annotations
 
@@ -48,8 +50,14 @@ class AttentionConfig:
         qkv_bias / out_bias: whether the projections have biases.
         rotary_dim: dims of each head rotated by rotary embedding (0: no rotary).
         rotary_base: rotary theta.
+        rotary_interleaved: rotary pairs are dims (2i, 2i + 1), not (i, i + rotary_dim / 2).
         scale: score multiplier (1/sqrt(d_head) unless overridden).
         dropout: dropout on the pattern during training.
+        qk_norm: q and k pass through `q_norm` / `k_norm` (on `[batch, pos, head, d_head]`)
+            before rotary.
+        clip: q, k and v are clamped to [-clip, clip] after the projections (None: no clip).
+        softcap: scores become softcap * tanh(scores / softcap) (None: no cap).
+        sinks: each head has a learned sink logit (`sinks` `[head]`) in its softmax.
     """
 
     d_model: int
@@ -63,6 +71,11 @@ class AttentionConfig:
     rotary_base: float
     scale: float
     dropout: float
+    rotary_interleaved: bool = False
+    qk_norm: bool = False
+    clip: Optional[float] = None
+    softcap: Optional[float] = None
+    sinks: bool = False
 
 
 class MultiHeadAttention(nn.Module):
@@ -79,6 +92,12 @@ class MultiHeadAttention(nn.Module):
         rotary_base: rotary theta.
         scale: score multiplier; defaults to 1/sqrt(d_head).
         dropout: dropout probability on the pattern in training mode.
+        rotary_interleaved: rotate dims in pairs (2i, 2i + 1) (GPT-J layout).
+        qk_norm: RMS-normalise each head's q and k before rotary (`q_norm`, `k_norm`, replaceable
+            by any module mapping `[batch, pos, head, d_head]` to itself).
+        clip: clamp q, k and v to [-clip, clip].
+        softcap: cap scores at softcap * tanh(scores / softcap).
+        sinks: add a learned sink logit per head (`sinks` `[head]`, initialised to 0).
     """
 
     def __init__(
@@ -95,6 +114,11 @@ class MultiHeadAttention(nn.Module):
         rotary_base: float = 10000.0,
         scale: Optional[float] = None,
         dropout: float = 0.0,
+        rotary_interleaved: bool = False,
+        qk_norm: bool = False,
+        clip: Optional[float] = None,
+        softcap: Optional[float] = None,
+        sinks: bool = False,
         device=None,
         dtype=None,
     ):
@@ -112,13 +136,17 @@ class MultiHeadAttention(nn.Module):
             d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, causal=causal,
             qkv_bias=bias, out_bias=bias if out_bias is None else out_bias, rotary_dim=rotary_dim,
             rotary_base=float(rotary_base), scale=d_head ** -0.5 if scale is None else float(scale),
-            dropout=dropout,
+            dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
+            softcap=softcap, sinks=sinks,
         )
         kw = dict(device=device, dtype=dtype)
         self.W_q = nn.Linear(d_model, n_heads * d_head, bias=bias, **kw)
         self.W_k = nn.Linear(d_model, n_kv_heads * d_head, bias=bias, **kw)
         self.W_v = nn.Linear(d_model, n_kv_heads * d_head, bias=bias, **kw)
         self.W_o = nn.Linear(n_heads * d_head, d_model, bias=self.config.out_bias, **kw)
+        self.q_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None  # on (B, T, H, D)
+        self.k_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None
+        self.sinks = nn.Parameter(torch.zeros(n_heads, **kw)) if sinks else None  # (H,)
         self.hook_q = HookPoint()  # (B, H, T, D)
         self.hook_k = HookPoint()  # (B, Hkv, T, D)
         self.hook_v = HookPoint()  # (B, Hkv, T, D)
@@ -166,22 +194,29 @@ class MultiHeadAttention(nn.Module):
         """
         cfg = self.config
         B, T, _ = x.shape
-        q = self.W_q(x).view(B, T, cfg.n_heads, cfg.d_head).transpose(1, 2)  # (B, H, T, D)
-        k = self.W_k(x).view(B, T, cfg.n_kv_heads, cfg.d_head).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.W_v(x).view(B, T, cfg.n_kv_heads, cfg.d_head).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
+        if cfg.clip is not None:
+            q, k, v = (t.clamp(-cfg.clip, cfg.clip) for t in (q, k, v))
+        q = q.view(B, T, cfg.n_heads, cfg.d_head)  # (B, T, H, D)
+        k = k.view(B, T, cfg.n_kv_heads, cfg.d_head)  # (B, T, Hkv, D)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, Hkv, T, D)
+        v = v.view(B, T, cfg.n_kv_heads, cfg.d_head).transpose(1, 2)  # (B, Hkv, T, D)
         if cfg.rotary_dim:
             if rotary is None:
                 pos = torch.arange(T, device=x.device) if positions is None else positions
-                rotary = rotary_cos_sin(pos, cfg.rotary_dim, cfg.rotary_base)
+                rotary = rotary_cos_sin(pos, cfg.rotary_dim, cfg.rotary_base, interleaved=cfg.rotary_interleaved)
             cos, sin = rotary
             if cos.shape[-1] != cfg.rotary_dim:
                 raise ValueError(f"rotary tables have {cos.shape[-1]} dims, module rotates {cfg.rotary_dim}")
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q = apply_rotary(q, cos, sin, cfg.rotary_interleaved)
+            k = apply_rotary(k, cos, sin, cfg.rotary_interleaved)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
 
         mask = _as_4d_mask(attention_mask)
         z, pattern = attention(
-            q, k, v, mask=mask, is_causal=cfg.causal, scale=cfg.scale,
+            q, k, v, mask=mask, is_causal=cfg.causal, scale=cfg.scale, softcap=cfg.softcap, sinks=self.sinks,
             dropout_p=cfg.dropout if self.training else 0.0,
             need_pattern=return_pattern,
             on_scores=self.hook_scores if self.hook_scores.hooked else None,
@@ -209,7 +244,7 @@ class MultiHeadAttention(nn.Module):
         Returns:
             A `MultiHeadAttention` on the same device and dtype, in eval mode.
         """
-        from .hf.adapters import module_from_hf
+        from .hf.from_hf import module_from_hf
 
         return module_from_hf(cls, attention_module, config)
 

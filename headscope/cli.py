@@ -75,8 +75,18 @@ def _friendly(fn):
 
 @app.command("models")
 @_friendly
-def models_command() -> None:
-    """List the bundled model aliases and how to install a missing one."""
+def models_command(
+    families: Annotated[bool, typer.Option("--families", help="List model families and what works on each.")] = False,
+) -> None:
+    """List the bundled model aliases and how to install a missing one (or, with --families, the families)."""
+    if families:
+        from .hf.families import family_table
+
+        typer.echo(f"{'family':<14} {'capture':<8} {'verify':<7} notes")
+        for row in family_table():
+            yes = {True: "yes", False: "no"}
+            typer.echo(f"{row.model_type:<14} {yes[row.capture]:<8} {yes[row.verify]:<7} {row.notes}")
+        return
     from .loading import models
 
     for entry in models():
@@ -209,7 +219,7 @@ def analyze_command(
 
         for name in names:
             get(name)
-    from .distributed import init_from_env, local_device
+    from .distributed import init_from_env, process_device
 
     rank, world = init_from_env(device)
     guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
@@ -219,7 +229,8 @@ def analyze_command(
         treebank = read_conllu(treebank)  # a bad file fails here, before the model loads
     if rank == 0:
         typer.echo(f"loading {model} ...", err=True)
-    loaded = load(model, device=local_device(device), dtype=dtype, device_map=_parse_device_map(device_map),
+    placement = _parse_device_map(device_map)
+    loaded = load(model, device=device if placement else process_device(device), dtype=dtype, device_map=placement,
                   cache=not no_cache)
     analysis = analyze(loaded, detectors=names, n_examples=n_examples, seq_len=seq_len,
                        batch_size=batch_size, seed=seed, repeat_len=repeat_len, repeats=repeats,

@@ -1,7 +1,9 @@
 """Splitting probe batches across processes started by torchrun (torch.distributed).
 
-- `init_from_env(device)`: joins the process group when torchrun set WORLD_SIZE > 1 (gloo on
-  the CPU, nccl on CUDA); returns (rank, world_size).
+- `process_device(device)`: the device this process runs on: "auto" resolved (cuda, mps,
+  cpu), and under torchrun a CUDA device becomes this process's own GPU, "cuda:LOCAL_RANK".
+- `init_from_env(device)`: joins the process group when torchrun set WORLD_SIZE > 1 (nccl on
+  CUDA, gloo otherwise); returns (rank, world_size).
 - `rank_and_size()`: (0, 1) outside a process group.
 - `mine(index)`: whether this rank computes batch `index` (batches are dealt round-robin).
 - `gather(items)`: every rank's list of (batch index, result), merged in batch order.
@@ -14,7 +16,9 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-__all__ = ["init_from_env", "rank_and_size", "mine", "gather", "local_device"]
+from .loading import resolve_device
+
+__all__ = ["init_from_env", "rank_and_size", "mine", "gather", "local_device", "process_device"]
 
 
 def rank_and_size() -> tuple[int, int]:
@@ -25,22 +29,40 @@ def rank_and_size() -> tuple[int, int]:
     return 0, 1
 
 
-def init_from_env(device: str) -> tuple[int, int]:
-    """Join torchrun's process group if there is one; a no-op for a single process."""
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return rank_and_size()
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
-    return rank_and_size()
-
-
 def local_device(device: str) -> str:
     """One GPU per process under torchrun: "cuda" becomes "cuda:LOCAL_RANK"."""
     if device == "cuda" and "LOCAL_RANK" in os.environ:
         return f"cuda:{os.environ['LOCAL_RANK']}"
     return device
+
+
+def process_device(device: str = "auto") -> str:
+    """This process's device: `device` resolved ("auto" -> cuda, mps or cpu), then its own GPU
+    under torchrun (LOCAL_RANK); a device map (None) passes through."""
+    if device is None:
+        return device
+    return local_device(resolve_device(device))
+
+
+def init_from_env(device: str) -> tuple[int, int]:
+    """Join torchrun's process group if there is one; a no-op for a single process.
+
+    Args:
+        device: as given on the command line ("auto", "cpu", "cuda", ...): the backend is nccl
+            when it resolves to CUDA, gloo otherwise.
+    """
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return rank_and_size()
+    mine_ = process_device(device)
+    backend = "nccl" if mine_.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(mine_)  # nccl binds each rank to the current device
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
+    return rank_and_size()
 
 
 def mine(index: int) -> bool:

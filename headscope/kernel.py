@@ -1,14 +1,19 @@
 """The attention kernel shared by `MultiHeadAttention` and the Hugging Face integration.
 
-`attention(q, k, v, ...)` computes softmax(q k^T * scale + mask) v for every head, with
+`attention(q, k, v, ...)` computes softmax(cap(q k^T * scale) + mask) v for every head, with
 grouped-query attention (fewer key/value heads than query heads) handled by sharing each
-key/value head among `n_heads / n_kv_heads` query heads.
+key/value head among `n_heads / n_kv_heads` query heads. Two extras of recent models:
+- soft-capping (Gemma 2): cap(s) = softcap * tanh(s / softcap) bounds every score;
+- sinks (gpt-oss): one learned logit per head joins each row's softmax as an extra key and is
+  dropped after it, so a row of the pattern sums to 1 - (the sink's share), less than 1.
+`with_bias(mask, bias)` folds an additive score bias (T5's relative positions) into a mask.
 
 Two paths compute the same math:
 - fast: `torch.nn.functional.scaled_dot_product_attention`, used when nobody needs the
   scores or the pattern;
 - explicit: scores and pattern materialised (softmax accumulated in fp32), so that callbacks
-  can read or replace them and the pattern can be returned.
+  can read or replace them and the pattern can be returned; soft-capping and sinks always take
+  this path (SDPA has neither).
 
 Mask convention: a boolean mask is True where a query may attend to a key; a float mask is
 added to the scores. Masks broadcast to `[batch, head, query, key]`.
@@ -20,7 +25,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention", "expand_kv", "causal_mask", "TensorEdit"]
+__all__ = ["attention", "expand_kv", "causal_mask", "with_bias", "TensorEdit"]
 
 TensorEdit = Callable[[torch.Tensor], Optional[torch.Tensor]]
 
@@ -48,6 +53,24 @@ def causal_mask(n_query: int, n_key: int, device=None) -> torch.Tensor:
     return torch.ones(n_query, n_key, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
+def with_bias(mask: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """An additive float mask holding `bias` (added to the scores) and what `mask` hides.
+
+    Args:
+        mask: None, boolean (True = may attend) or additive float, broadcastable to
+            `[batch, head, query, key]`.
+        bias: None or an additive float broadcastable to the same shape (e.g. T5's
+            `[1, head, query, key]` relative position bias).
+    """
+    if bias is None:
+        return mask
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        return bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
+    return bias + mask.to(bias.dtype)
+
+
 def _apply(edit: Optional[TensorEdit], x: torch.Tensor) -> torch.Tensor:
     if edit is None:
         return x
@@ -63,6 +86,8 @@ def attention(
     mask: Optional[torch.Tensor] = None,
     is_causal: bool = False,
     scale: Optional[float] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
     dropout_p: float = 0.0,
     need_pattern: bool = False,
     on_scores: Optional[TensorEdit] = None,
@@ -78,6 +103,9 @@ def attention(
             `[batch, head, query, key]`; combined with `is_causal` when both are given.
         is_causal: hide keys after each query (queries aligned to the last keys).
         scale: multiplies the scores; default `1 / sqrt(d_head)`.
+        softcap: if set, scores become `softcap * tanh(scores / softcap)` before the mask.
+        sinks: `[head]` learned logits, one extra key per head that takes softmax mass and is
+            dropped from the pattern (whose rows then sum to less than 1).
         dropout_p: dropout on the pattern (pass 0 at evaluation).
         need_pattern: return the pattern even if no callback asks for it.
         on_scores: called with the pre-softmax scores `[batch, head, query, key]` (fp32,
@@ -92,7 +120,8 @@ def attention(
     n_heads = q.shape[1]
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    explicit = need_pattern or on_scores is not None or on_pattern is not None
+    extras = softcap is not None or sinks is not None  # SDPA has neither
+    explicit = need_pattern or on_scores is not None or on_pattern is not None or extras
     if is_causal and mask is not None:
         mask = _combine(mask, causal_mask(q.shape[-2], k.shape[-2], q.device))
         is_causal = False
@@ -113,6 +142,8 @@ def attention(
     in_place = not torch.is_grad_enabled()
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2))  # (B, H, Tq, Tk)
     scores = scores.mul_(scale) if in_place else scores * scale
+    if softcap is not None:
+        scores = scores.div_(softcap).tanh_().mul_(softcap) if in_place else torch.tanh(scores / softcap) * softcap
     if is_causal:
         mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
     if mask is not None:
@@ -122,7 +153,9 @@ def attention(
         else:
             scores = scores.add_(mask.float()) if in_place else scores + mask.float()
     scores = _apply(on_scores, scores)
-    if in_place and on_scores is None:
+    if sinks is not None:
+        pattern = _softmax_with_sinks(scores, sinks.float(), in_place and on_scores is None)
+    elif in_place and on_scores is None:
         pattern = _softmax_(scores)
     else:
         pattern = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk), fp32
@@ -137,6 +170,19 @@ def _softmax_(scores: torch.Tensor) -> torch.Tensor:
     scores.sub_(scores.amax(dim=-1, keepdim=True))
     scores.exp_()
     return scores.div_(scores.sum(dim=-1, keepdim=True))
+
+
+def _softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """Softmax over the keys plus one sink logit per head, the sink's column dropped after it.
+
+    scores `[batch, head, query, key]`, sinks `[head]`; returns `[batch, head, query, key]`
+    with rows summing to 1 - exp(sink - lse), lse taken over the keys and the sink.
+    """
+    sink = sinks.view(1, -1, 1, 1)  # (1, H, 1, 1)
+    top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)  # (B, H, Tq, 1)
+    weights = scores.sub_(top).exp_() if in_place else (scores - top).exp()
+    total = weights.sum(dim=-1, keepdim=True) + (sink - top).exp()
+    return weights.div_(total) if in_place else weights / total
 
 
 def _combine(mask: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,18 @@
 """A layer's attention pattern that is never materialised.
 
-Every probability is A[i, j] = exp(s_ij - lse_i), with s_ij = scale * q_i . k_j + m_ij (m the
-additive mask) and lse_i = log sum_j exp(s_ij) the row's log-sum-exp. A fused kernel gives z
-and lse in one pass without writing the [query, key] map; the few entries a detector reads
-(a diagonal, a column, a sparse set of targets) then cost one dot product each, and the row
-entropy H_i = lse_i - sum_j A[i, j] s_ij costs one more fused pass with the keys as values
-(sum_j A[i, j] k_j), or is computed exactly in query blocks.
+Every probability is A[i, j] = exp(s_ij - lse_i), with s_ij = cap(scale * q_i . k_j) + m_ij (m the
+additive mask, cap the optional soft-cap c * tanh(x / c)) and lse_i = log(sum_j exp(s_ij) +
+exp(sink)) the row's log-sum-exp, the sink term only for models with a learned sink logit per
+head (rows then sum to less than 1). A fused kernel gives z and the keys' lse in one pass without
+writing the [query, key] map; a sink then enters as lse_i = logaddexp(lse_i, sink) and rescales
+z by exp(lse_keys - lse_i). Soft-capped scores cannot take the fused kernel: z and lse are then
+computed in query blocks. The few entries a detector reads (a diagonal, a column, a sparse set
+of targets) then cost one dot product each, and the row entropy H_i = -sum_j A[i, j] ln A[i, j]
+= W_i (lse_i - sum_j A'[i, j] s_ij) (A' the pattern without the sink, W_i = sum_j A[i, j]) costs
+one more fused pass with the keys as values (sum_j A'[i, j] k_j), or is computed exactly in query
+blocks.
 
-- `lazy_attention(q, k, v, ...) -> (z, LazyPattern)`: the SDPA output and the pattern as
+- `lazy_attention(q, k, v, ...) -> (z, LazyPattern)`: the attention output and the pattern as
   a `LazyPattern` (the row log-sum-exp, q, k and the mask).
 - `LazyPattern`: `diagonal(offset)`, `column(j)`, `mass(targets)`, `entropy()`, each equal
   to what the same reduction of the full pattern gives (tests check both paths against it).
@@ -56,8 +61,8 @@ def _zero_or_hidden(mask: Optional[torch.Tensor]) -> bool:
     return bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
 
 
-def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None):
-    """softmax(q k^T * scale + mask) v, and the pattern as a `LazyPattern`, without the map.
+def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=None, sinks=None):
+    """softmax(cap(q k^T * scale) + mask) v, and the pattern as a `LazyPattern`, without the map.
 
     Args:
         q: `[batch, head, query, d_head]`; k, v: `[batch, kv_head, key, d_head]`.
@@ -66,6 +71,8 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None):
         is_causal: hide keys after each query (queries aligned to the last keys); passed to
             the kernel as a flag, so it skips the hidden blocks.
         scale: default `1 / sqrt(d_head)`.
+        softcap: scores become `softcap * tanh(scores / softcap)` (computed in query blocks).
+        sinks: `[head]` sink logits that join each row's softmax and are dropped after it.
     Returns:
         `(z [batch, head, query, d_head] in v's dtype, LazyPattern)`.
     """
@@ -75,57 +82,81 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None):
     if is_causal and mask is not None:  # one mask holding both, as the explicit path does
         mask, is_causal = _combine(mask, causal_mask(n_query, n_key, q.device)), False
     additive = _additive(mask, q.dtype)
+    lazy = LazyPattern(q, k, None, additive, is_causal, scale, softcap, sinks)
+    if softcap is not None:
+        lazy.lse, _, z = _blockwise_stats(lazy, entropy=False, values=expand_kv(v, n_heads))
+        return z.to(v.dtype), lazy
     if fused_lse_available(q.device) and v.shape[-1] == q.shape[-1]:
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        keys = expand_kv(k, n_heads)
-        z, lse = op(q, keys, expand_kv(v, n_heads), 0.0, is_causal, attn_mask=additive, scale=scale)
-        return z, LazyPattern(q, keys, lse.float(), additive, is_causal, scale)
-    z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=is_causal, scale=scale,
-                                       enable_gqa=k.shape[1] != n_heads)
-    lazy = LazyPattern(q, k, None, additive, is_causal, scale)
-    lazy.lse, _ = _blockwise_stats(lazy, entropy=False)
+        z, lse = op(q, lazy.k, expand_kv(v, n_heads), 0.0, is_causal, attn_mask=additive, scale=scale)
+        lse = lse.float()
+    else:
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=is_causal, scale=scale,
+                                           enable_gqa=k.shape[1] != n_heads)
+        lse = _blockwise_stats(LazyPattern(q, k, None, additive, is_causal, scale), entropy=False)[0]
+    lazy.lse = lse if sinks is None else torch.logaddexp(lse, lazy.sink_logits())  # (B, H, Tq)
+    if sinks is not None:  # the sink's share of each row leaves z: z * sum_j A[i, j]
+        z = (z.float() * (lse - lazy.lse).exp()[..., None]).to(z.dtype)
     return z, lazy
 
 
-def _blockwise_stats(lazy: "LazyPattern", entropy: bool):
-    """(lse, entropy or None) `[batch, head, query]` in fp32, a block of queries at a time."""
+def _blockwise_stats(lazy: "LazyPattern", entropy: bool, values: Optional[torch.Tensor] = None):
+    """(lse, entropy or None, z or None), lse and entropy `[batch, head, query]` in fp32, z
+    `[batch, head, query, d_v]` (with `values` `[batch, head, key, d_v]`), a block of queries
+    at a time."""
     b, h, n_query, n_key = lazy.shape
     keys = lazy.k.float()
     rows = max(1, BLOCK_BYTES // (4 * b * h * n_key))
-    lse, ent = [], []
+    lse, ent, out = [], [], []
     for start in range(0, n_query, rows):
         block = slice(start, min(n_query, start + rows))
-        scores = torch.matmul(lazy.q[:, :, block].float(), keys.transpose(-1, -2)).mul_(lazy.scale)  # (B, H, rows, Tk)
+        scores = lazy.capped(torch.matmul(lazy.q[:, :, block].float(), keys.transpose(-1, -2)))  # (B, H, rows, Tk)
         if lazy.additive is not None:
             scores = scores + lazy.additive[..., block, :].float()
         if lazy.is_causal:
             i, j = torch.arange(block.start, block.stop, device=lazy.device), torch.arange(n_key, device=lazy.device)
             scores = scores.masked_fill(lazy.causally_hidden(i[:, None], j[None, :]), torch.finfo(torch.float32).min)
-        row_lse = torch.logsumexp(scores, dim=-1)
+        row_lse = torch.logsumexp(scores, dim=-1)  # (B, H, rows)
+        if lazy.sinks is not None:
+            row_lse = torch.logaddexp(row_lse, lazy.sink_logits())
         lse.append(row_lse)
+        log_p = scores.sub_(row_lse[..., None])  # log A[i, j]
+        if values is not None:
+            out.append(torch.matmul(log_p.exp(), values.float()))  # (B, H, rows, d_v)
         if entropy:
-            log_p = scores.sub_(row_lse[..., None])  # log A[i, j]
             ent.append(-(log_p.exp() * log_p).sum(-1))
-    return torch.cat(lse, dim=-1), (torch.cat(ent, dim=-1) if entropy else None)
+    return (torch.cat(lse, dim=-1), torch.cat(ent, dim=-1) if entropy else None,
+            torch.cat(out, dim=2) if values is not None else None)
 
 
 class LazyPattern:
-    """Entries and row statistics of softmax(q k^T * scale + mask), computed on demand.
+    """Entries and row statistics of softmax(cap(q k^T * scale) + mask), computed on demand.
 
     Built by `lazy_attention` from one layer's q `[batch, head, query, d_head]`, k
     `[batch, kv_head, key, d_head]`, the additive mask, the causal flag and the row
-    log-sum-exp; detectors read it through `headscope.detectors.base`'s `diagonal`, `column`,
-    `mass_on_targets` and `entropy`. Everything returned is fp32 and on q's device.
+    log-sum-exp (including the sink, if any), the soft-cap and the sinks; detectors read it
+    through `headscope.detectors.base`'s `diagonal`, `column`, `mass_on_targets` and `entropy`. Everything returned is fp32 and on q's device.
     """
 
-    def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None):
+    def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None, softcap=None, sinks=None):
         self.q = q
         self.k = expand_kv(k, q.shape[1])  # (B, H, Tk, D); already expanded: no copy
         self.lse = lse  # (B, H, Tq) fp32
         self.additive = additive  # (B or 1, H or 1, Tq, Tk) additive floats, or None
         self.is_causal = is_causal
         self.scale = q.shape[-1] ** -0.5 if scale is None else scale
+        self.softcap = softcap
+        self.sinks = sinks  # (H,) sink logits, or None
         self._entropy = None
+
+    def capped(self, products: torch.Tensor) -> torch.Tensor:
+        """Scores from fp32 dot products q . k: scaled, then soft-capped when the model caps."""
+        scores = products * self.scale
+        return scores if self.softcap is None else torch.tanh(scores / self.softcap) * self.softcap
+
+    def sink_logits(self) -> torch.Tensor:
+        """`[1, head, 1]` fp32 sink logits, broadcasting against `[batch, head, query]`."""
+        return self.sinks.float().view(1, -1, 1)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -163,13 +194,13 @@ class LazyPattern:
         n = min(n_query - first_query, n_key - (first_query + offset))
         queries = self.q[:, :, first_query:first_query + n].float()  # (B, H, n, D), a view in fp32
         keys = self.k[:, :, first_query + offset:first_query + offset + n].float()
-        logits = (queries * keys).sum(-1) * self.scale  # (B, H, n)
+        logits = self.capped((queries * keys).sum(-1))  # (B, H, n)
         i = torch.arange(first_query, first_query + n, device=self.device)
         return self._probs(logits, None, i, i + offset)
 
     def column(self, key: int) -> torch.Tensor:
         """`[batch, head, query]` A[:, key]."""
-        logits = torch.matmul(self.q.float(), self.k[:, :, key].float()[..., None])[..., 0] * self.scale  # (B, H, Tq)
+        logits = self.capped(torch.matmul(self.q.float(), self.k[:, :, key].float()[..., None])[..., 0])  # (B, H, Tq)
         i = torch.arange(self.shape[2], device=self.device)
         return self._probs(logits, None, i, torch.full_like(i, key))
 
@@ -182,7 +213,7 @@ class LazyPattern:
         b, i, j = targets.nonzero(as_tuple=True)
         q = self.q.permute(0, 2, 1, 3)[b, i].float()  # (n, H, D)
         k = self.k.permute(0, 2, 1, 3)[b, j].float()
-        logits = (q * k).sum(-1) * self.scale  # (n, H)
+        logits = self.capped((q * k).sum(-1))  # (n, H)
         probs = self._probs(logits, b, i, j)  # (n, H)
         batch, heads, n_query = self.shape[:3]
         out = torch.zeros(batch * n_query, heads, dtype=torch.float32, device=self.device)
@@ -197,10 +228,15 @@ class LazyPattern:
 
     def _compute_entropy(self) -> torch.Tensor:
         q, k = self.q, self.k
-        if fused_lse_available(q.device) and q.dtype == torch.float32 and _zero_or_hidden(self.additive):
-            # H_i = lse_i - sum_j A[i, j] s_ij, and sum_j A[i, j] s_ij = scale * q_i . (sum_j A[i, j] k_j)
-            # when the mask only adds 0 or hides (hidden keys have A = 0): one fused pass, keys as values.
+        fused = fused_lse_available(q.device) and q.dtype == torch.float32 and self.softcap is None
+        if fused and _zero_or_hidden(self.additive):
+            # H_i = W_i (lse_i - sum_j A'[i, j] s_ij), sum_j A'[i, j] s_ij = scale * q_i . (sum_j A'[i, j] k_j)
+            # when the mask only adds 0 or hides (hidden keys have A = 0): one fused pass, keys as
+            # values; A' is the pattern without the sink, W_i = exp(lse'_i - lse_i) its share.
             op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-            mean_key, _ = op(q, k, k, 0.0, self.is_causal, attn_mask=self.additive, scale=self.scale)  # (B, H, Tq, D)
-            return self.lse - (q * mean_key).sum(-1) * self.scale
+            mean_key, keys_lse = op(q, k, k, 0.0, self.is_causal, attn_mask=self.additive, scale=self.scale)
+            entropy = self.lse - (q * mean_key).sum(-1) * self.scale  # mean_key: (B, H, Tq, D)
+            if self.sinks is None:
+                return entropy
+            return (keys_lse.float() - self.lse).exp() * entropy  # the keys' share W_i, (B, H, Tq)
         return _blockwise_stats(self, entropy=True)[1]

@@ -89,12 +89,12 @@ class Loaded:
             A `Loaded`; family from the config, causal from the class (``...ForCausalLM``,
             ``...LMHeadModel``) or the config. The model is put in eval mode.
         """
-        from .hf.adapters import adapter_for
+        from .hf.adapters import family_of
 
         config = getattr(model, "config", None)
         if config is None:
             raise HeadscopeError(f"{type(model).__name__} is not a transformers model (it has no config)")
-        family = adapter_for(config).family
+        family = family_of(config)
         cls_name = type(model).__name__
         causal = cls_name.endswith(("ForCausalLM", "LMHeadModel")) or _is_causal_config(config)
         name = name or getattr(config, "name_or_path", "") or cls_name
@@ -200,10 +200,13 @@ def _locate(spec: str) -> tuple[str, dict]:
 
 
 def _is_causal_config(config) -> bool:
+    from .hf.adapters import adapter_for
+
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         return True
-    return not archs and config.model_type not in ("bert", "roberta")
+    adapter = adapter_for(config)
+    return not archs and (adapter is None or adapter.causal)
 
 
 def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, cache: bool = True,
@@ -242,9 +245,9 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, cache: 
             raise HeadscopeError(_load_error(spec, where, extra, True, err)) from None
     else:
         config, model, tokenizer = _load_pretrained(spec, where, torch_dtype, placement)
-    from .hf.adapters import adapter_for  # imports torch: kept out of `headscope models`
+    from .hf.adapters import family_of  # imports torch: kept out of `headscope models`
 
-    family = adapter_for(config).family
+    family = family_of(config)
     model = (model if placement else model.to(device)).eval()
     return Loaded(model=model, tokenizer=tokenizer, name=spec, family=family, causal=_is_causal_config(config))
 
@@ -255,14 +258,21 @@ def _model_class(config):
     return AutoModelForCausalLM if _is_causal_config(config) else AutoModel
 
 
+def _check_runs(config) -> None:
+    """HeadscopeError before any weights are read when the model's attention bypasses the interface."""
+    from .hf.adapters import check_on_interface
+
+    cls = _model_class(config)
+    if type(config) in cls._model_mapping:
+        check_on_interface(cls._model_mapping[type(config)], config.model_type)
+
+
 def _from_folder(folder, torch_dtype, placement: dict, **kwargs):
     """(config, model, tokenizer) of a transformers model folder or hub id."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from .hf.adapters import adapter_for
-
     config = AutoConfig.from_pretrained(folder, **kwargs)
-    adapter_for(config)  # an unsupported architecture fails before the weights are read
+    _check_runs(config)
     if torch_dtype is not None:
         kwargs["dtype"] = torch_dtype
     model = _model_class(config).from_pretrained(folder, config=config, **kwargs, **placement)
@@ -281,10 +291,8 @@ def _load_gguf(path: Path, torch_dtype, placement: dict, use_cache: bool):
             raise
         except Exception as err:  # e.g. a safetensors file whose bytes were damaged
             load_cache.report_damage(entry, _first_line(err))
-    from .hf.adapters import adapter_for
-
     config, tokenizer = config_and_tokenizer(str(path.parent), path.name)
-    adapter_for(config)  # an unsupported architecture fails before the conversion
+    _check_runs(config)
     model_class = _model_class(config)
     if key is None:
         return config, model_from_gguf(path, config, model_class, torch_dtype, **placement), tokenizer

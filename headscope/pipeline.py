@@ -86,8 +86,9 @@ def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) 
 @torch.no_grad()
 def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress], lazy: bool = True,
                stage: Optional[str] = None):
-    """Per-example scores {detector: {layer: [examples, head]}}, and how patterns were computed
-    ("lazy", "maps" or "maps, N heads at a time").
+    """Per-example scores {detector: {layer: [examples, head]}}, how patterns were computed
+    ("lazy", "maps" or "maps, N heads at a time"), and the layers whose heads have learned sink
+    logits (their pattern rows sum to less than 1).
 
     Under torchrun the batches are dealt across processes and the results gathered in order.
     """
@@ -113,9 +114,13 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
                 report(stage, n + 1, len(todo))
     per_batch = gather(done)  # [{layer: {detector: [batch, head]}}] in batch order
     how = "lazy" if lazy else ("maps" if chunk is None else f"maps, {chunk} heads at a time")
+    sink_layers = sorted(layer for layer, extras in cap.extras.items() if "sinks" in extras)
     return {det.name: {layer: torch.cat([b[layer][det.name] for b in per_batch]) for layer in range(loaded.n_layers)}
-            for det in dets}, how
+            for det in dets}, how, sink_layers
 
+
+SINK_NOTE = ("{n} of {total} layers have a learned sink logit per head: each pattern row sums to less than 1 (the "
+             "sink takes the rest), and every score reads the tokens' share only")
 
 MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
 
@@ -219,16 +224,18 @@ def analyze(
 
     per_example: dict[str, dict[int, torch.Tensor]] = {}
     control_per_example: dict[str, dict[int, torch.Tensor]] = {}
-    patterns = {}
+    patterns, sink_layers = {}, set()
     for name, probe in probes.items():
         t = time.perf_counter()
         probe_dets = [d for d in dets if d.probe == name]
-        scores, patterns[name] = _run_probe(loaded, probe, probe_dets, batch_size, progress, lazy)
+        scores, patterns[name], sinks = _run_probe(loaded, probe, probe_dets, batch_size, progress, lazy)
         per_example.update(scores)
+        sink_layers.update(sinks)
         timings[f"probe_{name}"] = time.perf_counter() - t
         if twin is not None:
             t = time.perf_counter()
-            scores, _ = _run_probe(twin, probe, probe_dets, batch_size, progress, lazy, stage=f"probe {name} (control)")
+            scores, _, _ = _run_probe(twin, probe, probe_dets, batch_size, progress, lazy,
+                                      stage=f"probe {name} (control)")
             control_per_example.update(scores)
             timings[f"probe_{name}_control"] = time.perf_counter() - t
 
@@ -272,6 +279,8 @@ def analyze(
         meta["syntax_notes"] = [skipped_syntax]
     for name, how in patterns.items():
         meta["probes"][name]["patterns"] = how
+    if sink_layers:
+        meta["notes"] = [SINK_NOTE.format(n=len(sink_layers), total=loaded.n_layers)]
     analysis = Analysis(scores=scores, labels=labels, meta=meta, examples=examples)
     if syntax is not None:
         _attach_syntax(analysis, syntax)

@@ -86,6 +86,44 @@ def test_lazy_entries_equal_the_full_pattern(path, mask_kind):
     assert lazy.mass(targets).sum() > 1.0  # the targets hold real attention, not only zeros
 
 
+EXTRAS = {
+    "softcap": dict(softcap=1.5),
+    "sinks": dict(sinks=torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0])),
+    "softcap and sinks": dict(softcap=1.5, sinks=torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0])),
+}
+
+
+@pytest.mark.parametrize("extra", list(EXTRAS))
+@pytest.mark.parametrize("mask_kind", ["causal", "padded bool", "additive bias"])
+def test_lazy_entries_with_softcap_and_sinks(path, mask_kind, extra):
+    """Soft-capped scores (computed in query blocks) and sink logits (in the row lse, dropped from
+    the pattern): z, entries and entropy equal the explicit path's, rows sum to less than 1."""
+    q, k, v = _qkv()
+    b, h, t, _ = q.shape
+    mask, is_causal, rows = MASKS[mask_kind](b, h, t)
+    z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **EXTRAS[extra])
+    z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True, **EXTRAS[extra])
+    _, plain = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True)
+    assert (pattern - plain).abs().max() > 0.1  # the extra changes the pattern a lot
+    torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **FP32)
+    for offset in (-1, 0):
+        ref = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
+        keep = rows[:, max(0, -offset):max(0, -offset) + ref.shape[-1]]
+        torch.testing.assert_close(lazy.diagonal(offset).transpose(1, 2)[keep], ref.transpose(1, 2)[keep], **FP32)
+    torch.testing.assert_close(lazy.column(0).transpose(1, 2)[rows], pattern[..., 0].transpose(1, 2)[rows], **FP32)
+    g = torch.Generator().manual_seed(3)
+    targets = (torch.rand(b, t, t, generator=g) < 0.15) & rows[:, :, None]
+    torch.testing.assert_close(lazy.mass(targets), (pattern * targets[:, None]).sum(-1), **FP32)
+    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)
+    torch.testing.assert_close(lazy.entropy().transpose(1, 2)[rows], entropy.transpose(1, 2)[rows], **FP32)
+    sinks = EXTRAS[extra].get("sinks")
+    sink_share = (sinks.view(1, -1, 1) - lazy.lse).exp() if sinks is not None else torch.zeros_like(lazy.lse)  # (B, H, Tq)
+    missing = (1 - pattern.sum(-1)).transpose(1, 2)[rows]  # (n rows, H): what the keys did not get
+    torch.testing.assert_close(missing, sink_share.transpose(1, 2)[rows], **FP32)
+    if sinks is not None:
+        assert missing.max() > 0.1  # the sinks take real mass
+
+
 def test_fused_entropy_falls_back_for_an_additive_bias(monkeypatch):
     """The keys-as-values identity needs a mask of 0 or hidden; a bias takes the exact blockwise path."""
     q, k, v = _qkv()

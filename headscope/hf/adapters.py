@@ -2,77 +2,68 @@
 
 Each family is one `Adapter`: where the layers are, which submodule is the attention block
 (what `MultiHeadAttention.from_hf` takes), which part of it calls transformers' attention
-interface, and how q/k/v/o weights are laid out. Shared code reads adapters; it never branches
-on an architecture name.
+interface, how q/k/v/o weights are laid out, and the extras its attention computes (rotary
+layout, q/k norms, clipping, soft-capping, sinks). Shared code reads adapters; it never
+branches on an architecture name.
 
-- `adapter_for(config)`: the adapter of a model's family (HeadscopeError if none).
-- `attention_blocks(model)`: `[(layer, block)]` for every layer.
-- `module_from_hf(cls, block, config)`: a `MultiHeadAttention` with the block's weights.
+Capture, ablation and analysis need no adapter: in a model of another family, the modules whose
+`forward` calls the attention interface are found by what they do (`discovered_cores`).
+
+- `adapter_for(config)`: the adapter of a model's family, or None.
+- `family_of(config)`: the adapter's family name, else the config's model type.
+- `attention_blocks(model)`: `[(layer, block)]` for every layer (needs an adapter).
+- `core_modules(model)`: `[(layer, module calling the attention interface)]`.
+- `check_on_interface(model_class, model_type)`: the one-line refusal for models that bypass it.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Callable
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
+from .layouts import FusedConv1D, FusedPerHead, FusedRows, Separate
 
-__all__ = ["Adapter", "ADAPTERS", "adapter_for", "attention_blocks", "module_from_hf", "supported_families"]
+if TYPE_CHECKING:  # torch is not imported by `import headscope`
+    from torch import nn
 
-Weights = tuple[torch.Tensor, "torch.Tensor | None"]  # Linear-style (out, in) weight and bias
-
-
-def _linear(module: nn.Module) -> Weights:
-    return module.weight, module.bias
-
-
-def _conv1d(module: nn.Module) -> Weights:
-    # transformers' Conv1D computes x @ W + b with W shaped (in, out).
-    return module.weight.t(), module.bias
+__all__ = ["Adapter", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
+           "discovered_cores", "check_on_interface", "out_projection", "head_sizes", "supported_families"]
 
 
 @dataclass(frozen=True)
-class Separate:
-    """q, k and v projections are separate Linear modules."""
+class Rotary:
+    """How a family applies rotary embedding.
+
+    Attributes:
+        dims: attribute of the core module holding the number of rotated dims (None: d_head
+            times the config's `partial_rotary_factor`, 1 if absent).
+        interleaved: pairs are dims (2i, 2i + 1) (GPT-J, Cohere), not (i, i + dims / 2).
+        sin_first: the model passes `position_embeddings` as (sin, cos) (GPT-J).
+        switch: attribute of the core module that is False in layers without rotary (NoPE).
+    """
+
+    dims: Optional[str] = None
+    interleaved: bool = False
+    sin_first: bool = False
+    switch: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """Norms on q and k before rotary.
+
+    Attributes:
+        q, k: paths from the core module to the two norm modules.
+        over: what they normalise: "head" (`[batch, pos, head, d_head]`), "heads_first"
+            (`[batch, head, pos, d_head]`) or "projection" (`[batch, pos, head * d_head]`).
+        switch: attribute of the core module that says whether the norms are used.
+    """
 
     q: str
     k: str
-    v: str
-
-    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
-        return [_linear(block.get_submodule(p)) for p in (self.q, self.k, self.v)]
-
-
-@dataclass(frozen=True)
-class FusedConv1D:
-    """GPT-2: one Conv1D producing [q | k | v] along the output features."""
-
-    path: str
-
-    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
-        weight, bias = _conv1d(block.get_submodule(self.path))
-        sizes = [n_heads * d_head, n_kv * d_head, n_kv * d_head]
-        weights = weight.split(sizes, dim=0)
-        biases = bias.split(sizes, dim=0) if bias is not None else (None,) * 3
-        return list(zip(weights, biases))
-
-
-@dataclass(frozen=True)
-class FusedPerHead:
-    """GPT-NeoX: one Linear whose output features are grouped per head as [q_h | k_h | v_h]."""
-
-    path: str
-
-    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
-        weight, bias = _linear(block.get_submodule(self.path))
-        w = weight.view(n_heads, 3, d_head, -1)  # (H, qkv, D, d_model)
-        b = bias.view(n_heads, 3, d_head) if bias is not None else None
-        return [
-            (w[:, i].reshape(n_heads * d_head, -1), b[:, i].reshape(-1) if b is not None else None)
-            for i in range(3)
-        ]
+    over: str = "head"
+    switch: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -85,10 +76,18 @@ class Adapter:
         layers: path from `model.base_model` to the list of layers.
         block: path from a layer to the attention block (holds q/k/v and the output projection).
         core: path from the block to the module that calls the attention interface ("" = block).
-        qkv: layout of the q/k/v weights inside the block.
+        qkv: layout of the q/k/v weights inside the block (`headscope.hf.layouts`).
         out: path from the block to the output projection.
         out_is_conv1d: the output projection is a transformers Conv1D (x @ W).
-        rotary: "none", "full" (all of d_head) or "partial" (`core.rotary_ndims` dims).
+        rotary: how rotary embedding is applied (None: no rotary).
+        qk_norm: norms on q and k before rotary (None: none).
+        clip: config attribute clamping q, k and v after the projections.
+        softcap: core attribute holding the score soft-cap.
+        sinks: core attribute holding the per-head sink logits.
+        query_prescaled: the model multiplies q by `core.scaling` and asks for scale 1.
+        causal: decoder (True) or encoder (False).
+        no_from_hf: why `from_hf` and `verify` are not available ("" when they are).
+        notes: one line for the family table.
     """
 
     family: str
@@ -99,35 +98,116 @@ class Adapter:
     qkv: object
     out: str
     out_is_conv1d: bool = False
-    rotary: str = "none"
+    rotary: Optional[Rotary] = None
+    qk_norm: Optional[QKNorm] = None
+    clip: Optional[str] = None
+    softcap: Optional[str] = None
+    sinks: Optional[str] = None
+    query_prescaled: bool = False
+    causal: bool = True
+    no_from_hf: str = ""
+    notes: str = ""
 
+
+_QKV = Separate("q_proj", "k_proj", "v_proj")
+_BERT_QKV = Separate("self.query", "self.key", "self.value")
 
 ADAPTERS = (
-    Adapter("gpt2", ("gpt2",), layers="h", block="attn", core="", qkv=FusedConv1D("c_attn"),
-            out="c_proj", out_is_conv1d=True),
-    Adapter("bert", ("bert",), layers="encoder.layer", block="attention", core="self",
-            qkv=Separate("self.query", "self.key", "self.value"), out="output.dense"),
-    Adapter("llama", ("llama", "mistral", "qwen2"), layers="layers", block="self_attn", core="",
-            qkv=Separate("q_proj", "k_proj", "v_proj"), out="o_proj", rotary="full"),
+    Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2"),
+            layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
+            notes="GQA, rotary, sliding windows where configured"),
+    Adapter("granite", ("granite",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), notes="attention_multiplier is the score scale"),
+    Adapter("qwen3", ("qwen3", "qwen3_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), notes="per-head q/k RMSNorm before rotary"),
+    Adapter("gemma2", ("gemma2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), softcap="attn_logit_softcapping",
+            notes="tanh soft-capped scores, query_pre_attn_scalar, sliding windows; defaults to eager"),
+    Adapter("gemma3", ("gemma3_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), softcap="attn_logit_softcapping",
+            notes="per-head q/k norm, local and global rotary, sliding windows"),
+    Adapter("cohere", ("cohere",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(interleaved=True), qk_norm=QKNorm("q_norm", "k_norm", switch="use_qk_norm"),
+            notes="interleaved rotary, optional per-head q/k LayerNorm"),
+    Adapter("olmo", ("olmo",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), clip="clip_qkv", notes="clip_qkv clamps q, k, v"),
+    Adapter("olmo2", ("olmo2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", over="projection"),
+            notes="q/k RMSNorm over the whole projection"),
+    Adapter("smollm3", ("smollm3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(switch="use_rope"), notes="NoPE layers (no rotary) between rotary ones"),
+    Adapter("gpt_oss", ("gpt_oss",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), sinks="sinks",
+            notes="learned sink logit per head: pattern rows sum to less than 1; defaults to eager"),
+    Adapter("phi", ("phi",), layers="layers", block="self_attn", core="", qkv=_QKV, out="dense",
+            rotary=Rotary(dims="rotary_ndims"), qk_norm=QKNorm("q_layernorm", "k_layernorm", switch="qk_layernorm"),
+            notes="partial rotary"),
+    Adapter("stablelm", ("stablelm",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(dims="rotary_ndims"),
+            qk_norm=QKNorm("q_layernorm", "k_layernorm", over="heads_first", switch="qk_layernorm"),
+            notes="partial rotary"),
+    Adapter("phi3", ("phi3",), layers="layers", block="self_attn", core="", qkv=FusedRows("qkv_proj"), out="o_proj",
+            rotary=Rotary(), notes="fused qkv_proj"),
+    Adapter("gptj", ("gptj",), layers="h", block="attn", core="", qkv=_QKV, out="out_proj",
+            rotary=Rotary(dims="rotary_dim", interleaved=True, sin_first=True), notes="partial interleaved rotary"),
     Adapter("gpt_neox", ("gpt_neox",), layers="layers", block="attention", core="",
-            qkv=FusedPerHead("query_key_value"), out="dense", rotary="partial"),
+            qkv=FusedPerHead("query_key_value"), out="dense", rotary=Rotary(dims="rotary_ndims"),
+            notes="fused per-head qkv, partial rotary"),
+    Adapter("gpt2", ("gpt2",), layers="h", block="attn", core="", qkv=FusedConv1D("c_attn"),
+            out="c_proj", out_is_conv1d=True, notes="fused Conv1D qkv"),
+    Adapter("opt", ("opt",), layers="decoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
+            query_prescaled=True, notes="queries pre-scaled, kernel scale 1"),
+    Adapter("deepseek_v3", ("deepseek_v3",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
+            no_from_hf="from_hf and verify are not available for multi-head latent attention (deepseek_v3); capture, "
+                       "ablate and analyze work",
+            notes="MLA: q/k head size differs from v; from_hf/verify not available"),
+    Adapter("bert", ("bert", "roberta", "electra"), layers="encoder.layer", block="attention", core="self",
+            qkv=_BERT_QKV, out="output.dense", causal=False, notes="encoder"),
+    Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",
+            qkv=Separate("q_lin", "k_lin", "v_lin"), out="out_lin", causal=False, notes="encoder"),
+    Adapter("modernbert", ("modernbert",), layers="layers", block="attn", core="", qkv=FusedRows("Wqkv"), out="Wo",
+            rotary=Rotary(), causal=False, notes="encoder, fused Wqkv, local and global attention"),
+    Adapter("t5", ("t5",), layers="encoder.block", block="layer.0.SelfAttention", core="", qkv=Separate("q", "k", "v"),
+            out="o", causal=False,
+            no_from_hf="from_hf and verify are not available for t5 (its relative position bias is computed inside "
+                       "the attention module); capture, ablate and analyze of the encoder work",
+            notes="layers are the encoder's self-attention; decoder and cross-attention run untouched, not captured"),
 )
 
 
 def supported_families() -> str:
-    """One line naming the supported model types."""
+    """One line naming the model types with an adapter."""
     return ", ".join(t for a in ADAPTERS for t in a.model_types)
 
 
-def adapter_for(config) -> Adapter:
-    """The adapter for a model config; HeadscopeError naming the supported types otherwise."""
+def adapter_for(config) -> Optional[Adapter]:
+    """The adapter for a model config, or None when its family has none."""
     model_type = getattr(config, "model_type", None)
-    for adapter in ADAPTERS:
-        if model_type in adapter.model_types:
-            return adapter
-    raise HeadscopeError(
-        f"architecture {model_type!r} is not supported by headscope; supported: {supported_families()}"
-    )
+    return next((a for a in ADAPTERS if model_type in a.model_types), None)
+
+
+def family_of(config) -> str:
+    adapter = adapter_for(config)
+    return adapter.family if adapter is not None else str(getattr(config, "model_type", "?"))
+
+
+def _needs_adapter(config) -> Adapter:
+    adapter = adapter_for(config)
+    if adapter is None:
+        raise HeadscopeError(
+            f"architecture {getattr(config, 'model_type', None)!r} has no headscope adapter, which from_hf and verify "
+            f"need (capture, ablate and analyze work without one); adapters: {supported_families()}"
+        )
+    return adapter
+
+
+def check_on_interface(model_class: type, model_type: str) -> None:
+    """HeadscopeError naming the reason when a model class's attention bypasses the interface."""
+    if not model_class._can_set_attn_implementation():
+        raise HeadscopeError(
+            f"{model_class.__name__} ({model_type}) does not send attention through transformers' attention interface "
+            f"(_can_set_attn_implementation() is False), so headscope cannot run inside it"
+        )
 
 
 def _sub(module: nn.Module, path: str) -> nn.Module:
@@ -135,21 +215,46 @@ def _sub(module: nn.Module, path: str) -> nn.Module:
 
 
 def attention_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    """`[(layer index, attention block)]` for every layer of a Hugging Face model."""
-    adapter = adapter_for(model.config)
+    """`[(layer index, attention block)]` for every layer of a Hugging Face model with an adapter."""
+    adapter = _needs_adapter(model.config)
     layers = _sub(model.base_model, adapter.layers)
     return [(i, _sub(layer, adapter.block)) for i, layer in enumerate(layers)]
 
 
+def _calls_interface(cls: type) -> bool:
+    """Whether `cls.forward` looks up transformers' attention interface (the name it reads)."""
+    forward = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    code = getattr(forward, "__code__", None)
+    return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
+
+
+def discovered_cores(model: nn.Module) -> list[nn.Module]:
+    """Every module whose forward calls the attention interface, in the model's module order."""
+    return [m for m in model.base_model.modules() if _calls_interface(type(m))]
+
+
 def core_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    """`[(layer index, module that calls the attention interface)]` for every layer."""
+    """`[(layer index, module that calls the attention interface)]` for every layer.
+
+    With an adapter, its paths say where they are; otherwise they are discovered, and there
+    must be exactly one per layer (`config.num_hidden_layers`).
+    """
     adapter = adapter_for(model.config)
-    return [(i, _sub(block, adapter.core)) for i, block in attention_blocks(model)]
+    if adapter is not None:
+        return [(i, _sub(block, adapter.core)) for i, block in attention_blocks(model)]
+    cores = discovered_cores(model)
+    n_layers = getattr(model.config, "num_hidden_layers", None)
+    if not cores or len(cores) != n_layers:
+        raise HeadscopeError(
+            f"{type(model).__name__} has {len(cores)} modules calling the attention interface for {n_layers} layers; "
+            f"without an adapter headscope needs exactly one per layer (encoder-decoders need an adapter)"
+        )
+    return list(enumerate(cores))
 
 
 def out_projection(model: nn.Module, block: nn.Module) -> nn.Module:
     """The output projection (W_O) inside an attention block."""
-    return _sub(block, adapter_for(model.config).out)
+    return _sub(block, _needs_adapter(model.config).out)
 
 
 def head_sizes(config) -> tuple[int, int, int, int]:
@@ -159,41 +264,3 @@ def head_sizes(config) -> tuple[int, int, int, int]:
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     d_head = getattr(config, "head_dim", None) or d_model // n_heads
     return d_model, n_heads, n_kv, d_head
-
-
-def _rotary_dim(adapter: Adapter, core: nn.Module, d_head: int) -> int:
-    if adapter.rotary == "full":
-        return d_head
-    if adapter.rotary == "partial":
-        return int(core.rotary_ndims)
-    return 0
-
-
-def _rotary_base(config) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-
-
-def module_from_hf(cls: Callable, block: nn.Module, config):
-    """Build `cls` (a MultiHeadAttention) from a Hugging Face attention block's weights."""
-    adapter = adapter_for(config)
-    core = _sub(block, adapter.core)
-    d_model, n_heads, n_kv, d_head = head_sizes(config)
-    (wq, bq), (wk, bk), (wv, bv) = adapter.qkv.extract(block, n_heads, n_kv, d_head)
-    out = _sub(block, adapter.out)
-    wo, bo = _conv1d(out) if adapter.out_is_conv1d else _linear(out)
-    ref = wq
-    module = cls(
-        d_model, n_heads, n_kv, d_head,
-        causal=bool(getattr(core, "is_causal", True)),
-        bias=bq is not None, out_bias=bo is not None,
-        rotary_dim=_rotary_dim(adapter, core, d_head), rotary_base=_rotary_base(config),
-        scale=getattr(core, "scaling", None),
-        device=ref.device, dtype=ref.dtype,
-    )
-    with torch.no_grad():
-        for linear, w, b in ((module.W_q, wq, bq), (module.W_k, wk, bk), (module.W_v, wv, bv), (module.W_o, wo, bo)):
-            linear.weight.copy_(w)
-            if b is not None:
-                linear.bias.copy_(b)
-    return module.eval()

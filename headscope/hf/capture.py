@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
+from .adapters import head_sizes
 from .route import Session, layer_map, routed
 
 __all__ = ["capture", "ablate", "Capture"]
@@ -63,6 +64,7 @@ class Capture(Session):
         self._maps: dict[int, list[torch.Tensor]] = defaultdict(list)
         self._pieces: dict[int, list[Any]] = defaultdict(list)
         self.results: dict[int, list[Any]] = defaultdict(list)
+        self.extras: dict[int, set[str]] = defaultdict(set)  # layer -> {"sinks"}: see Session.note
 
     def wants_pattern(self, layer: int) -> bool:
         return True
@@ -83,6 +85,9 @@ class Capture(Session):
             self.results[layer].append(self.reduce(layer, pattern, attention_mask))
             return
         self._maps[layer].append(pattern.detach().to(device=self.to, dtype=self.dtype or pattern.dtype))
+
+    def note(self, layer, what):
+        self.extras[layer].add(what)
 
     def end_pattern(self, layer):
         self.results[layer].append(_join_heads(self._pieces.pop(layer)))
@@ -137,12 +142,11 @@ def capture(
             pattern: the layer runs the fused kernel, and the reducer computes only the entries
             and row statistics it reads (`diagonal`, `column`, `mass`, `entropy`).
     Yields:
-        A `Capture` with `.patterns` or `.results`.
+        A `Capture` with `.patterns` or `.results`, and `.extras` `{layer: {"sinks"}}` for layers
+        whose heads have a learned sink logit (their pattern rows sum to less than 1).
     """
     layer_of = layer_map(model)
     chosen = _check_layers(layers, len(layer_of))
-    from .adapters import head_sizes
-
     if chunk_heads is not None and (reduce is None or heads is not None or chunk_heads < 1):
         raise HeadscopeError("chunk_heads needs a reducer, no heads= selection, and a size of at least 1")
     if lazy and (reduce is None or heads is not None):
@@ -192,8 +196,6 @@ def ablate(
     if mode not in ("zero", "mean"):
         raise HeadscopeError(f"unknown ablation mode {mode!r}; use 'zero' or 'mean'")
     layer_of = layer_map(model)
-    from .adapters import head_sizes
-
     n_heads = head_sizes(model.config)[1]
     by_layer: dict[int, list[int]] = defaultdict(list)
     for layer, head in heads:

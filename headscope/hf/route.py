@@ -10,6 +10,11 @@ Sessions see each layer's pattern `[batch, head, query, key]` (key/value heads e
 query heads) and may edit z `[batch, pos, head, d_head]` before the output projection. When
 every session watching a layer takes a `LazyPattern` (`takes_lazy`), the layer runs the fused
 kernel (output plus row log-sum-exp) and no map is built.
+
+The kernel honours what models pass beyond q, k, v and the mask: `softcap` (Gemma 2),
+per-head sink logits (`s_aux` in gpt-oss, or `sinks`) and an additive `position_bias` (T5).
+Sliding windows arrive built into the mask. An argument it does not know stops the forward
+pass with a one-line HeadscopeError instead of being silently ignored.
 """
 from __future__ import annotations
 
@@ -20,9 +25,9 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..kernel import attention, expand_kv
+from ..kernel import attention, expand_kv, with_bias
 from ..lazy import lazy_attention
-from .adapters import core_modules
+from .adapters import check_on_interface, core_modules
 
 __all__ = ["IMPLEMENTATION", "Session", "routed"]
 
@@ -54,6 +59,10 @@ class Session:
         `LazyPattern` of them if every watcher `takes_lazy`); with head groups, `heads` says
         which query heads this piece holds."""
 
+    def note(self, layer: int, what: str) -> None:
+        """Told what a layer's attention has beyond softmax over the keys ("sinks": a learned
+        sink logit per head takes part of each row, so pattern rows sum to less than 1)."""
+
     def end_pattern(self, layer: int) -> None:
         """Called after the last head group of a layer (only when patterns came in groups)."""
 
@@ -62,20 +71,45 @@ class Session:
         return z
 
 
+# Keyword arguments models pass to the attention function. Honoured: they change the math.
+# Ignored: they change nothing here (sliding windows arrive built into the mask; the rest
+# serve caches and other kernels). Anything else stops the forward pass with its name.
+HONOURED = ("softcap", "s_aux", "sinks", "position_bias", "is_causal")
+IGNORED = ("position_ids", "use_cache", "sliding_window", "encoder_hidden_states", "deterministic",
+           "output_attentions", "cache_position", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+           "output_router_logits")
+
+
+def _extras(module, kwargs) -> tuple[Optional[float], Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(softcap, sinks `[head]`, additive position bias) from the model's keyword arguments."""
+    for name, value in kwargs.items():
+        if value is not None and name not in HONOURED and name not in IGNORED:
+            raise HeadscopeError(f"{type(module).__name__} passes {name!r} to the attention function, which "
+                                 f"headscope does not know how to honour")
+    sinks = kwargs.get("s_aux")
+    return kwargs.get("softcap"), (kwargs.get("sinks") if sinks is None else sinks), kwargs.get("position_bias")
+
+
 def _headscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention-interface function: query `[b, h, q, d]`, key/value `[b, kv, k, d]`."""
     active = [(s, s.layer_of[id(module)]) for s in _ACTIVE if id(module) in s.layer_of]
+    softcap, sinks, bias = _extras(module, kwargs)
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     # As in transformers' SDPA path: a missing mask means "causal" only for causal modules.
     is_causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
+    mask = with_bias(attention_mask, bias)  # T5: relative position bias joins the mask
     watchers = [(s, layer) for s, layer in active if s.wants_pattern(layer)]
     chunks = [s.pattern_chunk(layer) for s, layer in watchers]
     chunk = min(chunks) if chunks and all(chunks) else None
     n_heads = query.shape[1]
+    math = dict(is_causal=is_causal, scale=scaling, softcap=softcap)
+    if sinks is not None:
+        for session, layer in watchers:
+            session.note(layer, "sinks")
     if watchers and not dropout and all(s.takes_lazy(layer) for s, layer in watchers):
-        z, lazy = lazy_attention(query, key, value, mask=attention_mask, is_causal=is_causal, scale=scaling)
+        z, lazy = lazy_attention(query, key, value, mask=mask, sinks=sinks, **math)
         for session, layer in watchers:
             session.on_pattern(layer, lazy, attention_mask)
         pattern = None
@@ -86,8 +120,9 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
         parts = []
         for start in range(0, n_heads, chunk):
             heads = slice(start, min(n_heads, start + chunk))
-            z_part, piece = attention(query[:, heads], keys[:, heads], values[:, heads], mask=attention_mask,
-                                      is_causal=is_causal, scale=scaling, dropout_p=dropout, need_pattern=True)
+            z_part, piece = attention(query[:, heads], keys[:, heads], values[:, heads], mask=_heads_of(mask, heads),
+                                      sinks=sinks[heads] if sinks is not None else None, dropout_p=dropout,
+                                      need_pattern=True, **math)
             for session, layer in watchers:
                 session.on_pattern(layer, piece, attention_mask, heads=heads)
             parts.append(z_part)
@@ -96,10 +131,8 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
             session.end_pattern(layer)
         z, pattern = torch.cat(parts, dim=1), None
     else:
-        z, pattern = attention(
-            query, key, value, mask=attention_mask, is_causal=is_causal, scale=scaling,
-            dropout_p=dropout, need_pattern=bool(watchers),
-        )
+        z, pattern = attention(query, key, value, mask=mask, sinks=sinks, dropout_p=dropout,
+                               need_pattern=bool(watchers), **math)
         for session, layer in watchers:
             if pattern is not None:
                 session.on_pattern(layer, pattern, attention_mask)
@@ -108,6 +141,11 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
         z = session.edit_z(layer, z)
     weights = pattern.to(query.dtype) if pattern is not None else None
     return z.contiguous(), weights
+
+
+def _heads_of(mask: Optional[torch.Tensor], heads: slice) -> Optional[torch.Tensor]:
+    """The part of a `[batch, head or 1, query, key]` mask that a head group reads."""
+    return mask[:, heads] if mask is not None and mask.dim() == 4 and mask.shape[1] > 1 else mask
 
 
 def _register() -> None:
@@ -123,13 +161,10 @@ def _register() -> None:
 
 
 def layer_map(model: nn.Module) -> dict[int, int]:
-    """`{id(core module): layer}` for a supported model; HeadscopeError otherwise."""
-    layers = core_modules(model)  # raises for unsupported families
-    if not type(model)._can_set_attn_implementation():
-        raise HeadscopeError(
-            f"{type(model).__name__} does not route attention through transformers' attention interface"
-        )
-    return {id(core): i for i, core in layers}
+    """`{id(core module): layer}` for a model whose attention goes through the interface;
+    HeadscopeError naming the reason otherwise."""
+    check_on_interface(type(model), getattr(model.config, "model_type", "?"))
+    return {id(core): i for i, core in core_modules(model)}
 
 
 @contextmanager

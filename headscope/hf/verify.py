@@ -3,8 +3,9 @@
 `verify(model, inputs)` runs the model once with its eager attention and
 `output_attentions=True`, records what every attention layer received (hidden states, mask,
 rotary tables) and what its output projection produced, then runs a `MultiHeadAttention` built
-with `from_hf` on exactly those inputs. It returns one row per layer: layer,
-max_abs_diff_output, max_abs_diff_pattern.
+with `from_hf` on exactly those inputs. Families whose adapter says from_hf is not available
+(multi-head latent attention, T5) and families without an adapter get a one-line HeadscopeError.
+It returns one row per layer: layer, max_abs_diff_output, max_abs_diff_pattern.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import torch
 from torch import nn
 
 from ..attention import MultiHeadAttention
-from .adapters import adapter_for, attention_blocks, out_projection
+from .adapters import _sub, adapter_for, attention_blocks, out_projection
+from .from_hf import rotary_tables
 
 __all__ = ["verify", "DEFAULT_TOLERANCE"]
 
@@ -41,8 +43,10 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
     """
     import pandas as pd
 
+    blocks = attention_blocks(model)  # raises without an adapter
     adapter = adapter_for(model.config)
-    blocks = attention_blocks(model)
+    # Built first: from_hf raises where the family's adapter says it is not available.
+    mine = {layer: MultiHeadAttention.from_hf(block, model.config) for layer, block in blocks}
     received: dict[int, dict] = {}
     produced: dict[int, torch.Tensor] = {}
     handles = []
@@ -60,7 +64,7 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
     previous = model.config._attn_implementation
     try:
         for layer, block in blocks:
-            core = block.get_submodule(adapter.core) if adapter.core else block
+            core = _sub(block, adapter.core)
             handles.append(core.register_forward_pre_hook(save_inputs(layer), with_kwargs=True))
             handles.append(out_projection(model, block).register_forward_hook(save_output(layer)))
         model.set_attn_implementation("eager")
@@ -72,12 +76,10 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
 
     rows = []
     for layer, block in blocks:
-        mine = MultiHeadAttention.from_hf(block, model.config)
         got = received[layer]
-        rotary = got.get("position_embeddings")
-        out, pattern = mine(
+        out, pattern = mine[layer](
             got["hidden_states"], got.get("attention_mask"),
-            rotary=tuple(rotary) if mine.config.rotary_dim and rotary is not None else None,
+            rotary=rotary_tables(mine[layer], model.config, got.get("position_embeddings")),
             return_pattern=True,
         )
         theirs = outputs.attentions[layer]

@@ -344,7 +344,7 @@ def header_fields(meta: dict) -> tuple:
         HeaderField("Seed", str(meta.get("seed", "?"))),
         HeaderField("Versions", ", ".join(f"{name} {version}" for name, version in versions.items()) or "?"),
         HeaderField("Run time", run_time + (f" ({stages})" if stages else "")),
-    )
+    ) + tuple(HeaderField("Note", str(note)) for note in meta.get("notes", ()))
 
 
 def _detector_lines(analysis) -> dict:

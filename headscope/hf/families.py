@@ -1,0 +1,44 @@
+"""Which model families headscope runs inside, and what works on each: data, not prose.
+
+`family_table()` lists one `FamilyRow` per `config.model_type` with an adapter (read from
+`headscope.hf.adapters.ADAPTERS`), one for any other model on transformers' attention interface,
+and the families known to bypass the interface. `headscope models --families` prints it,
+README.md holds it as `family_markdown()`, and tests/test_families.py checks every row against
+tiny models of each family (capture, ablate, lazy analyze, verify).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .adapters import ADAPTERS
+
+__all__ = ["FamilyRow", "family_table", "family_markdown", "OUTSIDE_INTERFACE", "OTHER"]
+
+OTHER = "any other"
+# Families whose attention never calls transformers' attention interface
+# (`_can_set_attn_implementation()` is False): headscope refuses them in one line.
+OUTSIDE_INTERFACE = ("falcon", "bloom", "mpt", "gpt_neo")
+
+
+class FamilyRow(NamedTuple):
+    model_type: str
+    capture: bool  # capture, ablate and analyze
+    verify: bool  # MultiHeadAttention.from_hf and verify
+    notes: str
+
+
+def family_table() -> tuple[FamilyRow, ...]:
+    rows = [FamilyRow(t, True, not a.no_from_hf, a.notes) for a in ADAPTERS for t in a.model_types]
+    rows.append(FamilyRow(OTHER, True, False, "any model whose attention calls the interface, one module per layer; "
+                                               "from_hf/verify need an adapter"))
+    rows += [FamilyRow(t, False, False, "attention bypasses the interface (_can_set_attn_implementation() is False)")
+             for t in OUTSIDE_INTERFACE]
+    return tuple(rows)
+
+
+def family_markdown() -> str:
+    """The table as Markdown (the copy in README.md must equal it; a test checks)."""
+    yes = {True: "yes", False: "no"}
+    lines = ["| family | capture / ablate / analyze | from_hf / verify | notes |", "|---|---|---|---|"]
+    lines += [f"| {r.model_type} | {yes[r.capture]} | {yes[r.verify]} | {r.notes} |" for r in family_table()]
+    return "\n".join(lines)

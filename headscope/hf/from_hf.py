@@ -1,0 +1,121 @@
+"""Building headscope's `MultiHeadAttention` from a Hugging Face attention block, by its adapter.
+
+- `module_from_hf(cls, block, config)`: a `MultiHeadAttention` holding the block's weights,
+  its q/k norms (copies of the model's own modules), clip, soft-cap and sink logits.
+- `rotary_tables(block, config, position_embeddings)`: the `(cos, sin)` the model passed to the
+  block, in the layout and width `MultiHeadAttention` takes (None for a layer without rotary).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from ..errors import HeadscopeError
+from ..rotary import full_width
+from .adapters import Adapter, _needs_adapter, _sub, head_sizes
+from .layouts import conv1d, linear
+
+__all__ = ["module_from_hf", "rotary_tables"]
+
+
+class _HeadsFirst(nn.Module):
+    """A norm written for `[batch, head, pos, d_head]`, applied to `[batch, pos, head, d_head]`."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.transpose(1, 2)).transpose(1, 2)  # (B, T, H, D)
+
+
+class _WholeProjection(nn.Module):
+    """A norm over all heads' features `[batch, pos, head * d_head]`, applied to `[batch, pos, head, d_head]`."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.flatten(2)).view_as(x)  # (B, T, H * D) -> (B, T, H, D)
+
+
+_WRAP = {"head": lambda norm: norm, "heads_first": _HeadsFirst, "projection": _WholeProjection}
+
+
+def _norms(adapter: Adapter, core: nn.Module) -> Optional[tuple[nn.Module, nn.Module]]:
+    spec = adapter.qk_norm
+    if spec is None or (spec.switch is not None and not getattr(core, spec.switch)):
+        return None
+    wrap = _WRAP[spec.over]
+    return wrap(copy.deepcopy(_sub(core, spec.q))), wrap(copy.deepcopy(_sub(core, spec.k)))
+
+
+def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
+    spec = adapter.rotary
+    if spec is None or (spec.switch is not None and not getattr(core, spec.switch)):
+        return 0
+    dims = getattr(core, spec.dims, None) if spec.dims else None
+    if dims is None:
+        params = getattr(config, "rope_parameters", None) or {}
+        dims = d_head * float(params.get("partial_rotary_factor", 1.0))
+    return int(dims)
+
+
+def _rotary_base(config) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def module_from_hf(cls: Callable, block: nn.Module, config):
+    """Build `cls` (a MultiHeadAttention) from a Hugging Face attention block's weights."""
+    adapter = _needs_adapter(config)
+    if adapter.no_from_hf:
+        raise HeadscopeError(adapter.no_from_hf)
+    core = _sub(block, adapter.core)
+    d_model, n_heads, n_kv, d_head = head_sizes(config)
+    (wq, bq), (wk, bk), (wv, bv) = adapter.qkv.extract(block, n_heads, n_kv, d_head)
+    out = _sub(block, adapter.out)
+    wo, bo = conv1d(out) if adapter.out_is_conv1d else linear(out)
+    scale = getattr(core, "scaling", None)
+    if adapter.query_prescaled:  # q = W_q x * scaling, scores scaled by 1: fold it into W_q
+        wq, bq, scale = wq * scale, (bq * scale if bq is not None else None), 1.0
+    norms = _norms(adapter, core)
+    sinks = getattr(core, adapter.sinks) if adapter.sinks else None
+    module = cls(
+        d_model, n_heads, n_kv, d_head,
+        causal=bool(getattr(core, "is_causal", True)),
+        bias=bq is not None, out_bias=bo is not None,
+        rotary_dim=_rotary_dim(adapter, core, config, d_head), rotary_base=_rotary_base(config),
+        rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
+        scale=scale, qk_norm=norms is not None,
+        clip=getattr(config, adapter.clip, None) if adapter.clip else None,
+        softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,
+        sinks=sinks is not None,
+        device=wq.device, dtype=wq.dtype,
+    )
+    with torch.no_grad():
+        for lin, w, b in ((module.W_q, wq, bq), (module.W_k, wk, bk), (module.W_v, wv, bv), (module.W_o, wo, bo)):
+            lin.weight.copy_(w)
+            if b is not None:
+                lin.bias.copy_(b)
+        if sinks is not None:
+            module.sinks.copy_(sinks)
+    if norms is not None:
+        module.q_norm, module.k_norm = norms
+    return module.eval()
+
+
+def rotary_tables(module, config, position_embeddings) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """`(cos, sin)` `[batch, pos, rotary_dim]` for `module` (built by `module_from_hf`) from what the
+    model passed its attention block, or None when the module has no rotary."""
+    spec = _needs_adapter(config).rotary
+    dim = module.config.rotary_dim
+    if not dim or position_embeddings is None:
+        return None
+    first, second = position_embeddings
+    cos, sin = (second, first) if spec.sin_first else (first, second)
+    return full_width(cos, sin, dim, spec.interleaved)

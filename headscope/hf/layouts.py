@@ -1,0 +1,87 @@
+"""How Hugging Face attention blocks store their q, k and v projection weights.
+
+Each layout's `extract(block, n_heads, n_kv, d_head)` returns `[(weight, bias), ...]` for q, k, v,
+each weight Linear-style `(out features, in features)` and bias None when the model has none.
+
+- `Separate`: three Linear modules (Llama, BERT, ...).
+- `FusedRows`: one Linear whose output is `[q | k | v]` (Phi-3 `qkv_proj`, ModernBERT `Wqkv`).
+- `FusedConv1D`: the same in a transformers Conv1D, which stores `(in, out)` (GPT-2 `c_attn`).
+- `FusedPerHead`: one Linear grouped per head as `[q_h | k_h | v_h]` (GPT-NeoX).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is not imported by `import headscope`
+    import torch
+    from torch import nn
+
+__all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead"]
+
+Weights = "tuple[torch.Tensor, torch.Tensor | None]"  # Linear-style (out, in) weight and bias
+
+
+def linear(module: nn.Module) -> Weights:
+    return module.weight, module.bias
+
+
+def conv1d(module: nn.Module) -> Weights:
+    # transformers' Conv1D computes x @ W + b with W shaped (in, out).
+    return module.weight.t(), module.bias
+
+
+def _split_rows(weights: Weights, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+    weight, bias = weights
+    sizes = [n_heads * d_head, n_kv * d_head, n_kv * d_head]
+    parts = weight.split(sizes, dim=0)
+    biases = bias.split(sizes, dim=0) if bias is not None else (None,) * 3
+    return list(zip(parts, biases))
+
+
+@dataclass(frozen=True)
+class Separate:
+    """q, k and v projections are separate Linear modules."""
+
+    q: str
+    k: str
+    v: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        return [linear(block.get_submodule(p)) for p in (self.q, self.k, self.v)]
+
+
+@dataclass(frozen=True)
+class FusedRows:
+    """One Linear producing [q | k | v] along the output features."""
+
+    path: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        return _split_rows(linear(block.get_submodule(self.path)), n_heads, n_kv, d_head)
+
+
+@dataclass(frozen=True)
+class FusedConv1D:
+    """GPT-2: one Conv1D producing [q | k | v] along the output features."""
+
+    path: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        return _split_rows(conv1d(block.get_submodule(self.path)), n_heads, n_kv, d_head)
+
+
+@dataclass(frozen=True)
+class FusedPerHead:
+    """GPT-NeoX: one Linear whose output features are grouped per head as [q_h | k_h | v_h]."""
+
+    path: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        weight, bias = linear(block.get_submodule(self.path))
+        w = weight.view(n_heads, 3, d_head, -1)  # (H, qkv, D, d_model)
+        b = bias.view(n_heads, 3, d_head) if bias is not None else None  # (H, qkv, D)
+        return [
+            (w[:, i].reshape(n_heads * d_head, -1), b[:, i].reshape(-1) if b is not None else None)
+            for i in range(3)
+        ]
