@@ -362,12 +362,25 @@ def test_compare_finds_changed_labels_and_score_differences(analysis):
     assert result.same_shape and result.notes == ()
     assert [(c.layer, c.head, c.label_a, c.label_b) for c in result.changed] == [(0, 1, "none", "induction"), (3, 2, "mixed", "none")]
     assert result.changed[0].score_b == pytest.approx(0.9)
+    assert result.changed[0].quantity_a == "highest score of any detector"
+    assert result.changed[0].quantity_b == analysis.meta["detectors"]["induction"]["quantity"]
+    mixed = analysis.labels.set_index(["layer", "head"]).labels[(3, 2)].split(";")[0]  # its clearest detector
+    assert result.changed[1].quantity_a == analysis.meta["detectors"][mixed]["quantity"]
+    assert all(d.quantity == analysis.meta["detectors"][d.detector]["quantity"] for d in result.diffs)
+    assert all(t.quantity == analysis.meta["detectors"][t.detector]["quantity"] for t in result.top)
     diffs = {d.detector: d.diff for d in result.diffs}
     assert np.allclose(diffs["sink"], 0.25) and np.allclose(diffs["induction"], 0.0)
     assert "b − a: +0.250" in result.diffs[analysis.detectors.index("sink")].hover[2][1]
+    assert "sink (attention mass)" in result.diffs[analysis.detectors.index("sink")].hover[2][1]
     counts = {c.label: (c.count_a, c.count_b) for c in result.label_counts}
     assert counts["none"] == (2, 2) and counts["mixed"] == (2, 1)
     assert result.grid_a.categories == result.grid_b.categories
+
+
+def test_compare_notes_when_only_one_analysis_had_a_control(analysis):
+    notes = compare_data(analysis, fake_analysis(control=False)).notes
+    assert len(notes) == 1 and notes[0].startswith("Controls differ (a: random-init twin")
+    assert "b: none (none was asked for)" in notes[0]
 
 
 def test_compare_of_different_shapes_compares_top_heads_only(analysis):

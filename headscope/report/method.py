@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 from ..labels import MIXED_MARGIN, RESTING
 
 __all__ = ["MethodRow", "MethodNote", "HeaderField", "method_rows", "label_rules", "report_warnings",
-           "header_fields", "detector_spec", "quantity", "control_text", "control_reason", "treebank_text"]
+           "header_fields", "detector_spec", "quantity", "has_control", "control_text", "control_reason", "treebank_text"]
 
 
 class MethodRow(NamedTuple):
