@@ -164,7 +164,8 @@ def test_top_heads_carry_their_detector_quantity_and_the_control_of_the_same_hea
         assert t.control == pytest.approx(row.control)  # the twin's score for this head and detector
         assert t.control_max == pytest.approx(scores.xs(t.detector, level="detector").control.max())
         assert t.text() == f"{t.score:.3f} (control {row.control:.3f})"  # what the table and the CLI print
-        assert t.text(name_detector=True) == f"{t.detector} {t.text()}"
+        named = t.label if t.label.startswith("syntactic:") else t.passing.split(";")[0] if t.label == "mixed" else t.detector
+        assert t.text(name_detector=True) == f"{named} {t.text()}"
     plain = report_data(fake_analysis(control=False)).top_heads[0]
     assert plain.text() == f"{plain.score:.3f}"  # no control, no bracket
 
@@ -177,6 +178,8 @@ def test_mixed_heads_show_the_detector_labels_would_pick():
     assert label_detector("mixed", "sink;induction;duplicate_token", meta) == "induction"
     assert label_detector("mixed", "previous_token;self", meta) == "previous_token"
     assert label_detector("syntactic:obj", "syntactic:obj", meta) == "syntactic"
+    head = report_data(fake_analysis()).top_heads[0]._replace(label="mixed", detector="syntactic", passing="sink;syntactic:cc")
+    assert head.text(name_detector=True).startswith("syntactic:cc ")  # a mixed cell names the relation too
 
 
 def test_syntax_best_from_meta_or_computed(analysis, data):

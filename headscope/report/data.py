@@ -100,8 +100,10 @@ class TopHead(NamedTuple):
     control_max: float  # the control's best head for this detector
 
     def text(self, name_detector: bool = False) -> str:
-        """ "0.912 (control 0.050)", the detector named first when asked; no bracket without a control."""
-        text = (f"{self.detector} " if name_detector else "") + f"{self.score:.3f}"
+        """ "0.912 (control 0.050)", the detector named first when asked (as it passed: "syntactic:cc");
+        no bracket without a control."""
+        passed = [name for name in self.passing.split(";") if name.split(":")[0] == self.detector]
+        text = (f"{passed[0] if passed else self.detector} " if name_detector else "") + f"{self.score:.3f}"
         return text if np.isnan(self.control) else text + f" (control {self.control:.3f})"
 
 
