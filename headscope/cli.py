@@ -163,18 +163,26 @@ class _Bars:
 
 
 def _summary(analysis, out: Path) -> None:
-    labels = analysis.labels
-    counts = labels.label.value_counts()
+    """One line per label: head count, the quantity its scores are in, the strongest heads
+    (layer.head score, and the control's score for the same head), as the report's top-heads table."""
+    from .report.data import report_warnings, top_heads
+    from .report.method import control_text
+
+    counts = analysis.labels.label.value_counts()
     typer.echo(f"\n{analysis.meta['model']}: {analysis.n_layers} layers x {analysis.n_heads} heads")
-    for label, count in counts.items():
-        if label in ("none", "mixed"):
-            continue
-        top = analysis.heads_with(label).head(3)
-        heads = ", ".join(f"{l}.{h} ({s:.2f})" for l, h, s in zip(top["layer"], top["head"], top["score"]))
-        typer.echo(f"  {label:<18} {count:>4}  strongest: {heads}")
-    for label in ("mixed", "none"):
-        if label in counts:
-            typer.echo(f"  {label:<18} {counts[label]:>4}")
+    typer.echo(f"control: {control_text(analysis.meta)}")
+    strongest: dict = {}
+    for t in top_heads(analysis, k=3):
+        strongest.setdefault(t.label, []).append(t)
+    for label, heads in strongest.items():
+        per_head = label == "mixed" or len({t.quantity for t in heads}) > 1
+        unit = "clearest detector's score" if per_head else heads[0].quantity
+        shown = ", ".join(f"{t.layer}.{t.head} {t.text(per_head)}" for t in heads)
+        typer.echo(f"  {label:<18} {counts[label]:>4}  {unit}: {shown}")
+    if "none" in counts:
+        typer.echo(f"  {'none':<18} {counts['none']:>4}")
+    for warning in report_warnings(analysis.meta):
+        typer.echo(f"warning: {warning}")
     typer.echo(f"report: {out / 'index.html'}")
 
 

@@ -1,7 +1,9 @@
 """Rich display in Jupyter that works offline, also in nbconvert's HTML export.
 
 - `analysis_html(analysis)`: what an `Analysis` shows as a cell's result: model, layers x heads,
-  heads per label with the strongest ones, and the label map as an interactive figure.
+  the control model, heads per label with the quantity their scores are in and the strongest
+  ones (score and the control's score for the same head), warnings (no control, a detector
+  skipped), and the label map as an interactive figure.
 - `analysis_text(analysis)`: the one-line `repr` of an `Analysis`.
 - `figure_html(fig)`: one plotly figure as notebook HTML: a `<div>`, the figure's JSON and a
   script that draws it as soon as plotly.js is on the page.
@@ -84,7 +86,7 @@ def analysis_html(analysis) -> str:
         HTML (every text from the analysis escaped).
     """
     from .plotting import plot_labels
-    from .report.data import header_fields, label_grid, top_heads
+    from .report.data import header_fields, label_grid, report_warnings, top_heads
     from .report.html import table
 
     fields = {f.name: f.value for f in header_fields(analysis.meta)}
@@ -92,17 +94,23 @@ def analysis_html(analysis) -> str:
     counts = {c: sum(row.count(c) for row in grid.labels) for c in grid.categories}
     strongest: dict = {}
     for t in top_heads(analysis, TOP_HEADS):
-        strongest.setdefault(t.label, []).append(f"L{t.layer} H{t.head} ({t.score:.2f})")
-    rows = [[_swatch(label, colour), counts[label], ", ".join(strongest.get(label, []))]
-            for label, colour in zip(grid.categories, grid.colours)]
+        strongest.setdefault(t.label, []).append(t)
+    rows = []
+    for label, colour in zip(grid.categories, grid.colours):
+        heads = strongest.get(label, [])
+        per_head = label == "mixed" or len({t.quantity for t in heads}) > 1
+        unit = "" if not heads else ("clearest detector's score" if per_head else heads[0].quantity)
+        rows.append([_swatch(label, colour), counts[label], unit,
+                     ", ".join(f"L{t.layer} H{t.head} {t.text(per_head)}" for t in heads)])
     detectors = ", ".join(analysis.detectors)
     return "\n".join([
         "<div class=\"headscope-analysis\">",
         "<style>.headscope-analysis th, .headscope-analysis td { text-align: left; }</style>",
         f"<p><b>headscope analysis</b> of <code>{html.escape(fields['Model'])}</code> "
         f"({html.escape(fields['Family'])}): {html.escape(fields['Heads'])}</p>",
-        f"<p>Detectors: {html.escape(detectors)}</p>",
-        table(["label", "heads", f"strongest (up to {TOP_HEADS})"], rows),
+        f"<p>Detectors: {html.escape(detectors)}. Control: {html.escape(fields['Control'])}</p>",
+        *[f"<p><b>Warning:</b> {html.escape(w)}</p>" for w in report_warnings(analysis.meta)],
+        table(["label", "heads", "quantity", f"strongest (up to {TOP_HEADS}; control in brackets)"], rows),
         figure_html(plot_labels(analysis)),
         "</div>",
     ])

@@ -29,6 +29,7 @@ from .labels import label_heads
 from .probes import ProbeSet, repeated_probe, text_probe
 from .syntax import run_syntax
 from .syntax.crossfit import NotEnoughArcs
+from .tokens import display_tokens
 
 __all__ = ["analyze", "Progress"]
 
@@ -150,7 +151,7 @@ def _explorer_examples(loaded, probes, n_show, length) -> list[Example]:
             loaded.body(input_ids=ids, attention_mask=torch.ones_like(ids))
         maps = torch.stack([cap.patterns[l] for l in range(loaded.n_layers)], dim=1)  # (N, L, H, T, T)
         for i in range(ids.shape[0]):
-            tokens = [loaded.tokenizer.decode([t]) for t in ids[i].tolist()]  # display text, not "Ġword"
+            tokens = display_tokens(loaded.tokenizer, ids[i].tolist())  # " word", not "Ġword"; bad bytes as <0xNN>
             examples.append(Example.from_float(name, i, tokens, maps[i].numpy()))
     return examples
 

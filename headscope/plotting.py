@@ -1,11 +1,13 @@
 """Plotly figures for notebooks and scripts, drawn by the report's own figure builders.
 
 - `plot_labels(analysis)`: the label map (layer x head, coloured by label).
-- `plot_scores(analysis, detector)`: one detector's scores with their 95% CI in the hover.
+- `plot_scores(analysis, detector)`: one detector's scores, titled with their quantity, with the 95%
+  CI and the control's scores in the hover.
 - `plot_head(analysis, layer, head, probe=None, example=0)`: a head's pattern on a stored
   example, tokens on the axes (the report's head explorer, drawn in Python).
-- `plot_syntax(source)`: best head per dependency relation vs the fixed-offset baseline, from
-  an `Analysis` with syntax scores or a `headscope.syntax.SyntaxResult`.
+- `plot_syntax(source)`: best head per dependency relation vs its best baseline (offsets, position
+  predictors, the control's best head), from an `Analysis` with syntax scores or a
+  `headscope.syntax.SyntaxResult`.
 - `plot_pattern(pattern, tokens, title=None, head=None)`: any captured map, e.g.
   `cap.patterns[layer][0]` (`[head, query, key]`, pick `head=`) or one `[query, key]` map.
 
@@ -89,7 +91,7 @@ def plot_head(analysis, layer: int, head: int, probe: Optional[str] = None, exam
 
 
 def plot_syntax(source):
-    """Best head per dependency relation next to the best fixed-offset baseline (the report's figure).
+    """Best head per dependency relation next to its best baseline (the report's figure).
 
     Args:
         source: an `Analysis` whose `syntax` is set, or a `headscope.syntax.SyntaxResult`.

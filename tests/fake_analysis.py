@@ -1,8 +1,9 @@
 """A synthetic but realistic `Analysis` for report tests, built without a model.
 
-- `fake_analysis(n_layers, n_heads, seed, with_syntax, ...)`: scores with CIs for every detector,
-  labels that include "mixed", "none" and (with syntax) "syntactic:obj", metadata shaped like
-  `headscope.analyze`'s, example patterns whose heads do what their label says, and tokens with
+- `fake_analysis(n_layers, n_heads, seed, with_syntax, control, ...)`: scores with CIs and the
+  control model's scores (`control`, `control_max`) for every detector, labels that include
+  "mixed", "none" and (with syntax) "syntactic:obj", metadata shaped like `headscope.analyze`'s
+  (detector quantities, `control`, `treebank`), example patterns whose heads do what their label says, and tokens with
   HTML nasties (`<script>alert(1)</script>`, `&amp;`, `<b>&`, `</script>`).
 - `NASTY_TOKENS`: those tokens, for escaping tests.
 """
@@ -35,6 +36,7 @@ SOURCES = {
     "next_token": "Clark et al. 2019", "sink": "Xiao et al. 2023",
     "uniform": "Clark et al. 2019", "syntactic": "Clark et al. 2019",
 }
+QUANTITIES = {"uniform": "normalised entropy", "syntactic": "held-out margin over the baseline"}
 RELATIONS = ["nsubj", "obj", "det", "amod", "advmod"]
 _PLAN = ["previous_token", "induction", "sink", "mixed", "none", "uniform", "duplicate_token",
          "syntactic:obj", "self", "none", "previous_token", "sink", "mixed", "induction"]
@@ -42,13 +44,16 @@ _WORDS = ["The", " cat", " sat", " on", " the", " mat", ".", " A", " dog", " ran
 
 
 def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_syntax: bool = True,
-                  *, n_examples: int = 2, seq_len: int = 14, created: str = "2025-01-02T03:04:05+00:00") -> Analysis:
+                  *, n_examples: int = 2, seq_len: int = 14, created: str = "2025-01-02T03:04:05+00:00",
+                  control: bool = True) -> Analysis:
     """A deterministic synthetic Analysis.
 
     Args:
         n_layers, n_heads: grid size.
         seed: numpy seed for scores and patterns.
-        with_syntax: add the "syntactic" detector, `.syntax` and `meta["syntax_best"]`.
+        with_syntax: add the "syntactic" detector, `.syntax`, `meta["syntax_best"]` and `meta["treebank"]`.
+        control: a random-init control (`control`, `control_max` columns); False: NaN there and
+            `meta["control"]["kind"] == "none"`.
         n_examples: number of stored examples (probes "text" and "repeated" alternate).
         seq_len: tokens per example (at least 8).
         created: the meta["created"] timestamp.
@@ -59,7 +64,7 @@ def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_synta
 
     rng = np.random.default_rng(seed)
     detectors = list(THRESHOLDS) + (["syntactic"] if with_syntax else [])
-    thresholds = dict(THRESHOLDS, **({"syntactic": 0.5} if with_syntax else {}))
+    thresholds = dict(THRESHOLDS, **({"syntactic": 0.1} if with_syntax else {}))
     plan = [[_PLAN[(layer * n_heads + head * 4 + seed) % len(_PLAN)] for head in range(n_heads)]
             for layer in range(n_layers)]
     if not with_syntax:
@@ -76,20 +81,32 @@ def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_synta
                 n = int(rng.integers(80, 160))
                 half = 1.96 * np.sqrt(scores[det] * (1 - scores[det]) / n)
                 score_rows.append((layer, head, det, scores[det], max(0.0, scores[det] - half), min(1.0, scores[det] + half), n))
-            passing = [det if det != "syntactic" else "syntactic:obj" for det in detectors if scores[det] >= thresholds[det]]
+            clarity = {det: (scores[det] - thresholds[det]) / (1 - thresholds[det]) for det in detectors}
+            passed = sorted((det for det in detectors if scores[det] >= thresholds[det]), key=clarity.get, reverse=True)
+            passing = [det if det != "syntactic" else "syntactic:obj" for det in passed]  # clearest first
             if len(passing) == 1:
-                label, score = passing[0], scores[passing[0].split(":")[0]]
-            else:
-                label, score = ("mixed" if passing else "none"), max(scores.values())
+                label, score = passing[0], scores[passed[0]]
+            else:  # "mixed" shows its clearest detector's score
+                label, score = ("mixed", scores[passed[0]]) if passing else ("none", max(scores.values()))
             label_rows.append((layer, head, label, score, ";".join(passing)))
     scores_df = pd.DataFrame(score_rows, columns=["layer", "head", "detector", "score", "ci_low", "ci_high", "n"])
+    # The control: a low score per head; its best head per detector stays below every label's CI.
+    twin = rng.uniform(0.0, 0.2, len(scores_df)) if control else np.full(len(scores_df), np.nan)
+    scores_df["control"] = twin
+    scores_df["control_max"] = pd.Series(twin).groupby(scores_df["detector"]).transform("max").to_numpy()
     labels_df = pd.DataFrame(label_rows, columns=["layer", "head", "label", "score", "labels"])
 
     examples = [_example(rng, plan, i, max(8, seq_len)) for i in range(n_examples)]
     meta = _meta(n_layers, n_heads, seed, detectors, thresholds, seq_len, n_examples, created)
+    meta["control"] = (
+        {"kind": "random-init", "seed": seed + 1_000_003, "name": f"{meta['model']} (random-init control)",
+         "note": "a twin with the same config and tokenizer and seeded random weights"} if control else
+        {"kind": "none", "seed": None, "name": None,
+         "note": "no control model: labels are not checked against an untrained twin"})
     syntax = None
     if with_syntax:
         syntax, meta["syntax_best"] = _syntax(rng, plan)
+        meta["treebank"] = {"source": "bundled", "n_sentences": 445, "natural": 445}
     return Analysis(scores=scores_df, labels=labels_df, meta=meta, examples=examples, syntax=syntax)
 
 
@@ -153,7 +170,9 @@ def _meta(n_layers, n_heads, seed, detectors, thresholds, seq_len, n_examples, c
         "created": created,
         "detectors": {
             det: {"formula": FORMULAS[det], "threshold": thresholds[det], "source": SOURCES[det],
-                  "probe": "syntax" if det == "syntactic" else ("repeated" if det == "induction" else "text")}
+                  "probe": "treebank" if det == "syntactic" else ("repeated" if det in ("induction", "duplicate_token") else "text"),
+                  "learned": det not in ("sink", "uniform"), "gate": "ci_low" if det == "syntactic" else "score",
+                  "quantity": QUANTITIES.get(det, "attention mass")}
             for det in detectors
         },
     }
@@ -172,12 +191,19 @@ def _syntax(rng, plan):
                 for direction in ("dep->head", "head->dep"):
                     top = kind == "syntactic:obj" and relation == "obj" and direction == "dep->head"
                     accuracy = float(rng.uniform(0.6, 0.9) if top else rng.uniform(0.0, baseline + 0.15))
-                    rel_rows.append((layer, head, relation, direction, accuracy, baseline, n))
+                    # Heads labelled obj are also significant for nsubj (a second relation to list).
+                    also = kind == "syntactic:obj" and relation == "nsubj" and direction == "dep->head"
+                    accuracy = float(rng.uniform(0.6, 0.7)) if also else accuracy
+                    margin = accuracy - baseline - 0.01
+                    low, high = margin - 0.08, margin + 0.08
+                    rel_rows.append((layer, head, relation, direction, accuracy, baseline, n,
+                                     "offset -1" if r % 2 else "first word", margin, low, high, bool(low >= 0.1)))
         rows += rel_rows
-        layer, head, _, direction, accuracy, _, _ = max(rel_rows, key=lambda t: t[4])
+        layer, head, _, direction, accuracy = max(rel_rows, key=lambda t: t[4])[:5]
         best.append({"relation": relation, "layer": layer, "head": head, "direction": direction,
                      "accuracy": accuracy, "baseline_kind": "offset -1" if r % 2 else "first word",
                      "baseline_accuracy": baseline, "held_out_margin": accuracy - baseline - 0.01,
                      "significant": accuracy - baseline > 0.2, "n": n})
-    frame = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "accuracy", "baseline", "n"])
+    frame = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "accuracy", "baseline", "n",
+                                        "baseline_kind", "held_out_margin", "ci_low", "ci_high", "significant"])
     return frame, best

@@ -41,9 +41,46 @@ def test_analyze_writes_analysis_and_report(analyzed):
     analysis = Analysis.load(out)
     assert set(analysis.detectors) == {"previous_token", "sink", "uniform", "self"}
     assert analysis.labels.set_index(["layer", "head"]).label[(0, 0)] == "previous_token"
-    assert "previous_token" in result.stdout and "0.0 (1.00)" in result.stdout
+    scores = analysis.scores.set_index(["layer", "head", "detector"])
+    planted = scores.loc[(0, 0, "previous_token")]
+    # The same quantity and numbers as the report's top-heads table: score, then the control's score.
+    line = next(line for line in result.stdout.splitlines() if line.strip().startswith("previous_token"))
+    assert f"attention mass: 0.0 {planted.score:.3f} (control {planted.control:.3f})" in line
+    assert analysis.meta["control"]["kind"] == "random-init" and "control: random-init twin" in result.stdout
     assert f"report: {out / 'index.html'}" in result.stdout
     assert _leftovers(out) == []
+
+
+def test_summary_says_when_there_was_no_control_and_a_detector_was_skipped(capsys, tmp_path):
+    from fake_analysis import fake_analysis
+    from headscope.cli import _summary
+    from headscope.report.data import top_heads
+
+    skipped = "syntactic detector skipped: no relation has at least 30 scored arcs in each half of the sentences"
+    analysis = fake_analysis(with_syntax=False, control=False)
+    analysis.meta["syntax_notes"] = [skipped]
+    _summary(analysis, tmp_path)
+    out = capsys.readouterr().out
+    assert "control: none (none was asked for)" in out
+    assert "warning: No control model (none was asked for)" in out and f"warning: {skipped}" in out
+    top = [t for t in top_heads(analysis, 3) if t.label == "induction"]
+    line = next(line for line in out.splitlines() if line.strip().startswith("induction"))
+    assert line.endswith("attention mass: " + ", ".join(f"{t.layer}.{t.head} {t.score:.3f}" for t in top))
+    assert "(control" not in out
+
+
+def test_summary_names_each_labels_quantity_and_the_control(capsys, tmp_path):
+    from fake_analysis import fake_analysis
+    from headscope.cli import _summary
+
+    analysis = fake_analysis()
+    _summary(analysis, tmp_path)
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
+    head = analysis.heads_with("syntactic:obj").iloc[0]
+    row = analysis.scores.set_index(["layer", "head", "detector"]).loc[(head["layer"], head["head"], "syntactic")]
+    assert lines["syntactic:obj"].endswith(
+        f"held-out margin over the baseline: {head['layer']}.{head['head']} {row.score:.3f} (control {row.control:.3f})")
+    assert "clearest detector's score: " in lines["mixed"] and "warning" not in "".join(lines.values())
 
 
 def test_existing_output_needs_force(analyzed, model_dir):

@@ -204,7 +204,10 @@ def test_repr_html_holds_summary_and_label_map(analysis, data):
         count = sum(row.count(label) for row in data.label_grid.labels)
         assert re.search(rf"</span>{re.escape(label)}</td><td class=\"num\">{count}</td>", page), label
     top = data.top_heads[0]
-    assert f"L{top.layer} H{top.head} ({top.score:.2f})" in page
+    assert f"<td>{top.quantity}</td><td>L{top.layer} H{top.head} {top.score:.3f} (control {top.control:.3f})" in page
+    assert "<b>Warning:</b>" not in page
+    warned = fake_analysis(control=False)._repr_html_()
+    assert "<b>Warning:</b> No control model (none was asked for)" in warned and "(control " not in warned
 
 
 def test_plotlyjs_is_embedded_once_per_session(analysis, monkeypatch):

@@ -71,12 +71,15 @@ def test_label_grid_matches_labels(analysis, data):
     assert len(set(grid.colours)) == len(grid.colours)
 
 
-def test_hover_lists_every_detector_score_with_ci(analysis, data):
+def test_hover_lists_every_detector_score_with_ci_quantity_and_control(analysis, data):
+    quantities = {name: spec["quantity"] for name, spec in analysis.meta["detectors"].items()}
     for row in analysis.scores.itertuples(index=False):
-        line = f"{row.detector}: {row.score:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}]"
+        line = (f"{row.detector}: {quantities[row.detector]} {row.score:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}]; "
+                f"control (same head): {row.control:.3f}, control best head: {row.control_max:.3f}")
         assert line in data.label_grid.hover[row.layer][row.head]
     mixed = analysis.labels[analysis.labels["label"] == "mixed"].iloc[0]
-    assert "passing: previous_token;induction" in data.label_grid.hover[mixed["layer"]][mixed["head"]]
+    assert set(mixed["labels"].split(";")) == {"previous_token", "induction"}
+    assert f"passing: {mixed['labels']}" in data.label_grid.hover[mixed["layer"]][mixed["head"]]
 
 
 def test_detector_grids_match_scores(analysis, data):
@@ -87,8 +90,50 @@ def test_detector_grids_match_scores(analysis, data):
             assert grid.score[row.layer, row.head] == pytest.approx(row.score)
             assert grid.ci_low[row.layer, row.head] == pytest.approx(row.ci_low)
             assert grid.ci_high[row.layer, row.head] == pytest.approx(row.ci_high)
-            assert f"95% CI [{row.ci_low:.3f}, {row.ci_high:.3f}] (n={row.n})" in grid.hover[row.layer][row.head]
+            assert grid.control[row.layer, row.head] == pytest.approx(row.control)
+            assert grid.control_max[row.layer, row.head] == pytest.approx(row.control_max)
+            hover = grid.hover[row.layer][row.head]
+            assert f"{row.detector} ({grid.quantity}): {row.score:.3f}" in hover
+            assert f"95% CI [{row.ci_low:.3f}, {row.ci_high:.3f}] (n={row.n})" in hover
+            assert f"control (same head): {row.control:.3f}, control best head: {row.control_max:.3f}" in hover
         assert grid.threshold == analysis.meta["detectors"][grid.detector]["threshold"]
+        assert grid.quantity == analysis.meta["detectors"][grid.detector]["quantity"]
+
+
+def test_without_a_control_the_report_warns_and_shows_no_control_numbers():
+    plain = fake_analysis(control=False)
+    data = report_data(plain)
+    from headscope.control import resolve_control
+
+    assert plain.meta["control"] == resolve_control(None, None, 0)[1]  # the fake's meta is analyze's
+    assert len(data.warnings) == 1 and data.warnings[0].startswith("No control model (none was asked for)")
+    assert dict(data.header)["Control"] == "none (none was asked for)"
+    assert all("control" not in line for row in data.label_grid.hover for line in row)
+    assert all("control" not in line for g in data.detector_grids for row in g.hover for line in row)
+    assert all(np.isnan(t.control) and np.isnan(t.control_max) for t in data.top_heads)
+    rules = {m.topic: m.text for m in data.rules}
+    assert rules["control"].startswith("No control model (none was asked for)")
+    assert all("no control: threshold only" in m.rule for m in data.methods if m.learned)
+    # An analysis saved before controls existed: no columns, no meta["control"].
+    old = copy.copy(plain)
+    old.scores = plain.scores.drop(columns=["control", "control_max"])
+    old.meta = {k: v for k, v in plain.meta.items() if k != "control"}
+    old_data = report_data(old)
+    assert "this analysis records none" in old_data.warnings[0] and dict(old_data.header)["Control"] == "not recorded"
+    # A model too big for a twin: the warning gives resolve_control's reason.
+    big = {"kind": "none", "seed": None, "name": None, "note": "no control model: its weights (9.0 GiB) would take more "
+           "than half of the free memory (10.0 GiB); labels are not checked against an untrained twin"}
+    assert report_data(_with_meta(plain, control=big)).warnings[0].startswith(
+        "No control model (its weights (9.0 GiB) would take more than half of the free memory (10.0 GiB)):")
+    assert np.isnan(old_data.detector_grids[0].control).all()
+    render_html(old, plotlyjs="cdn")
+
+
+def test_a_skipped_syntactic_detector_is_a_warning(analysis):
+    note = "syntactic detector skipped: no relation has at least 30 scored arcs in each half"
+    skipped = _with_meta(fake_analysis(with_syntax=False), syntax_notes=[note])
+    assert note in report_data(skipped).warnings
+    assert report_data(analysis).warnings == ()
 
 
 def test_top_heads_are_sorted_and_at_most_five_per_label():
@@ -106,6 +151,37 @@ def test_top_heads_are_sorted_and_at_most_five_per_label():
     assert any(len([t for t in rows if t.label == label]) == TOP_K for label in labels)
 
 
+def test_top_heads_carry_their_detector_quantity_and_the_control_of_the_same_head(analysis, data):
+    scores = analysis.scores.set_index(["layer", "head", "detector"])
+    specs = analysis.meta["detectors"]
+    assert {t.label for t in data.top_heads} >= {"syntactic:obj", "mixed", "induction"}
+    for t in data.top_heads:
+        expected = {"syntactic:obj": "syntactic", "mixed": t.passing.split(";")[0]}.get(t.label, t.label)
+        assert t.detector == expected and t.quantity == specs[expected]["quantity"]
+        row = scores.loc[(t.layer, t.head, t.detector)]
+        assert t.score == pytest.approx(row.score)  # the label's score is its detector's score
+        assert (t.ci_low, t.ci_high) == (pytest.approx(row.ci_low), pytest.approx(row.ci_high))
+        assert t.control == pytest.approx(row.control)  # the twin's score for this head and detector
+        assert t.control_max == pytest.approx(scores.xs(t.detector, level="detector").control.max())
+        assert t.text() == f"{t.score:.3f} (control {row.control:.3f})"  # what the table and the CLI print
+        named = t.label if t.label.startswith("syntactic:") else t.passing.split(";")[0] if t.label == "mixed" else t.detector
+        assert t.text(name_detector=True) == f"{named} {t.text()}"
+    plain = report_data(fake_analysis(control=False)).top_heads[0]
+    assert plain.text() == f"{plain.score:.3f}"  # no control, no bracket
+
+
+def test_mixed_heads_show_the_detector_labels_would_pick():
+    """A mixed head resting on the first token shows its repeated-probe detector, as labels.py picks it."""
+    from headscope.report.data import label_detector
+
+    meta = fake_analysis().meta
+    assert label_detector("mixed", "sink;induction;duplicate_token", meta) == "induction"
+    assert label_detector("mixed", "previous_token;self", meta) == "previous_token"
+    assert label_detector("syntactic:obj", "syntactic:obj", meta) == "syntactic"
+    head = report_data(fake_analysis()).top_heads[0]._replace(label="mixed", detector="syntactic", passing="sink;syntactic:cc")
+    assert head.text(name_detector=True).startswith("syntactic:cc ")  # a mixed cell names the relation too
+
+
 def test_syntax_best_from_meta_or_computed(analysis, data):
     assert [b.relation for b in data.syntax_best] == [b["relation"] for b in analysis.meta["syntax_best"]]
     assert data.syntax_best[1].accuracy == pytest.approx(analysis.meta["syntax_best"][1]["accuracy"])
@@ -119,18 +195,65 @@ def test_syntax_best_from_meta_or_computed(analysis, data):
     assert report_data(fake_analysis(with_syntax=False)).syntax_best is None
 
 
+def test_syntax_relations_list_every_significant_relation_of_syntactic_heads(analysis, data):
+    labelled = analysis.labels[analysis.labels["label"].str.startswith("syntactic:")]
+    significant = analysis.syntax[analysis.syntax["significant"]]
+    expected = significant.merge(labelled[["layer", "head"]], on=["layer", "head"])
+    assert len(data.syntax_relations) == len(expected) >= 2  # the fake's obj head is also significant for nsubj
+    for r in data.syntax_relations:
+        row = expected[(expected.layer == r.layer) & (expected["head"] == r.head) & (expected.relation == r.relation)
+                       & (expected.direction == r.direction)].iloc[0]
+        assert (r.held_out_margin, r.ci_low, r.accuracy, r.baseline, r.n) == (
+            pytest.approx(row.held_out_margin), pytest.approx(row.ci_low), pytest.approx(row.accuracy),
+            pytest.approx(row.baseline), row.n)
+        assert r.label == labelled.set_index(["layer", "head"]).label[(r.layer, r.head)]
+    for head in {(r.layer, r.head) for r in data.syntax_relations}:  # clearest first within each head
+        lows = [r.ci_low for r in data.syntax_relations if (r.layer, r.head) == head]
+        assert lows == sorted(lows, reverse=True)
+    assert report_data(fake_analysis(seed=5)).syntax_relations == ()  # no head labelled syntactic
+
+
 def test_method_rows_and_header(analysis, data):
     specs = analysis.meta["detectors"]
     assert [m.detector for m in data.methods] == analysis.detectors
     for m in data.methods:
-        assert (m.formula, m.threshold, m.source, m.probe) == (
-            specs[m.detector]["formula"], specs[m.detector]["threshold"], specs[m.detector]["source"], specs[m.detector]["probe"])
+        spec = specs[m.detector]
+        assert (m.formula, m.threshold, m.source, m.probe, m.quantity, m.learned, m.gate) == (
+            spec["formula"], spec["threshold"], spec["source"], spec["probe"], spec["quantity"], spec["learned"], spec["gate"])
+        value = "95% CI lower bound" if spec["gate"] == "ci_low" else "score"
+        assert m.rule.startswith(f"{value} ≥ {spec['threshold']:g}")
+        if spec["learned"]:
+            assert m.rule.endswith("and 95% CI lower bound > the control's best head")
+        else:
+            assert "descriptive" in m.rule
     header = dict(data.header)
     assert header["Model"] == "fake/tiny-4x3"
     assert header["Heads"].startswith("4 layers × 3 heads (1 KV heads)")
     assert "seed" not in header and header["Seed"] == "0"
     assert "headscope 0.1.0" in header["Versions"] and header["Run time"].startswith("1.8 s")
+    assert header["Control"] == f"random-init twin (same config and tokenizer), seed {analysis.meta['control']['seed']}"
+    assert header["Treebank"] == "bundled: 445 sentences, 445 natural"
+    assert dict(report_data(_with_meta(analysis, treebank={"source": "ud.conllu", "n_sentences": 9, "natural": None})).header)[
+        "Treebank"] == "ud.conllu: 9 sentences, natural: unknown"
+    assert "Treebank" not in dict(report_data(fake_analysis(with_syntax=False)).header)
     assert data.created == analysis.meta["created"]
+
+
+def test_label_rules_state_the_rule_of_labels_py(analysis, data):
+    from headscope.labels import MIXED_MARGIN
+
+    rules = {m.topic: m.text for m in data.rules}
+    assert set(rules) == {"pass", "control", "clarity", "resting", "syntax"}
+    assert f"by less than {MIXED_MARGIN:g} the label is \"mixed\"" in rules["clarity"]
+    assert "syntactic: the score's 95% CI lower bound" in rules["pass"]
+    learned = [d for d, spec in analysis.meta["detectors"].items() if spec["learned"]]
+    assert f"Learned behaviours ({', '.join(learned)})" in rules["control"]
+    assert "sink, uniform describe where attention rests" in rules["control"]
+    assert "(induction, duplicate_token)" in rules["resting"]
+    syntactic = analysis.meta["detectors"]["syntactic"]["threshold"]
+    assert f"95% CI lower bound ≥ {syntactic:g} and above the control's best head" in rules["syntax"]
+    assert "two or more labels" not in " ".join(rules.values())
+    assert "syntax" not in {m.topic for m in report_data(fake_analysis(with_syntax=False)).rules}
 
 
 def test_prefixed_detector_names_and_missing_scores(analysis):
@@ -242,12 +365,25 @@ def test_compare_finds_changed_labels_and_score_differences(analysis):
     assert result.same_shape and result.notes == ()
     assert [(c.layer, c.head, c.label_a, c.label_b) for c in result.changed] == [(0, 1, "none", "induction"), (3, 2, "mixed", "none")]
     assert result.changed[0].score_b == pytest.approx(0.9)
+    assert result.changed[0].quantity_a == "highest score of any detector"
+    assert result.changed[0].quantity_b == analysis.meta["detectors"]["induction"]["quantity"]
+    mixed = analysis.labels.set_index(["layer", "head"]).labels[(3, 2)].split(";")[0]  # its clearest detector
+    assert result.changed[1].quantity_a == analysis.meta["detectors"][mixed]["quantity"]
+    assert all(d.quantity == analysis.meta["detectors"][d.detector]["quantity"] for d in result.diffs)
+    assert all(t.quantity == analysis.meta["detectors"][t.detector]["quantity"] for t in result.top)
     diffs = {d.detector: d.diff for d in result.diffs}
     assert np.allclose(diffs["sink"], 0.25) and np.allclose(diffs["induction"], 0.0)
     assert "b − a: +0.250" in result.diffs[analysis.detectors.index("sink")].hover[2][1]
+    assert "sink (attention mass)" in result.diffs[analysis.detectors.index("sink")].hover[2][1]
     counts = {c.label: (c.count_a, c.count_b) for c in result.label_counts}
     assert counts["none"] == (2, 2) and counts["mixed"] == (2, 1)
     assert result.grid_a.categories == result.grid_b.categories
+
+
+def test_compare_notes_when_only_one_analysis_had_a_control(analysis):
+    notes = compare_data(analysis, fake_analysis(control=False)).notes
+    assert len(notes) == 1 and notes[0].startswith("Controls differ (a: random-init twin")
+    assert "b: none (none was asked for)" in notes[0]
 
 
 def test_compare_of_different_shapes_compares_top_heads_only(analysis):

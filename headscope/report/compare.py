@@ -1,8 +1,9 @@
 """Two analyses side by side: data, then the page.
 
 - `compare_data(a, b) -> CompareData`: label maps with shared colours, `b - a` score grids per
-  shared detector (same shape only), heads whose label changed, each detector's top heads in
-  both, and label counts. Notes say what could not be compared (shapes, detectors).
+  shared detector (same shape only), heads whose label changed (with the quantity each label's
+  score is in), each detector's top heads in both, and label counts. Notes say what could not be
+  compared (shapes, detectors) and when only one analysis had a control model.
 - `render_compare_html(a, b, plotlyjs=)`, `write_compare(a, b, out_dir, plotlyjs=, force=)`.
 - Types: `CompareData`, `DiffGrid`, `ChangedHead`, `TopPair`, `LabelCount`.
 """
@@ -15,7 +16,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from .data import TOP_K, header_fields, label_categories, label_grid
+from .data import TOP_K, header_fields, label_categories, label_detector, label_grid
+from .method import control_text, has_control, quantity
 
 __all__ = ["CompareData", "DiffGrid", "ChangedHead", "TopPair", "LabelCount", "compare_data",
            "render_compare_html", "write_compare"]
@@ -23,6 +25,7 @@ __all__ = ["CompareData", "DiffGrid", "ChangedHead", "TopPair", "LabelCount", "c
 
 class DiffGrid(NamedTuple):
     detector: str
+    quantity: str  # what the scores are (from a's meta)
     a: np.ndarray  # [layer, head]
     b: np.ndarray
     diff: np.ndarray  # b - a
@@ -36,12 +39,15 @@ class ChangedHead(NamedTuple):
     score_a: float
     label_b: str
     score_b: float
+    quantity_a: str  # what score_a is: the quantity of label_a's detector
+    quantity_b: str
 
 
 class TopPair(NamedTuple):
     """The rank-th strongest head of one detector in a and in b (None past the end)."""
 
     detector: str
+    quantity: str  # what the scores are (from a's meta)
     rank: int
     a_head: Optional[tuple]  # (layer, head)
     a_score: Optional[float]
@@ -90,6 +96,10 @@ def compare_data(a, b) -> CompareData:
     if only_a or only_b:
         notes.append("Not compared: detectors only in a: " + (", ".join(only_a) or "none")
                      + "; only in b: " + (", ".join(only_b) or "none") + ".")
+    if has_control(a.meta) != has_control(b.meta):
+        notes.append(f"Controls differ (a: {control_text(a.meta)}; b: {control_text(b.meta)}): learned-behaviour "
+                     "labels were checked against an untrained twin in one analysis only, so label changes may come "
+                     "from that alone.")
     categories = label_categories(list(a.labels["label"].astype(str)) + list(b.labels["label"].astype(str)))
     grid_a, grid_b = label_grid(a, categories), label_grid(b, categories)
 
@@ -98,7 +108,8 @@ def compare_data(a, b) -> CompareData:
         diffs = tuple(_diff_grid(a, b, detector) for detector in shared)
         changed = tuple(
             ChangedHead(layer, head, grid_a.labels[layer][head], float(grid_a.scores[layer, head]),
-                        grid_b.labels[layer][head], float(grid_b.scores[layer, head]))
+                        grid_b.labels[layer][head], float(grid_b.scores[layer, head]),
+                        _label_quantity(a, grid_a, layer, head), _label_quantity(b, grid_b, layer, head))
             for layer in range(a.n_layers) for head in range(a.n_heads)
             if grid_a.labels[layer][head] != grid_b.labels[layer][head]
         )
@@ -144,18 +155,20 @@ def render_compare_html(a, b, plotlyjs: str = "embed") -> str:
                  "</div>\n</section>"]
     if data.same_shape:
         body += ["<section id=\"changed\"><h2>Heads that changed label</h2>",
-                 table(["layer", "head", "label in a", "score in a", "label in b", "score in b"],
-                       [list(c) for c in data.changed]) if data.changed else "<p>No head changed label.</p>",
+                 table(["layer", "head", "label in a", "score in a", "quantity in a", "label in b", "score in b",
+                        "quantity in b"],
+                       [[c.layer, c.head, c.label_a, c.score_a, c.quantity_a, c.label_b, c.score_b, c.quantity_b]
+                        for c in data.changed]) if data.changed else "<p>No head changed label.</p>",
                  "</section>"]
     top: dict = {}
     for t in data.top:
-        row = top.setdefault(t.detector, ([], []))
+        row = top.setdefault((t.detector, t.quantity), ([], []))
         for heads, head, score in ((row[0], t.a_head, t.a_score), (row[1], t.b_head, t.b_score)):
             if head is not None:
                 heads.append(f"L{head[0]} H{head[1]} {score:.3f}")
     body += ["<section id=\"top\"><h2>Top heads per detector</h2><p class=\"hint\">Strongest first.</p>",
-             table(["detector", "a", "b"], [[name, " · ".join(a_heads), " · ".join(b_heads)]
-                                           for name, (a_heads, b_heads) in top.items()]),
+             table(["detector", "quantity", "a", "b"], [[name, unit, " · ".join(a_heads), " · ".join(b_heads)]
+                                                       for (name, unit), (a_heads, b_heads) in top.items()]),
              "</section>"]
     return page(f"headscope: {data.name_a} vs {data.name_b}", "\n".join(body), figs, plotlyjs)
 
@@ -178,17 +191,26 @@ def write_compare(a, b, out_dir, *, plotlyjs: str = "embed", force: bool = False
     return Path(out_dir) / "index.html"
 
 
+def _label_quantity(analysis, grid, layer: int, head: int) -> str:
+    """What a head's label score is: its detector's quantity ("none": the highest score of any detector)."""
+    label = grid.labels[layer][head]
+    if label in ("", "none"):
+        return "highest score of any detector" if label else ""
+    return quantity(analysis.meta, label_detector(label, grid.passing[layer][head], analysis.meta))
+
+
 def _diff_grid(a, b, detector: str) -> DiffGrid:
     score_a, score_b = a.score_grid(detector), b.score_grid(detector)
     diff = score_b - score_a
-    name = html.escape(detector)
+    unit = quantity(a.meta, detector)
+    name = f"{html.escape(detector)} ({html.escape(unit)})"
     hover = tuple(
         tuple(f"<b>layer {layer} head {head}</b><br>{name}<br>a: {_num(score_a[layer, head])}"
               f"<br>b: {_num(score_b[layer, head])}<br>b − a: {_num(diff[layer, head], signed=True)}"
               for head in range(a.n_heads))
         for layer in range(a.n_layers)
     )
-    return DiffGrid(detector, score_a, score_b, diff, hover)
+    return DiffGrid(detector, unit, score_a, score_b, diff, hover)
 
 
 def _top_pairs(a, b, detector: str, k: int = TOP_K) -> list:
@@ -202,7 +224,7 @@ def _top_pairs(a, b, detector: str, k: int = TOP_K) -> list:
     for rank in range(max(len(top_a), len(top_b))):
         head_a, score_a = top_a[rank] if rank < len(top_a) else (None, None)
         head_b, score_b = top_b[rank] if rank < len(top_b) else (None, None)
-        pairs.append(TopPair(detector, rank + 1, head_a, score_a, head_b, score_b))
+        pairs.append(TopPair(detector, quantity(a.meta, detector), rank + 1, head_a, score_a, head_b, score_b))
     return pairs
 
 

@@ -2,14 +2,20 @@
 
 - `report_data(analysis) -> ReportData`: everything one report page shows.
 - `label_grid(analysis, categories)`: the `[layer][head]` label map with colours and hover text.
-- `detector_grids(analysis)`: one `DetectorGrid` (scores, 95% CI, n, hover) per detector.
-- `top_heads(analysis, k)`, `syntax_best(analysis)`, `method_rows(meta)`, `header_fields(meta)`.
-- `validation_rows(analysis)`: the causal checks (`headscope.validate`), when the analysis has them.
+- `detector_grids(analysis)`: one `DetectorGrid` (scores, 95% CI, n, control, hover) per detector.
+- `top_heads(analysis, k)`: each label's strongest heads with the quantity their score is and the
+  control's score for the same head.
+- From `tables.py`: `syntax_best(analysis)`, `syntax_relations(analysis)` (best head per relation;
+  every significant relation of each head labelled syntactic), `validation_rows(analysis)`.
+- `label_detector(label, passing, meta)`: the detector whose score a label shows.
+- From `method.py`: `method_rows(meta)`, `label_rules(meta)`, `report_warnings(meta)`, `header_fields(meta)`.
 - `label_categories(labels)`, `LABEL_COLOURS`: the fixed label -> colour mapping.
-- Types: `ReportData`, `LabelGrid`, `DetectorGrid`, `TopHead`, `SyntaxBest`, `MethodRow`,
-  `HeaderField`, `ValidationRow`.
+- Types: `ReportData`, `LabelGrid`, `DetectorGrid`, `TopHead`, `SyntaxBest`, `SyntaxRelation`,
+  `MethodRow`, `MethodNote`, `HeaderField`, `ValidationRow`.
 
-Hover strings are plotly's pseudo-HTML: label and detector names in them are escaped here.
+"Control" numbers come from `Analysis.scores`: `control` is the control model's score for the same
+head and detector, `control_max` its best score over heads (`headscope.control`). Hover strings
+are plotly's pseudo-HTML: label and detector names in them are escaped here.
 """
 from __future__ import annotations
 
@@ -19,10 +25,17 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from ..labels import RESTING
+from .method import (
+    HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, quantity,
+    report_warnings,
+)
+from .tables import SyntaxBest, SyntaxRelation, ValidationRow, syntax_best, syntax_relations, validation_rows
+
 __all__ = [
-    "ReportData", "LabelGrid", "DetectorGrid", "TopHead", "SyntaxBest", "MethodRow", "HeaderField",
-    "ValidationRow", "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best",
-    "validation_rows", "method_rows",
+    "ReportData", "LabelGrid", "DetectorGrid", "TopHead", "SyntaxBest", "SyntaxRelation", "MethodRow", "MethodNote",
+    "HeaderField", "ValidationRow", "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best",
+    "syntax_relations", "label_detector", "validation_rows", "method_rows", "label_rules", "report_warnings",
     "header_fields", "label_categories", "label_colour", "short_label", "LABEL_COLOURS", "TOP_K",
 ]
 
@@ -63,62 +76,35 @@ class DetectorGrid(NamedTuple):
     n: np.ndarray
     threshold: Optional[float]
     hover: tuple  # [layer][head]
+    quantity: str  # what the score is, e.g. "attention mass"
+    control: np.ndarray  # [layer, head] the control model's score for the same head (NaN: no control)
+    control_max: np.ndarray  # [layer, head] the control's best head for this detector (per head: the
+    # syntactic control depends on the head's relation and direction)
 
 
 class TopHead(NamedTuple):
+    """One of a label's strongest heads; `score` is in `quantity`, the unit of `detector`'s score."""
+
     label: str
     rank: int  # 1-based
     layer: int
     head: int
     score: float
     passing: str
+    detector: str  # the detector whose score the label shows ("syntactic" for "syntactic:obj";
+    # for "mixed" the clearest candidate)
+    quantity: str
+    ci_low: float
+    ci_high: float
+    control: float  # the control model's score for this head and detector (NaN: no control)
+    control_max: float  # the control's best head for this detector
 
-
-class SyntaxBest(NamedTuple):
-    """The most accurate head for one dependency relation and the baseline it must beat."""
-
-    relation: str
-    layer: int
-    head: int
-    direction: str
-    accuracy: float
-    baseline_accuracy: float
-    baseline_kind: str  # the predictor that sets the baseline ("offset -1", "control 2.3", ...)
-    n: int
-    held_out_margin: float  # NaN when the pair was chosen on neither half
-    significant: bool
-
-
-class ValidationRow(NamedTuple):
-    """One causal check: a label's top heads ablated in one mode, against random heads."""
-
-    label: str
-    mode: str  # "zero" or "mean"
-    primary: bool  # the mode that drives the verdict
-    metric: str
-    heads: tuple  # ((layer, head), ...)
-    baseline: float
-    ablated: float
-    delta: float
-    random_deltas: tuple  # floats, one per random draw
-    random_mean: float
-    ratio: float
-    hurts_more: bool
-    baseline_accuracy: float  # NaN when the metric has none
-    ablated_accuracy: float
-
-
-class MethodRow(NamedTuple):
-    detector: str
-    formula: str
-    threshold: Optional[float]
-    source: str
-    probe: str
-
-
-class HeaderField(NamedTuple):
-    name: str
-    value: str
+    def text(self, name_detector: bool = False) -> str:
+        """ "0.912 (control 0.050)", the detector named first when asked (as it passed: "syntactic:cc");
+        no bracket without a control."""
+        passed = [name for name in self.passing.split(";") if name.split(":")[0] == self.detector]
+        text = (f"{passed[0] if passed else self.detector} " if name_detector else "") + f"{self.score:.3f}"
+        return text if np.isnan(self.control) else text + f" (control {self.control:.3f})"
 
 
 @dataclass(frozen=True)
@@ -137,6 +123,10 @@ class ReportData:
     methods: tuple  # MethodRow
     examples: tuple  # headscope.analysis.Example
     validation: Optional[tuple] = None  # ValidationRow; None when the analysis has no causal checks
+    rules: tuple = ()  # MethodNote: the labelling rule in sentences
+    warnings: tuple = ()  # str: shown prominently (no control model, a detector skipped)
+    syntax_relations: Optional[tuple] = None  # SyntaxRelation; None when the analysis has no syntax scores
+    syntax_notes: tuple = ()  # str: caveats of the syntactic detector (meta["syntax_notes"])
 
 
 def report_data(analysis) -> ReportData:
@@ -161,6 +151,10 @@ def report_data(analysis) -> ReportData:
         methods=method_rows(meta, analysis.detectors),
         examples=tuple(analysis.examples),
         validation=validation_rows(analysis),
+        rules=label_rules(meta),
+        warnings=report_warnings(meta),
+        syntax_relations=syntax_relations(analysis),
+        syntax_notes=tuple(str(n) for n in meta.get("syntax_notes", [])),
     )
 
 
@@ -222,138 +216,103 @@ def label_grid(analysis, categories: Optional[tuple] = None) -> LabelGrid:
 
 def detector_grids(analysis) -> tuple:
     """One `DetectorGrid` per detector, in the order of `analysis.detectors`."""
-    thresholds = {name: spec.get("threshold") for name, spec in analysis.meta.get("detectors", {}).items()}
+    meta = analysis.meta
     grids = []
     for detector in analysis.detectors:
-        score, low, high, n = (analysis.score_grid(detector, column) for column in ("score", "ci_low", "ci_high", "n"))
+        score, low, high, n, control, control_max = (
+            _grid(analysis, detector, column) for column in ("score", "ci_low", "ci_high", "n", "control", "control_max"))
+        unit = quantity(meta, detector)
         hover = tuple(
-            tuple(_score_hover(layer, head, detector, score[layer, head], low[layer, head], high[layer, head], n[layer, head])
+            tuple(_score_hover(layer, head, detector, unit, score[layer, head], low[layer, head], high[layer, head],
+                               n[layer, head], control[layer, head], control_max[layer, head])
                   for head in range(analysis.n_heads))
             for layer in range(analysis.n_layers)
         )
-        threshold = thresholds.get(detector, thresholds.get(detector.split(":")[0]))  # "syntactic:obj" -> "syntactic"
-        grids.append(DetectorGrid(detector, score, low, high, n, threshold, hover))
+        threshold = detector_spec(meta, detector).get("threshold")  # "syntactic:obj" -> "syntactic"
+        grids.append(DetectorGrid(detector, score, low, high, n, threshold, hover, unit, control, control_max))
     return tuple(grids)
+
+
+def label_detector(label: str, passing: str, meta: dict) -> str:
+    """The detector whose score a label shows: the label's own ("syntactic:obj" -> "syntactic"), or for
+    "mixed" the clearest candidate, as `headscope.labels` picks it (`passing` lists the passed
+    detectors clearest first; resting behaviours yield to repeated-probe detectors)."""
+    if label != "mixed":
+        return label if label in meta.get("detectors", {}) else label.split(":")[0]
+    names = [name for name in passing.split(";") if name]
+    base = [name if name in meta.get("detectors", {}) else name.split(":")[0] for name in names]
+    repeated = [b for b in base if b not in RESTING and detector_spec(meta, b).get("probe") == "repeated"]
+    if repeated and any(b in RESTING for b in base):
+        return repeated[0]
+    return base[0] if base else ""
 
 
 def top_heads(analysis, k: int = TOP_K) -> tuple:
     """The `k` strongest heads of every label but "none", strongest first (ties: lower layer, head).
 
     Returns:
-        `TopHead` rows, grouped by label in legend order.
+        `TopHead` rows, grouped by label in legend order, each with its detector's quantity, CI
+        and the control's scores for the same detector (`analysis.scores`).
     """
     rows = []
+    lookup = _score_rows(analysis)
     for label in label_categories(analysis.labels["label"].astype(str)):
         if label == "none":
             continue
         heads = analysis.labels[analysis.labels["label"] == label]
         heads = heads.sort_values(["score", "layer", "head"], ascending=[False, True, True]).head(k)
         for rank, row in enumerate(heads.itertuples(index=False), start=1):
-            rows.append(TopHead(label, rank, int(row.layer), int(row.head), float(row.score),
-                                "" if _missing(row.labels) else str(row.labels)))
+            passing = "" if _missing(row.labels) else str(row.labels)
+            detector = label_detector(label, passing, analysis.meta)
+            layer, head = int(row.layer), int(row.head)
+            found = lookup.get((layer, head, label)) or lookup.get((layer, head, detector)) or {}
+            rows.append(TopHead(label, rank, layer, head, float(row.score), passing, detector,
+                                quantity(analysis.meta, detector), *(float(found.get(c, np.nan)) for c in _STATS)))
     return tuple(rows)
 
 
-def syntax_best(analysis) -> Optional[tuple]:
-    """Best head per relation: `meta["syntax_best"]` if present, else the argmax of `.syntax`.
-
-    Returns:
-        `SyntaxBest` rows, or None when `analysis.syntax` is None.
-    """
-    if analysis.syntax is None:
-        return None
-    stored = analysis.meta.get("syntax_best")
-    if stored:
-        return tuple(
-            SyntaxBest(str(b["relation"]), int(b["layer"]), int(b["head"]), str(b["direction"]), float(b["accuracy"]),
-                       float(b["baseline_accuracy"]), _text(b.get("baseline_kind")), int(b["n"]),
-                       float(b.get("held_out_margin", np.nan)), _flag(b.get("significant", False)))
-            for b in stored
-        )
-    frame = analysis.syntax.sort_values(["relation", "accuracy", "layer", "head", "direction"],
-                                        ascending=[True, False, True, True, True])
-    best = frame.groupby("relation", sort=True).head(1)
-    return tuple(
-        SyntaxBest(str(r.relation), int(r.layer), int(r.head), str(r.direction), float(r.accuracy),
-                   float(r.baseline), _text(getattr(r, "baseline_kind", "")), int(r.n),
-                   float(getattr(r, "held_out_margin", np.nan)), _flag(getattr(r, "significant", False)))
-        for r in best.itertuples(index=False)
-    )
+_STATS = ("ci_low", "ci_high", "control", "control_max")
 
 
-def validation_rows(analysis) -> Optional[tuple]:
-    """The causal checks of `analysis.validation` (a `headscope.validate` frame, possibly read
-    back from CSV), in its row order.
-
-    Returns:
-        `ValidationRow`s, or None when the analysis has no `validation` (or it is None).
-    """
-    frame = getattr(analysis, "validation", None)
-    if frame is None:
-        return None
-    rows = []
-    for r in frame.itertuples(index=False):
-        heads = tuple(tuple(int(x) for x in h.split(".")) for h in _text(r.heads).split(";") if h)
-        deltas = r.random_deltas if isinstance(r.random_deltas, (list, tuple)) else _text(r.random_deltas).split(";")
-        rows.append(ValidationRow(
-            str(r.label), str(r.mode), _flag(r.primary), str(r.metric), heads, float(r.baseline), float(r.ablated),
-            float(r.delta), tuple(float(d) for d in deltas if str(d) != ""), float(r.random_mean), float(r.ratio),
-            _flag(r.hurts_more), float(getattr(r, "baseline_accuracy", np.nan)), float(getattr(r, "ablated_accuracy", np.nan)),
-        ))
-    return tuple(rows)
+def _score_rows(analysis) -> dict:
+    """(layer, head, detector) -> {ci_low, ci_high, control, control_max} from `analysis.scores`."""
+    frame = analysis.scores
+    columns = {c: frame[c].tolist() if c in frame else [np.nan] * len(frame) for c in _STATS}
+    keys = zip(frame["layer"].tolist(), frame["head"].tolist(), frame["detector"].astype(str).tolist())
+    return {(int(l), int(h), d): {c: columns[c][i] for c in _STATS} for i, (l, h, d) in enumerate(keys)}
 
 
-def method_rows(meta: dict, detectors: Optional[list] = None) -> tuple:
-    """Formula, threshold, source and probe of each detector in `meta["detectors"]`.
-
-    Args:
-        meta: the analysis metadata.
-        detectors: preferred order (the scores' order; "syntactic:obj" stands for "syntactic");
-            detectors not in it follow, sorted.
-    """
-    specs = meta.get("detectors", {})
-    named = [name for d in (detectors or []) for name in (d, d.split(":")[0]) if name in specs]
-    order = list(dict.fromkeys(named)) + sorted(set(specs) - set(named))
-    return tuple(
-        MethodRow(name, str(specs[name].get("formula", "")), specs[name].get("threshold"),
-                  str(specs[name].get("source", "")), str(specs[name].get("probe", "")))
-        for name in order
-    )
-
-
-def header_fields(meta: dict) -> tuple:
-    """The header's name/value pairs (all but "created", which the page prints on its own line)."""
-    versions = meta.get("versions", {})
-    timings = meta.get("timings", {})
-    probes = meta.get("probes", {})
-    heads = f"{meta.get('n_layers', '?')} layers × {meta.get('n_heads', '?')} heads"
-    if meta.get("n_kv_heads") not in (None, meta.get("n_heads")):
-        heads += f" ({meta['n_kv_heads']} KV heads)"
-    if "causal" in meta:
-        heads += ", causal" if meta["causal"] else ", bidirectional"
-    stages = ", ".join(f"{stage} {seconds:.1f} s" for stage, seconds in timings.items() if stage != "total")
-    run_time = f"{timings['total']:.1f} s" if "total" in timings else "?"
-    return (
-        HeaderField("Model", str(meta.get("model", "?"))),
-        HeaderField("Family", str(meta.get("family", "?"))),
-        HeaderField("Parameters", _count(meta.get("parameters"))),
-        HeaderField("Heads", heads),
-        HeaderField("Probes", "; ".join(
-            f"{name}: {p.get('n_examples', '?')} examples × {p.get('seq_len', '?')} tokens ({p.get('description', '')})"
-            for name, p in probes.items()) or "?"),
-        HeaderField("Seed", str(meta.get("seed", "?"))),
-        HeaderField("Versions", ", ".join(f"{name} {version}" for name, version in versions.items()) or "?"),
-        HeaderField("Run time", run_time + (f" ({stages})" if stages else "")),
-    ) + tuple(HeaderField("Note", str(note)) for note in meta.get("notes", ()))
+def _grid(analysis, detector: str, column: str) -> np.ndarray:
+    """`analysis.score_grid`, all NaN for a column the scores lack (analyses saved before controls)."""
+    if column not in analysis.scores:
+        return np.full((analysis.n_layers, analysis.n_heads), np.nan)
+    return analysis.score_grid(detector, column)
 
 
 def _detector_lines(analysis) -> dict:
-    """(layer, head) -> hover lines "detector: score [low, high]" in detector order."""
+    """(layer, head) -> hover lines "detector: quantity score [low, high]" (and the control) in detector order."""
     lines: dict = {}
-    for row in analysis.scores.itertuples(index=False):
-        text = "no score" if np.isnan(row.score) else f"{row.score:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}]"
+    frame = analysis.scores
+    nan = [np.nan] * len(frame)
+    control = frame["control"].tolist() if "control" in frame else nan
+    control_max = frame["control_max"].tolist() if "control_max" in frame else nan
+    for row, same, best in zip(frame.itertuples(index=False), control, control_max):
+        unit = html.escape(quantity(analysis.meta, str(row.detector)))
+        text = "no score" if np.isnan(row.score) else f"{unit} {row.score:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}]"
+        text += _control_text(same, best, "; ")
         lines.setdefault((int(row.layer), int(row.head)), []).append(f"{html.escape(str(row.detector))}: {text}")
     return lines
+
+
+def _control_text(same: float, best: float, lead: str) -> str:
+    """ "control (same head): x, control best head: y", or "" without a control."""
+    if np.isnan(same) and np.isnan(best):
+        return ""
+    return f"{lead}control (same head): {_num(same)}, control best head: {_num(best)}"
+
+
+def _num(value: float) -> str:
+    return "–" if np.isnan(value) else f"{value:.3f}"
 
 
 def _label_hover(layer: int, head: int, label: str, passing: str, lines: list) -> str:
@@ -363,33 +322,14 @@ def _label_hover(layer: int, head: int, label: str, passing: str, lines: list) -
     return "<br>".join([top] + lines)
 
 
-def _score_hover(layer, head, detector, score, low, high, n) -> str:
+def _score_hover(layer, head, detector, unit, score, low, high, n, control, control_max) -> str:
+    name = f"{html.escape(detector)} ({html.escape(unit)})"
     if np.isnan(score):
-        return f"<b>layer {layer} head {head}</b><br>{html.escape(detector)}: no score"
+        return f"<b>layer {layer} head {head}</b><br>{name}: no score"
     count = "" if np.isnan(n) else f" (n={int(n)})"
-    return (f"<b>layer {layer} head {head}</b><br>{html.escape(detector)}: {score:.3f}"
-            f"<br>95% CI [{low:.3f}, {high:.3f}]{count}")
-
-
-def _text(value: Any) -> str:
-    """A CSV cell as text ("" for a missing one)."""
-    return "" if _missing(value) else str(value)
-
-
-def _flag(value: Any) -> bool:
-    """A bool cell, also when read back from CSV as text."""
-    return value.strip().lower() == "true" if isinstance(value, str) else bool(value)
+    return (f"<b>layer {layer} head {head}</b><br>{name}: {score:.3f}"
+            f"<br>95% CI [{low:.3f}, {high:.3f}]{count}{_control_text(control, control_max, '<br>')}")
 
 
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and np.isnan(value))
-
-
-def _count(value) -> str:
-    if value is None:
-        return "?"
-    value = int(value)
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if value >= size:
-            return f"{value / size:.1f}{unit} ({value:,})"
-    return str(value)

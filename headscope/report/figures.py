@@ -70,7 +70,7 @@ def label_map_figure(grid, title: str = ""):
 
 
 def detector_figure(grid):
-    """One detector's layer x head scores in [0, 1].
+    """One detector's layer x head scores in [0, 1], titled with its quantity and threshold.
 
     Args:
         grid: a `DetectorGrid`.
@@ -80,7 +80,7 @@ def detector_figure(grid):
     import plotly.graph_objects as go
 
     n_layers, n_heads = grid.score.shape
-    title = grid.detector if grid.threshold is None else f"{grid.detector} (threshold {grid.threshold:g})"
+    title = f"{grid.detector}: {grid.quantity}" + ("" if grid.threshold is None else f" (threshold {grid.threshold:g})")
     finite = grid.score[np.isfinite(grid.score)]
     low, high = min(0.0, float(finite.min(initial=0.0))), max(1.0, float(finite.max(initial=1.0)))  # margins may be < 0
     fig = go.Figure(go.Heatmap(

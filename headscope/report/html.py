@@ -47,6 +47,8 @@ code { font-size: 12px; } .swatch { display: inline-block; width: 11px; height: 
   vertical-align: -1px; border: 1px solid #999; }
 button.head { font: inherit; padding: 0 6px; cursor: pointer; border: 1px solid #bbb; border-radius: 3px; background: #f7f7f7; }
 .note { background: #fff6db; border-left: 4px solid #f0c040; padding: 6px 10px; }
+.note.warning { background: #fde8e8; border-left-color: #d62728; font-weight: 600; }
+.nowrap { white-space: nowrap; } h3 { font-size: 15px; margin: 14px 0 4px; } ul.rules { margin: 4px 0 8px; padding-left: 20px; max-width: 980px; }
 """
 
 
@@ -80,13 +82,15 @@ def render_report(data, plotlyjs: str = "embed") -> str:
         f"<header>\n<h1>headscope report: {html.escape(data.title)}</h1>",
         header_list(data.header),
         f"<p class=\"created\">Created {html.escape(data.created)}</p>",
+        *[f"<p class=\"note warning\">{html.escape(w)}</p>" for w in data.warnings],
         "<p id=\"hs-error\"></p>\n</header>",
         "<div class=\"layout\">\n<div>",
         "<section id=\"labels\"><h2>Label map</h2><p class=\"hint\">Each head's label (hover: every "
-        "detector's score with its 95% CI). Click a cell to see the head's attention.</p>",
+        "detector's score, named by its quantity, with its 95% CI and the control model's score for the same head "
+        "and its best head). Click a cell to see the head's attention.</p>",
         figure_div(figures.LABEL_MAP_ID), "</section>",
-        "<section id=\"detectors\"><h2>Detector scores</h2><p class=\"hint\">One heatmap per detector; "
-        "click a cell to explore the head.</p>\n<div class=\"figures\">",
+        "<section id=\"detectors\"><h2>Detector scores</h2><p class=\"hint\">One heatmap per detector, "
+        "titled with what its score is; click a cell to explore the head.</p>\n<div class=\"figures\">",
         *[figure_div(figures.detector_id(i)) for i in range(len(data.detector_grids))],
         "</div>\n</section>\n</div>",
         _explorer_section(data, initial),
@@ -254,15 +258,25 @@ def _explorer_section(data, initial) -> str:
 
 
 def _top_heads_section(data) -> str:
-    """One row per label: its strongest heads (buttons into the explorer) with their scores."""
+    """One row per label: the quantity its scores are in, its strongest heads (buttons into the
+    explorer) with their scores and the control's score for the same head."""
     by_label: dict = {}
     for t in data.top_heads:
-        by_label.setdefault(t.label, []).append(Raw(f"{head_button(t.layer, t.head)} {t.score:.3f}"))
+        by_label.setdefault(t.label, []).append(t)
     counts = {label: sum(row.count(label) for row in data.label_grid.labels) for label in by_label}
     rank_headers = [f"#{rank}" for rank in range(1, max((len(v) for v in by_label.values()), default=0) + 1)]
-    rows = [[_swatch(label, data.label_grid), counts[label], *heads] for label, heads in by_label.items()]
-    return ("<section id=\"top-heads\"><h2>Top heads per label</h2><p class=\"hint\">Strongest first; "
-            "click a head to explore it.</p>" + table(["label", "heads", *rank_headers], rows) + "</section>")
+    rows = []
+    for label, heads in by_label.items():
+        units = {t.quantity for t in heads}
+        per_head = len(units) > 1 or label == "mixed"  # "mixed" shows each head's clearest detector
+        unit = "clearest detector's score, named per head" if per_head else units.pop()
+        rows.append([_swatch(label, data.label_grid), counts[label], unit,
+                     *[Raw(f"<span class=\"nowrap\">{head_button(t.layer, t.head)} {html.escape(t.text(per_head))}</span>")
+                       for t in heads]])
+    return ("<section id=\"top-heads\"><h2>Top heads per label</h2><p class=\"hint\">Strongest first, each with "
+            "its label's score in the quantity of that row and, in brackets, the control model's score for the same "
+            "head and detector; click a head to explore it.</p>"
+            + table(["label", "heads", "quantity", *rank_headers], rows) + "</section>")
 
 
 def _syntax_section(data) -> str:
@@ -273,17 +287,29 @@ def _syntax_section(data) -> str:
              None if r.held_out_margin != r.held_out_margin else r.held_out_margin,
              "yes" if r.significant else "no", r.n]
             for r in data.syntax_best]
-    return "\n".join([
+    parts = [
         "<section id=\"syntax\"><h2>Syntactic heads</h2><p class=\"hint\">Most accurate head per dependency "
         "relation (Clark et al. 2019, Table 1) against the best baseline: fixed offsets, first, last and "
         "most-pieces word, nearest content words, and the control model's best head. Accuracy and baseline are "
         "shares of arcs on all sentences; the held-out margin is measured on the half of the sentences the "
         "relation was not chosen on (empty when it was chosen on neither half).</p>",
+        *[f"<p class=\"hint\">{html.escape(note)}</p>" for note in data.syntax_notes],
         figure_div(figures.SYNTAX_ID),
         table(["relation", "head", "direction", "accuracy", "baseline accuracy", "baseline", "margin (all sentences)",
                "held-out margin", "significant", "arcs"], rows),
-        "</section>",
-    ])
+    ]
+    if data.syntax_relations:
+        parts += [
+            "<h3>Every significant relation of the heads labelled syntactic</h3><p class=\"hint\">A head's label "
+            "names its clearest relation (highest CI lower bound of the held-out margin); the others it is "
+            "significant for are listed here too.</p>",
+            table(["head", "label", "relation", "direction", "held-out margin", "95% CI low", "95% CI high",
+                   "accuracy", "baseline accuracy", "baseline", "arcs"],
+                  [[head_button(r.layer, r.head), r.label, r.relation, r.direction, r.held_out_margin, r.ci_low,
+                    r.ci_high, r.accuracy, r.baseline, r.baseline_kind, r.n] for r in data.syntax_relations]),
+        ]
+    parts.append("</section>")
+    return "\n".join(parts)
 
 
 def _validation_section(data) -> str:
@@ -325,8 +351,8 @@ def _ratio(value: float) -> str:
 
 
 def _method_section(data) -> str:
-    rows = [[m.detector, Raw(f"<code>{html.escape(m.formula)}</code>"), m.threshold, m.source, m.probe]
+    rows = [[m.detector, m.quantity, Raw(f"<code>{html.escape(m.formula)}</code>"), m.rule, m.source, m.probe]
             for m in data.methods]
-    return ("<section id=\"method\"><h2>Method</h2><p class=\"hint\">A head gets a detector's label when "
-            "its score reaches the threshold; two or more labels make it \"mixed\".</p>"
-            + table(["detector", "formula", "threshold", "source", "probe"], rows) + "</section>")
+    rules = "".join(f"<li>{html.escape(note.text)}</li>" for note in data.rules)
+    return ("<section id=\"method\"><h2>Method</h2><ul class=\"rules\">" + rules + "</ul>"
+            + table(["detector", "quantity", "formula", "label rule", "source", "probe"], rows) + "</section>")

@@ -1,0 +1,153 @@
+"""The report's tables read from an analysis's frames: syntactic heads and causal checks.
+
+- `syntax_best(analysis)`: the best head per relation (`SyntaxBest`).
+- `syntax_relations(analysis)`: every significant relation of each head labelled syntactic
+  (`SyntaxRelation`).
+- `validation_rows(analysis)`: the causal checks of `headscope.validate` (`ValidationRow`).
+
+Frames may come back from CSV (`Analysis.load`): booleans as text, missing cells as NaN.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+__all__ = ["SyntaxBest", "SyntaxRelation", "ValidationRow", "syntax_best", "syntax_relations", "validation_rows"]
+
+
+class SyntaxBest(NamedTuple):
+    """The most accurate head for one dependency relation and the baseline it must beat."""
+
+    relation: str
+    layer: int
+    head: int
+    direction: str
+    accuracy: float
+    baseline_accuracy: float
+    baseline_kind: str  # the predictor that sets the baseline ("offset -1", "control 2.3", ...)
+    n: int
+    held_out_margin: float  # NaN when the pair was chosen on neither half
+    significant: bool
+
+
+class SyntaxRelation(NamedTuple):
+    """One significant (relation, direction) of a head labelled syntactic (`analysis.syntax` row)."""
+
+    layer: int
+    head: int
+    label: str  # the head's label ("syntactic:<its clearest relation>")
+    relation: str
+    direction: str
+    accuracy: float
+    baseline: float
+    baseline_kind: str
+    held_out_margin: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+
+class ValidationRow(NamedTuple):
+    """One causal check: a label's top heads ablated in one mode, against random heads."""
+
+    label: str
+    mode: str  # "zero" or "mean"
+    primary: bool  # the mode that drives the verdict
+    metric: str
+    heads: tuple  # ((layer, head), ...)
+    baseline: float
+    ablated: float
+    delta: float
+    random_deltas: tuple  # floats, one per random draw
+    random_mean: float
+    ratio: float
+    hurts_more: bool
+    baseline_accuracy: float  # NaN when the metric has none
+    ablated_accuracy: float
+
+
+def syntax_best(analysis) -> Optional[tuple]:
+    """Best head per relation: `meta["syntax_best"]` if present, else the argmax of `.syntax`.
+
+    Returns:
+        `SyntaxBest` rows, or None when `analysis.syntax` is None.
+    """
+    if analysis.syntax is None:
+        return None
+    stored = analysis.meta.get("syntax_best")
+    if stored:
+        return tuple(
+            SyntaxBest(str(b["relation"]), int(b["layer"]), int(b["head"]), str(b["direction"]), float(b["accuracy"]),
+                       float(b["baseline_accuracy"]), _text(b.get("baseline_kind")), int(b["n"]),
+                       float(b.get("held_out_margin", np.nan)), _flag(b.get("significant", False)))
+            for b in stored
+        )
+    frame = analysis.syntax.sort_values(["relation", "accuracy", "layer", "head", "direction"],
+                                        ascending=[True, False, True, True, True])
+    best = frame.groupby("relation", sort=True).head(1)
+    return tuple(
+        SyntaxBest(str(r.relation), int(r.layer), int(r.head), str(r.direction), float(r.accuracy),
+                   float(r.baseline), _text(getattr(r, "baseline_kind", "")), int(r.n),
+                   float(getattr(r, "held_out_margin", np.nan)), _flag(getattr(r, "significant", False)))
+        for r in best.itertuples(index=False)
+    )
+
+
+def syntax_relations(analysis) -> Optional[tuple]:
+    """Every significant (relation, direction) of each head labelled syntactic, clearest first.
+
+    Returns:
+        `SyntaxRelation` rows ordered by layer, head, then CI lower bound (highest first); None when
+        the analysis has no syntax scores or they have no `significant` column.
+    """
+    table = analysis.syntax
+    if table is None or "significant" not in table:
+        return None
+    labels = {(int(r.layer), int(r.head)): str(r.label) for r in analysis.labels.itertuples(index=False)
+              if str(r.label).startswith("syntactic:")}
+    keep = [_flag(s) and (int(l), int(h)) in labels for s, l, h in zip(table["significant"], table["layer"], table["head"])]
+    chosen = table[np.array(keep, dtype=bool)]
+    chosen = chosen.sort_values(["layer", "head", "ci_low", "held_out_margin"], ascending=[True, True, False, False])
+    return tuple(
+        SyntaxRelation(int(r.layer), int(r.head), labels[(int(r.layer), int(r.head))], str(r.relation), str(r.direction),
+                       float(r.accuracy), float(r.baseline), _text(getattr(r, "baseline_kind", "")),
+                       float(r.held_out_margin), float(r.ci_low), float(r.ci_high), int(r.n))
+        for r in chosen.itertuples(index=False)
+    )
+
+
+def validation_rows(analysis) -> Optional[tuple]:
+    """The causal checks of `analysis.validation` (a `headscope.validate` frame, possibly read
+    back from CSV), in its row order.
+
+    Returns:
+        `ValidationRow`s, or None when the analysis has no `validation` (or it is None).
+    """
+    frame = getattr(analysis, "validation", None)
+    if frame is None:
+        return None
+    rows = []
+    for r in frame.itertuples(index=False):
+        heads = tuple(tuple(int(x) for x in h.split(".")) for h in _text(r.heads).split(";") if h)
+        deltas = r.random_deltas if isinstance(r.random_deltas, (list, tuple)) else _text(r.random_deltas).split(";")
+        rows.append(ValidationRow(
+            str(r.label), str(r.mode), _flag(r.primary), str(r.metric), heads, float(r.baseline), float(r.ablated),
+            float(r.delta), tuple(float(d) for d in deltas if str(d) != ""), float(r.random_mean), float(r.ratio),
+            _flag(r.hurts_more), float(getattr(r, "baseline_accuracy", np.nan)), float(getattr(r, "ablated_accuracy", np.nan)),
+        ))
+    return tuple(rows)
+
+
+def _text(value: Any) -> str:
+    """A CSV cell as text ("" for a missing one)."""
+    return "" if _missing(value) else str(value)
+
+
+def _flag(value: Any) -> bool:
+    """A bool cell, also when read back from CSV as text."""
+    return value.strip().lower() == "true" if isinstance(value, str) else bool(value)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
