@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .errors import HeadscopeError
+
 __all__ = ["app", "main"]
 
 app = typer.Typer(
@@ -203,6 +205,7 @@ def analyze_command(
     treebank: Annotated[Optional[Path], typer.Option("--treebank", help="CoNLL-U file for the syntactic detector (default: the bundled treebank).")] = None,
     n_sentences: Annotated[int, typer.Option("--n-sentences", help="Treebank sentences scored by the syntactic detector (0: all).")] = 200,
     validate: Annotated[bool, typer.Option("--validate", help="Also ablate each label's top-3 heads against random heads (slow: several forward passes per label).")] = False,
+    control: Annotated[str, typer.Option("--control", help="random-init: score the same probes on an untrained twin and give learned labels only to heads that beat its best head; none: no control (labels then rest on thresholds alone).")] = "random-init",
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="Split a large model over devices: auto, balanced, sequential or a JSON {module: device} map (accelerate).")] = None,
     no_cache: NoCacheOpt = False,
     plotlyjs: PlotlyOpt = "embed",
@@ -220,6 +223,10 @@ def analyze_command(
     from .report import write_report_into
 
     _check_plotlyjs(plotlyjs)
+    from .control import CONTROL_KINDS
+
+    if control not in CONTROL_KINDS:
+        raise HeadscopeError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
     out = out or _default_out(model)
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
     if names is not None:
@@ -234,7 +241,7 @@ def analyze_command(
     if treebank is not None:
         from .treebank import read_conllu
 
-        treebank = read_conllu(treebank)  # a bad file fails here, before the model loads
+        read_conllu(treebank)  # a bad file fails here, before the model loads
     if rank == 0:
         typer.echo(f"loading {model} ...", err=True)
     placement = _parse_device_map(device_map)
@@ -243,7 +250,7 @@ def analyze_command(
     analysis = analyze(loaded, detectors=names, n_examples=n_examples, seq_len=seq_len,
                        batch_size=batch_size, seed=seed, repeat_len=repeat_len, repeats=repeats,
                        treebank=treebank, n_sentences=n_sentences or None, validate=validate,
-                       progress=_Bars())
+                       progress=_Bars(), control=control)
     if rank != 0:
         return
     if world > 1:

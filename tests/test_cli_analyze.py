@@ -222,3 +222,16 @@ def test_open_flag_opens_the_report(analyzed, monkeypatch):
     result = CliRunner().invoke(app, ["report", str(out), "--open"])
     assert result.exit_code == 0, result.output
     assert opened == [(out / "index.html").resolve().as_uri()]
+
+
+def test_control_option(model_dir, tmp_path):
+    out = tmp_path / "nocontrol"
+    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--repeat-len", "10",
+                                      "--detectors", "previous_token", "--control", "none"])
+    assert result.exit_code == 0, result.output
+    analysis = Analysis.load(out)
+    assert analysis.meta["control"]["kind"] == "none" and analysis.scores.control.isna().all()
+    assert "control: none" in result.output
+    bad = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "bad"), "--control", "shuffled"])
+    assert bad.exit_code == 1 and "--control must be one of random-init, none" in bad.output
+    assert not (tmp_path / "bad").exists()
