@@ -62,6 +62,15 @@ def score(loaded, sentences, alignments, predictions, control_predictions, subse
     return triples, labelled, eligible, table
 
 
+def margin_agreement(first, second, pairs) -> float:
+    """Spearman correlation of accuracy - baseline over every head and shared pair (all data)."""
+    keys = ["layer", "head", "relation", "direction"]
+    both = first.assign(margin=first.accuracy - first.baseline)[keys + ["margin"]].merge(
+        second.assign(margin=second.accuracy - second.baseline)[keys + ["margin"]], on=keys)
+    both = both[[(r, d) in pairs for r, d in zip(both.relation, both.direction)]]
+    return round(float(both.margin_x.rank().corr(both.margin_y.rank())), 3)
+
+
 def jaccard(a, b, pairs):
     a = {t for t in a if t[2:] in pairs}
     b = {t for t in b if t[2:] in pairs}
@@ -105,6 +114,7 @@ def run(name, ud_path, batch_size=16, cache=None):
     shared = trained_bundled[2] & trained_ud[2]
     result["jaccard_bundled_vs_ud"] = jaccard(trained_bundled[0], trained_ud[0], shared)
     result["triples"] = {"bundled": sorted(trained_bundled[0]), "ud": sorted(trained_ud[0]), "shared_pairs": len(shared)}
+    result["margin_spearman_bundled_vs_ud"] = margin_agreement(trained_bundled[3], trained_ud[3], shared)
     sentences, alignments = preds["ud"]
     order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(11)).tolist()
     half_a, half_b = sorted(order[: len(order) // 2]), sorted(order[len(order) // 2:])

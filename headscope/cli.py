@@ -203,7 +203,7 @@ def analyze_command(
     dtype: DtypeOpt = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for probes and bootstrap.")] = 0,
     treebank: Annotated[Optional[Path], typer.Option("--treebank", help="CoNLL-U file for the syntactic detector (default: the bundled treebank).")] = None,
-    n_sentences: Annotated[int, typer.Option("--n-sentences", help="Treebank sentences scored by the syntactic detector (0: all).")] = 200,
+    n_sentences: Annotated[int, typer.Option("--n-sentences", help="Treebank sentences scored by the syntactic detector (0, the default: all).")] = 0,
     validate: Annotated[bool, typer.Option("--validate", help="Also ablate each label's top-3 heads against random heads (slow: several forward passes per label).")] = False,
     control: Annotated[str, typer.Option("--control", help="random-init: score the same probes on an untrained twin and give learned labels only to heads that beat its best head; none: no control (labels then rest on thresholds alone).")] = "random-init",
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="Split a large model over devices: auto, balanced, sequential or a JSON {module: device} map (accelerate).")] = None,

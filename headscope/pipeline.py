@@ -170,7 +170,7 @@ def analyze(
     explorer_len: int = 48,
     probes: Optional[dict[str, ProbeSet]] = None,
     treebank=None,
-    n_sentences: Optional[int] = 200,
+    n_sentences: Optional[int] = None,
     validate: bool = False,
     progress: Optional[Progress] = None,
     lazy: bool = True,
@@ -193,7 +193,8 @@ def analyze(
             bundled ones (n_examples, seq_len, repeat_len and repeats then do not apply to them).
         treebank: for the syntactic detector, a CoNLL-U file path or a list of
             `headscope.treebank.Sentence` (default: the bundled treebank, probes/syntax).
-        n_sentences: score a seeded sample of this many sentences (None: all of them).
+        n_sentences: score a seeded sample of this many treebank sentences (None, the default:
+            all of them; the bundled treebank has 445).
         validate: also run `headscope.validate` (ablate each label's top-3 heads against
             random heads) and keep its table in `.validation`.
         progress: `fn(stage, done, total)` called as batches finish.

@@ -1,9 +1,9 @@
 """Detectors on the real SmolLM2-135M against a random-init model of the same shape (slow)."""
 import pytest
-import torch
 
+from headscope.control import random_twin
 from headscope.pipeline import analyze
-from headscope.loading import Loaded
+from test_control import learned_labels
 
 pytestmark = pytest.mark.slow
 
@@ -17,12 +17,8 @@ def smollm2_analysis(smollm2):
 
 @pytest.fixture(scope="module")
 def random_init_analysis(smollm2):
-    import transformers as tf
-
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(smollm2.model.config).eval()
-    twin = Loaded(model=model, tokenizer=smollm2.tokenizer, name="smollm2-random-init", family="llama", causal=True)
-    return analyze(twin, **ARGS)
+    # A random model under test (seed 7), analysed with its own default control (another seed).
+    return analyze(random_twin(smollm2, 7), **ARGS)
 
 
 @pytest.mark.parametrize("detector", ["induction", "previous_token"])
@@ -39,8 +35,18 @@ def test_real_heads_pass_and_beat_random_init(smollm2_analysis, random_init_anal
         assert row.ci_low > rand.loc[(layer, head, detector)].score
 
 
-def test_random_init_twin_has_no_induction_head(random_init_analysis):
-    assert "induction" not in set(random_init_analysis.labels.label)
+def test_random_init_twin_has_no_learned_label(random_init_analysis):
+    assert learned_labels(random_init_analysis) == set()
+
+
+def test_smollm2_keeps_its_induction_and_previous_token_heads_with_the_control(smollm2_analysis):
+    # Olsson et al.'s induction heads and the previous-token heads they compose with, found
+    # before controls existed (18.6, 17.3/17.4; 16.0, 11.1), must survive the control rule.
+    labels = smollm2_analysis.labels.set_index(["layer", "head"]).label
+    assert labels[(18, 6)] == "induction"
+    assert "induction" in (labels[(17, 3)], labels[(17, 4)])
+    assert labels[(16, 0)] == labels[(11, 1)] == "previous_token"
+    assert smollm2_analysis.meta["control"]["kind"] == "random-init"
 
 
 def test_smollm2_has_sink_heads_beyond_the_bottom_layers(smollm2_analysis):

@@ -314,24 +314,24 @@ def test_bad_input():
 
 @pytest.mark.slow
 def test_minilm_syntactic_heads(minilm):
-    # 400 of the 770 bundled sentences (the whole treebank takes ~5 s on an idle CPU). On all
-    # 770: det 3.1 dep->head 0.847 vs 0.540 (offset +1); obj 2.0 0.705 vs 0.395 (-2); ccomp 3.2
-    # 0.539 vs 0.174 (-3). Clark et al. report det 94.3 vs 51.7 for BERT-base.
-    result = run_syntax(minilm, max_sentences=400)
-    assert result.notes == [] and result.meta["n_sentences"] == 400
-    margins = result.best.accuracy - result.best.baseline_accuracy
-    assert margins.max() >= 0.20
+    # All 445 bundled sentences, position-only baselines (no control here): det 2.8 dep->head
+    # 0.868 vs 0.689 (offset +1), held-out margin 0.178 [0.146, 0.211]; case 2.0 head->dep
+    # 0.256 [0.201, 0.303]; conj 2.4 0.210 [0.105, 0.296]. Clark et al. report det 94.3 vs 51.7
+    # (offset baseline only) for BERT-base.
+    result = run_syntax(minilm)
+    assert result.notes == [] and result.meta["n_sentences"] == 445
+    assert {"syntactic:det", "syntactic:case"} <= set(result.head_scores.label)
     det = result.best.set_index("relation").loc["det"]
-    assert det.accuracy >= det.baseline_accuracy + 0.2
+    assert det.significant and det.accuracy >= det.baseline_accuracy + 0.15
     assert len(result.head_scores) == 6 * 12
-    assert (result.head_scores.label != "none").any()
 
 
 @pytest.mark.slow
 def test_smollm2_causal_directions_only(smollm2):
-    # A sample: the whole treebank takes ~30-70 s on CPU for this 30-layer model.
-    result = run_syntax(smollm2, max_sentences=60)
-    assert result.meta["n_sentences"] == 60
+    # A sample: the whole treebank takes ~30-70 s on CPU for this 30-layer model; 120 sentences
+    # give the frequent relations 30 arcs in each half.
+    result = run_syntax(smollm2, max_sentences=120)
+    assert result.meta["n_sentences"] == 120
     assert any("only arcs whose partner precedes" in note for note in result.notes)
     assert any("<|im_start|> put in front" in note for note in result.notes)
     assert result.table.causal_only.all()
