@@ -4,6 +4,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `load(spec)`, `models()`: load a model by alias, path, GGUF file or hub id.
 - `capture(model, ...)`, `ablate(model, heads, ...)`: attention maps and head ablation inside
   Hugging Face models, through headscope's kernel.
+- `model_hooks(model, {"layers.3.attn.hook_pattern": fn, ...})`: read or replace q, k, v, scores,
+  pattern, z and per-head results inside Hugging Face models (names as on `MultiHeadAttention`).
 - `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
 - `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
@@ -22,6 +24,7 @@ _EXPORTS = {
     "capture": "headscope.hf.capture",
     "ablate": "headscope.hf.capture",
     "verify": "headscope.hf.verify",
+    "model_hooks": "headscope.hf.hooks",
     "validate": "headscope.validation",
     "analyze": "headscope.pipeline",
     "Analysis": "headscope.analysis",
