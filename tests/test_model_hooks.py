@@ -150,3 +150,26 @@ def test_filter_functions_wildcards_and_cleanup_on_exceptions():
     with pytest.raises(headscope.HeadscopeError, match="no hook point matches"):
         with headscope.model_hooks(model, {"blocks.0.attn.hook_z": lambda z, h: z}):
             pass
+
+
+@torch.no_grad()
+def test_cache_keeps_only_the_named_values_as_the_hooks_see_them():
+    model = tiny_model("qwen2")
+    x = tiny_inputs()
+    names = ["layers.1.attn.hook_pattern", "layers.*.attn.hook_z"]
+    seen = {}
+    with headscope.model_hooks(model, [(name, _recorder(seen)) for name in names]):
+        model(**x)
+    with headscope.cache_activations(model, names, to="cpu") as c:
+        model(**x)
+    assert sorted(c.keys()) == ["layers.0.attn.hook_z", "layers.1.attn.hook_pattern", "layers.1.attn.hook_z"]
+    for name in c.keys():
+        assert torch.equal(c[name], seen[name])
+    assert c["layers.1.attn.hook_pattern"].shape == (2, 4, 11, 11)
+    with headscope.cache_activations(model, [lambda n: n == "layers.0.attn.hook_k"], dtype=torch.float16) as twice:
+        model(**x)
+        model(**x)
+    assert twice["layers.0.attn.hook_k"].shape == (4, 2, 11, 16)  # two passes on batch; KV heads not expanded
+    assert twice["layers.0.attn.hook_k"].dtype == torch.float16
+    with pytest.raises(KeyError, match="not cached"):
+        twice["layers.1.attn.hook_k"]
