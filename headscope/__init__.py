@@ -7,6 +7,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `model_hooks(model, {"layers.3.attn.hook_pattern": fn, ...})`: read or replace q, k, v, scores,
   pattern, z and per-head results inside Hugging Face models (names as on `MultiHeadAttention`).
 - `cache_activations(model, names, to="cpu")`: keep only the named activations of forward passes.
+- `patch(loaded, clean, corrupted, metric, hook="z")`: activation patching per head (clean into
+  corrupted), and `plot_patching(table)`.
 - `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
 - `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
@@ -25,6 +27,8 @@ _EXPORTS = {
     "capture": "headscope.hf.capture",
     "ablate": "headscope.hf.capture",
     "verify": "headscope.hf.verify",
+    "patch": "headscope.patching",
+    "plot_patching": "headscope.patching",
     "model_hooks": "headscope.hf.hooks",
     "cache_activations": "headscope.hf.activation_cache",
     "validate": "headscope.validation",
