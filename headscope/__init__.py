@@ -4,6 +4,11 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `load(spec)`, `models()`: load a model by alias, path, GGUF file or hub id.
 - `capture(model, ...)`, `ablate(model, heads, ...)`: attention maps and head ablation inside
   Hugging Face models, through headscope's kernel.
+- `model_hooks(model, {"layers.3.attn.hook_pattern": fn, ...})`: read or replace q, k, v, scores,
+  pattern, z and per-head results inside Hugging Face models (names as on `MultiHeadAttention`).
+- `cache_activations(model, names, to="cpu")`: keep only the named activations of forward passes.
+- `patch(loaded, clean, corrupted, metric, hook="z")`: activation patching per head (clean into
+  corrupted), and `plot_patching(table)`.
 - `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
 - `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
@@ -22,6 +27,10 @@ _EXPORTS = {
     "capture": "headscope.hf.capture",
     "ablate": "headscope.hf.capture",
     "verify": "headscope.hf.verify",
+    "patch": "headscope.patching",
+    "plot_patching": "headscope.patching",
+    "model_hooks": "headscope.hf.hooks",
+    "cache_activations": "headscope.hf.activation_cache",
     "validate": "headscope.validation",
     "analyze": "headscope.pipeline",
     "Analysis": "headscope.analysis",

@@ -147,13 +147,13 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None  # on (B, T, H, D)
         self.k_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(n_heads, **kw)) if sinks else None  # (H,)
-        self.hook_q = HookPoint()  # (B, H, T, D)
-        self.hook_k = HookPoint()  # (B, Hkv, T, D)
-        self.hook_v = HookPoint()  # (B, Hkv, T, D)
-        self.hook_scores = HookPoint()  # (B, H, Tq, Tk)
-        self.hook_pattern = HookPoint()  # (B, H, Tq, Tk)
-        self.hook_z = HookPoint()  # (B, T, H, D)
-        self.hook_result = HookPoint()  # (B, T, H, d_model)
+        self.hook_q = HookPoint("hook_q")  # (B, H, T, D)
+        self.hook_k = HookPoint("hook_k")  # (B, Hkv, T, D)
+        self.hook_v = HookPoint("hook_v")  # (B, Hkv, T, D)
+        self.hook_scores = HookPoint("hook_scores")  # (B, H, Tq, Tk)
+        self.hook_pattern = HookPoint("hook_pattern")  # (B, H, Tq, Tk)
+        self.hook_z = HookPoint("hook_z")  # (B, T, H, D)
+        self.hook_result = HookPoint("hook_result")  # (B, T, H, d_model)
 
     # Convenience views used by tests and adapters.
     @property

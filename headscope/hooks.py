@@ -19,7 +19,11 @@ HookFn = Callable[[torch.Tensor, "HookPoint"], Optional[torch.Tensor]]
 
 
 class HookPoint(nn.Module):
-    """Identity module marking a named value inside a computation."""
+    """Identity module marking a named value inside a computation; `name` is what hooks see."""
+
+    def __init__(self, name: str = ""):
+        super().__init__()
+        self.name = name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -7,7 +7,10 @@ outputs would be silently wrong). While at least one `Session` is active on a mo
 runs with that implementation; when the last one exits, the previous implementation returns.
 
 Sessions see each layer's pattern `[batch, head, query, key]` (key/value heads expanded to
-query heads) and may edit z `[batch, pos, head, d_head]` before the output projection. When
+query heads) and may edit z `[batch, pos, head, d_head]` before the output projection. They may
+also edit q `[batch, head, pos, d_head]`, k and v `[batch, kv_head, pos, d_head]` (as the model
+hands them over) and, when `edits_attention` says so for a layer, its scores and pattern: that
+layer then takes the explicit path and other layers stay fused (`headscope.hf.hooks`). When
 every session watching a layer takes a `LazyPattern` (`takes_lazy`), the layer runs the fused
 kernel (output plus row log-sum-exp) and no map is built.
 
@@ -70,6 +73,23 @@ class Session:
         """Receives z `[batch, pos, head, d_head]`; returns it, edited or not."""
         return z
 
+    def edit_qkv(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Receives q `[batch, head, pos, d_head]`, k and v `[batch, kv_head, pos, d_head]`;
+        returns `(q, k, v)`, edited or not."""
+        return q, k, v
+
+    def edits_attention(self, layer: int) -> bool:
+        """True if this session reads or replaces the layer's scores or pattern (explicit path)."""
+        return False
+
+    def edit_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
+        """Receives the masked pre-softmax scores `[batch, head, query, key]` (fp32)."""
+        return scores
+
+    def edit_pattern(self, layer: int, pattern: torch.Tensor) -> torch.Tensor:
+        """Receives the pattern `[batch, head, query, key]` (fp32) before it weighs the values."""
+        return pattern
+
 
 # Keyword arguments models pass to the attention function. Honoured: they change the math.
 # Ignored: they change nothing here (sliding windows arrive built into the mask; the rest
@@ -93,6 +113,9 @@ def _extras(module, kwargs) -> tuple[Optional[float], Optional[torch.Tensor], Op
 def _headscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention-interface function: query `[b, h, q, d]`, key/value `[b, kv, k, d]`."""
     active = [(s, s.layer_of[id(module)]) for s in _ACTIVE if id(module) in s.layer_of]
+    for session, layer in active:
+        query, key, value = session.edit_qkv(layer, query, key, value)
+    editors = [(s, layer) for s, layer in active if s.edits_attention(layer)]
     softcap, sinks, bias = _extras(module, kwargs)
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
@@ -108,7 +131,13 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
     if sinks is not None:
         for session, layer in watchers:
             session.note(layer, "sinks")
-    if watchers and not dropout and all(s.takes_lazy(layer) for s, layer in watchers):
+    if editors:  # someone reads or replaces scores/pattern: the explicit path, whole layer
+        z, pattern = attention(query, key, value, mask=mask, sinks=sinks, dropout_p=dropout, need_pattern=True,
+                               on_scores=_chain(editors, "edit_scores"), on_pattern=_chain(editors, "edit_pattern"),
+                               **math)
+        for session, layer in watchers:
+            session.on_pattern(layer, pattern, attention_mask)
+    elif watchers and not dropout and all(s.takes_lazy(layer) for s, layer in watchers):
         z, lazy = lazy_attention(query, key, value, mask=mask, sinks=sinks, **math)
         for session, layer in watchers:
             session.on_pattern(layer, lazy, attention_mask)
@@ -141,6 +170,15 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
         z = session.edit_z(layer, z)
     weights = pattern.to(query.dtype) if pattern is not None else None
     return z.contiguous(), weights
+
+
+def _chain(editors: list, method: str):
+    """One kernel callback running `method` of every editing session in turn."""
+    def edit(x: torch.Tensor) -> torch.Tensor:
+        for session, layer in editors:
+            x = getattr(session, method)(layer, x)
+        return x
+    return edit
 
 
 def _heads_of(mask: Optional[torch.Tensor], heads: slice) -> Optional[torch.Tensor]:

@@ -1,0 +1,151 @@
+"""Hook points inside Hugging Face models, with the names and shapes of `MultiHeadAttention`'s.
+
+- `model_hooks(model, {name: fn, ...})`: a context manager; inside it, `fn(value, hook)` is
+  called on the named value of every forward pass and may return a replacement, exactly as on
+  `MultiHeadAttention` (`hook` is a `HookPoint` whose `.name` is the full name). Always removed
+  on exit, exceptions included, and the model's attention implementation restored.
+- `hook_names(model)`: every name `model_hooks` accepts.
+
+Names are `layers.{layer}.attn.{point}`; a key may hold `*` wildcards (`layers.*.attn.hook_z`)
+or be a filter function `name -> bool`. The points and shapes:
+    hook_q       [batch, head, pos, d_head]      queries as the model hands them to attention
+                                                 (after its q/k norms and rotary)
+    hook_k       [batch, kv_head, pos, d_head]   keys (key/value heads NOT expanded)
+    hook_v       [batch, kv_head, pos, d_head]   values (not expanded)
+    hook_scores  [batch, head, query, key]       pre-softmax scores, fp32, masked entries at min
+    hook_pattern [batch, head, query, key]       attention probabilities, fp32
+    hook_z       [batch, pos, head, d_head]      per-head weighted values, before W_O
+    hook_result  [batch, pos, head, d_model]     per-head output after W_O (no bias); the layer's
+                                                 output projection then returns its sum plus bias
+A hook on scores or pattern switches that layer to the explicit path; other layers stay fused.
+`hook_result` needs the family's adapter (it reads W_O through it); the others work on any model
+headscope runs inside.
+"""
+from __future__ import annotations
+
+import fnmatch
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..errors import HeadscopeError
+from ..hooks import HookFn, HookPoint
+from .adapters import _needs_adapter, attention_blocks, head_sizes, out_projection
+from .layouts import conv1d, linear
+from .route import Session, layer_map, routed
+
+__all__ = ["POINTS", "model_hooks", "hook_names", "point_name"]
+
+POINTS = ("hook_q", "hook_k", "hook_v", "hook_scores", "hook_pattern", "hook_z", "hook_result")
+Selector = Union[str, Callable[[str], bool]]
+
+
+def point_name(layer: int, point: str) -> str:
+    """The full name of a hook point: `layers.{layer}.attn.{point}`."""
+    return f"layers.{layer}.attn.{point}"
+
+
+def hook_names(model: nn.Module) -> list[str]:
+    """Every hook point name inside `model`, layer by layer."""
+    return [point_name(layer, p) for layer in range(len(layer_map(model))) for p in POINTS]
+
+
+def _select(selector: Selector, names: list[str]) -> list[str]:
+    if callable(selector):
+        chosen = [n for n in names if selector(n)]
+    else:
+        chosen = fnmatch.filter(names, selector)
+    if not chosen:
+        shown = selector if isinstance(selector, str) else getattr(selector, "__name__", "filter")
+        raise HeadscopeError(f"no hook point matches {shown!r}; names look like {point_name(0, 'hook_z')} "
+                             f"(points: {', '.join(POINTS)})")
+    return chosen
+
+
+class _Points(Session):
+    """Runs the hooked points of each layer inside headscope's kernel."""
+
+    def __init__(self, layer_of: dict[int, int], points: dict[tuple[int, str], HookPoint]):
+        self.points = points
+        layers = {layer for layer, point in points if point != "hook_result"}
+        self.layer_of = {k: l for k, l in layer_of.items() if l in layers}
+
+    def _run(self, layer: int, point: str, x: torch.Tensor) -> torch.Tensor:
+        hook = self.points.get((layer, point))
+        return x if hook is None else hook(x)
+
+    def edit_qkv(self, layer, q, k, v):
+        return self._run(layer, "hook_q", q), self._run(layer, "hook_k", k), self._run(layer, "hook_v", v)
+
+    def edits_attention(self, layer):
+        return (layer, "hook_scores") in self.points or (layer, "hook_pattern") in self.points
+
+    def edit_scores(self, layer, scores):
+        return self._run(layer, "hook_scores", scores)
+
+    def edit_pattern(self, layer, pattern):
+        return self._run(layer, "hook_pattern", pattern)
+
+    def edit_z(self, layer, z):
+        return self._run(layer, "hook_z", z)
+
+
+def _result_hook(point: HookPoint, out: nn.Module, conv: bool, n_heads: int):
+    """A forward hook on an output projection: per-head results through `point`, then their sum."""
+    def hook(module, args, output):
+        weight, bias = conv1d(out) if conv else linear(out)  # (d_model, H * D)
+        z = args[0]  # (B, T, H * D); D read here: v's head size may differ from q's (MLA)
+        d_head = z.shape[-1] // n_heads
+        z = z.view(*z.shape[:-1], n_heads, d_head)  # (B, T, H, D)
+        w_o = weight.view(weight.shape[0], n_heads, d_head)  # (d_model, H, D)
+        result = point(torch.einsum("bthd,mhd->bthm", z, w_o))  # (B, T, H, d_model)
+        summed = result.sum(dim=2)
+        return summed + bias if bias is not None else summed
+    return hook
+
+
+@contextmanager
+def model_hooks(
+    model: nn.Module,
+    fwd_hooks: Union[Mapping[Selector, HookFn], Sequence[tuple[Selector, HookFn]]],
+) -> Iterator[nn.Module]:
+    """Attach hooks to hook points inside a Hugging Face model for the `with` block.
+
+    Args:
+        model: a transformers model headscope runs inside (`hook_result` needs an adapter).
+        fwd_hooks: `{name: fn}` or `[(name, fn), ...]`; a name may hold `*` wildcards or be a
+            filter function `name -> bool`. `fn(value, hook)` returns None to only read, or a
+            tensor of the same shape to replace the value; several hooks on one point run in
+            the order given.
+    Yields:
+        `model`, for convenience.
+    """
+    layer_of = layer_map(model)
+    names = hook_names(model)
+    items = list(fwd_hooks.items()) if isinstance(fwd_hooks, Mapping) else list(fwd_hooks)
+    points: dict[tuple[int, str], HookPoint] = {}
+    for selector, fn in items:
+        for name in _select(selector, names):
+            _, layer, _, point = name.split(".")
+            key = (int(layer), point)
+            if key not in points:
+                points[key] = HookPoint(name)
+            points[key].add_hook(fn)  # HookPoints live only in this block: nothing to remove
+    handles = []
+    try:
+        result_layers = sorted(layer for layer, point in points if point == "hook_result")
+        if result_layers:
+            adapter = _needs_adapter(model.config)
+            n_heads = head_sizes(model.config)[1]
+            blocks = dict(attention_blocks(model))
+            for layer in result_layers:
+                out = out_projection(model, blocks[layer])
+                hook = _result_hook(points[(layer, "hook_result")], out, adapter.out_is_conv1d, n_heads)
+                handles.append(out.register_forward_hook(hook))
+        with routed(model, _Points(layer_of, points)):
+            yield model
+    finally:
+        for handle in handles:
+            handle.remove()
