@@ -23,6 +23,7 @@ import torch
 from . import __version__
 from .analysis import Analysis, Example
 from .control import resolve_control
+from .detectors.variants import best_variant
 from .errors import HeadscopeError
 from .hf.capture import capture
 from .labels import label_heads
@@ -241,6 +242,14 @@ def analyze(
             control_per_example.update(scores)
             timings[f"probe_{name}_control"] = time.perf_counter() - t
 
+    names = {}
+    for det in pattern_dets:
+        if det.variants:  # one score per head: its best variant (e.g. positional offset), chosen per model
+            per_example[det.name], chosen = best_variant(per_example[det.name], det.variants)
+            names.update({(l, h, det.name): f"{det.name}:{v}" for (l, h), v in chosen.items()})
+            if det.name in control_per_example:
+                control_per_example[det.name], _ = best_variant(control_per_example[det.name], det.variants)
+
     syntax = None
     skipped_syntax = None
     if sentences is not None:
@@ -262,11 +271,10 @@ def analyze(
         scores = _with_control(scores, _score_table(control_per_example, pattern_dets, loaded.n_layers, loaded.n_heads, seed))
     else:
         scores = scores.assign(control=float("nan"), control_max=float("nan"))
-    names = {}
     if syntax is not None:
         rows = syntax.head_scores
         scores = pd.concat([scores, rows[list(scores.columns)]], ignore_index=True)
-        names = {(l, h, "syntactic"): f"syntactic:{r}" for l, h, r in zip(rows["layer"], rows["head"], rows["relation"])}
+        names |= {(l, h, "syntactic"): f"syntactic:{r}" for l, h, r in zip(rows["layer"], rows["head"], rows["relation"])}
     labels = label_heads(scores, {d.name: d for d in dets}, names)
     timings["statistics"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -8,6 +8,8 @@
   repeat from the middle of the vocabulary (special tokens and the first and last 5% of ids,
   typically the most frequent pieces and the rarest merges, excluded), wrapped in the
   tokenizer's special tokens, or after the model's BOS token when the tokenizer adds none.
+- `token_counts(tokenizer)`: how often each token id occurs in the bundled text corpus (the
+  rare_word detector's frequencies).
 - `ProbeSet`: input_ids `[example, pos]`, attention_mask, and what the detectors need to know.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from ._paths import probes_dir
 from .errors import HeadscopeError
 
-__all__ = ["ProbeSet", "ProbeBatch", "text_probe", "repeated_probe", "text_corpus"]
+__all__ = ["ProbeSet", "ProbeBatch", "text_probe", "repeated_probe", "text_corpus", "token_counts"]
 
 
 @dataclass
@@ -32,16 +34,21 @@ class ProbeBatch:
         attention_mask: `[batch, pos]`, True for real tokens.
         causal: whether the model is causal (a query sees keys <= itself).
         content_start: index of the first probe token (after a BOS/[CLS]).
+        token_counts: `[vocab]` corpus frequency of each token id (None: unknown; the rare_word
+            detector then counts the batch's own tokens).
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     causal: bool
     content_start: int = 0
+    token_counts: Optional[torch.Tensor] = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     def to(self, device) -> "ProbeBatch":
-        return ProbeBatch(self.input_ids.to(device), self.attention_mask.to(device), self.causal, self.content_start)
+        counts = None if self.token_counts is None else self.token_counts.to(device)
+        return ProbeBatch(self.input_ids.to(device), self.attention_mask.to(device), self.causal, self.content_start,
+                          counts)
 
     def cached(self, key: str, build):
         """Memoise per-batch masks shared by detectors across layers."""
@@ -69,6 +76,7 @@ class ProbeSet:
     input_ids: torch.Tensor  # (N, T)
     content_start: int
     description: str
+    token_counts: Optional[torch.Tensor] = None  # (vocab,) corpus frequency of each id, if known
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -77,7 +85,8 @@ class ProbeSet:
         out = []
         for start in range(0, len(self), batch_size):
             ids = self.input_ids[start:start + batch_size].to(device)
-            out.append(ProbeBatch(ids, torch.ones_like(ids, dtype=torch.bool), causal, self.content_start))
+            out.append(ProbeBatch(ids, torch.ones_like(ids, dtype=torch.bool), causal, self.content_start,
+                                  self.token_counts))
         return out
 
 
@@ -104,6 +113,17 @@ def text_corpus() -> str:
     return "\n\n".join(passages)
 
 
+def token_counts(tokenizer) -> torch.Tensor:
+    """`[len(tokenizer)]` occurrences of each token id in the bundled text corpus (`text_corpus()`)."""
+    stream = tokenizer(text_corpus(), add_special_tokens=False, verbose=False)["input_ids"]
+    return _count(stream, len(tokenizer))
+
+
+def _count(stream: list[int], size: int) -> torch.Tensor:
+    ids = torch.tensor(stream, dtype=torch.long)
+    return torch.bincount(ids, minlength=max(size, int(ids.max()) + 1 if len(stream) else 0))
+
+
 def text_probe(tokenizer, n_examples: int, seq_len: int, seed: int = 0) -> ProbeSet:
     """`n_examples` non-overlapping windows of `seq_len` tokens of natural text, chosen by seed."""
     prefix, suffix = _special_wrapping(tokenizer)
@@ -120,7 +140,8 @@ def text_probe(tokenizer, n_examples: int, seq_len: int, seed: int = 0) -> Probe
     order = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:n_examples]
     rows = [prefix + stream[i * content:(i + 1) * content] + suffix for i in sorted(order.tolist())]
     return ProbeSet("text", torch.tensor(rows), len(prefix),
-                    f"natural English from probes/text, {n_examples} windows of {seq_len} tokens")
+                    f"natural English from probes/text, {n_examples} windows of {seq_len} tokens",
+                    token_counts=_count(stream, len(tokenizer)))
 
 
 def _candidate_ids(tokenizer, vocab_size: int) -> torch.Tensor:

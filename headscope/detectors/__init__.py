@@ -6,7 +6,8 @@ probe batch, returning one score per example and head; see `base.Detector`.
 - `REGISTRY`: name -> Detector; `get(name)`; `names()`.
 - One module per detector: induction, duplicate_token (formulas shared in copying.py),
   previous_token, next_token, self_token (formula shared in positional.py), sink, uniform,
-  syntactic (computed by headscope.syntax from dependency arcs, not from one pattern).
+  syntactic (computed by headscope.syntax from dependency arcs, not from one pattern),
+  positional (argmax at offset k, one variant per offset; see variants.py), rare_word.
 - From a notebook, a detector is called on a loaded model (`induction(loaded)`, a DataFrame
   from `headscope.analyze`) or on captured patterns (`previous_token(cap.patterns)`).
 """
@@ -18,6 +19,8 @@ from .induction import induction
 from .duplicate_token import duplicate_token
 from .previous_token import previous_token
 from .next_token import next_token
+from .positional_argmax import positional
+from .rare_word import rare_word
 from .self_token import self_attention
 from .sink import sink
 from .syntactic import syntactic
@@ -25,7 +28,7 @@ from .uniform import uniform
 
 __all__ = [
     "REGISTRY", "Detector", "register", "get", "names", "defaults",
-    "previous_token", "next_token", "self_attention", "sink", "uniform", "induction", "duplicate_token",
+    "previous_token", "next_token", "positional", "self_attention", "rare_word", "sink", "uniform", "induction", "duplicate_token",
     "syntactic",
 ]
 

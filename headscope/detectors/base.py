@@ -36,6 +36,10 @@ class Detector:
         gate: what must reach `threshold`: "score" (the mean) or "ci_low" (its CI lower bound,
             for scores that are held-out estimates, like the syntactic margin).
         quantity: what the score is, in words, for report columns ("attention mass", ...).
+        variants: suffixes of a detector that scores several variants at once (the offsets of
+            `positional`): `fn` then returns `[batch, head, variant]`, each head keeps the
+            variant of highest mean score and is labelled `name:<variant>`
+            (`headscope.detectors.variants.best_variant`). Empty for one-score detectors.
     """
 
     name: str
@@ -49,9 +53,11 @@ class Detector:
     learned: bool = True
     gate: str = "score"
     quantity: str = "attention mass"
+    variants: tuple[str, ...] = ()
 
     def score(self, pattern: torch.Tensor, batch) -> torch.Tensor:
-        """Per-example scores `[batch, head]` of one layer's pattern `[batch, head, query, key]`."""
+        """Per-example scores `[batch, head]` (`[batch, head, variant]` with `variants`) of one
+        layer's pattern `[batch, head, query, key]`."""
         return self.fn(pattern, batch)
 
     def __call__(self, target, batch=None, **kwargs):
@@ -74,7 +80,8 @@ class Detector:
 
     def describe(self) -> dict:
         return {"formula": self.formula, "threshold": self.threshold, "source": self.source, "probe": self.probe,
-                "learned": self.learned, "gate": self.gate, "quantity": self.quantity}
+                "learned": self.learned, "gate": self.gate, "quantity": self.quantity,
+                "variants": list(self.variants)}
 
 
 REGISTRY: dict[str, Detector] = {}

@@ -10,6 +10,7 @@ import torch
 
 from ..errors import HeadscopeError
 from ..probes import ProbeBatch
+from .variants import best_variant
 
 __all__ = ["score_loaded", "score_patterns"]
 
@@ -36,7 +37,8 @@ def score_patterns(detector, patterns, input_ids=None, attention_mask=None, caus
         causal: whether the model was causal.
         content_start: index of the first non-special token (1 after a BOS).
     Returns:
-        pandas DataFrame layer, head, detector, score.
+        pandas DataFrame layer, head, detector, score (and variant, the head's best one, for
+        detectors with variants such as positional).
     """
     import pandas as pd
 
@@ -52,8 +54,14 @@ def score_patterns(detector, patterns, input_ids=None, attention_mask=None, caus
             ids = torch.zeros(b, q, dtype=torch.long)
         ids = torch.as_tensor(ids).reshape(b, q).to(pattern.device)
         mask = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else torch.as_tensor(attention_mask).bool().to(pattern.device)
-        per_example = detector.score(pattern.float(), ProbeBatch(ids, mask, causal, content_start))  # (B, H)
+        per_example = detector.score(pattern.float(), ProbeBatch(ids, mask, causal, content_start))  # (B, H[, V])
+        chosen = {}
+        if detector.variants:
+            scores, chosen = best_variant({int(layer): per_example}, detector.variants)
+            per_example = scores[int(layer)]
         means = per_example.nanmean(dim=0)
-        rows += [{"layer": int(layer), "head": h, "detector": detector.name, "score": float(s)}
+        rows += [{"layer": int(layer), "head": h, "detector": detector.name, "score": float(s),
+                  **({"variant": chosen[(int(layer), h)]} if chosen else {})}
                  for h, s in enumerate(means.tolist())]
-    return pd.DataFrame(rows, columns=["layer", "head", "detector", "score"])
+    columns = ["layer", "head", "detector", "score"] + (["variant"] if detector.variants else [])
+    return pd.DataFrame(rows, columns=columns)
