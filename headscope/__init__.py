@@ -10,6 +10,7 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `patch(loaded, clean, corrupted, metric, hook="z")`: activation patching per head (clean into
   corrupted), and `plot_patching(table)`.
 - `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
+- `ov_copying(loaded)`: each head's OV circuit scored for copying (top-1, eigenvalue share).
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
 - `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
 - `MultiHeadAttention`: headscope's own attention module with hook points.
@@ -32,6 +33,7 @@ _EXPORTS = {
     "model_hooks": "headscope.hf.hooks",
     "cache_activations": "headscope.hf.activation_cache",
     "validate": "headscope.validation",
+    "ov_copying": "headscope.ov_circuit",
     "analyze": "headscope.pipeline",
     "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",

@@ -1,0 +1,96 @@
+"""OV copying: does a head's output raise the logit of the token it attends to? (Elhage et al. 2021)
+
+A head's OV circuit maps a source token to logits: W_E W_V W_O W_U (`[vocab, vocab]`, row
+convention x @ W; with GQA a query head uses its key/value head's W_V). It has rank <= d_head, so
+it is never built whole: rows come in blocks of `block_size` tokens as
+(W_E[rows] W_V) (W_O W_U), and its nonzero eigenvalues are those of the small matrix
+W_O W_U W_E W_V (`[d_head, d_head]`; AB and BA share nonzero eigenvalues).
+
+- copy_top1: share of source tokens t whose own logit is the strict maximum of row t (chance
+  1 / vocab).
+- positive_eig_share: sum of the positive real parts of the eigenvalues / sum of their moduli;
+  1 for a copying circuit (all eigenvalues positive). Chance: 0.5 for a random matrix with real
+  eigenvalues; with complex pairs less (about 0.32 for eigenvalues uniform in a disk).
+
+Layer norms are not included (treated as identity), and neither are biases: the per-token
+scale of a norm multiplies a whole row and does not change copy_top1, but its gains (and the
+final norm's) are left out, as in Elhage et al.'s simplified circuit.
+
+- `ov_copying(loaded)` -> DataFrame layer, head, copy_top1, positive_eig_share.
+- `ov_scores(W_E, W_V, W_O, W_U)`: the two numbers for one head's matrices.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .attention import MultiHeadAttention
+from .errors import HeadscopeError
+from .hf.adapters import attention_blocks
+
+__all__ = ["ov_copying", "ov_scores"]
+
+
+@torch.no_grad()
+def ov_scores(W_E: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, W_U: torch.Tensor,
+              block_size: int = 4096, rows: Optional[torch.Tensor] = None) -> tuple[float, float]:
+    """copy_top1 and positive_eig_share of one head.
+
+    Args:
+        W_E: `[vocab, d_model]` embedding; W_V: `[d_model, d_head]`; W_O: `[d_head, d_model]`;
+        W_U: `[d_model, vocab]` unembedding (all as x @ W).
+        block_size: source tokens per block of rows.
+        rows: source token ids to score copy_top1 on (default: every token).
+    """
+    source = W_E @ W_V  # (V, dh)
+    target = W_O @ W_U  # (dh, V)
+    rows = torch.arange(W_E.shape[0], device=W_E.device) if rows is None else rows.to(W_E.device)
+    hits = 0
+    for start in range(0, len(rows), block_size):
+        ids = rows[start:start + block_size]
+        logits = source[ids] @ target  # (blk, V)
+        own = logits.gather(1, ids[:, None]).squeeze(1)
+        logits.scatter_(1, ids[:, None], -float("inf"))
+        hits += int((own > logits.max(dim=1).values).sum())
+    small = W_O @ (W_U @ W_E) @ W_V  # (dh, dh), same nonzero eigenvalues as the full circuit
+    eig = torch.linalg.eigvals(small.double())
+    share = float(eig.real.clamp(min=0).sum() / eig.abs().sum().clamp(min=1e-30))
+    return hits / len(rows), share
+
+
+def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, seed: int = 0):
+    """OV copying of every head of a model with an unembedding and an adapter.
+
+    Args:
+        loaded: a `headscope.load(...)` result (or anything with `.model`).
+        block_size: source tokens per block of rows.
+        n_tokens: score copy_top1 on a seeded sample of this many source tokens (None: all).
+        seed: chooses the sample.
+    Returns:
+        pandas DataFrame layer, head, copy_top1, positive_eig_share.
+    """
+    import pandas as pd
+
+    model = loaded.model
+    unembed = model.get_output_embeddings()
+    if unembed is None:
+        raise HeadscopeError(f"{type(model).__name__} has no unembedding (output embeddings): OV copying needs W_U")
+    W_E = model.get_input_embeddings().weight.detach().float()  # (V, D)
+    W_U = unembed.weight.detach().float().T[:, : W_E.shape[0]]  # (D, V): nn.Linear stores (V, D)
+    rows = None
+    if n_tokens is not None and n_tokens < W_E.shape[0]:
+        rows = torch.randperm(W_E.shape[0], generator=torch.Generator().manual_seed(seed))[:n_tokens]
+    out = []
+    for layer, block in attention_blocks(model):
+        mha = MultiHeadAttention.from_hf(block, model.config)
+        cfg = mha.config
+        per_kv = cfg.n_heads // cfg.n_kv_heads
+        W_v = mha.W_v.weight.detach().float().T  # (D, n_kv * dh)
+        W_o = mha.W_o.weight.detach().float().T  # (n_heads * dh, D)
+        for head in range(cfg.n_heads):
+            kv = head // per_kv
+            top1, share = ov_scores(W_E, W_v[:, kv * cfg.d_head:(kv + 1) * cfg.d_head],
+                                    W_o[head * cfg.d_head:(head + 1) * cfg.d_head], W_U, block_size, rows)
+            out.append({"layer": layer, "head": head, "copy_top1": top1, "positive_eig_share": share})
+    return pd.DataFrame(out, columns=["layer", "head", "copy_top1", "positive_eig_share"])
