@@ -53,7 +53,7 @@ def ov_scores(W_E: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, W_U: torc
         own = logits.gather(1, ids[:, None]).squeeze(1)
         logits.scatter_(1, ids[:, None], -float("inf"))
         hits += int((own > logits.max(dim=1).values).sum())
-    small = W_O @ (W_U @ W_E) @ W_V  # (dh, dh), same nonzero eigenvalues as the full circuit
+    small = target @ source  # (dh, dh) = W_O W_U W_E W_V, same nonzero eigenvalues as the full circuit
     eig = torch.linalg.eigvals(small.double())
     share = float(eig.real.clamp(min=0).sum() / eig.abs().sum().clamp(min=1e-30))
     return hits / len(rows), share
