@@ -111,7 +111,7 @@ def subspace_tables(modules: Sequence[MultiHeadAttention]):
         modules: one `MultiHeadAttention` per layer (layer index = position in the list).
     Returns:
         `(pairs, heads)` DataFrames. `pairs`: layer, head_a, head_b (a < b), overlap_q,
-        overlap_k, overlap_v, overlap_o, overlap (mean of the four), same_kv_group, chance
+        overlap_k, overlap_v, overlap_o, overlap (mean of those not NaN), same_kv_group, chance
         (d_head / d_model). `heads`: layer, head, kv_head, dim_q, dim_k, dim_v, dim_o (subspace
         ranks), qk_effective_rank, ov_effective_rank.
     """
@@ -140,7 +140,8 @@ def subspace_tables(modules: Sequence[MultiHeadAttention]):
                 for r in ROLES:
                     ia, ib = (kv_of(a), kv_of(b)) if r in "kv" else (a, b)
                     row[f"overlap_{r}"] = subspace_overlap(bases[r][ia], bases[r][ib])
-                row["overlap"] = sum(row[f"overlap_{r}"] for r in ROLES) / len(ROLES)
+                known = [row[f"overlap_{r}"] for r in ROLES if not math.isnan(row[f"overlap_{r}"])]
+                row["overlap"] = sum(known) / len(known) if known else math.nan
                 row["same_kv_group"] = kv_of(a) == kv_of(b)
                 row["chance"] = chance_overlap(cfg.d_head, cfg.d_model)
                 pair_rows.append(row)
