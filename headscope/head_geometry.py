@@ -7,6 +7,7 @@
 - `redundant_pairs(subspace_pairs, divergence, n_heads, js_max, overlap_min)`: within-layer
   pairs with their JS, flagged redundant when JS <= js_max bits AND overlap >= overlap_min.
 - `plot_geometry(result)`: the MDS map coloured by cluster, sized by importance (plotly).
+- `write_geometry(result, out)`: heads.csv, pairs.csv, pruning.csv and geometry.html in `out`.
 
 Redundancy thresholds (defaults): JS <= 0.05 bits (max 1) means the two heads' rows are nearly
 the same distribution; overlap >= 0.5, the mean over Q, K, V, O of the mean squared cosine of
@@ -29,7 +30,7 @@ from .probes import text_probe
 from .similarity import average_linkage_clusters, classical_mds, pattern_divergence
 from .subspaces import subspace_tables
 
-__all__ = ["geometry", "GeometryResult", "redundant_pairs", "plot_geometry", "attention_modules"]
+__all__ = ["geometry", "GeometryResult", "redundant_pairs", "plot_geometry", "write_geometry", "attention_modules"]
 
 JS_MAX, OVERLAP_MIN, CLUSTER_THRESHOLD = 0.05, 0.5, 0.3
 
@@ -127,3 +128,20 @@ def plot_geometry(result: GeometryResult):
     fig.update_layout(title="Heads by attention-pattern similarity (classical MDS of sqrt JS)",
                       xaxis_title="MDS 1", yaxis_title="MDS 2")
     return fig
+
+
+def write_geometry(result: GeometryResult, out) -> list:
+    """Write heads.csv, pairs.csv, pruning.csv (when measured) and geometry.html into folder `out`."""
+    from pathlib import Path
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "heads.csv", out / "pairs.csv"]
+    result.heads.to_csv(written[0], index=False)
+    result.pairs.to_csv(written[1], index=False)
+    if result.curve is not None:
+        written.append(out / "pruning.csv")
+        result.curve.to_csv(written[-1], index=False)
+    written.append(out / "geometry.html")
+    plot_geometry(result).write_html(written[-1], include_plotlyjs=True, div_id="headscope-geometry")
+    return written

@@ -127,3 +127,20 @@ def test_planted_importance_and_pruning_curve(planted_geometry):
     assert by_importance[8] > by_importance[0]
     fig = plot_geometry(planted_geometry)
     assert len(fig.data[0].x) == 8
+
+
+def test_geometry_command_writes_tables_and_figure(tmp_path):
+    from typer.testing import CliRunner
+
+    from headscope.cli import app
+
+    folder = save_planted(tmp_path / "planted")
+    result = CliRunner().invoke(app, ["geometry", str(folder), "--out", str(tmp_path / "out"), "--device", "cpu",
+                                      "--seq-len", "48", "--no-importance"])
+    assert result.exit_code == 0, result.output
+    import pandas as pd
+
+    heads = pd.read_csv(tmp_path / "out" / "heads.csv")
+    assert len(heads) == 8 and heads.importance.isna().all()
+    assert (tmp_path / "out" / "geometry.html").stat().st_size > 0
+    assert not (tmp_path / "out" / "pruning.csv").exists()
