@@ -14,6 +14,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
 - `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
 - `MultiHeadAttention`: headscope's own attention module with hook points.
+- `geometry(loaded)` -> `GeometryResult`: heads as subspaces (overlaps, QK/OV ranks), pattern
+  similarity (JS, MDS, clusters), redundant pairs, importance and pruning curve; `plot_geometry`.
 - `plot_pattern(pattern, tokens)`: a plotly figure of any captured attention map.
 - `HeadscopeError`: raised for bad input.
 """
@@ -38,6 +40,8 @@ _EXPORTS = {
     "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",
     "plot_pattern": "headscope.plotting",
+    "geometry": "headscope.head_geometry",
+    "plot_geometry": "headscope.head_geometry",
     "HeadscopeError": "headscope.errors",
 }
 

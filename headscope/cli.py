@@ -1,7 +1,7 @@
 """The `headscope` command line: thin commands over the library.
 
 Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
-`cache [--clear]`.
+`cache [--clear]`, `geometry MODEL --out DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback; Ctrl-C ends with
 exit code 130 and leaves no half-written output.
 """
@@ -340,6 +340,29 @@ def detectors_command() -> None:
     for det in REGISTRY.values():
         typer.echo(f"{det.name:<16} threshold {det.threshold:<5} probe {det.probe:<9} {det.formula}")
         typer.echo(f"{'':<16} source: {det.source}")
+
+
+@app.command("geometry")
+@_friendly
+def geometry_command(
+    model: ModelArg = "smollm2-135m",
+    out: Annotated[Path, typer.Option("--out", help="Folder for heads.csv, pairs.csv, pruning.csv, geometry.html.")] = Path("geometry"),
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    examples: Annotated[int, typer.Option(help="Text-probe windows.")] = 8,
+    seq_len: Annotated[int, typer.Option(help="Tokens per window.")] = 128,
+    no_importance: Annotated[bool, typer.Option("--no-importance", help="Skip importance and the pruning curve.")] = False,
+    no_cache: NoCacheOpt = False,
+) -> None:
+    """Heads as subspaces and patterns: overlaps, JS map and clusters, redundancy, importance."""
+    from .head_geometry import geometry, write_geometry
+    from .loading import load
+
+    loaded = load(model, device=device, dtype=dtype, cache=not no_cache)
+    result = geometry(loaded, n_examples=examples, seq_len=seq_len, importance=not no_importance)
+    for path in write_geometry(result, out):
+        typer.echo(str(path))
+    typer.echo(f"{int(result.pairs.redundant.sum())} redundant pairs, {result.heads.cluster.nunique()} clusters")
 
 
 @app.command("cache")
