@@ -13,7 +13,8 @@ from tiny_families import tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-PATTERN_DETECTORS = [d.name for d in detectors.REGISTRY.values() if d.probe != "treebank" and not d.bidirectional_only]
+PATTERN_DETECTORS = [d.name for d in detectors.REGISTRY.values()
+                     if d.probe != "treebank" and not d.bidirectional_only and not d.opt_in]  # the defaults
 SMALL = dict(detectors=PATTERN_DETECTORS, n_examples=4, seq_len=24, batch_size=2, repeat_len=6, repeats=3,
              explorer_examples=1, explorer_len=12)
 

@@ -47,4 +47,4 @@ def get(name: str) -> Detector:
 
 def defaults(causal: bool) -> list[str]:
     """Detectors run when none are named: all that apply to the model."""
-    return [n for n, d in REGISTRY.items() if not (causal and d.bidirectional_only)]
+    return [n for n, d in REGISTRY.items() if not (causal and d.bidirectional_only) and not d.opt_in]

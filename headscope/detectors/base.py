@@ -40,6 +40,7 @@ class Detector:
             `positional`): `fn` then returns `[batch, head, variant]`, each head keeps the
             variant of highest mean score and is labelled `name:<variant>`
             (`headscope.detectors.variants.best_variant`). Empty for one-score detectors.
+        opt_in: run only when named (`detectors=[...]`, `--detectors`), not among the defaults.
     """
 
     name: str
@@ -54,6 +55,7 @@ class Detector:
     gate: str = "score"
     quantity: str = "attention mass"
     variants: tuple[str, ...] = ()
+    opt_in: bool = False
 
     def score(self, pattern: torch.Tensor, batch) -> torch.Tensor:
         """Per-example scores `[batch, head]` (`[batch, head, variant]` with `variants`) of one

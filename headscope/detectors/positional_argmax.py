@@ -60,6 +60,6 @@ positional = register(Detector(
             "bidirectional models), the head's best k; label positional:<k>",
     source="Voita et al. 2019 (positional heads: maximum attention weight at one relative position at least 90% "
            "of the time; threshold 0.9 is theirs); offsets +-1 are previous_token / next_token",
-    fn=argmax_offset_share, lazy=False, quantity="share of queries (argmax)",
+    fn=argmax_offset_share, lazy=False, quantity="share of queries (argmax)", opt_in=True,
     variants=tuple(f"{k:+d}" if k > 0 else str(k) for k in OFFSETS),
 ))

@@ -57,5 +57,5 @@ rare_word = register(Detector(
             "(frequency in the bundled text corpus; position 0 and special tokens excluded)",
     source="Voita et al. 2019 (rare-word head, 66% of the time on the rarest token); threshold 0.5 (most queries) "
            "since they give none",
-    fn=rare_word_score, lazy=False, quantity="share of queries (argmax)",
+    fn=rare_word_score, lazy=False, quantity="share of queries (argmax)", opt_in=True,
 ))
