@@ -134,9 +134,10 @@ def test_result_sums_to_the_output_and_edits_act(family):
 
 @torch.no_grad()
 def test_filter_functions_wildcards_and_cleanup_on_exceptions():
-    model = tiny_model("gpt2")
+    model = tiny_model("gpt2")  # shared (functools.cache): earlier tests may have left transformers' own hooks
     x = tiny_inputs()
     default = model.config._attn_implementation
+    before = {name: dict(m._forward_hooks) for name, m in model.named_modules()}
     seen = {}
     with headscope.model_hooks(model, [(lambda name: name.endswith("hook_v"), _recorder(seen))]):
         model(**x)
@@ -146,7 +147,7 @@ def test_filter_functions_wildcards_and_cleanup_on_exceptions():
                                            "layers.1.attn.hook_scores": lambda s, h: s}):
             raise RuntimeError("inside")
     assert model.config._attn_implementation == default and not route._ACTIVE and not route._MODEL_STATE
-    assert not any(m._forward_hooks for m in model.modules())
+    assert {name: dict(m._forward_hooks) for name, m in model.named_modules()} == before
     with pytest.raises(headscope.HeadscopeError, match="no hook point matches"):
         with headscope.model_hooks(model, {"blocks.0.attn.hook_z": lambda z, h: z}):
             pass
