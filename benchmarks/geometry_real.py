@@ -27,7 +27,7 @@ if result.curve is not None:
     ranked = heads.sort_values("importance", ascending=False).reset_index(drop=True)
     print("top 10 by importance:", [f"{r.layer}.{r.head}" for r in ranked.head(10).itertuples()])
     for h in [(18, 6), (17, 3), (17, 4)]:
-        idx = ranked.index[(ranked.layer == h[0]) & (ranked.head == h[1])]
+        idx = ranked.index[(ranked.layer == h[0]) & (ranked["head"] == h[1])]
         if len(idx):
             print(f"  {h[0]}.{h[1]} importance rank {int(idx[0]) + 1} of {len(ranked)}")
     print("removable before +10% loss:", removable_heads(result.curve))
