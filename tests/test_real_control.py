@@ -21,6 +21,9 @@ def test_random_twin_of_a_bundled_model_earns_no_learned_label(name, sentences, 
     on_ud = analyze(under_test, detectors=["syntactic"], treebank=UD, n_sentences=sentences or 600,
                     explorer_examples=0)
     assert learned_labels(on_ud) == set()
+    # The opt-in detectors (not in the default analysis) asked for by name.
+    opt_in = analyze(under_test, detectors=["positional", "rare_word"], **PROBES)
+    assert learned_labels(opt_in) == set(), opt_in.labels[opt_in.labels.label != "none"]
 
 
 def test_minilm_keeps_syntactic_heads_on_ud_english(minilm):
