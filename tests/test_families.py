@@ -17,6 +17,7 @@ from headscope.hf.from_hf import rotary_tables
 from headscope.hf.verify import _named_inputs
 from headscope.probes import ProbeBatch
 from tiny_families import ENCODERS, FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
+from contracts import assert_hook_contract
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -174,22 +175,7 @@ def test_from_hf_and_verify_refuse_in_one_line(family):
 @pytest.mark.parametrize("family", VERIFIED)
 def test_from_hf_hooks_fire_once_with_declared_shapes(family):
     """Contract test of each adapter: every hook exists and fires once with its shape."""
-    model = tiny_model(family)
-    _, block = attention_blocks(model)[0]
-    m = MultiHeadAttention.from_hf(block, model.config)
-    c = m.config
-    B, T = 2, 5
-    expected = {
-        "hook_q": (B, c.n_heads, T, c.d_head), "hook_k": (B, c.n_kv_heads, T, c.d_head),
-        "hook_v": (B, c.n_kv_heads, T, c.d_head), "hook_scores": (B, c.n_heads, T, T),
-        "hook_pattern": (B, c.n_heads, T, T), "hook_z": (B, T, c.n_heads, c.d_head),
-        "hook_result": (B, T, c.n_heads, c.d_model),
-    }
-    seen = {}
-    with torch.no_grad(), m.hooks({n: (lambda n: lambda v, h: seen.setdefault(n, []).append(tuple(v.shape)))(n)
-                                   for n in expected}):
-        m(torch.randn(B, T, c.d_model))
-    assert seen == {n: [s] for n, s in expected.items()}
+    assert_hook_contract(tiny_model(family))
 
 
 @pytest.mark.parametrize("family, what", [("gemma2", "softcap"), ("gpt_oss", "sinks")])

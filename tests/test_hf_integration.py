@@ -5,8 +5,8 @@ import torch
 import headscope
 from headscope.attention import MultiHeadAttention
 from headscope.hf.adapters import attention_blocks
-from headscope.hooks import hook_points
 from tiny import FAMILIES, tiny_inputs, tiny_model
+from contracts import assert_hook_contract
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -95,26 +95,9 @@ def test_verify_notices_a_wrong_weight(family):
     assert table.max_abs_diff_pattern[1] > 1e-3
 
 
-@torch.no_grad()
 def test_from_hf_hooks_fire_once_with_declared_shapes(family):
     """Contract test of each adapter: every hook exists and fires once with its shape."""
-    model = tiny_model(family)
-    cfg = model.config
-    _, block = attention_blocks(model)[0]
-    m = MultiHeadAttention.from_hf(block, cfg)
-    c = m.config
-    B, T = 2, 5
-    expected = {
-        "hook_q": (B, c.n_heads, T, c.d_head), "hook_k": (B, c.n_kv_heads, T, c.d_head),
-        "hook_v": (B, c.n_kv_heads, T, c.d_head), "hook_scores": (B, c.n_heads, T, T),
-        "hook_pattern": (B, c.n_heads, T, T), "hook_z": (B, T, c.n_heads, c.d_head),
-        "hook_result": (B, T, c.n_heads, cfg.hidden_size),
-    }
-    assert set(hook_points(m)) == set(expected)
-    seen = {}
-    with m.hooks({n: (lambda n: lambda v, h: seen.setdefault(n, []).append(tuple(v.shape)))(n) for n in expected}):
-        m(torch.randn(B, T, cfg.hidden_size))
-    assert seen == {n: [s] for n, s in expected.items()}
+    assert_hook_contract(tiny_model(family))
 
 
 @torch.no_grad()
