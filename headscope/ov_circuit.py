@@ -12,11 +12,13 @@ W_O W_U W_E W_V (`[d_head, d_head]`; AB and BA share nonzero eigenvalues).
   1 for a copying circuit (all eigenvalues positive). Chance: 0.5 for a random matrix with real
   eigenvalues; with complex pairs less (about 0.32 for eigenvalues uniform in a disk).
 
-Layer norms are not included (treated as identity), and neither are biases: the per-token
-scale of a norm multiplies a whole row and does not change copy_top1, but its gains (and the
-final norm's) are left out, as in Elhage et al.'s simplified circuit.
+Layer norms are not included by default (treated as identity), and neither are biases: the
+per-token scale of a norm multiplies a whole row and does not change copy_top1, but its gains
+(and the final norm's) are left out, as in Elhage et al.'s simplified circuit. With
+`fold_norms=True` the gains fold in: W_V -> diag(g_in) W_V with g_in the gain of the norm that
+feeds the layer's attention, W_U -> diag(g_final) W_U (`headscope.norm_gains` finds both).
 
-- `ov_copying(loaded)` -> DataFrame layer, head, copy_top1, positive_eig_share.
+- `ov_copying(loaded, fold_norms=False)` -> DataFrame layer, head, copy_top1, positive_eig_share.
 - `ov_scores(W_E, W_V, W_O, W_U)`: the two numbers for one head's matrices.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from .attention import MultiHeadAttention
 from .errors import HeadscopeError
 from .hf.adapters import attention_blocks
+from .norm_gains import norm_gains
 
 __all__ = ["ov_copying", "ov_scores"]
 
@@ -59,7 +62,7 @@ def ov_scores(W_E: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, W_U: torc
     return hits / len(rows), share
 
 
-def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, seed: int = 0):
+def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, seed: int = 0, fold_norms: bool = False):
     """OV copying of every head of a model with an unembedding and an adapter.
 
     Args:
@@ -67,6 +70,9 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
         block_size: source tokens per block of rows.
         n_tokens: score copy_top1 on a seeded sample of this many source tokens (None: all).
         seed: chooses the sample.
+        fold_norms: fold the gains of each layer's attention input norm into W_V and of the
+            final norm into W_U (layers whose norm is not found stay unfolded; `attrs["folded"]`
+            counts what was folded).
     Returns:
         pandas DataFrame layer, head, copy_top1, positive_eig_share.
     """
@@ -78,6 +84,9 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
         raise HeadscopeError(f"{type(model).__name__} has no unembedding (output embeddings): OV copying needs W_U")
     W_E = model.get_input_embeddings().weight.detach().float()  # (V, D)
     W_U = unembed.weight.detach().float().T[:, : W_E.shape[0]]  # (D, V): nn.Linear stores (V, D)
+    gains, final = norm_gains(model) if fold_norms else ({}, None)
+    if final is not None:
+        W_U = final[:, None] * W_U  # diag(g_final) W_U
     rows = None
     if n_tokens is not None and n_tokens < W_E.shape[0]:
         rows = torch.randperm(W_E.shape[0], generator=torch.Generator().manual_seed(seed))[:n_tokens]
@@ -87,10 +96,14 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
         cfg = mha.config
         per_kv = cfg.n_heads // cfg.n_kv_heads
         W_v = mha.W_v.weight.detach().float().T  # (D, n_kv * dh)
+        if gains.get(layer) is not None:
+            W_v = gains[layer][:, None] * W_v  # diag(g_in) W_V
         W_o = mha.W_o.weight.detach().float().T  # (n_heads * dh, D)
         for head in range(cfg.n_heads):
             kv = head // per_kv
             top1, share = ov_scores(W_E, W_v[:, kv * cfg.d_head:(kv + 1) * cfg.d_head],
                                     W_o[head * cfg.d_head:(head + 1) * cfg.d_head], W_U, block_size, rows)
             out.append({"layer": layer, "head": head, "copy_top1": top1, "positive_eig_share": share})
-    return pd.DataFrame(out, columns=["layer", "head", "copy_top1", "positive_eig_share"])
+    frame = pd.DataFrame(out, columns=["layer", "head", "copy_top1", "positive_eig_share"])
+    frame.attrs["folded"] = {"layers": sum(g is not None for g in gains.values()), "final": final is not None}
+    return frame
