@@ -11,6 +11,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
   corrupted), and `plot_patching(table)`.
 - `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
 - `ov_copying(loaded)`: each head's OV circuit scored for copying (top-1, eigenvalue share).
+- `retrieval_scores(loaded, lengths=(2048, 4096, 8192))`: retrieval heads on needle prompts
+  (Wu et al. 2024), answer rows only, with intervals and a control.
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
 - `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
 - `MultiHeadAttention`: headscope's own attention module with hook points.
@@ -36,6 +38,7 @@ _EXPORTS = {
     "cache_activations": "headscope.hf.activation_cache",
     "validate": "headscope.validation",
     "ov_copying": "headscope.ov_circuit",
+    "retrieval_scores": "headscope.retrieval",
     "analyze": "headscope.pipeline",
     "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",
