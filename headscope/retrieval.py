@@ -56,6 +56,7 @@ __all__ = ["RETRIEVAL", "THRESHOLD", "SUCCESS", "RetrievalResult", "retrieval_sc
 
 THRESHOLD = 0.1  # Wu et al. 2024
 SUCCESS = 0.5  # share of answer tokens the model must predict for an example to count (their ROUGE > 50)
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 def _not_a_pattern_detector(pattern, batch):
@@ -179,9 +180,6 @@ class RetrievalResult:
         return self.scores.sort_values(["score", "layer", "head"], ascending=[False, True, True]).head(n)
 
 
-Progress = Callable[[str, int, int], None]
-
-
 def _per_example(loaded, examples, only_predicted: bool, progress: Optional[Progress], stage: str):
     """`([layer * head, example] scores with NaN for uncounted examples, accuracies)`."""
     columns, accuracy = [], []
@@ -295,7 +293,8 @@ def validate_retrieval(loaded, result: RetrievalResult, k: int = 5, n_random: in
 
     Returns:
         DataFrame: ablation ("none", "top", "random 1", ...), heads ("l.h;..."), accuracy, delta
-        (accuracy - unablated). `attrs["hurts_more"]`: top's delta is below every random delta.
+        (accuracy - unablated). `attrs["hurts_more"]`: top's delta is negative and below every
+        random delta.
     """
     import numpy as np
     import pandas as pd
@@ -322,6 +321,6 @@ def validate_retrieval(loaded, result: RetrievalResult, k: int = 5, n_random: in
     frame = pd.DataFrame([{"ablation": name, "heads": ";".join(f"{l}.{h}" for l, h in heads), "accuracy": acc,
                            "delta": acc - base} for name, heads, acc in rows])
     random_deltas = frame.delta[frame.ablation.str.startswith("random")]
-    frame.attrs = {"hurts_more": bool(frame.delta[1] < random_deltas.min()), "mode": mode, "lengths": list(lengths),
+    frame.attrs = {"hurts_more": bool(frame.delta[1] < 0 and frame.delta[1] < random_deltas.min()), "mode": mode, "lengths": list(lengths),
                    "depths": list(depths), "n_needles": n_needles, "seed": seed + 1, "n_examples": len(examples)}
     return frame

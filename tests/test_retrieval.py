@@ -145,3 +145,22 @@ def test_smollm2_retrieval_heads_at_1k(smollm2):
     assert top.score >= THRESHOLD and top.ci_low > top.control_max and top.retrieval
     # Far from every head: retrieval heads are a small minority (Wu et al.: under 5%).
     assert result.scores.retrieval.mean() < 0.1
+
+
+def test_validate_retrieval_draws_random_heads_from_the_top_heads_layers():
+    import pandas as pd
+
+    from headscope.retrieval import RetrievalResult, validate_retrieval
+
+    loaded = _tiny_loaded("llama")
+    scores = pd.DataFrame({"layer": [0] * 6 + [1] * 6, "head": list(range(6)) * 2,
+                           "score": [0.5, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.4, 0.0, 0.0]})
+    result = RetrievalResult(scores, None, None)
+    frame = validate_retrieval(loaded, result, k=2, n_random=3, lengths=(200,), depths=(0.5,), n_needles=1)
+    assert frame.ablation.tolist() == ["none", "top", "random 1", "random 2", "random 3"]
+    assert frame.heads[1] == "0.0;1.3"
+    for heads in frame.heads[2:]:
+        drawn = [tuple(map(int, h.split("."))) for h in heads.split(";")]
+        assert sorted(layer for layer, _ in drawn) == [0, 1] and not {(0, 0), (1, 3)} & set(drawn)
+    assert (frame.delta == frame.accuracy - frame.accuracy[0]).all()
+    assert frame.attrs["n_examples"] == 1
