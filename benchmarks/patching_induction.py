@@ -32,15 +32,16 @@ HERE = Path(__file__).resolve().parent
 GOLDEN = HERE.parent / "tests" / "golden" / "smollm2-135m" / "scores.csv"
 
 
-def induction_prompts(tokenizer, n_prompts: int, half: int, seed: int = 0):
-    """(clean, corrupted) `[n_prompts, 1 + 2 * half]`: BOS A A and BOS A C, C disjoint from A."""
+def induction_prompts(tokenizer, n_prompts: int, half: int, seed: int = 0, fresh: bool = False):
+    """(clean, corrupted) `[n_prompts, 1 + 2 * half]`: BOS A A and BOS A C, C disjoint from A
+    (fresh: BOS B C, both halves new, so previous-token heads' outputs differ too)."""
     candidates = _candidate_ids(tokenizer, len(tokenizer))
     g = torch.Generator().manual_seed(seed)
-    picks = torch.stack([candidates[torch.randperm(len(candidates), generator=g)[:2 * half]]
-                         for _ in range(n_prompts)])  # (P, 2N) distinct tokens per prompt
-    first, other = picks[:, :half], picks[:, half:]
+    picks = torch.stack([candidates[torch.randperm(len(candidates), generator=g)[:3 * half]]
+                         for _ in range(n_prompts)])  # (P, 3N) distinct tokens per prompt
+    first, other, third = picks[:, :half], picks[:, half:2 * half], picks[:, 2 * half:]
     bos = torch.full((n_prompts, 1), tokenizer.bos_token_id, dtype=torch.long)
-    return torch.cat([bos, first, first], 1), torch.cat([bos, first, other], 1)
+    return torch.cat([bos, first, first], 1), torch.cat([bos, third if fresh else first, other], 1)
 
 
 def next_token_logprob(clean: torch.Tensor, half: int):
@@ -66,12 +67,15 @@ def main() -> None:
     parser.add_argument("--hook", default="z", choices=["z", "pattern", "result"])
     parser.add_argument("--direction", default="denoising", choices=["denoising", "noising"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corruption", default="second-half", choices=["second-half", "fresh"],
+                        help="second-half: BOS A C (primary); fresh: BOS B C, both halves new")
     parser.add_argument("--out", default=str(HERE / "results-patching.jsonl"))
     args = parser.parse_args()
     torch.manual_seed(0)
 
     loaded = headscope.load("smollm2-135m", device="cpu")
-    clean, corrupted = induction_prompts(loaded.tokenizer, args.prompts, args.half, args.seed)
+    clean, corrupted = induction_prompts(loaded.tokenizer, args.prompts, args.half, args.seed,
+                                         fresh=args.corruption == "fresh")
     metric = next_token_logprob(clean, args.half)
 
     start = time.time()
@@ -91,7 +95,7 @@ def main() -> None:
     det_golden, det_here = top(table, "induction_golden", 5), top(table, "induction_here", 5)
     row = {
         "model": "smollm2-135m", "prompts": args.prompts, "half": args.half, "seed": args.seed,
-        "hook": args.hook, "direction": args.direction, "metric": "mean log-prob of the clean next token",
+        "hook": args.hook, "direction": args.direction, "corruption": args.corruption, "metric": "mean log-prob of the clean next token",
         "clean_metric": attrs["clean_metric"], "corrupted_metric": attrs["corrupted_metric"],
         "seconds": round(seconds, 1),
         "patch_top10": patch_top, "patch_top10_effect": [round(float(e), 4) for e in
