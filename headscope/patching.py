@@ -1,13 +1,19 @@
 """Activation patching per head, inside Hugging Face models.
 
-- `patch(loaded, clean, corrupted, metric, hook="z")`: runs the clean and the corrupted prompts,
-  then the corrupted ones again with one head's activation taken from the clean run, for every
-  head; returns a DataFrame (layer, head, effect, patched_metric) where
+- `patch(loaded, clean, corrupted, metric, hook="z", direction="denoising")`: runs the clean and
+  the corrupted prompts, then one of them again with one head's activation taken from the other
+  run, for every head; returns a DataFrame (layer, head, effect, patched_metric).
+  "denoising" (clean -> corrupted) reruns the corrupted prompts with the head's clean activation:
       effect = (metric(patched) - metric(corrupted)) / (metric(clean) - metric(corrupted)),
-  the fraction of the clean-corrupted gap that the head's clean activation recovers (1: all of
-  it, 0: none; negative: it moves the metric the other way). Direction: clean -> corrupted.
-  Heads are batched: each forward pass repeats the corrupted batch and patches a different head
-  in each copy, so `heads_per_pass` heads cost one pass.
+  the fraction of the gap the head's clean activation recovers (is it sufficient?).
+  "noising" (corrupted -> clean) reruns the clean prompts with the head's corrupted activation:
+      effect = (metric(clean) - metric(patched)) / (metric(clean) - metric(corrupted)),
+  the fraction of the gap lost without the head's clean activation (is it necessary?).
+  Either way 1 means the head alone carries the whole gap, 0 nothing, negative the other way
+  (Heimersheim & Nanda, "How to use and interpret activation patching", 2024: denoising finds
+  each of several redundant ("OR") components, noising each of several jointly needed ("AND")
+  ones). Heads are batched: each forward pass repeats the rerun batch and patches a different
+  head in each copy, so `heads_per_pass` heads cost one pass.
 - `plot_patching(table)`: the effects as a plotly heatmap, layer by head.
 """
 from __future__ import annotations
@@ -22,10 +28,11 @@ from .hf.adapters import head_sizes
 from .hf.hooks import model_hooks, point_name
 from .hf.route import layer_map
 
-__all__ = ["patch", "plot_patching", "HEAD_AXIS"]
+__all__ = ["patch", "plot_patching", "HEAD_AXIS", "DIRECTIONS"]
 
 # Which axis of each patchable point holds the heads (shapes as in `headscope.hf.hooks`).
 HEAD_AXIS = {"z": 2, "pattern": 1, "result": 2}  # z/result [B, T, H, ...], pattern [B, H, Tq, Tk]
+DIRECTIONS = ("denoising", "noising")  # clean -> corrupted, corrupted -> clean
 Inputs = Union[torch.Tensor, Mapping[str, torch.Tensor]]
 Metric = Callable[[torch.Tensor], torch.Tensor]
 
@@ -58,8 +65,10 @@ def patch(
     hook: str = "z",
     heads: Optional[Iterable[tuple[int, int]]] = None,
     heads_per_pass: Optional[int] = None,
+    direction: str = "denoising",
 ):
-    """Patch each head's activation from the clean run into the corrupted run.
+    """Patch each head's activation from one run into the other: clean into corrupted
+    ("denoising", the default) or corrupted into clean ("noising").
 
     Args:
         loaded: a `headscope.Loaded` or a transformers model headscope runs inside
@@ -71,14 +80,19 @@ def patch(
             "result" (its output after W_O).
         heads: `[(layer, head), ...]` to patch (default every head).
         heads_per_pass: heads patched per forward pass (default: enough for 64 examples).
+        direction: "denoising" (rerun corrupted with a clean activation; effect = recovered
+            fraction of the gap) or "noising" (rerun clean with a corrupted activation; effect
+            = lost fraction of the gap).
     Returns:
         pandas DataFrame with columns layer, head, effect, patched_metric; `table.attrs` holds
-        clean_metric, corrupted_metric and hook.
+        clean_metric, corrupted_metric, hook and direction.
     """
     import pandas as pd
 
     if hook not in HEAD_AXIS:
         raise HeadscopeError(f"cannot patch {hook!r}; choose one of {', '.join(HEAD_AXIS)}")
+    if direction not in DIRECTIONS:
+        raise HeadscopeError(f"unknown direction {direction!r}; choose one of {', '.join(DIRECTIONS)}")
     model = getattr(loaded, "model", loaded)
     device = next(model.parameters()).device
     clean, corrupted = _as_inputs(clean, device), _as_inputs(corrupted, device)
@@ -94,9 +108,12 @@ def patch(
     point = "hook_" + hook
     axis = HEAD_AXIS[hook]
     batch = clean["input_ids"].shape[0]
+    source, rerun = (clean, corrupted) if direction == "denoising" else (corrupted, clean)
     with cache_activations(model, sorted({point_name(l, point) for l, _ in chosen}), to=None) as saved:
-        clean_metric = _score(metric, _output(model, clean))
-    corrupted_metric = _score(metric, _output(model, corrupted))
+        source_metric = _score(metric, _output(model, source))
+    rerun_metric = _score(metric, _output(model, rerun))
+    clean_metric, corrupted_metric = (source_metric, rerun_metric) if direction == "denoising" \
+        else (rerun_metric, source_metric)
     gap = clean_metric - corrupted_metric
     if gap == 0:
         raise HeadscopeError("the metric is the same on clean and corrupted inputs; there is no gap to recover")
@@ -104,16 +121,16 @@ def patch(
     rows = []
     for start in range(0, len(chosen), per_pass):
         group = chosen[start:start + per_pass]
-        repeated = {k: v.repeat(len(group), *([1] * (v.dim() - 1))) for k, v in corrupted.items()}
+        repeated = {k: v.repeat(len(group), *([1] * (v.dim() - 1))) for k, v in rerun.items()}
 
         def patcher(value, hook_point, group=group):
             value = value.clone()
             layer = int(hook_point.name.split(".")[1])
-            clean_value = saved[hook_point.name]
+            source_value = saved[hook_point.name]
             for copy, (l, h) in enumerate(group):
-                if l == layer:  # copy `copy` of the batch gets head h's clean activation
+                if l == layer:  # copy `copy` of the batch gets head h's activation from the source run
                     where = (slice(copy * batch, (copy + 1) * batch),) + _heads_of(value, axis, h)
-                    value[where] = clean_value[(slice(None),) + _heads_of(value, axis, h)]
+                    value[where] = source_value[(slice(None),) + _heads_of(value, axis, h)]
             return value
 
         names = sorted({point_name(l, point) for l, _ in group})
@@ -121,10 +138,12 @@ def patch(
             logits = _output(model, repeated)
         for copy, (layer, head) in enumerate(group):
             patched = _score(metric, logits[copy * batch:(copy + 1) * batch])
-            rows.append({"layer": layer, "head": head, "effect": (patched - corrupted_metric) / gap,
+            # (patched - rerun) / (source - rerun): recovered (denoising) or lost (noising) fraction
+            rows.append({"layer": layer, "head": head, "effect": (patched - rerun_metric) / (source_metric - rerun_metric),
                          "patched_metric": patched})
     table = pd.DataFrame(rows, columns=["layer", "head", "effect", "patched_metric"])
-    table.attrs.update(clean_metric=clean_metric, corrupted_metric=corrupted_metric, hook=hook)
+    table.attrs.update(clean_metric=clean_metric, corrupted_metric=corrupted_metric, hook=hook,
+                       direction=direction)
     return table
 
 
@@ -137,6 +156,7 @@ def plot_patching(table, title: Optional[str] = None):
                                colorscale="RdBu", zmid=0, colorbar=dict(title="effect"),
                                hovertemplate="layer %{y} head %{x}: %{z:.3f}<extra></extra>"))
     hook = table.attrs.get("hook", "z")
-    fig.update_layout(title=title or f"Recovered fraction of the clean-corrupted gap, patching hook_{hook}",
+    what = "Lost" if table.attrs.get("direction") == "noising" else "Recovered"
+    fig.update_layout(title=title or f"{what} fraction of the clean-corrupted gap, patching hook_{hook}",
                       xaxis_title="head", yaxis_title="layer", yaxis_autorange="reversed")
     return fig

@@ -1,5 +1,6 @@
 """The example notebooks: committed without outputs, and every cell runs top to bottom in a
-python3 kernel (nbclient) on the real reference models (slow: ~2 min and ~1 min on 2 CPU cores).
+python3 kernel (nbclient) on the real reference models (slow: ~2 min, ~1 min and a few minutes
+for patching.ipynb on 2 CPU cores).
 
 Needs `pip install nbclient nbformat ipykernel`; skipped when missing, except under CI (CI=true).
 """
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-NOTEBOOKS = ["quickstart.ipynb", "syntax.ipynb"]
+NOTEBOOKS = ["quickstart.ipynb", "syntax.ipynb", "patching.ipynb"]
 CELL_TIMEOUT_S = 900
 
 
