@@ -12,7 +12,10 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
 - `ov_copying(loaded)`: each head's OV circuit scored for copying (top-1, eigenvalue share).
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
-- `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
+- `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals;
+  probe settings `TextProbe`, `RepeatedProbe`, `TreebankProbe`.
+- `detector(name, template=fn, probe=..., threshold=...)`: register a custom detector from the
+  attention pattern a head should have (`headscope.templates`).
 - `MultiHeadAttention`: headscope's own attention module with hook points.
 - `geometry(loaded)` -> `GeometryResult`: heads as subspaces (overlaps, QK/OV ranks), pattern
   similarity (JS, MDS, clusters), redundant pairs, importance and pruning curve; `plot_geometry`.
@@ -37,6 +40,10 @@ _EXPORTS = {
     "validate": "headscope.validation",
     "ov_copying": "headscope.ov_circuit",
     "analyze": "headscope.pipeline",
+    "detector": "headscope.templates",
+    "TextProbe": "headscope.probe_kinds",
+    "RepeatedProbe": "headscope.probe_kinds",
+    "TreebankProbe": "headscope.probe_kinds",
     "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",
     "plot_pattern": "headscope.plotting",
