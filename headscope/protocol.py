@@ -34,8 +34,8 @@ from .probes import ProbeBatch
 from .stats import bootstrap_mean_ci
 from .variants import best_variant
 
-__all__ = ["Detector", "Collected", "Finding", "REGISTRY", "register", "masked_query_mean", "score_patterns",
-           "SCORE_COLUMNS"]
+__all__ = ["Detector", "Collected", "Finding", "REGISTRY", "register", "detector_spec", "masked_query_mean",
+           "score_patterns", "SCORE_COLUMNS"]
 
 SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
 
@@ -112,6 +112,9 @@ class Detector:
         short: the abbreviation in label-map cells (None: the first five letters).
         icl_check: `headscope.validate` also measures the in-context learning score (Olsson et
             al. 2022) with this label's heads ablated.
+        report_rule: `(topic, sentence)` the report adds to its labelling rules, with
+            `{threshold:g}` and `{control}` (" and above the control's best head ..." or ".")
+            filled in; empty for detectors the general rules cover.
     """
 
     name: str
@@ -131,6 +134,7 @@ class Detector:
     colour: Optional[str] = None
     short: Optional[str] = None
     icl_check: bool = False
+    report_rule: tuple[str, ...] = ()
 
     def score(self, pattern, batch) -> torch.Tensor:
         """Per-example scores `[batch, head]` (`[batch, head, variant]` with `variants`) of one
@@ -192,7 +196,7 @@ class Detector:
         return {"formula": self.formula, "threshold": self.threshold, "source": self.source, "probe": self.probe,
                 "learned": self.learned, "outranks_resting": self.outranks_resting, "gate": self.gate,
                 "quantity": self.quantity, "variants": list(self.variants), "colour": self.colour,
-                "short": self.short, "icl_check": self.icl_check}
+                "short": self.short, "icl_check": self.icl_check, "report_rule": list(self.report_rule)}
 
 
 REGISTRY: dict[str, Detector] = {}
@@ -204,6 +208,16 @@ def register(detector: Detector) -> Detector:
         raise HeadscopeError(f"a detector name must be non-empty without ':' or ',', got {detector.name!r}")
     REGISTRY[detector.name] = detector
     return detector
+
+
+def detector_spec(meta: dict, label: str) -> dict:
+    """What an analysis recorded about a label's detector (`meta["detectors"]`; "syntactic:obj"
+    -> "syntactic"), over the registered detector's description, which fills in fields an older
+    analysis did not record; {} for a detector neither knows."""
+    recorded = meta.get("detectors", {})
+    name = label if label in recorded or label in REGISTRY else label.split(":")[0]
+    known = REGISTRY[name].describe() if name in REGISTRY else {}
+    return {**known, **recorded.get(name, {})}
 
 
 def masked_query_mean(values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:

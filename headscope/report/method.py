@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from ..labels import MIXED_MARGIN
+from ..protocol import detector_spec
 
 __all__ = ["MethodRow", "MethodNote", "HeaderField", "method_rows", "label_rules", "report_warnings",
            "header_fields", "detector_spec", "quantity", "has_control", "control_text", "control_reason", "treebank_text"]
@@ -44,11 +45,6 @@ class HeaderField(NamedTuple):
     value: str
 
 
-def detector_spec(meta: dict, detector: str) -> dict:
-    """`meta["detectors"]` entry of a detector ("syntactic:obj" -> "syntactic"); {} when unknown."""
-    specs = meta.get("detectors", {})
-    return specs.get(detector) or specs.get(detector.split(":")[0]) or {}
-
 
 def quantity(meta: dict, detector: str) -> str:
     """What the detector's score is, in words ("score" for detectors that do not say)."""
@@ -56,12 +52,8 @@ def quantity(meta: dict, detector: str) -> str:
 
 
 def outranks_resting(meta: dict, detector: str) -> bool:
-    """`Detector.outranks_resting` as the analysis recorded it (analyses saved before it was
-    recorded: the learned detectors of the repeated-token probe, the rule of that time)."""
-    spec = detector_spec(meta, detector)
-    if "outranks_resting" in spec:
-        return bool(spec["outranks_resting"])
-    return spec.get("probe") == "repeated" and bool(spec.get("learned", True))
+    """`Detector.outranks_resting` as the analysis (or else the registered detector) says."""
+    return bool(detector_spec(meta, detector).get("outranks_resting", False))
 
 
 def has_control(meta: dict) -> bool:
@@ -135,14 +127,12 @@ def label_rules(meta: dict) -> tuple:
             f"{' and '.join(rests)} are resting behaviours: a head that passes one of them and also a detector "
             f"measured on a probe built for its behaviour ({', '.join(outranking)}) gets that detector's label (LLM "
             "induction heads rest on the first token of text without repeats).")))
-    if "syntactic" in specs:
-        threshold = specs["syntactic"].get("threshold")
-        notes.append(MethodNote("syntax", (
-            "Syntactic heads are cross-fitted: each head's relation and direction are chosen on one half of the "
-            "treebank sentences and its margin over the best baseline is measured on the other half (both halves, "
-            "combined); the label needs that held-out margin's 95% CI lower bound ≥ "
-            f"{threshold:g}" + (" and above the control's best head on the same margin." if has_control(meta) else ".")
-            + " A head can be significant for several relations; its label names the clearest.")))
+    control = " and above the control's best head on the same margin." if has_control(meta) else "."
+    for name in specs:  # a detector's own rule, in its words (e.g. the syntactic cross-fitting)
+        rule = detector_spec(meta, name).get("report_rule") or ()
+        if len(rule) == 2 and detector_spec(meta, name).get("threshold") is not None:
+            notes.append(MethodNote(rule[0], rule[1].format(threshold=detector_spec(meta, name)["threshold"],
+                                                            control=control)))
     return tuple(notes)
 
 

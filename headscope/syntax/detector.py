@@ -89,4 +89,8 @@ syntactic = SyntacticDetector(
             "lower bound >= 0.10",
     source="Clark et al. 2019 (word-level attention, Table 1); Voita et al. 2019 (10-point margin over the baseline)",
     fn=_word_partners, gate="ci_low", quantity="held-out margin over the baseline",
+    report_rule=("syntax", "Syntactic heads are cross-fitted: each head's relation and direction are chosen on one half "
+                 "of the treebank sentences and its margin over the best baseline is measured on the other half (both "
+                 "halves, combined); the label needs that held-out margin's 95% CI lower bound ≥ {threshold:g}{control} "
+                 "A head can be significant for several relations; its label names the clearest."),
 )

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import HeadscopeError
 from ..probe_kinds import PROBE_KINDS, TextProbe, probe_settings
-from ..protocol import REGISTRY
+from ..protocol import REGISTRY, detector_spec
 from .measure import METRICS, ProbeRunner, icl_positions, icl_score, masked_for_lm, metric_for
 
 __all__ = ["validate", "read_csv", "write_csv", "COLUMNS", "MODES", "ICL_LABEL", "SKIPPED", "probe_for"]
@@ -37,18 +37,9 @@ COLUMNS = [
 ]
 
 
-def _spec(meta: dict, label: str) -> dict:
-    """What the analysis recorded about a label's detector ("syntactic:obj" -> "syntactic"),
-    over what the registered detector says (for analyses saved before a field existed)."""
-    recorded = meta.get("detectors", {})
-    name = label if label in recorded or label in REGISTRY else label.split(":")[0]
-    known = REGISTRY[name].describe() if name in REGISTRY else {}
-    return {**known, **recorded.get(name, {})}
-
-
 def probe_for(label: str, meta: Optional[dict] = None) -> str:
     """The probe a label's heads are checked on: its detector's (text for an unknown detector)."""
-    probe = _spec(meta or {}, label).get("probe", "text")
+    probe = detector_spec(meta or {}, label).get("probe", "text")
     return probe if probe in PROBE_KINDS else "text"
 
 
@@ -111,7 +102,7 @@ def validate(
     chosen = _chosen_heads(analysis, k, labels)
     metric = metric_for(loaded)
     draws = {label: _random_draws(analysis, label, heads, n_random, seed) for label, heads in chosen.items()}
-    icl_labels = [label for label in chosen if _spec(analysis.meta, label).get("icl_check")]
+    icl_labels = [label for label in chosen if detector_spec(analysis.meta, label).get("icl_check")]
     with_icl = icl and loaded.causal and bool(icl_labels)
     context = loaded.context_length
     icl_length = min(icl_len, context) if context else icl_len
@@ -209,7 +200,7 @@ def _label_order(labels: list[str], meta: dict) -> list[str]:
     fixed = [label for label in dict.fromkeys([*meta.get("detectors", {}), *REGISTRY]) if label in labels]
     out = []
     for label in fixed:
-        out += [label, ICL_LABEL] if _spec(meta, label).get("icl_check") else [label]
+        out += [label, ICL_LABEL] if detector_spec(meta, label).get("icl_check") else [label]
     return out + sorted(set(labels) - set(fixed))
 
 
