@@ -96,7 +96,8 @@ def test_random_model_earns_no_learned_label(family):
             continue
         if name == "syntactic":
             for treebank in (None, UD):
-                alone = analyze(loaded, detectors=[name], treebank=treebank, n_sentences=300, explorer_examples=0)
+                alone = analyze(loaded, detectors=[name], probes=[TreebankProbe(treebank, n_sentences=300)],
+                                explorer_examples=0)
                 assert learned_labels(alone) == set(), (name, treebank)
         else:
             alone = analyze(loaded, detectors=[name], explorer_examples=0, **PROBES)

@@ -31,7 +31,7 @@ def test_random_twin_of_a_bundled_model_earns_no_learned_label(name, sentences, 
 def test_minilm_keeps_syntactic_heads_on_ud_english(minilm):
     # Measured (benchmarks/syntax_trust.py, all 1000 sentences): case 2.0 held-out margin 0.231
     # [0.195, 0.264], det 2.8 0.204 [0.176, 0.232], obj 3.1 0.160 [0.118, 0.201], aux 0.5 0.149.
-    analysis = analyze(minilm, detectors=["syntactic"], treebank=UD, n_sentences=None, explorer_examples=0)
+    analysis = analyze(minilm, detectors=["syntactic"], probes=[TreebankProbe(UD)], explorer_examples=0)
     relations = {label.split(":")[1] for label in analysis.labels.label if label.startswith("syntactic:")}
     assert len(relations & {"det", "obj", "nsubj", "case", "amod", "aux", "mark"}) >= 3, relations
     assert analysis.meta["control"]["kind"] == "random-init"
