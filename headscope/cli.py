@@ -55,8 +55,6 @@ def _friendly(fn):
     def wrapper(*args, **kwargs):
         import signal
 
-        from .errors import HeadscopeError
-
         def terminated(signum, frame):  # torchrun stops the others when one process fails
             raise KeyboardInterrupt
 
@@ -132,8 +130,6 @@ OpenOpt = Annotated[bool, typer.Option("--open", help="Open the report in a brow
 
 
 def _check_plotlyjs(value: str) -> str:
-    from .errors import HeadscopeError
-
     if value not in ("embed", "cdn"):
         raise HeadscopeError(f"--plotlyjs must be embed or cdn, got {value!r}")
     return value
@@ -273,8 +269,6 @@ def _detector_names(value: Optional[str]) -> Optional[list[str]]:
 
 def _parse_device_map(value: Optional[str]):
     import json
-
-    from .errors import HeadscopeError
 
     if value is None or value in ("auto", "balanced", "balanced_low_0", "sequential"):
         return value
