@@ -14,7 +14,10 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `retrieval_scores(loaded, lengths=(2048, 4096, 8192))`: retrieval heads on needle prompts
   (Wu et al. 2024), answer rows only, with intervals and a control.
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
-- `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals.
+- `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals;
+  probe settings `TextProbe`, `RepeatedProbe`, `TreebankProbe`.
+- `detector(name, template=fn, probe=..., threshold=...)`: register a custom detector from the
+  attention pattern a head should have (`headscope.templates`).
 - `MultiHeadAttention`: headscope's own attention module with hook points.
 - `geometry(loaded)` -> `GeometryResult`: heads as subspaces (overlaps, QK/OV ranks), pattern
   similarity (JS, MDS, clusters), redundant pairs, importance and pruning curve; `plot_geometry`.
@@ -40,6 +43,10 @@ _EXPORTS = {
     "ov_copying": "headscope.ov_circuit",
     "retrieval_scores": "headscope.retrieval",
     "analyze": "headscope.pipeline",
+    "detector": "headscope.templates",
+    "TextProbe": "headscope.probe_kinds",
+    "RepeatedProbe": "headscope.probe_kinds",
+    "TreebankProbe": "headscope.probe_kinds",
     "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",
     "plot_pattern": "headscope.plotting",

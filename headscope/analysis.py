@@ -9,19 +9,24 @@
   atomically (a temporary folder renamed into place).
 - `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
   rounded) to keep reports small.
+- `atomic_dir` (from `headscope.atomic`): the temporary folder renamed into place.
+The validation table's CSV helpers are imported where used: `headscope.validation` needs torch,
+which `headscope report` (reading an analysis) should not load.
 """
 from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+
+from .atomic import atomic_dir
+from .errors import HeadscopeError
+from .notebook import analysis_html, analysis_text
+from .plotting import plot_head, plot_labels, plot_scores, plot_syntax
 
 __all__ = ["Analysis", "Example", "atomic_dir"]
 
@@ -108,37 +113,25 @@ class Analysis:
 
     def plot_labels(self):
         """The label map as a plotly figure; see `headscope.plotting.plot_labels`."""
-        from .plotting import plot_labels
-
         return plot_labels(self)
 
     def plot_scores(self, detector: str):
         """One detector's `[layer, head]` scores as a plotly heatmap; see `headscope.plotting.plot_scores`."""
-        from .plotting import plot_scores
-
         return plot_scores(self, detector)
 
     def plot_head(self, layer: int, head: int, probe: Optional[str] = None, example: int = 0):
         """A head's pattern on a stored example, tokens on the axes; see `headscope.plotting.plot_head`."""
-        from .plotting import plot_head
-
         return plot_head(self, layer, head, probe=probe, example=example)
 
     def plot_syntax(self):
         """Best head per relation vs baseline (needs `.syntax`); see `headscope.plotting.plot_syntax`."""
-        from .plotting import plot_syntax
-
         return plot_syntax(self)
 
     def _repr_html_(self) -> str:
         """Jupyter's view: summary and interactive label map, offline (`headscope.notebook`)."""
-        from .notebook import analysis_html
-
         return analysis_html(self)
 
     def __repr__(self) -> str:
-        from .notebook import analysis_text
-
         return analysis_text(self)
 
     def save(self, directory, *, force: bool = False) -> Path:
@@ -173,8 +166,6 @@ class Analysis:
         """Read an analysis written by `save`."""
         import pandas as pd
 
-        from .errors import HeadscopeError
-
         folder = Path(directory)
         needed = ["scores.csv", "labels.csv", "meta.json"]
         missing = [n for n in needed if not (folder / n).is_file()]
@@ -198,40 +189,3 @@ class Analysis:
         except (ValueError, KeyError, OSError) as err:
             raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
         return cls(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax, validation=validation)
-
-
-class atomic_dir:
-    """Context manager giving a temporary folder that is renamed to `target` on success.
-
-    On an exception (Ctrl-C included) the temporary folder is deleted and `target` is left as
-    it was. With `force`, an existing target is replaced only after the new one is complete.
-    """
-
-    def __init__(self, target, *, force: bool = False):
-        from .errors import HeadscopeError
-
-        self.target = Path(target)
-        if self.target.exists() and not force:
-            raise HeadscopeError(f"{self.target} already exists; pass --force (force=True) to replace it")
-        if self.target.exists() and not self.target.is_dir():
-            raise HeadscopeError(f"{self.target} exists and is not a folder")
-        self.force = force
-
-    def __enter__(self) -> Path:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-", dir=self.target.parent))
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return False
-        os.chmod(self.tmp, 0o755)
-        if self.target.exists():
-            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
-            os.replace(self.target, old)
-            os.replace(self.tmp, self.target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(self.tmp, self.target)
-        return False

@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .hf.from_hf import module_from_hf
 from .hooks import HookPoint, hooks as _hooks
 from .kernel import attention
 from .rotary import apply_rotary, rotary_cos_sin
@@ -244,8 +245,6 @@ class MultiHeadAttention(nn.Module):
         Returns:
             A `MultiHeadAttention` on the same device and dtype, in eval mode.
         """
-        from .hf.from_hf import module_from_hf
-
         return module_from_hf(cls, attention_module, config)
 
 

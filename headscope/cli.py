@@ -55,8 +55,6 @@ def _friendly(fn):
     def wrapper(*args, **kwargs):
         import signal
 
-        from .errors import HeadscopeError
-
         def terminated(signum, frame):  # torchrun stops the others when one process fails
             raise KeyboardInterrupt
 
@@ -132,8 +130,6 @@ OpenOpt = Annotated[bool, typer.Option("--open", help="Open the report in a brow
 
 
 def _check_plotlyjs(value: str) -> str:
-    from .errors import HeadscopeError
-
     if value not in ("embed", "cdn"):
         raise HeadscopeError(f"--plotlyjs must be embed or cdn, got {value!r}")
     return value
@@ -193,7 +189,7 @@ def _summary(analysis, out: Path) -> None:
 def analyze_command(
     model: ModelArg = "smollm2-135m",
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL).")] = None,
-    detectors: Annotated[Optional[str], typer.Option("--detectors", help="Comma-separated detector names (default: all that apply).")] = None,
+    detectors: Annotated[Optional[str], typer.Option("--detectors", help="Comma-separated detector names (default: all that apply); your own as mypkg.module:name.")] = None,
     n_examples: Annotated[int, typer.Option("--n-examples", help="Probe examples per probe.")] = 16,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text example.")] = 128,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward pass.")] = 8,
@@ -218,8 +214,9 @@ def analyze_command(
     across the N processes; rank 0 alone writes, and the result equals a single-process run.
     """
     from .analysis import atomic_dir
-    from .pipeline import analyze
     from .loading import load
+    from .pipeline import analyze
+    from .probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
     from .report import write_report_into
 
     _check_plotlyjs(plotlyjs)
@@ -228,12 +225,7 @@ def analyze_command(
     if control not in CONTROL_KINDS:
         raise HeadscopeError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
     out = out or _default_out(model)
-    names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
-    if names is not None:
-        from .detectors import get
-
-        for name in names:
-            get(name)
+    names = _detector_names(detectors)
     from .distributed import init_from_env, process_device
 
     rank, world = init_from_env(device)
@@ -247,9 +239,10 @@ def analyze_command(
     placement = _parse_device_map(device_map)
     loaded = load(model, device=device if placement else process_device(device), dtype=dtype, device_map=placement,
                   cache=not no_cache)
-    analysis = analyze(loaded, detectors=names, n_examples=n_examples, seq_len=seq_len,
-                       batch_size=batch_size, seed=seed, repeat_len=repeat_len, repeats=repeats,
-                       treebank=treebank, n_sentences=n_sentences or None, validate=validate,
+    probes = [TextProbe(n_examples, seq_len), RepeatedProbe(n_examples, repeat_len, repeats)]
+    if treebank is not None or n_sentences:  # asked for: a syntactic detector that cannot run says why
+        probes.append(TreebankProbe(treebank, n_sentences or None))
+    analysis = analyze(loaded, names, probes, batch_size=batch_size, seed=seed, validate=validate,
                        progress=_Bars(), control=control)
     if rank != 0:
         return
@@ -265,10 +258,17 @@ def analyze_command(
         webbrowser.open((out / "index.html").resolve().as_uri())
 
 
+def _detector_names(value: Optional[str]) -> Optional[list[str]]:
+    """Names from `--detectors` ("induction,mypkg.module:name"), each resolved (imported) now."""
+    if not value:
+        return None
+    from .detectors import resolve
+
+    return [resolve(spec.strip()).name for spec in value.split(",") if spec.strip()]
+
+
 def _parse_device_map(value: Optional[str]):
     import json
-
-    from .errors import HeadscopeError
 
     if value is None or value in ("auto", "balanced", "balanced_low_0", "sequential"):
         return value
@@ -333,10 +333,13 @@ def compare_command(
 
 @app.command("detectors")
 @_friendly
-def detectors_command() -> None:
+def detectors_command(
+    extra: Annotated[Optional[str], typer.Option("--detectors", help="Also import your own: mypkg.module:name, comma-separated.")] = None,
+) -> None:
     """List the detectors with their formula, threshold and source."""
     from .detectors import REGISTRY
 
+    _detector_names(extra)
     for det in REGISTRY.values():
         typer.echo(f"{det.name:<16} threshold {det.threshold:<5} probe {det.probe:<9} {det.formula}")
         typer.echo(f"{'':<16} source: {det.source}")

@@ -1,7 +1,12 @@
 """Errors headscope raises for bad input; the CLI prints them as one line."""
 
-__all__ = ["HeadscopeError"]
+__all__ = ["HeadscopeError", "CannotScore"]
 
 
 class HeadscopeError(Exception):
     """Bad input or an unsupported model, described in one line for the user."""
+
+
+class CannotScore(HeadscopeError):
+    """A detector cannot score this model on its probe (e.g. too few dependency arcs fit a short
+    context): `analyze` leaves it out, and says so, when it was not asked for by name."""

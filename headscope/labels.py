@@ -12,11 +12,12 @@ and with the lower bound rather than the mean it is conservative. Without a cont
 
 Among the detectors a head passes, its label is the one passed most clearly, measured as the
 share of the way from the threshold to a perfect score: clarity = (value - threshold) /
-(1 - threshold). "sink" and "uniform" are resting behaviours: a head that passes a detector of
-the repeated-token probe (induction, duplicate-token) and rests on the first token of natural
-text (as LLM induction heads do on text without repeats) is labelled by the repeated-token one.
-On natural text (the text and treebank probes) the clearest wins, so a sink head stays a sink
-even if the little attention it has left happens to follow syntax. When the two clearest
+(1 - threshold). Detectors with ``learned=False`` (sink, uniform) describe resting behaviours: a
+head that passes one of them and a detector with ``outranks_resting`` (induction and
+duplicate-token, measured on the repeated-token probe) is labelled by the latter, since LLM
+induction heads rest on the first token of natural text without repeats. Otherwise the clearest
+wins, so a sink head stays a sink even if the little attention it has left happens to follow
+syntax. When the two clearest
 candidates differ in clarity by less than `MIXED_MARGIN` the label is "mixed"; when the head
 passes nothing it is "none". Every passing detector is listed in `labels` (";"-joined),
 clearest first. A label's `score` is the detector's score (mean or held-out margin).
@@ -25,10 +26,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["label_heads", "passes", "MIXED_MARGIN", "RESTING"]
+__all__ = ["label_heads", "passes", "MIXED_MARGIN"]
 
 MIXED_MARGIN = 0.05
-RESTING = frozenset({"sink", "uniform"})
 
 
 def passes(rule, score: float, ci_low: float, control_max: float) -> bool:
@@ -53,8 +53,7 @@ def label_heads(scores, rules: dict, names: dict | None = None):
     Args:
         scores: DataFrame with layer, head, detector, score and, when there was a control,
             ci_low and control_max.
-        rules: detector name -> the detector (threshold, probe, learned, gate); detectors
-            on the "repeated" probe outrank resting behaviours.
+        rules: detector name -> the detector (threshold, learned, gate, outranks_resting).
         names: {(layer, head, detector): label} to show instead of the detector name
             (e.g. "syntactic:obj").
     Returns:
@@ -81,9 +80,9 @@ def label_heads(scores, rules: dict, names: dict | None = None):
                 clarity = (value - rule.threshold) / max(1e-9, 1 - rule.threshold)
                 passing.append((clarity, names.get((layer, head, det), det), score, det))
         passing.sort(reverse=True)
-        resting = any(p[3] in RESTING for p in passing)
-        repeated = [p for p in passing if rules[p[3]].probe == "repeated" and p[3] not in RESTING]
-        candidates = repeated if resting and repeated else passing
+        resting = any(not rules[p[3]].learned for p in passing)
+        outranking = [p for p in passing if rules[p[3]].outranks_resting]
+        candidates = outranking if resting and outranking else passing
         if not candidates:
             known = [score for _, score, _, _ in group if score == score]
             label, score = "none", max(known) if known else float("nan")

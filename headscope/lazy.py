@@ -15,7 +15,9 @@ blocks.
 - `lazy_attention(q, k, v, ...) -> (z, LazyPattern)`: the attention output and the pattern as
   a `LazyPattern` (the row log-sum-exp, q, k and the mask).
 - `LazyPattern`: `diagonal(offset)`, `column(j)`, `mass(targets)`, `entropy()`, each equal
-  to what the same reduction of the full pattern gives (tests check both paths against it).
+  to what the same reduction of the full pattern gives (tests check both paths against it),
+  and `argmax()`, `dense()`, which compute the map (`headscope.pattern.Pattern`, the interface
+  it shares with `DensePattern`).
 """
 from __future__ import annotations
 
@@ -135,7 +137,7 @@ class LazyPattern:
     Built by `lazy_attention` from one layer's q `[batch, head, query, d_head]`, k
     `[batch, kv_head, key, d_head]`, the additive mask, the causal flag and the row
     log-sum-exp (including the sink, if any), the soft-cap and the sinks; detectors read it
-    through `headscope.detectors.base`'s `diagonal`, `column`, `mass_on_targets` and `entropy`. Everything returned is fp32 and on q's device.
+    through the `headscope.pattern.Pattern` methods. Everything returned is fp32 and on q's device.
     """
 
     def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None, softcap=None, sinks=None):
@@ -165,6 +167,24 @@ class LazyPattern:
     @property
     def device(self) -> torch.device:
         return self.q.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def dense(self) -> torch.Tensor:
+        """`[batch, head, query, key]` the whole map, exp(s_ij - lse_i) (computed: costs what the map costs)."""
+        scores = self.capped(torch.matmul(self.q.float(), self.k.float().transpose(-1, -2)))  # (B, H, Tq, Tk)
+        if self.additive is not None:
+            scores = scores + self.additive.float()
+        if self.is_causal:
+            i, j = torch.arange(self.shape[2], device=self.device), torch.arange(self.shape[3], device=self.device)
+            scores = scores.masked_fill(self.causally_hidden(i[:, None], j[None, :]), float("-inf"))
+        return (scores - self.lse[..., None]).exp()
+
+    def argmax(self) -> torch.Tensor:
+        """`[batch, head, query]` the key of each row's maximum (computes the map)."""
+        return self.dense().argmax(dim=-1)
 
     def causally_hidden(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Bool, True where key j is after query i (queries aligned to the last keys)."""

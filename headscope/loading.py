@@ -23,6 +23,7 @@ from typing import Any, Optional
 from . import cache as load_cache
 from .errors import HeadscopeError
 from .gguf_file import config_and_tokenizer, model_from_gguf
+from .hf.adapters import adapter_for, check_on_interface, family_of
 
 __all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
 
@@ -89,8 +90,6 @@ class Loaded:
             A `Loaded`; family from the config, causal from the class (``...ForCausalLM``,
             ``...LMHeadModel``) or the config. The model is put in eval mode.
         """
-        from .hf.adapters import family_of
-
         config = getattr(model, "config", None)
         if config is None:
             raise HeadscopeError(f"{type(model).__name__} is not a transformers model (it has no config)")
@@ -200,8 +199,6 @@ def _locate(spec: str) -> tuple[str, dict]:
 
 
 def _is_causal_config(config) -> bool:
-    from .hf.adapters import adapter_for
-
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         return True
@@ -245,8 +242,6 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, cache: 
             raise HeadscopeError(_load_error(spec, where, extra, True, err)) from None
     else:
         config, model, tokenizer = _load_pretrained(spec, where, torch_dtype, placement)
-    from .hf.adapters import family_of  # imports torch: kept out of `headscope models`
-
     family = family_of(config)
     model = (model if placement else model.to(device)).eval()
     return Loaded(model=model, tokenizer=tokenizer, name=spec, family=family, causal=_is_causal_config(config))
@@ -260,8 +255,6 @@ def _model_class(config):
 
 def _check_runs(config) -> None:
     """HeadscopeError before any weights are read when the model's attention bypasses the interface."""
-    from .hf.adapters import check_on_interface
-
     cls = _model_class(config)
     if type(config) in cls._model_mapping:
         check_on_interface(cls._model_mapping[type(config)], config.model_type)

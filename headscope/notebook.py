@@ -20,6 +20,10 @@ import json
 import sys
 import uuid
 
+from .plotting import plot_labels
+from .report.data import header_fields, label_grid, report_warnings, top_heads
+from .report.html import Raw, plotlyjs_tag, script_json, table
+
 __all__ = ["analysis_html", "analysis_text", "figure_html", "reset", "TOP_HEADS"]
 
 TOP_HEADS = 3  # strongest heads listed per label in the summary
@@ -61,7 +65,6 @@ def figure_html(fig) -> str:
     """
     import plotly.io as pio
 
-    from .report.html import plotlyjs_tag, script_json
 
     fig_id = f"hs-nb-{uuid.uuid4().hex[:12]}"  # unique across kernel restarts: old outputs stay on the page
     parts = []
@@ -85,9 +88,6 @@ def analysis_html(analysis) -> str:
     Returns:
         HTML (every text from the analysis escaped).
     """
-    from .plotting import plot_labels
-    from .report.data import header_fields, label_grid, report_warnings, top_heads
-    from .report.html import table
 
     fields = {f.name: f.value for f in header_fields(analysis.meta)}
     grid = label_grid(analysis)
@@ -126,7 +126,6 @@ def analysis_text(analysis) -> str:
 
 def _swatch(label: str, colour: str):
     """A label with its colour square, as a trusted `report.html.table` cell."""
-    from .report.html import Raw
 
     return Raw(f"<span style=\"display:inline-block;width:11px;height:11px;margin-right:6px;"
                f"background:{html.escape(colour)};border:1px solid #999\"></span>{html.escape(label)}")

@@ -22,6 +22,9 @@ from typing import Optional
 import numpy as np
 
 from .errors import HeadscopeError
+from .report.data import detector_grids, label_grid, syntax_best
+from .report.figures import detector_figure, label_map_figure, pattern_figure, syntax_figure
+from .report.html import axis_tokens
 
 __all__ = ["plot_labels", "plot_scores", "plot_head", "plot_syntax", "plot_pattern"]
 
@@ -34,8 +37,6 @@ def plot_labels(analysis):
     Returns:
         A plotly `go.Figure` (`z` holds category numbers, `customdata` every detector's score).
     """
-    from .report.data import label_grid
-    from .report.figures import label_map_figure
 
     return label_map_figure(label_grid(analysis), title=_plotly_text(str(analysis.meta.get("model", ""))))
 
@@ -51,8 +52,6 @@ def plot_scores(analysis, detector: str):
     Raises:
         HeadscopeError: the analysis has no scores for `detector`.
     """
-    from .report.data import detector_grids
-    from .report.figures import detector_figure
 
     for grid in detector_grids(analysis):
         if grid.detector == detector:
@@ -73,7 +72,6 @@ def plot_head(analysis, layer: int, head: int, probe: Optional[str] = None, exam
     Raises:
         HeadscopeError: no such head or example.
     """
-    from .report.data import label_grid
 
     if not (0 <= layer < analysis.n_layers and 0 <= head < analysis.n_heads):
         raise HeadscopeError(f"no head {layer}.{head}: the model has {analysis.n_layers} layers x {analysis.n_heads} heads")
@@ -102,8 +100,6 @@ def plot_syntax(source):
     """
     from types import SimpleNamespace
 
-    from .report.data import syntax_best
-    from .report.figures import syntax_figure
 
     if hasattr(source, "best") and hasattr(source, "table"):  # a SyntaxResult
         # The same rows the report reads from an analysis's meta["syntax_best"].
@@ -148,8 +144,6 @@ def plot_pattern(pattern, tokens, title: Optional[str] = None, head: Optional[in
 
 def _pattern_figure(pattern, tokens: list, title: str):
     """The report's explorer figure, with tokens shown exactly as the report's explorer shows them."""
-    from .report.figures import pattern_figure
-    from .report.html import axis_tokens
 
     shown, ticks = axis_tokens(tokens)
     return pattern_figure(pattern, shown, ticks, title)

@@ -10,7 +10,12 @@
   tokenizer's special tokens, or after the model's BOS token when the tokenizer adds none.
 - `token_counts(tokenizer)`: how often each token id occurs in the bundled text corpus (the
   rare_word detector's frequencies).
+- `special_tokens(tokenizer, bos=False)`: the ids put before and after a text, the one place
+  that says how probes wrap special tokens (and put a BOS first when the tokenizer adds none).
 - `ProbeSet`: input_ids `[example, pos]`, attention_mask, and what the detectors need to know.
+- `ProbeBatch`: one batch as reducers see it (`WordContext` for treebank batches).
+- `EvalProbe`: inputs, targets and scored tokens of a causal check (`headscope.validate`).
+The probe kinds that build these from their settings are in `headscope.probe_kinds`.
 """
 from __future__ import annotations
 
@@ -22,7 +27,28 @@ import torch
 from ._paths import probes_dir
 from .errors import HeadscopeError
 
-__all__ = ["ProbeSet", "ProbeBatch", "text_probe", "repeated_probe", "text_corpus", "token_counts"]
+__all__ = ["ProbeSet", "ProbeBatch", "WordContext", "EvalProbe", "text_probe", "repeated_probe", "text_corpus",
+           "token_counts", "special_tokens"]
+
+
+@dataclass
+class WordContext:
+    """Which word each token of a treebank batch belongs to.
+
+    Attributes:
+        token_words: `[batch, pos]` long, the word of each token or -1 (special token, padding).
+        present: `[batch, word]` bool, words that own at least one token.
+        n_words: word slots (the batch's longest sentence).
+        rows: the sentence index of each example of the batch.
+    """
+
+    token_words: torch.Tensor
+    present: torch.Tensor
+    n_words: int
+    rows: tuple[int, ...]
+
+    def to(self, device) -> "WordContext":
+        return WordContext(self.token_words.to(device), self.present.to(device), self.n_words, self.rows)
 
 
 @dataclass
@@ -36,6 +62,7 @@ class ProbeBatch:
         content_start: index of the first probe token (after a BOS/[CLS]).
         token_counts: `[vocab]` corpus frequency of each token id (None: unknown; the rare_word
             detector then counts the batch's own tokens).
+        words: the token-to-word alignment of a treebank batch (None for other probes).
     """
 
     input_ids: torch.Tensor
@@ -43,12 +70,14 @@ class ProbeBatch:
     causal: bool
     content_start: int = 0
     token_counts: Optional[torch.Tensor] = None
+    words: Optional[WordContext] = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     def to(self, device) -> "ProbeBatch":
         counts = None if self.token_counts is None else self.token_counts.to(device)
+        words = None if self.words is None else self.words.to(device)
         return ProbeBatch(self.input_ids.to(device), self.attention_mask.to(device), self.causal, self.content_start,
-                          counts)
+                          counts, words)
 
     def cached(self, key: str, build):
         """Memoise per-batch masks shared by detectors across layers."""
@@ -81,6 +110,24 @@ class ProbeSet:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    extra_meta = {}  # nothing to add to an analysis's meta beyond `meta()`
+
+    def meta(self) -> dict:
+        """What `meta["probes"][name]` records."""
+        return {"n_examples": len(self), "seq_len": self.seq_len, "description": self.description}
+
+    def build(self, loaded, seed: int) -> "ProbeSet":
+        """Itself: a `ProbeSet` made by hand is its own probe (`analyze(probes=[...])`)."""
+        return self
+
+    def explorer_ids(self, n: int, length: int) -> torch.Tensor:
+        """`[n, length]` the first examples, cut short, whose maps the report's explorer keeps."""
+        return self.input_ids[:n, :length]
+
     def batches(self, batch_size: int, causal: bool, device) -> list[ProbeBatch]:
         out = []
         for start in range(0, len(self), batch_size):
@@ -90,15 +137,24 @@ class ProbeSet:
         return out
 
 
-def _special_wrapping(tokenizer) -> tuple[list[int], list[int]]:
-    """The ids the tokenizer puts before and after a text by default."""
-    probe = "hello"
-    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
-    full = tokenizer(probe)["input_ids"]
+def special_tokens(tokenizer, bos: bool = False) -> tuple[list[int], list[int]]:
+    """The ids put before and after a probe text: the tokenizer's own special tokens ([CLS] ...
+    [SEP] for BERT, none for SmolLM2), and with `bos` the BOS token first when the tokenizer
+    puts nothing in front (so a causal model's attention sink falls on a special token).
+
+    Returns:
+        `(prefix, suffix)` lists of token ids.
+    """
+    prefix, suffix = [], []
+    plain = tokenizer("hello", add_special_tokens=False)["input_ids"]
+    full = tokenizer("hello")["input_ids"]
     for start in range(len(full) - len(plain) + 1):
         if full[start:start + len(plain)] == plain:
-            return full[:start], full[start + len(plain):]
-    return [], []
+            prefix, suffix = full[:start], full[start + len(plain):]
+            break
+    if bos and not prefix and getattr(tokenizer, "bos_token_id", None) is not None:
+        prefix = [tokenizer.bos_token_id]
+    return prefix, suffix
 
 
 def text_corpus() -> str:
@@ -126,7 +182,7 @@ def _count(stream: list[int], size: int) -> torch.Tensor:
 
 def text_probe(tokenizer, n_examples: int, seq_len: int, seed: int = 0) -> ProbeSet:
     """`n_examples` non-overlapping windows of `seq_len` tokens of natural text, chosen by seed."""
-    prefix, suffix = _special_wrapping(tokenizer)
+    prefix, suffix = special_tokens(tokenizer)
     content = seq_len - len(prefix) - len(suffix)
     if content < 2:
         raise HeadscopeError(f"seq_len {seq_len} is too short for the tokenizer's special tokens")
@@ -168,11 +224,41 @@ def repeated_probe(
     gen = torch.Generator().manual_seed(seed + 1)
     units = torch.stack([candidates[torch.randperm(len(candidates), generator=gen)[:repeat_len]] for _ in range(n_examples)])
     ids = units.repeat(1, repeats)  # (N, repeat_len * repeats)
-    prefix, suffix = _special_wrapping(tokenizer)
-    if not prefix and tokenizer.bos_token_id is not None:
-        prefix = [tokenizer.bos_token_id]
+    prefix, suffix = special_tokens(tokenizer, bos=True)
     wrap = lambda extra: torch.tensor(extra, dtype=torch.long).expand(n_examples, len(extra))
     ids = torch.cat([wrap(prefix), ids, wrap(suffix)], dim=1)
     return ProbeSet("repeated", ids, len(prefix),
                     f"{n_examples} sequences of {repeat_len} random tokens x {repeats}"
                     f"{' after ' + str(len(prefix)) + ' start token(s)' if prefix else ''}")
+
+
+@dataclass
+class EvalProbe:
+    """Inputs whose output a head ablation should change (`headscope.validate`).
+
+    Attributes:
+        name: "repeated", "text", "treebank" or "icl_text".
+        input_ids: `[example, pos]` what the model reads ([MASK] at scored tokens for masked LMs).
+        targets: `[example, pos]` the tokens scored (input_ids, unless masked).
+        attention_mask: `[example, pos]` bool, False on padding.
+        scored: `[example, pos]` bool; for causal models, True at t means "the loss of predicting
+            token t from tokens < t" (so t >= 1).
+        description: what the probe holds, in words.
+    """
+
+    name: str
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    attention_mask: torch.Tensor
+    scored: torch.Tensor
+    description: str
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @classmethod
+    def span(cls, name: str, ids: torch.Tensor, start: int, stop: int, description: str) -> "EvalProbe":
+        """Unpadded examples scored from token `max(1, start)` to `stop` (exclusive)."""
+        scored = torch.zeros_like(ids, dtype=torch.bool)
+        scored[:, max(1, start):stop] = True
+        return cls(name, ids, ids, torch.ones_like(ids, dtype=torch.bool), scored, description)

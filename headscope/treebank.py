@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from headscope.errors import HeadscopeError
+from ._paths import probes_dir
+from .errors import HeadscopeError
 
 __all__ = ["Sentence", "read_conllu", "bundled_treebank", "validate_sentences", "TreebankError",
            "UD_RELATIONS"]
@@ -115,7 +116,6 @@ def bundled_treebank() -> list[Sentence]:
 
 @lru_cache(maxsize=1)
 def _bundled() -> tuple[Sentence, ...]:
-    from headscope._paths import probes_dir
 
     folder = probes_dir() / "syntax"
     return tuple(s for name in BUNDLED_FILES for s in read_conllu(folder / name))

@@ -10,9 +10,10 @@ from headscope.detectors.positional_argmax import argmax_offset_share
 from headscope.detectors.rare_word import rare_targets
 from headscope.pipeline import analyze
 from headscope.probes import ProbeBatch
+from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted_positions import PLANTED, save_planted_positions
 
-SMALL = dict(n_examples=8, seq_len=40, explorer_examples=0)
+SMALL = dict(probes=[TextProbe(n_examples=8, seq_len=40)], explorer_examples=0)
 
 
 @pytest.fixture(scope="module")

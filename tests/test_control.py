@@ -16,12 +16,14 @@ from headscope.control import CONTROL_SEED_OFFSET, random_twin, resolve_control
 from headscope.errors import HeadscopeError
 from headscope.loading import Loaded
 from headscope.pipeline import analyze
+from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import char_tokenizer
 from tiny import FAMILIES, tiny_model
 
 UD = Path(__file__).resolve().parents[2] / "shared" / "ud" / "en_ewt-ud-dev-1000.conllu"
 LEARNED = sorted(name for name, d in detectors.REGISTRY.items() if d.learned)
-PROBES = dict(n_examples=8, seq_len=48, repeat_len=12, repeats=4)
+SETTINGS = [TextProbe(n_examples=8, seq_len=48), RepeatedProbe(n_examples=8, repeat_len=12, repeats=4)]
+PROBES = dict(probes=SETTINGS)
 
 
 def learned_labels(analysis) -> set:
@@ -85,7 +87,7 @@ def test_control_columns_are_the_twins_scores():
 def test_random_model_earns_no_learned_label(family):
     loaded = _random(family)
     # The default analysis on the bundled treebank: every detector, 300 sentences.
-    default = analyze(loaded, n_sentences=300, explorer_examples=0, **PROBES)
+    default = analyze(loaded, probes=SETTINGS + [TreebankProbe(n_sentences=300)], explorer_examples=0)
     assert "syntactic" in set(default.scores.detector)  # it ran (no skip note)
     assert learned_labels(default) == set(), default.labels
     # Each learned detector alone, on the bundled treebank and on real UD English.
@@ -94,7 +96,8 @@ def test_random_model_earns_no_learned_label(family):
             continue
         if name == "syntactic":
             for treebank in (None, UD):
-                alone = analyze(loaded, detectors=[name], treebank=treebank, n_sentences=300, explorer_examples=0)
+                alone = analyze(loaded, detectors=[name], probes=[TreebankProbe(treebank, n_sentences=300)],
+                                explorer_examples=0)
                 assert learned_labels(alone) == set(), (name, treebank)
         else:
             alone = analyze(loaded, detectors=[name], explorer_examples=0, **PROBES)

@@ -12,9 +12,10 @@ from headscope.pipeline import analyze
 from headscope.labels import label_heads
 from headscope.probes import ProbeBatch
 from headscope.stats import bootstrap_mean_ci
+from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import PLANTED, save_planted
 
-SMALL = dict(n_examples=8, seq_len=40, repeat_len=10, repeats=4)
+SMALL = dict(probes=[TextProbe(n_examples=8, seq_len=40), RepeatedProbe(n_examples=8, repeat_len=10, repeats=4)])
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +218,7 @@ def test_meta_records_what_was_run(planted_analysis):
     # 48 positions: too few treebank sentences fit for 30 arcs per half, so the syntactic
     # detector is left out of the defaults, and meta says why.
     assert set(meta["detectors"]) == set(detectors.defaults(causal=True)) - {"syntactic"}
-    assert meta["syntax_notes"][0].startswith("syntactic detector skipped: no relation has at least 30 scored arcs")
+    assert meta["skipped_detectors"]["syntactic"].startswith("no relation has at least 30 scored arcs")
     assert meta["control"]["kind"] == "random-init" and meta["control"]["seed"] == 1_000_003
     assert meta["detectors"]["induction"]["threshold"] == 0.4
     assert meta["probes"]["repeated"]["seq_len"] == 41 and meta["probes"]["text"]["n_examples"] == 8
@@ -236,10 +237,10 @@ def test_seed_reproducible_and_progress_reported(planted):
 @pytest.mark.parametrize("kwargs,message", [
     (dict(detectors=["induction", "copy_suppression"]), "unknown detector 'copy_suppression'; detectors: induction"),
     (dict(detectors=["next_token"]), "needs a bidirectional model"),
-    (dict(n_examples=0), "n_examples must be at least 1"),
-    (dict(seq_len=100), "the text probe needs 100 tokens but .* takes at most 48"),
-    (dict(repeat_len=20, repeats=4), "the repeated probe needs 81 tokens"),
-    (dict(n_examples=100000), "at most .* examples"),
+    (dict(probes=[TextProbe(0, 40), RepeatedProbe(0, 10, 4)]), "n_examples must be at least 1"),
+    (dict(probes=[TextProbe(8, 100), RepeatedProbe(8, 10, 4)]), "the text probe needs 100 tokens but .* takes at most 48"),
+    (dict(probes=[TextProbe(8, 40), RepeatedProbe(8, 20, 4)]), "the repeated probe needs 81 tokens"),
+    (dict(probes=[TextProbe(100000, 40), RepeatedProbe(8, 10, 4)]), "at most .* examples"),
 ])
 def test_bad_input(planted, kwargs, message):
     with pytest.raises(headscope.HeadscopeError, match=message):
@@ -257,13 +258,15 @@ def test_tokenizer_without_enough_vocabulary(tmp_path):
     tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=12, n_positions=128, n_embd=8, n_layer=1, n_head=2)).save_pretrained(tmp_path)
     loaded = headscope.load(str(tmp_path), device="cpu")
     with pytest.raises(headscope.HeadscopeError, match="only 9 ordinary token ids.*needs 25 distinct ones"):
-        analyze(loaded, detectors=["induction"], n_examples=2)
+        analyze(loaded, detectors=["induction"], probes=[RepeatedProbe(n_examples=2)])
 
 
 def test_detectors_called_on_a_loaded_model_and_on_captured_patterns(planted):
     from headscope.detectors import induction, previous_token
 
-    table = induction(planted, **SMALL)
+    table = analyze(planted, detectors=["induction"], **SMALL).scores
+    with pytest.raises(headscope.HeadscopeError, match=r"headscope.analyze\(loaded, detectors=\['induction'\]\)"):
+        induction(planted)  # a detector scores patterns; running a model is analyze's job
     assert list(table.columns) == ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
     assert table.set_index(["layer", "head"]).score[(1, 0)] > 0.99
     text_ids = planted.tokenizer("the cat sat on the mat. the cat sat on the mat.", return_tensors="pt")["input_ids"]
@@ -280,11 +283,11 @@ def test_detectors_called_on_a_loaded_model_and_on_captured_patterns(planted):
 
 
 def test_analyze_in_head_groups_gives_the_same_scores(planted, planted_analysis, monkeypatch):
-    import headscope.pipeline as pipeline
+    import headscope.runner as runner
 
-    assert pipeline._head_chunk(8, 41, 4) is None  # small maps: whole layers
-    monkeypatch.setattr(pipeline, "MAP_BUDGET", 1)  # force one head at a time
-    assert pipeline._head_chunk(8, 41, 4) == 1
+    assert runner._head_chunk(8, 41, 4) is None  # small maps: whole layers
+    monkeypatch.setattr(runner, "MAP_BUDGET", 1)  # force one head at a time
+    assert runner._head_chunk(8, 41, 4) == 1
     grouped = analyze(planted, **SMALL)
     pd.testing.assert_frame_equal(grouped.labels, planted_analysis.labels)
     a, b = planted_analysis.scores, grouped.scores

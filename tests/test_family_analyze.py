@@ -8,6 +8,7 @@ from headscope import detectors
 from headscope.loading import Loaded
 from headscope.pipeline import SINK_NOTE, analyze
 from headscope.report import report_data, write_report
+from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import char_tokenizer
 from tiny_families import tiny_model
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 PATTERN_DETECTORS = [d.name for d in detectors.REGISTRY.values()
                      if d.probe != "treebank" and not d.bidirectional_only and not d.opt_in]  # the defaults
-SMALL = dict(detectors=PATTERN_DETECTORS, n_examples=4, seq_len=24, batch_size=2, repeat_len=6, repeats=3,
+SMALL = dict(detectors=PATTERN_DETECTORS, probes=[TextProbe(4, 24), RepeatedProbe(4, 6, 3)], batch_size=2,
              explorer_examples=1, explorer_len=12)
 
 

@@ -11,6 +11,7 @@ from headscope.kernel import attention
 from headscope.lazy import lazy_attention
 from headscope.pipeline import analyze
 from headscope.probes import ProbeBatch
+from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import save_planted
 from tiny import FAMILIES, tiny_inputs, tiny_model
 
@@ -178,7 +179,7 @@ def planted(tmp_path_factory):
 
 def test_analyze_lazy_equals_maps_and_computes_no_map(planted, monkeypatch):
     names = [d.name for d in _lazy_detectors(causal=True)]
-    small = dict(detectors=names, n_examples=8, seq_len=40, repeat_len=10, repeats=4, explorer_examples=0)
+    small = dict(detectors=names, probes=[TextProbe(8, 40), RepeatedProbe(8, 10, 4)], explorer_examples=0)
     maps = analyze(planted, lazy=False, **small)
 
     def no_map(*args, **kwargs):

@@ -3,11 +3,13 @@ import pytest
 
 from headscope.control import random_twin
 from headscope.pipeline import analyze
+from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
 from test_control import learned_labels
 
 pytestmark = pytest.mark.slow
 
-ARGS = dict(n_examples=12, seq_len=96, repeat_len=25, repeats=4, detectors=["induction", "previous_token", "sink"])
+ARGS = dict(probes=[TextProbe(n_examples=12, seq_len=96), RepeatedProbe(n_examples=12, repeat_len=25, repeats=4)],
+            detectors=["induction", "previous_token", "sink"])
 
 
 @pytest.fixture(scope="module")

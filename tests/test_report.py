@@ -17,7 +17,8 @@ from headscope.report import (
     compare_data, render_compare_html, render_html, report_data, write_compare, write_report, write_report_into,
 )
 from headscope.report import figures
-from headscope.report.data import LABEL_COLOURS, TOP_K, label_categories
+from headscope.detectors import REGISTRY
+from headscope.report.data import OUTCOME_COLOURS, TOP_K, label_categories
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +67,10 @@ def test_label_grid_matches_labels(analysis, data):
     assert grid.categories == label_categories(analysis.labels["label"])
     assert grid.categories[-2:] == ("mixed", "none")
     for label, colour in zip(grid.categories, grid.colours):
-        if label in LABEL_COLOURS:
-            assert colour == LABEL_COLOURS[label]
+        if label in REGISTRY and REGISTRY[label].colour:  # a detector's colour is its own
+            assert colour == REGISTRY[label].colour
+        if label in OUTCOME_COLOURS:
+            assert colour == OUTCOME_COLOURS[label]
     assert len(set(grid.colours)) == len(grid.colours)
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import headscope
 from headscope.pipeline import analyze
+from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import save_planted
 
 ARGS = ["--n-examples", "12", "--seq-len", "40", "--repeat-len", "10", "--batch-size", "2", "--device", "cpu"]
@@ -80,7 +81,7 @@ def test_a_dying_rank_leaves_no_report_and_is_named(model_dir, tmp_path):
 
 
 def test_device_map_split_gives_the_same_scores(model_dir, tmp_path):
-    kw = dict(n_examples=4, seq_len=40, repeat_len=10, repeats=4)
+    kw = dict(probes=[TextProbe(4, 40), RepeatedProbe(4, 10, 4)])
     whole = analyze(headscope.load(model_dir, device="cpu"), **kw, control=None)
     split = headscope.load(model_dir, device_map=SPLIT, offload_folder=str(tmp_path / "offload"))
     assert split.model.hf_device_map["transformer.h.1"] == "disk"

@@ -20,10 +20,11 @@ from headscope.validation import (
 )
 from headscope.validation.measure import masked_for_lm
 from headscope.validation.run import _random_draws, _row
+from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import PLANTED, save_planted
 
-SMALL = dict(n_examples=4, seq_len=40, repeat_len=10, repeats=4)
-PROBES = dict(seq_len=40, repeat_len=10, repeats=4)
+SMALL = dict(probes=[TextProbe(4, 40), RepeatedProbe(4, 10, 4)])
+PROBES = dict(probes=[TextProbe(seq_len=40), RepeatedProbe(repeat_len=10, repeats=4)])
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +226,7 @@ def _tiny_bert(tmp_path, lm_head: bool):
 def test_encoder_without_lm_head_reports_hidden_change(tmp_path):
     loaded = _tiny_bert(tmp_path, lm_head=False)
     analysis = _labelled(2, 3, [(0, 1, "previous_token", 0.8), (1, 2, "next_token", 0.7), (1, 0, "induction", 0.6)])
-    frame = validate(loaded, analysis, n_examples=2, n_random=2, seq_len=24, repeat_len=6, repeats=3)
+    frame = validate(loaded, analysis, n_examples=2, n_random=2, probes=[TextProbe(seq_len=24), RepeatedProbe(repeat_len=6, repeats=3)])
     assert set(frame["metric"]) == {"hidden_change"} and "icl_score" not in set(frame["label"])  # not causal
     assert (frame["baseline"] == 0).all() and (frame["delta"] > 0).all()
     assert frame["baseline_accuracy"].isna().all()
@@ -257,8 +258,10 @@ def test_encoder_with_lm_head_reports_masked_token_loss(tmp_path):
     (dict(mode="half"), "unknown ablation mode 'half'"),
     (dict(labels=["copy_suppression"]), "no heads labelled 'copy_suppression' to check; labels with heads: "),
     (dict(labels=["none"]), "no heads labelled 'none'"),
-    (dict(seq_len=100), "the text probe needs 100 tokens but .* takes at most 48"),
-    (dict(repeat_len=12, repeats=4), "the repeated probe needs 49 tokens"),  # measured: 48 + the BOS
+    (dict(probes=[TextProbe(seq_len=100), RepeatedProbe(repeat_len=10, repeats=4)]),
+     "the text probe needs 100 tokens but .* takes at most 48"),
+    (dict(probes=[TextProbe(seq_len=40), RepeatedProbe(repeat_len=12, repeats=4)]),
+     "the repeated probe needs 49 tokens"),  # measured: 48 + the BOS
 ])
 def test_bad_input(planted, planted_analysis, kwargs, message):
     with pytest.raises(headscope.HeadscopeError, match=message) as err:
@@ -290,9 +293,9 @@ def test_csv_round_trip_keeps_heads_and_flags(planted_validation, tmp_path):
 def test_smollm2_induction_heads_matter_more_than_random_heads(smollm2):
     # Small probes for CPU time: 4 examples of 20 random tokens x 2 (docs/validation.md has the
     # numbers at the defaults: 8 examples of 25 x 4).
-    probes = dict(n_examples=4, repeat_len=20, repeats=2)
-    analysis = analyze(smollm2, detectors=["induction"], explorer_examples=0, **probes)
-    frame = validate(smollm2, analysis, labels=["induction"], icl=False, k=3, n_random=5, **probes)
+    probes = [RepeatedProbe(n_examples=4, repeat_len=20, repeats=2)]
+    analysis = analyze(smollm2, detectors=["induction"], explorer_examples=0, probes=probes)
+    frame = validate(smollm2, analysis, labels=["induction"], icl=False, k=3, n_random=5, n_examples=4, probes=probes)
     top3 = analysis.heads_with("induction").head(3)
     assert len(top3) == 3
     for mode in ("mean", "zero"):

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import mass_on_targets, masked_query_mean
+from ..pattern import Pattern, as_pattern
+from ..protocol import masked_query_mean
 
 __all__ = ["earlier_copies", "induction_targets", "mass_on"]
 
@@ -46,7 +47,8 @@ def induction_targets(batch) -> torch.Tensor:
     return batch.cached("induction_targets", build)
 
 
-def mass_on(pattern: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    mass = mass_on_targets(pattern, targets)  # (B, H, T)
+def mass_on(pattern: Pattern, targets: torch.Tensor) -> torch.Tensor:
+    """`[batch, head]` mean over queries with a target of the attention on their targets (`[batch, query, key]`)."""
+    mass = as_pattern(pattern).mass(targets)  # (B, H, T)
     return masked_query_mean(mass, targets.any(-1))
 

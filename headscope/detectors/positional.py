@@ -13,23 +13,24 @@ from __future__ import annotations
 
 import torch
 
-from .base import diagonal, masked_query_mean
+from ..pattern import Pattern, as_pattern
+from ..protocol import masked_query_mean
 
 __all__ = ["offset_score"]
 
 
-def offset_score(pattern: torch.Tensor, batch, offset: int) -> torch.Tensor:
+def offset_score(pattern: Pattern, batch, offset: int) -> torch.Tensor:
     """Mean of A[i, i + offset] over real queries whose key i + offset is a real token.
 
     Args:
-        pattern: `[batch, head, query, key]` or a `LazyPattern`.
+        pattern: a `Pattern` `[batch, head, query, key]`.
         batch: a `ProbeBatch`.
         offset: -1 previous token, +1 next token, 0 self.
     Returns:
         `[batch, head]`.
     """
     valid = batch.attention_mask.bool()  # (B, T)
-    diag = diagonal(pattern, offset)  # (B, H, T - |offset|)
+    diag = as_pattern(pattern).diagonal(offset)  # (B, H, T - |offset|)
     n = diag.shape[-1]
     if offset < 0:
         queries = valid[:, -offset:] & valid[:, :n]

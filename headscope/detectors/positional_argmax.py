@@ -19,24 +19,26 @@ from __future__ import annotations
 
 import torch
 
-from .base import Detector, register
+from ..pattern import Pattern, as_pattern
+from ..protocol import Detector, register
 
 __all__ = ["positional", "OFFSETS", "argmax_offset_share"]
 
 OFFSETS = (-3, -2, 2, 3)
 
 
-def argmax_offset_share(pattern: torch.Tensor, batch, offsets=OFFSETS) -> torch.Tensor:
+def argmax_offset_share(pattern: Pattern, batch, offsets=OFFSETS) -> torch.Tensor:
     """Share of queries whose argmax key is i + k, for each offset k.
 
     Args:
-        pattern: `[batch, head, query, key]` (whole rows: the argmax needs them).
+        pattern: a `Pattern` `[batch, head, query, key]` (whole rows: the argmax needs them).
         batch: a `ProbeBatch`.
         offsets: the offsets k.
     Returns:
         `[batch, head, offset]`, NaN where no query has a real content key at i + k.
     """
-    top = pattern.argmax(dim=-1)  # (B, H, T) key index of each row's maximum
+    pattern = as_pattern(pattern)
+    top = pattern.argmax()  # (B, H, T) key index of each row's maximum
     valid = batch.attention_mask.bool()  # (B, T)
     t = valid.shape[1]
     positions = torch.arange(t, device=top.device)

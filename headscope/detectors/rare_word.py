@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Detector, masked_query_mean, register
+from ..pattern import Pattern, as_pattern
+from ..protocol import Detector, masked_query_mean, register
 
 __all__ = ["rare_word", "rare_targets"]
 
@@ -39,14 +40,15 @@ def rare_targets(batch) -> torch.Tensor:
     return batch.cached("rare_targets", build)
 
 
-def rare_word_score(pattern: torch.Tensor, batch) -> torch.Tensor:
+def rare_word_score(pattern: Pattern, batch) -> torch.Tensor:
     """`[batch, head]` share of queries whose argmax key is a rare-token position other than itself."""
     targets = rare_targets(batch)  # (B, T)
     t = targets.shape[1]
     positions = torch.arange(t, device=targets.device)
     seen = targets[:, None, :] & batch.key_allowed() & (positions[:, None] != positions[None, :])  # (B, Q, K)
     queries = seen.any(-1)  # (B, Q)
-    top = pattern.argmax(dim=-1)  # (B, H, Q)
+    pattern = as_pattern(pattern)
+    top = pattern.argmax()  # (B, H, Q)
     hit = targets[:, None, :].expand(-1, pattern.shape[1], -1).gather(-1, top) & (top != positions)  # (B, H, Q)
     return masked_query_mean(hit.to(pattern.dtype), queries)
 

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from .base import Detector, entropy, masked_query_mean, register
+from ..pattern import Pattern, as_pattern
+from ..protocol import Detector, masked_query_mean, register
 
 __all__ = ["uniform", "uniform_score", "MIN_KEYS"]
 
 MIN_KEYS = 8
 
 
-def uniform_score(pattern: torch.Tensor, batch, min_keys: int = MIN_KEYS) -> torch.Tensor:
+def uniform_score(pattern: Pattern, batch, min_keys: int = MIN_KEYS) -> torch.Tensor:
     """Normalised entropy per example `[batch, head]`; see the module docstring."""
     allowed = batch.key_allowed()  # (B, Tq, Tk)
     n_keys = allowed.sum(-1)  # (B, Tq)
-    normalised = entropy(pattern) / torch.log(n_keys.clamp(min=2).float())[:, None, :]  # (B, H, Tq)
+    normalised = as_pattern(pattern).entropy() / torch.log(n_keys.clamp(min=2).float())[:, None, :]  # (B, H, Tq)
     queries = (n_keys >= min_keys) & batch.attention_mask.bool()
     return masked_query_mean(normalised, queries)
 
@@ -33,5 +34,5 @@ uniform = register(Detector(
     formula=f"mean over queries with n_i >= {MIN_KEYS} keys of H(A_i) / ln(n_i)",
     source="Clark et al. 2019 (broad heads, entropy >= 3.8 nats); normalised by ln(n_i), threshold 0.9",
     fn=lambda pattern, batch: uniform_score(pattern, batch), lazy=True, learned=False,
-    quantity="normalised entropy",
+    quantity="normalised entropy", colour="#bcbd22", short="unif",
 ))

@@ -14,18 +14,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
 from ..errors import HeadscopeError
+from ..lazy import LazyPattern
 from .adapters import head_sizes
 from .route import Session, layer_map, routed
 
 __all__ = ["capture", "ablate", "Capture"]
 
-Reducer = Callable[[int, torch.Tensor, Optional[torch.Tensor]], Any]
+# (layer, pattern, attention_mask) -> stat; the pattern is the map `[batch, head, query, key]`,
+# or with lazy=True a LazyPattern (`headscope.pattern.as_pattern` gives both one interface).
+Reducer = Callable[[int, Union[torch.Tensor, LazyPattern], Optional[torch.Tensor]], Any]
 
 
 def _check_layers(layers: Optional[Iterable[int]], n_layers: int) -> list[int]:

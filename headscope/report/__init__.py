@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..atomic import atomic_dir
 from .compare import CompareData, compare_data, render_compare_html, write_compare
 from .data import ReportData, report_data
+from .html import render_report
 
 __all__ = [
     "write_report", "write_report_into", "render_html", "report_data", "ReportData",
@@ -33,8 +35,6 @@ def render_html(analysis, plotlyjs: str = "embed") -> str:
     Returns:
         The page's HTML; identical for identical analyses except the line with `meta["created"]`.
     """
-    from .html import render_report
-
     return render_report(report_data(analysis), plotlyjs=plotlyjs)
 
 
@@ -66,8 +66,6 @@ def write_report(analysis, out_dir, *, plotlyjs: str = "embed", force: bool = Fa
     Raises:
         HeadscopeError: `out_dir` exists and not `force`, or `plotlyjs` is unknown.
     """
-    from ..analysis import atomic_dir
-
     with atomic_dir(out_dir, force=force) as tmp:
         write_report_into(analysis, tmp, plotlyjs=plotlyjs)
     return Path(out_dir) / "index.html"

@@ -16,7 +16,10 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from ..atomic import atomic_dir
+from . import figures
 from .data import TOP_K, header_fields, label_categories, label_detector, label_grid
+from .html import check_plotlyjs, header_list, page, table
 from .method import control_text, has_control, quantity
 
 __all__ = ["CompareData", "DiffGrid", "ChangedHead", "TopPair", "LabelCount", "compare_data",
@@ -132,8 +135,6 @@ def render_compare_html(a, b, plotlyjs: str = "embed") -> str:
     Returns:
         The page's HTML.
     """
-    from . import figures
-    from .html import check_plotlyjs, header_list, page, table
 
     check_plotlyjs(plotlyjs)
     data = compare_data(a, b)
@@ -184,7 +185,6 @@ def write_compare(a, b, out_dir, *, plotlyjs: str = "embed", force: bool = False
     Returns:
         The path of `index.html`.
     """
-    from ..analysis import atomic_dir
 
     with atomic_dir(out_dir, force=force) as tmp:
         (tmp / "index.html").write_text(render_compare_html(a, b, plotlyjs=plotlyjs), encoding="utf-8")

@@ -9,7 +9,8 @@
   every significant relation of each head labelled syntactic), `validation_rows(analysis)`.
 - `label_detector(label, passing, meta)`: the detector whose score a label shows.
 - From `method.py`: `method_rows(meta)`, `label_rules(meta)`, `report_warnings(meta)`, `header_fields(meta)`.
-- `label_categories(labels)`, `LABEL_COLOURS`: the fixed label -> colour mapping.
+- `label_categories(labels)`, `label_colour`, `short_label`: legend order, colours and cell
+  abbreviations, read from the detectors (`Detector.colour`, `Detector.short`).
 - Types: `ReportData`, `LabelGrid`, `DetectorGrid`, `TopHead`, `SyntaxBest`, `SyntaxRelation`,
   `MethodRow`, `MethodNote`, `HeaderField`, `ValidationRow`.
 
@@ -25,10 +26,10 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from ..labels import RESTING
+from ..protocol import REGISTRY
 from .method import (
-    HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, quantity,
-    report_warnings,
+    HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, outranks_resting,
+    quantity, report_warnings,
 )
 from .tables import SyntaxBest, SyntaxRelation, ValidationRow, syntax_best, syntax_relations, validation_rows
 
@@ -36,21 +37,23 @@ __all__ = [
     "ReportData", "LabelGrid", "DetectorGrid", "TopHead", "SyntaxBest", "SyntaxRelation", "MethodRow", "MethodNote",
     "HeaderField", "ValidationRow", "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best",
     "syntax_relations", "label_detector", "validation_rows", "method_rows", "label_rules", "report_warnings",
-    "header_fields", "label_categories", "label_colour", "short_label", "LABEL_COLOURS", "TOP_K",
+    "header_fields", "label_categories", "label_colour", "short_label", "OUTCOME_COLOURS", "TOP_K",
 ]
 
 TOP_K = 5
-# Fixed colours for the detector labels headscope ships, so a label looks the same in every report.
-LABEL_COLOURS = {
-    "previous_token": "#1f77b4", "induction": "#d62728", "duplicate_token": "#ff7f0e",
-    "self": "#9467bd", "next_token": "#17becf", "sink": "#8c564b", "uniform": "#bcbd22",
-    "mixed": "#525252", "none": "#e8e8e8",
-}
-# Other labels ("syntactic:<relation>", third-party detectors) take these in sorted order.
+# The two labels that are not detectors; a detector's own colour and abbreviation are on the
+# detector (`Detector.colour`, `Detector.short`), so a label looks the same in every report.
+OUTCOME_COLOURS = {"mixed": "#525252", "none": "#e8e8e8"}
+_OUTCOME_SHORT = {"mixed": "mix", "none": ""}
+# Labels whose detector has no colour ("syntactic:<relation>", "positional:<k>", third-party
+# detectors) take these in sorted order.
 EXTRA_COLOURS = ("#2ca02c", "#e377c2", "#98df8a", "#ffbb78", "#aec7e8", "#c5b0d5", "#f7b6d2",
                  "#9edae5", "#dbdb8d", "#c49c94", "#ff9896", "#637939", "#7b4173", "#3182bd")
-_SHORT = {"previous_token": "prev", "induction": "ind", "duplicate_token": "dup", "self": "self",
-          "next_token": "next", "sink": "sink", "uniform": "unif", "mixed": "mix", "none": ""}
+
+
+def _fixed_colours() -> dict:
+    """label -> colour: registered detectors that have one (in registry order), then "mixed", "none"."""
+    return {**{name: d.colour for name, d in REGISTRY.items() if d.colour}, **OUTCOME_COLOURS}
 
 
 class LabelGrid(NamedTuple):
@@ -161,23 +164,29 @@ def report_data(analysis) -> ReportData:
 def label_categories(labels) -> tuple:
     """Order labels for the legend: headscope's detectors, other labels sorted, "mixed", "none"."""
     present = set(labels) - {""}
-    fixed = [label for label in LABEL_COLOURS if label in present and label not in ("mixed", "none")]
-    others = sorted(present - set(LABEL_COLOURS))
+    colours = _fixed_colours()
+    fixed = [label for label in colours if label in present and label not in OUTCOME_COLOURS]
+    others = sorted(present - set(colours))
     return tuple(fixed + others + [label for label in ("mixed", "none") if label in present])
 
 
 def label_colour(label: str, categories: tuple) -> str:
-    """A label's colour: fixed for headscope's labels, else by its rank among the other labels."""
-    if label in LABEL_COLOURS:
-        return LABEL_COLOURS[label]
-    others = [c for c in categories if c not in LABEL_COLOURS]
+    """A label's colour: its detector's own (`Detector.colour`), else by its rank among the other labels."""
+    colours = _fixed_colours()
+    if label in colours:
+        return colours[label]
+    others = [c for c in categories if c not in colours]
     return EXTRA_COLOURS[others.index(label) % len(EXTRA_COLOURS)]
 
 
 def short_label(label: str) -> str:
-    """The abbreviation printed inside a label-map cell ("syntactic:obj" -> "obj")."""
-    if label in _SHORT:
-        return _SHORT[label]
+    """The abbreviation printed inside a label-map cell: the detector's own (`Detector.short`),
+    else the part after a colon ("syntactic:obj" -> "obj") or the first five letters."""
+    if label in _OUTCOME_SHORT:
+        return _OUTCOME_SHORT[label]
+    detector = REGISTRY.get(label)
+    if detector is not None and detector.short:
+        return detector.short
     return label.split(":", 1)[1][:6] if ":" in label else label[:5]
 
 
@@ -236,14 +245,15 @@ def detector_grids(analysis) -> tuple:
 def label_detector(label: str, passing: str, meta: dict) -> str:
     """The detector whose score a label shows: the label's own ("syntactic:obj" -> "syntactic"), or for
     "mixed" the clearest candidate, as `headscope.labels` picks it (`passing` lists the passed
-    detectors clearest first; resting behaviours yield to repeated-probe detectors)."""
+    detectors clearest first; resting behaviours yield to detectors that outrank them)."""
     if label != "mixed":
         return label if label in meta.get("detectors", {}) else label.split(":")[0]
     names = [name for name in passing.split(";") if name]
     base = [name if name in meta.get("detectors", {}) else name.split(":")[0] for name in names]
-    repeated = [b for b in base if b not in RESTING and detector_spec(meta, b).get("probe") == "repeated"]
-    if repeated and any(b in RESTING for b in base):
-        return repeated[0]
+    resting = [b for b in base if not detector_spec(meta, b).get("learned", True)]
+    outranking = [b for b in base if outranks_resting(meta, b)]
+    if outranking and resting:
+        return outranking[0]
     return base[0] if base else ""
 
 

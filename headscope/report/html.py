@@ -18,6 +18,7 @@ import html
 import json
 import zlib
 
+from ..errors import HeadscopeError
 from . import figures
 from .script import EXPLORER_JS, PLOT_JS
 
@@ -141,7 +142,6 @@ def page(title: str, body: str, figs: list, plotlyjs: str, *, json_blocks: dict 
 
 def check_plotlyjs(mode: str) -> None:
     """Raise `HeadscopeError` unless `mode` is one of `PLOTLYJS_MODES`."""
-    from ..errors import HeadscopeError
 
     if mode not in PLOTLYJS_MODES:
         raise HeadscopeError(f"plotlyjs must be one of {', '.join(PLOTLYJS_MODES)}, not {mode!r}")

@@ -3,7 +3,7 @@
 - `method_rows(meta, detectors)`: per detector its formula, quantity, threshold, label rule,
   source and probe.
 - `label_rules(meta)`: the labelling rule in sentences (`MethodNote`s), generated from
-  `meta["detectors"]`, `meta["control"]` and `headscope.labels` (MIXED_MARGIN, RESTING).
+  `meta["detectors"]`, `meta["control"]` and `headscope.labels` (MIXED_MARGIN).
 - `report_warnings(meta)`: what the page must say prominently (no control, detector skipped).
 - `header_fields(meta)`: the header's name/value pairs, control and treebank included.
 - `detector_spec(meta, detector)`, `quantity(meta, detector)`: one detector's description
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from ..labels import MIXED_MARGIN, RESTING
+from ..labels import MIXED_MARGIN
+from ..protocol import detector_spec
 
 __all__ = ["MethodRow", "MethodNote", "HeaderField", "method_rows", "label_rules", "report_warnings",
            "header_fields", "detector_spec", "quantity", "has_control", "control_text", "control_reason", "treebank_text"]
@@ -44,15 +45,15 @@ class HeaderField(NamedTuple):
     value: str
 
 
-def detector_spec(meta: dict, detector: str) -> dict:
-    """`meta["detectors"]` entry of a detector ("syntactic:obj" -> "syntactic"); {} when unknown."""
-    specs = meta.get("detectors", {})
-    return specs.get(detector) or specs.get(detector.split(":")[0]) or {}
-
 
 def quantity(meta: dict, detector: str) -> str:
     """What the detector's score is, in words ("score" for detectors that do not say)."""
     return str(detector_spec(meta, detector).get("quantity") or "score")
+
+
+def outranks_resting(meta: dict, detector: str) -> bool:
+    """`Detector.outranks_resting` as the analysis (or else the registered detector) says."""
+    return bool(detector_spec(meta, detector).get("outranks_resting", False))
 
 
 def has_control(meta: dict) -> bool:
@@ -74,7 +75,7 @@ def method_rows(meta: dict, detectors: Optional[list] = None) -> tuple:
     rows = []
     for name in order:
         spec = specs[name]
-        learned, gate = bool(spec.get("learned", name not in RESTING)), str(spec.get("gate", "score"))
+        learned, gate = bool(spec.get("learned", True)), str(spec.get("gate", "score"))
         rows.append(MethodRow(name, str(spec.get("formula", "")), spec.get("threshold"), str(spec.get("source", "")),
                               str(spec.get("probe", "")), quantity(meta, name), learned, gate,
                               _rule(spec.get("threshold"), gate, learned, has_control(meta))))
@@ -119,21 +120,19 @@ def label_rules(meta: dict) -> tuple:
         f"/ (1 − threshold), the value being what the threshold applies to. When the two clearest differ in clarity "
         f"by less than {MIXED_MARGIN:g} the label is \"mixed\"; a head that passes nothing is \"none\". A label's "
         "score is its detector's score, in that detector's quantity.")))
-    repeated = [name for name, spec in specs.items() if spec.get("probe") == "repeated" and name not in RESTING]
-    rests = [name for name in specs if name in RESTING]
-    if rests and repeated:
+    outranking = [name for name in specs if outranks_resting(meta, name)]
+    rests = [name for name, spec in specs.items() if not spec.get("learned", True)]
+    if rests and outranking:
         notes.append(MethodNote("resting", (
-            f"{' and '.join(rests)} are resting behaviours: a head that passes one of them and also a detector of the "
-            f"repeated-token probe ({', '.join(repeated)}) gets the repeated-token label (LLM induction heads rest on "
-            "the first token of text without repeats).")))
-    if "syntactic" in specs:
-        threshold = specs["syntactic"].get("threshold")
-        notes.append(MethodNote("syntax", (
-            "Syntactic heads are cross-fitted: each head's relation and direction are chosen on one half of the "
-            "treebank sentences and its margin over the best baseline is measured on the other half (both halves, "
-            "combined); the label needs that held-out margin's 95% CI lower bound ≥ "
-            f"{threshold:g}" + (" and above the control's best head on the same margin." if has_control(meta) else ".")
-            + " A head can be significant for several relations; its label names the clearest.")))
+            f"{' and '.join(rests)} are resting behaviours: a head that passes one of them and also a detector "
+            f"measured on a probe built for its behaviour ({', '.join(outranking)}) gets that detector's label (LLM "
+            "induction heads rest on the first token of text without repeats).")))
+    control = " and above the control's best head on the same margin." if has_control(meta) else "."
+    for name in specs:  # a detector's own rule, in its words (e.g. the syntactic cross-fitting)
+        rule = detector_spec(meta, name).get("report_rule") or ()
+        if len(rule) == 2 and detector_spec(meta, name).get("threshold") is not None:
+            notes.append(MethodNote(rule[0], rule[1].format(threshold=detector_spec(meta, name)["threshold"],
+                                                            control=control)))
     return tuple(notes)
 
 
@@ -143,7 +142,8 @@ def report_warnings(meta: dict) -> tuple:
     if not has_control(meta):
         warnings.append(f"No control model ({control_reason(meta)}): learned-behaviour labels were not checked "
                         "against an untrained twin, so an untrained network of the same shape may earn them too.")
-    if "syntactic" not in meta.get("detectors", {}):
+    warnings += [f"{name} detector skipped: {reason}" for name, reason in meta.get("skipped_detectors", {}).items()]
+    if "syntactic" not in meta.get("detectors", {}):  # analyses saved before "skipped_detectors"
         warnings += [str(note) for note in meta.get("syntax_notes", []) if "skipped" in str(note)]
     return tuple(warnings)
 

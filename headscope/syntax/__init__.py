@@ -7,6 +7,8 @@ Offers:
     align_words(tokenizer, sentence) -> Alignment   sub-word tokens -> words via offsets.
     THRESHOLD = 0.10   margin over the baseline for the label ``syntactic:<relation>``.
     MIN_ARCS = 30      arcs a (relation, direction) needs to count.
+Modules: ``probe`` (TreebankProbe: sentences aligned to tokens), ``detector`` (the syntactic
+detector's reduce and finalize), ``run`` (run_syntax), ``scoring``, ``baselines``, ``crossfit``.
 
 Method (Clark, Khandelwal, Levy, Manning 2019, "What Does BERT Look At?", section 4.1):
     word attention W = P^T A S: attention *to* a word sums over its pieces, attention *from* a

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from headscope.errors import HeadscopeError
+from ..errors import CannotScore
 
 from .baselines import PREDICTORS
 from .scoring import DIRECTIONS, Arcs
@@ -40,7 +40,7 @@ __all__ = ["score_arcs", "THRESHOLD", "NotEnoughArcs"]
 THRESHOLD = 0.10
 
 
-class NotEnoughArcs(HeadscopeError):
+class NotEnoughArcs(CannotScore):
     """No relation has enough arcs in each half of the sentences to be scored."""
 
 

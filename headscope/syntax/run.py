@@ -1,37 +1,32 @@
-"""Running the syntactic detector on a loaded model.
+"""Running the syntactic detector on a loaded model, outside `headscope.analyze`.
 
 Offers:
-    run_syntax    -- align a treebank to the model's tokens, run it through the model (and the
-                     control model) inside ``capture(reduce=...)``, and score every head
-                     (``scoring``, ``baselines``, ``crossfit``).
+    run_syntax    -- the treebank probe (``syntax.probe``) through the model (and the control
+                     model) with the syntactic detector (``syntax.detector``) reducing each
+                     layer, then every head scored (``scoring``, ``baselines``, ``crossfit``).
     SyntaxResult  -- table, best, head_scores, notes, meta.
 
 Each layer's pattern ``[batch, head, query, key]`` is reduced on the spot to the predicted
 partner word of every word, ``[batch, head, word]`` small integers; attention maps are never
-kept. Causal models get their BOS token in front when the tokenizer adds none (as in the
-repeated-token probe), so the attention sink falls on a dropped special token, not on the
-first word.
+kept. `headscope.analyze` runs the same detector on the same probe in its loop.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import torch
+from ..errors import HeadscopeError
+from ..runner import collect
+from .crossfit import THRESHOLD
+from .detector import syntactic
+from .probe import CAUSAL_NOTE, TreebankProbe
+from .scoring import MIN_ARCS
 
-from headscope.errors import HeadscopeError
-
-from .align import Alignment, align_words
-from .baselines import predictor_hits
-from .crossfit import THRESHOLD, score_arcs
-from .scoring import MIN_ARCS, arc_hits, best_heads, collect_arcs, predicted_partners, word_attention
-
-__all__ = ["run_syntax", "SyntaxResult"]
+__all__ = ["run_syntax", "SyntaxResult", "CAUSAL_NOTE"]
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
-CAUSAL_NOTE = "causal model: only arcs whose partner precedes the attending word are scored"
 
 
 @dataclass
@@ -84,112 +79,19 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
         HeadscopeError: no sentences, invalid trees, bad arguments, every sentence longer
             than the context, or no relation with ``min_arcs`` arcs.
     """
-    from headscope.treebank import bundled_treebank, validate_sentences
-
     started = time.perf_counter()
-    sentences = bundled_treebank() if sentences is None else list(sentences)
-    if not sentences:
-        raise HeadscopeError("no sentences to score: the treebank is empty")
     if batch_size < 1 or min_arcs < 1:
         raise HeadscopeError(f"batch_size and min_arcs must be at least 1 (got {batch_size}, {min_arcs})")
-    if max_sentences is not None:
-        if max_sentences < 1:
-            raise HeadscopeError(f"max_sentences must be at least 1, got {max_sentences}")
-        if max_sentences < len(sentences):
-            chosen = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed))[:max_sentences]
-            sentences = [sentences[i] for i in sorted(chosen.tolist())]
-    validate_sentences(sentences, "sentences")
-
-    alignments = [align_words(loaded.tokenizer, s) for s in sentences]
-    bos = _bos_to_add(loaded, alignments[0])
-    alignments = [a.with_prefix(bos) for a in alignments] if bos else alignments
-    context = loaded.context_length
-    kept = [i for i, a in enumerate(alignments) if context is None or len(a.input_ids) <= context]
-    skipped = len(sentences) - len(kept)
-    if not kept:
-        raise HeadscopeError(f"every sentence is longer than the model's context ({context} tokens)")
-    sentences = [sentences[i] for i in kept]
-    alignments = [alignments[i] for i in kept]
-
-    predictions = _predict(loaded, alignments, batch_size, progress)  # (S, L, H, W)
-    arcs = collect_arcs(sentences, loaded.causal, [a.aligned for a in alignments])
-    if len(arcs.sentence) == 0:
-        raise HeadscopeError("the sentences have no scorable arcs (only root and punct)")
-    control_hits = None
+    probe = TreebankProbe(sentences, max_sentences).build(loaded, seed)
+    detector = dataclasses.replace(syntactic, min_arcs=min_arcs, threshold=threshold)
+    model = collect(loaded, probe, [detector], batch_size, progress, stage="syntax")[0][detector.name]
+    twin = None
     if control is not None:
-        control_predictions = _predict(control, alignments, batch_size, progress, stage="syntax (control)")
-        control_hits = arc_hits(control_predictions, arcs).flatten(1)
-    pieces = [[a.token_words.count(w) for w in range(a.n_words)] for a in alignments]
-    table, heads = score_arcs(arc_hits(predictions, arcs).flatten(1), arcs, len(sentences),
-                              (loaded.n_layers, loaded.n_heads), predictor_hits(arcs, sentences, pieces),
-                              control_hits, min_arcs=min_arcs, threshold=threshold, seed=seed)
-    best = best_heads(table, min_arcs)
-
-    notes = []
-    if loaded.causal:
-        notes.append(CAUSAL_NOTE)
-    if bos:
-        notes.append(f"{loaded.tokenizer.bos_token} put in front of every sentence: the tokenizer adds no "
-                     "special token and a causal model's attention sink should fall on a dropped token")
-    if skipped:
-        notes.append(f"{skipped} sentences skipped: longer than the context ({context} tokens)")
-    if arcs.unaligned:
-        notes.append(f"{arcs.unaligned} dependencies skipped: a word shares its only token with another word")
-    meta = {"n_sentences": len(sentences), "skipped": skipped, "n_arcs": int(len(arcs.sentence)),
-            "causal": loaded.causal, "bos_added": bool(bos), "max_sentences": max_sentences,
+        twin = collect(control, probe, [detector], batch_size, progress, stage="syntax (control)")[0][detector.name]
+    scored = detector.score_sentences(model, twin, probe, seed)
+    meta = {"n_sentences": len(probe.sentences), "skipped": probe.skipped, "n_arcs": int(len(probe.arcs.sentence)),
+            "causal": loaded.causal, "bos_added": probe.bos_added, "max_sentences": max_sentences,
             "min_arcs": min_arcs, "threshold": threshold, "seed": seed, "control": control is not None,
             "seconds": round(time.perf_counter() - started, 3)}
-    return SyntaxResult(table=table, best=best, head_scores=heads, notes=notes, meta=meta)
-
-
-def _bos_to_add(loaded, alignment: Alignment) -> list[int]:
-    """``[bos_id]`` for a causal model whose tokenizer puts no special token in front, else []."""
-    bos = getattr(loaded.tokenizer, "bos_token_id", None)
-    if loaded.causal and bos is not None and alignment.token_words[:1] != (-1,):
-        return [bos]
-    return []
-
-
-@torch.no_grad()
-def _predict(loaded, alignments: list[Alignment], batch_size: int, progress, stage: str = "syntax") -> torch.Tensor:
-    """``[sentence, layer, head, word]`` predicted partners (-1 beyond a sentence's words)."""
-    from headscope.hf.capture import capture
-
-    device = loaded.device
-    tokenizer = loaded.tokenizer
-    pad = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
-    n_words = max(a.n_words for a in alignments)
-    order = sorted(range(len(alignments)), key=lambda i: len(alignments[i].input_ids))  # less padding
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    predictions = torch.full((len(alignments), loaded.n_layers, loaded.n_heads, n_words), -1, dtype=torch.long)
-    current = {}
-
-    def reduce(layer, pattern, attention_mask):
-        words = word_attention(pattern, current["token_words"], current["n_words"])  # (B, H, W, W)
-        partners = predicted_partners(words, current["present"])  # (B, H, W)
-        return partners.to(device="cpu", dtype=torch.int16)
-
-    with capture(loaded.model, reduce=reduce) as cap:
-        for done, members in enumerate(batches, 1):
-            length = max(len(alignments[i].input_ids) for i in members)
-            ids = torch.full((len(members), length), pad, dtype=torch.long)
-            token_words = torch.full((len(members), length), -1, dtype=torch.long)
-            mask = torch.zeros(len(members), length, dtype=torch.long)
-            for row, i in enumerate(members):
-                size = len(alignments[i].input_ids)
-                ids[row, :size] = torch.tensor(alignments[i].input_ids)
-                token_words[row, :size] = torch.tensor(alignments[i].token_words)
-                mask[row, :size] = 1
-            batch_words = max(alignments[i].n_words for i in members)
-            present = torch.tensor([list(alignments[i].aligned) + [False] * (batch_words - alignments[i].n_words)
-                                    for i in members], dtype=torch.bool)
-            current.update(token_words=token_words.to(device), n_words=batch_words, present=present.to(device))
-            loaded.model(input_ids=ids.to(device), attention_mask=mask.to(device))
-            for layer in range(loaded.n_layers):
-                partners = cap.results[layer].pop()  # (B, H, W) for this batch
-                predictions[members, layer, :, :batch_words] = partners.long()
-            for i in members:  # word slots past a sentence's end stay -1
-                predictions[i, :, :, alignments[i].n_words:] = -1
-            if progress:
-                progress(stage, done, len(batches))
-    return predictions
+    return SyntaxResult(table=scored["table"], best=scored["best"], head_scores=scored["heads"], notes=list(probe.notes),
+                        meta=meta)

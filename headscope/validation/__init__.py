@@ -16,10 +16,10 @@ from .measure import (
     METRICS, EvalProbe, Measurement, ProbeRunner, icl_positions, icl_score, metric_for, repeated_eval_probe,
     text_eval_probe, treebank_eval_probe,
 )
-from .run import COLUMNS, ICL_LABEL, MODES, PROBE_OF, probe_for, read_csv, validate, write_csv
+from .run import COLUMNS, ICL_LABEL, MODES, probe_for, read_csv, validate, write_csv
 
 __all__ = [
-    "validate", "read_csv", "write_csv", "COLUMNS", "ICL_LABEL", "MODES", "PROBE_OF", "probe_for", "METRICS", "EvalProbe",
+    "validate", "read_csv", "write_csv", "COLUMNS", "ICL_LABEL", "MODES", "probe_for", "METRICS", "EvalProbe",
     "Measurement", "ProbeRunner", "icl_positions", "icl_score", "metric_for", "repeated_eval_probe",
     "text_eval_probe", "treebank_eval_probe",
 ]

@@ -1,7 +1,9 @@
 """Probes and measurements for causal checks: what a model's output loses when heads are removed.
 
-- `EvalProbe`: token ids, targets, padding mask and which tokens are scored.
-- `repeated_eval_probe`, `text_eval_probe`, `treebank_eval_probe`, `masked_for_lm`: build them.
+- `EvalProbe` (`headscope.probes`): token ids, targets, padding mask and which tokens are scored;
+  each probe kind builds its own (`headscope.probe_kinds`, `eval_probe`).
+- `repeated_eval_probe`, `text_eval_probe`, `treebank_eval_probe`: those builders by probe name;
+  `masked_for_lm`: the masked-LM version of a probe.
 - `metric_for(loaded)`: "next_token_loss" (causal LMs), "masked_token_loss" (encoders with an LM
   head), "hidden_change" (other encoders); `METRICS` says what each one means.
 - `ProbeRunner(loaded, probe, batch_size)`: runs the probe once unablated (recording each head's
@@ -22,7 +24,9 @@ import torch.nn.functional as F
 from ..errors import HeadscopeError
 from ..hf.capture import ablate
 from ..hf.route import Session, layer_map, routed
-from ..probes import _special_wrapping, repeated_probe, text_probe
+from ..probe_kinds import RepeatedProbe, TextProbe
+from ..probes import EvalProbe
+from ..syntax.probe import eval_sentences
 
 __all__ = [
     "EvalProbe", "Measurement", "ProbeRunner", "METRICS", "metric_for", "repeated_eval_probe",
@@ -38,31 +42,6 @@ METRICS = {
 }
 ICL_LATE, ICL_EARLY, ICL_WINDOW = 500, 50, 10
 MASK_RATE = 0.15
-
-
-@dataclass
-class EvalProbe:
-    """Inputs whose output a head ablation should change.
-
-    Attributes:
-        name: "repeated", "text", "treebank" or "icl_text".
-        input_ids: `[example, pos]` what the model reads ([MASK] at scored tokens for masked LMs).
-        targets: `[example, pos]` the tokens scored (input_ids, unless masked).
-        attention_mask: `[example, pos]` bool, False on padding.
-        scored: `[example, pos]` bool; for causal models, True at t means "the loss of predicting
-            token t from tokens < t" (so t >= 1).
-        description: what the probe holds, in words.
-    """
-
-    name: str
-    input_ids: torch.Tensor
-    targets: torch.Tensor
-    attention_mask: torch.Tensor
-    scored: torch.Tensor
-    description: str
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
 
 
 @dataclass
@@ -85,61 +64,19 @@ def metric_for(loaded) -> str:
     return "hidden_change"
 
 
-def _probe_from_ids(name, ids: torch.Tensor, start: int, stop: int, description: str) -> EvalProbe:
-    scored = torch.zeros_like(ids, dtype=torch.bool)
-    scored[:, max(1, start):stop] = True
-    return EvalProbe(name, ids, ids, torch.ones_like(ids, dtype=torch.bool), scored, description)
-
-
 def repeated_eval_probe(loaded, n_examples: int, repeat_len: int, repeats: int, seed: int) -> EvalProbe:
-    """Random tokens repeated; scored from the second token of the second copy to the end of the
-    last copy (the first token of the second copy follows nothing seen before: no head can
-    predict it)."""
-    probe = repeated_probe(loaded.tokenizer, n_examples, repeat_len, repeats, seed,
-                           vocab_size=loaded.model.config.vocab_size)
-    start = probe.content_start
-    return _probe_from_ids("repeated", probe.input_ids, start + repeat_len + 1, start + repeat_len * repeats,
-                           probe.description + "; scored from the second token of the second copy on")
+    """`RepeatedProbe(...).eval_probe`: scored from the second token of the second copy on."""
+    return RepeatedProbe(n_examples, repeat_len, repeats).eval_probe(loaded, n_examples, seed)
 
 
 def text_eval_probe(loaded, n_examples: int, seq_len: int, seed: int, name: str = "text") -> EvalProbe:
-    """Windows of the bundled natural text; every content token scored (not the special tokens)."""
-    probe = text_probe(loaded.tokenizer, n_examples, seq_len, seed)
-    _, suffix = _special_wrapping(loaded.tokenizer)
-    stop = probe.input_ids.shape[1] - len(suffix)
-    return _probe_from_ids(name, probe.input_ids, probe.content_start, stop, probe.description)
+    """`TextProbe(...).eval_probe`: windows of the bundled text, every content token scored."""
+    return TextProbe(n_examples, seq_len).eval_probe(loaded, n_examples, seed, name=name)
 
 
 def treebank_eval_probe(loaded, n_sentences: int, seed: int) -> EvalProbe:
-    """A seeded sample of the bundled treebank's sentences that fit the model's context,
-    right-padded; BOS first for causal models whose tokenizer adds none (as the syntactic
-    detector does)."""
-    from ..treebank import bundled_treebank
-
-    tokenizer = loaded.tokenizer
-    prefix, suffix = _special_wrapping(tokenizer)
-    if loaded.causal and not prefix and tokenizer.bos_token_id is not None:
-        prefix = [tokenizer.bos_token_id]
-    texts = [sentence.text for sentence in bundled_treebank()]
-    rows = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    context = loaded.context_length or float("inf")
-    fitting = [row for row in rows if len(prefix) + len(row) + len(suffix) <= context]
-    if not fitting:
-        raise HeadscopeError(f"no treebank sentence fits {loaded.name}'s context of {context} tokens")
-    order = torch.randperm(len(fitting), generator=torch.Generator().manual_seed(seed))[:n_sentences]
-    rows = [fitting[i] for i in sorted(order.tolist())]
-    length = max(len(prefix) + len(r) + len(suffix) for r in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.full((len(rows), length), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids, dtype=torch.bool)
-    scored = torch.zeros_like(mask)
-    for i, row in enumerate(rows):
-        full = prefix + row + suffix
-        ids[i, :len(full)] = torch.tensor(full)
-        mask[i, :len(full)] = True
-        scored[i, max(1, len(prefix)):len(prefix) + len(row)] = True
-    return EvalProbe("treebank", ids, ids, mask, scored,
-                     f"{len(rows)} sentences of the bundled treebank (of {len(fitting)} that fit), chosen by seed")
+    """`headscope.syntax.probe.eval_sentences`: bundled-treebank sentences that fit, right-padded."""
+    return eval_sentences(loaded, n_sentences, seed)
 
 
 def masked_for_lm(probe: EvalProbe, mask_id: int, seed: int) -> EvalProbe:

@@ -1,10 +1,12 @@
 """`validate`: remove the heads a detector found and measure what breaks, against random heads.
 
 For each label with heads (not "none" or "mixed"), its top-k heads by score are ablated, zero
-and mean, and the metric that label should hurt is measured on its probe (`PROBE_OF`). The
-control ablates k random heads from the same layers (as many per layer, none carrying the
-label), `n_random` times. The in-context learning score (Olsson et al. 2022) is measured with
-the induction heads ablated and with the same random draws, as rows labelled "icl_score".
+and mean, and the model's metric (`metric_for`) is measured on the probe of the label's
+detector (`Detector.probe`, built by its probe kind's `eval_probe`). The control ablates k
+random heads from the same layers (as many per layer, none carrying the label), `n_random`
+times. For detectors with `icl_check` (induction) the in-context learning score (Olsson et al.
+2022) is also measured with their heads ablated and with the same random draws, as rows
+labelled "icl_score". Labels come in the analysis's detector order.
 """
 from __future__ import annotations
 
@@ -16,26 +18,17 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 from ..errors import HeadscopeError
-from .measure import (
-    METRICS, ProbeRunner, icl_positions, icl_score, masked_for_lm, metric_for, repeated_eval_probe,
-    text_eval_probe, treebank_eval_probe,
-)
+from ..probe_kinds import PROBE_KINDS, TextProbe, probe_settings
+from ..protocol import REGISTRY, detector_spec
+from .measure import METRICS, ProbeRunner, icl_positions, icl_score, masked_for_lm, metric_for
 
-__all__ = ["validate", "read_csv", "write_csv", "COLUMNS", "PROBE_OF", "MODES", "ICL_LABEL", "SKIPPED"]
+__all__ = ["validate", "read_csv", "write_csv", "COLUMNS", "MODES", "ICL_LABEL", "SKIPPED", "probe_for"]
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 MODES = ("zero", "mean")
 SKIPPED = frozenset({"none", "mixed"})
 ICL_LABEL = "icl_score"
-# The probe whose metric removing a label's heads should hurt; "syntactic:*" -> "treebank",
-# labels not listed (third-party detectors) -> "text".
-PROBE_OF = {
-    "induction": "repeated", "duplicate_token": "repeated", "previous_token": "text", "self": "text",
-    "sink": "text", "uniform": "text", "next_token": "text",
-}
-LABEL_ORDER = ("induction", "previous_token", "duplicate_token", "self", "next_token", "sink", "uniform")
-SENTENCES_PER_EXAMPLE = 4  # treebank sentences are short: 4 per text example
 TEXT_COLUMNS = ("heads", "random_deltas", "random_heads")  # "10.10" must not come back as 10.1
 COLUMNS = [
     "label", "mode", "primary", "metric", "probe", "heads", "n_heads", "baseline", "ablated", "delta",
@@ -44,9 +37,10 @@ COLUMNS = [
 ]
 
 
-def probe_for(label: str) -> str:
-    """The probe a label's heads are checked on."""
-    return "treebank" if label.startswith("syntactic:") else PROBE_OF.get(label, "text")
+def probe_for(label: str, meta: Optional[dict] = None) -> str:
+    """The probe a label's heads are checked on: its detector's (text for an unknown detector)."""
+    probe = detector_spec(meta or {}, label).get("probe", "text")
+    return probe if probe in PROBE_KINDS else "text"
 
 
 def validate(
@@ -60,9 +54,7 @@ def validate(
     progress: Optional[Progress] = None,
     *,
     labels: Optional[Iterable[str]] = None,
-    seq_len: int = 128,
-    repeat_len: int = 25,
-    repeats: int = 4,
+    probes: Optional[Iterable] = None,
     icl: bool = True,
     icl_len: int = 512,
     batch_size: int = 8,
@@ -84,10 +76,12 @@ def validate(
         n_examples: examples per probe (treebank: 4 sentences per example).
         progress: `fn(stage, done, total)` called as forward passes finish (stage "validate").
         labels: check only these labels (default: every label with heads but none/mixed).
-        seq_len: tokens per natural-text example.
-        repeat_len, repeats: the repeated random tokens (Olsson et al.: 25 x 4); the loss is
-            taken from the second token of the second copy on.
-        icl: add "icl_score" rows (causal models, when induction heads are checked): the ICL
+        probes: probe settings (`headscope.probe_kinds`) instead of the defaults, e.g.
+            `[TextProbe(seq_len=64), RepeatedProbe(repeat_len=25, repeats=4)]`; their
+            `n_examples` give way to `n_examples` (the repeated probe's loss is taken from the
+            second token of the second copy on).
+        icl: add "icl_score" rows (causal models, when a detector with `icl_check`, induction,
+            has heads checked): the ICL
             score on text windows of min(icl_len, context) tokens, late index
             min(T - 1, 500) minus early index min(50, late // 2) (see `measure.icl_score`).
         icl_len: tokens per ICL text window (Olsson et al. score token 500).
@@ -103,18 +97,22 @@ def validate(
     import pandas as pd
 
     started = time.perf_counter()
-    _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size, seq_len, repeat_len, repeats)
+    _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size)
+    settings = probe_settings(probes)
     chosen = _chosen_heads(analysis, k, labels)
     metric = metric_for(loaded)
     draws = {label: _random_draws(analysis, label, heads, n_random, seed) for label, heads in chosen.items()}
-    with_icl = icl and loaded.causal and "induction" in chosen
+    icl_labels = [label for label in chosen if detector_spec(analysis.meta, label).get("icl_check")]
+    with_icl = icl and loaded.causal and bool(icl_labels)
     context = loaded.context_length
     icl_length = min(icl_len, context) if context else icl_len
     if with_icl and icl_length < 4:
         raise HeadscopeError(f"icl_len must be at least 4, got {icl_len}")
 
-    probes_needed = list(dict.fromkeys(probe_for(label) for label in chosen)) + (["icl_text"] if with_icl else [])
-    passes = sum(1 + len(draws[label]) for label in chosen) + (1 + len(draws["induction"]) if with_icl else 0)
+    probes_needed = list(dict.fromkeys(probe_for(label, analysis.meta) for label in chosen))
+    probes_needed += ["icl_text"] if with_icl else []
+    passes = sum(1 + len(draws[label]) for label in chosen) + sum(1 + len(draws[label]) for label in icl_labels
+                                                                   if with_icl)
     total = len(probes_needed) + len(MODES) * passes
     done = [0]
 
@@ -127,7 +125,7 @@ def validate(
         progress("validate", 0, total)
     runners, cache = {}, {}
     for name in probes_needed:
-        probe = _build_probe(loaded, name, n_examples, seq_len, repeat_len, repeats, icl_length, seed)
+        probe = _build_probe(loaded, name, settings, n_examples, icl_length, seed)
         loaded.check_fits(f"the {name} probe", probe.input_ids.shape[1])  # measured, wrapping included
         if metric == "masked_token_loss":
             probe = masked_for_lm(probe, loaded.tokenizer.mask_token_id, seed)
@@ -143,14 +141,14 @@ def validate(
 
     rows = []
     for label, heads in chosen.items():  # already in the order rows are shown
-        name = probe_for(label)
+        name = probe_for(label, analysis.meta)
         base = runners[name].baseline
         for ablation in MODES:
             hit = measured(name, heads, ablation)
             random = [measured(name, draw, ablation) for draw in draws[label]]
             rows.append(_row(label, ablation, mode, metric, name, heads, base.value, hit.value,
                              [m.value for m in random], draws[label], base.accuracy, hit.accuracy))
-        if label == "induction" and with_icl:
+        if label in icl_labels and with_icl:
             rows += [_icl_row(runners["icl_text"], heads, ablation, mode, draws[label], measured) for ablation in MODES]
     frame = pd.DataFrame(rows, columns=COLUMNS)
     early, late = icl_positions(icl_length) if with_icl else (None, None)
@@ -196,14 +194,17 @@ def _heads_text(heads) -> str:
     return ";".join(f"{layer}.{head}" for layer, head in heads)
 
 
-def _label_order(labels: list[str]) -> list[str]:
-    fixed = [label for label in LABEL_ORDER if label in labels]
-    if "induction" in fixed:
-        fixed.insert(fixed.index("induction") + 1, ICL_LABEL)
-    return fixed + sorted(set(labels) - set(fixed))
+def _label_order(labels: list[str], meta: dict) -> list[str]:
+    """Labels of detectors in the analysis's detector order (then the registry's), each
+    "icl_score" after its detector's label, then the others sorted."""
+    fixed = [label for label in dict.fromkeys([*meta.get("detectors", {}), *REGISTRY]) if label in labels]
+    out = []
+    for label in fixed:
+        out += [label, ICL_LABEL] if detector_spec(meta, label).get("icl_check") else [label]
+    return out + sorted(set(labels) - set(fixed))
 
 
-def _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size, seq_len, repeat_len, repeats):
+def _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size):
     for name, value in (("k", k), ("n_random", n_random), ("n_examples", n_examples), ("batch_size", batch_size)):
         if value < 1:
             raise HeadscopeError(f"{name} must be at least 1, got {value}")
@@ -214,8 +215,6 @@ def _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size, seq
             f"the analysis is of a model with {analysis.n_layers} layers x {analysis.n_heads} heads "
             f"({analysis.meta.get('model', '?')}) but {loaded.name} has {loaded.n_layers} x {loaded.n_heads}"
         )
-    if repeat_len < 2 or repeats < 2:
-        raise HeadscopeError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
 
 
 def _chosen_heads(analysis, k: int, labels: Optional[Iterable[str]]) -> dict[str, list[tuple[int, int]]]:
@@ -230,7 +229,7 @@ def _chosen_heads(analysis, k: int, labels: Optional[Iterable[str]]) -> dict[str
             if label in SKIPPED or label not in present:
                 raise HeadscopeError(f"no heads labelled {label!r} to check; labels with heads: {', '.join(present) or 'none'}")
     chosen = {}
-    for label in _label_order(wanted):
+    for label in _label_order(wanted, analysis.meta):
         if label == ICL_LABEL:
             continue
         rows = table[table["label"] == label].sort_values(["score", "layer", "head"], ascending=[False, True, True])
@@ -261,14 +260,13 @@ def _random_draws(analysis, label, heads, n_random: int, seed: int) -> list[list
     return draws
 
 
-def _build_probe(loaded, name, n_examples, seq_len, repeat_len, repeats, icl_length, seed):
-    if name == "repeated":
-        return repeated_eval_probe(loaded, n_examples, repeat_len, repeats, seed)
-    if name == "treebank":
-        return treebank_eval_probe(loaded, SENTENCES_PER_EXAMPLE * n_examples, seed)
+def _build_probe(loaded, name, settings, n_examples, icl_length, seed):
+    """The `EvalProbe` of a probe name: its settings' `eval_probe` (a hand-built `ProbeSet` has
+    none, so its kind's defaults); "icl_text" is text windows of `icl_length` tokens."""
     if name == "icl_text":
-        return text_eval_probe(loaded, n_examples, icl_length, seed, name="icl_text")
-    return text_eval_probe(loaded, n_examples, seq_len, seed)
+        return TextProbe(n_examples, icl_length).eval_probe(loaded, n_examples, seed, name="icl_text")
+    kind = settings[name] if hasattr(settings[name], "eval_probe") else PROBE_KINDS[name]()
+    return kind.eval_probe(loaded, n_examples, seed)
 
 
 def write_csv(frame, path) -> None:
