@@ -12,14 +12,13 @@ from typer.testing import CliRunner
 
 from headscope.analysis import Analysis
 from headscope.cli import app
-from planted import save_planted
 
 ARGS = ["--n-examples", "4", "--seq-len", "40", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(save_planted(tmp_path_factory.mktemp("planted-model")))
+def model_dir(planted_dir):
+    return str(planted_dir)
 
 
 @pytest.fixture(scope="module")

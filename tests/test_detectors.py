@@ -12,14 +12,9 @@ from headscope.pipeline import analyze
 from headscope.labels import label_heads
 from headscope.probes import ProbeBatch
 from headscope.stats import bootstrap_mean_ci
-from planted import PLANTED, save_planted
+from planted import PLANTED
 
 SMALL = dict(n_examples=8, seq_len=40, repeat_len=10, repeats=4)
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return headscope.load(str(save_planted(tmp_path_factory.mktemp("planted"))), device="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from headscope.attention import MultiHeadAttention
 from headscope.head_geometry import geometry, plot_geometry, redundant_pairs
 from headscope.similarity import DivergenceAccumulator, average_linkage_clusters, classical_mds, row_js
 from headscope.subspaces import chance_overlap, subspace_tables
-from planted import D_HEAD, PLANTED, save_planted
+from planted import D_HEAD, PLANTED
 from test_subspaces import shared_heads
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -93,8 +93,8 @@ def duplicate_head(model, layer, source, target):
 
 
 @pytest.fixture(scope="module")
-def planted_geometry(tmp_path_factory):
-    loaded = headscope.load(str(save_planted(tmp_path_factory.mktemp("planted-geometry"))), device="cpu")
+def planted_geometry(planted_dir):
+    loaded = headscope.load(str(planted_dir), device="cpu")  # its own copy: a head is edited
     duplicate_head(loaded.model, 1, 1, 3)  # 1.3 becomes a copy of the duplicate-token head 1.1
     return geometry(loaded, n_examples=8, seq_len=48, importance=True, pruning_steps=4, seeds=(0, 1))
 
@@ -129,13 +129,12 @@ def test_planted_importance_and_pruning_curve(planted_geometry):
     assert len(fig.data[0].x) == 8
 
 
-def test_geometry_command_writes_tables_and_figure(tmp_path):
+def test_geometry_command_writes_tables_and_figure(planted_dir, tmp_path):
     from typer.testing import CliRunner
 
     from headscope.cli import app
 
-    folder = save_planted(tmp_path / "planted")
-    result = CliRunner().invoke(app, ["geometry", str(folder), "--out", str(tmp_path / "out"), "--device", "cpu",
+    result = CliRunner().invoke(app, ["geometry", str(planted_dir), "--out", str(tmp_path / "out"), "--device", "cpu",
                                       "--seq-len", "48", "--no-importance"])
     assert result.exit_code == 0, result.output
     import pandas as pd

@@ -11,7 +11,6 @@ from headscope.kernel import attention
 from headscope.lazy import lazy_attention
 from headscope.pipeline import analyze
 from headscope.probes import ProbeBatch
-from planted import save_planted
 from tiny import FAMILIES, tiny_inputs, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -169,11 +168,6 @@ def test_lazy_capture_needs_a_reducer():
     with pytest.raises(headscope.HeadscopeError, match="lazy=True needs a reducer"):
         with headscope.capture(model, lazy=True):
             pass
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return headscope.load(str(save_planted(tmp_path_factory.mktemp("planted"))), device="cpu")
 
 
 def test_analyze_lazy_equals_maps_and_computes_no_map(planted, monkeypatch):

@@ -11,7 +11,6 @@ import pytest
 
 import headscope
 from headscope.pipeline import analyze
-from planted import save_planted
 
 ARGS = ["--n-examples", "12", "--seq-len", "40", "--repeat-len", "10", "--batch-size", "2", "--device", "cpu"]
 SPLIT = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.h.0": "cpu", "transformer.h.1": "disk",
@@ -19,8 +18,8 @@ SPLIT = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.h.0": 
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(save_planted(tmp_path_factory.mktemp("planted-model")))
+def model_dir(planted_dir):
+    return str(planted_dir)
 
 
 def _torchrun(*args, **kwargs):

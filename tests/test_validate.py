@@ -20,15 +20,10 @@ from headscope.validation import (
 )
 from headscope.validation.measure import masked_for_lm
 from headscope.validation.run import _random_draws, _row
-from planted import PLANTED, save_planted
+from planted import PLANTED
 
 SMALL = dict(n_examples=4, seq_len=40, repeat_len=10, repeats=4)
 PROBES = dict(seq_len=40, repeat_len=10, repeats=4)
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return headscope.load(str(save_planted(tmp_path_factory.mktemp("planted"))), device="cpu")
 
 
 @pytest.fixture(scope="module")
