@@ -32,9 +32,10 @@ from .syntax import run_syntax
 from .syntax.crossfit import NotEnoughArcs
 from .tokens import display_tokens
 
-__all__ = ["analyze", "Progress"]
+__all__ = ["analyze", "Progress", "MAP_BUDGET"]
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
 
 
 def _check_args(loaded, names, n_examples, batch_size):
@@ -87,7 +88,7 @@ def _build_probes(loaded, dets, n_examples, seq_len, repeat_len, repeats, seed) 
 
 @torch.no_grad()
 def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Progress], lazy: bool = True,
-               stage: Optional[str] = None):
+               stage: Optional[str] = None, map_budget: int = MAP_BUDGET):
     """Per-example scores {detector: {layer: [examples, head]}}, how patterns were computed
     ("lazy", "maps" or "maps, N heads at a time"), and the layers whose heads have learned sink
     logits (their pattern rows sum to less than 1).
@@ -105,7 +106,7 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
     done = []
     first = batches[0].input_ids if batches else None
     lazy = lazy and all(d.lazy for d in dets)
-    chunk = _head_chunk(first.shape[0], first.shape[1], loaded.n_heads) if first is not None and not lazy else None
+    chunk = _head_chunk(first.shape[0], first.shape[1], loaded.n_heads, map_budget) if first is not None and not lazy else None
     with capture(loaded.model, reduce=lambda layer, pattern, mask: _reduce(layer, pattern, current, dets),
                  chunk_heads=chunk, lazy=lazy) as cap:
         for n, i in enumerate(todo):
@@ -124,13 +125,10 @@ def _run_probe(loaded, probe: ProbeSet, dets, batch_size, progress: Optional[Pro
 SINK_NOTE = ("{n} of {total} layers have a learned sink logit per head: each pattern row sums to less than 1 (the "
              "sink takes the rest), and every score reads the tokens' share only")
 
-MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
-
-
-def _head_chunk(batch: int, length: int, n_heads: int) -> Optional[int]:
-    """Heads per group so one group's map stays under MAP_BUDGET (None: all heads at once)."""
+def _head_chunk(batch: int, length: int, n_heads: int, budget: int) -> Optional[int]:
+    """Heads per group so one group's map stays under `budget` bytes (None: all heads at once)."""
     per_head = batch * length * length * 4
-    chunk = max(1, MAP_BUDGET // per_head)
+    chunk = max(1, budget // per_head)
     return None if chunk >= n_heads else int(chunk)
 
 
@@ -175,6 +173,7 @@ def analyze(
     validate: bool = False,
     progress: Optional[Progress] = None,
     lazy: bool = True,
+    map_budget: int = MAP_BUDGET,
     control="random-init",
 ) -> Analysis:
     """Score every head of a loaded model.
@@ -202,6 +201,9 @@ def analyze(
         lazy: score from the fused kernel's output and row log-sum-exp where every detector of
             a probe allows it (no map is computed); False computes each layer's full map, the
             reference path (same scores to float rounding, slower).
+        map_budget: on the maps path, the bytes of fp32 pattern one layer may compute at once
+            (default `MAP_BUDGET`, 256 MiB); a layer whose map is larger runs in head groups
+            that fit (same scores; `meta["probes"]` says "maps, N heads at a time").
         control: "random-init" (default): score the same probes on a twin with the same config
             and tokenizer and seeded random weights (skipped, and said so in `meta["control"]`,
             when it would not fit in memory); None or "none": no control; or a `Loaded` to use
@@ -231,14 +233,15 @@ def analyze(
     for name, probe in probes.items():
         t = time.perf_counter()
         probe_dets = [d for d in dets if d.probe == name]
-        scores, patterns[name], sinks = _run_probe(loaded, probe, probe_dets, batch_size, progress, lazy)
+        scores, patterns[name], sinks = _run_probe(loaded, probe, probe_dets, batch_size, progress, lazy,
+                                                   map_budget=map_budget)
         per_example.update(scores)
         sink_layers.update(sinks)
         timings[f"probe_{name}"] = time.perf_counter() - t
         if twin is not None:
             t = time.perf_counter()
             scores, _, _ = _run_probe(twin, probe, probe_dets, batch_size, progress, lazy,
-                                      stage=f"probe {name} (control)")
+                                      stage=f"probe {name} (control)", map_budget=map_budget)
             control_per_example.update(scores)
             timings[f"probe_{name}_control"] = time.perf_counter() - t
 

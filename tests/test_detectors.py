@@ -274,13 +274,12 @@ def test_detectors_called_on_a_loaded_model_and_on_captured_patterns(planted):
     assert previous_token(cap.patterns[0][0]).shape[0] == 4  # one [head, q, k] map
 
 
-def test_analyze_in_head_groups_gives_the_same_scores(planted, planted_analysis, monkeypatch):
-    import headscope.pipeline as pipeline
-
-    assert pipeline._head_chunk(8, 41, 4) is None  # small maps: whole layers
-    monkeypatch.setattr(pipeline, "MAP_BUDGET", 1)  # force one head at a time
-    assert pipeline._head_chunk(8, 41, 4) == 1
-    grouped = analyze(planted, **SMALL)
-    pd.testing.assert_frame_equal(grouped.labels, planted_analysis.labels)
-    a, b = planted_analysis.scores, grouped.scores
+def test_analyze_in_head_groups_gives_the_same_scores(planted):
+    """The maps path with a budget too small for one head's map runs one head at a time."""
+    whole = analyze(planted, lazy=False, explorer_examples=0, **SMALL)
+    grouped = analyze(planted, lazy=False, map_budget=1, explorer_examples=0, **SMALL)
+    assert {p["patterns"] for p in whole.meta["probes"].values()} == {"maps"}
+    assert {p["patterns"] for p in grouped.meta["probes"].values()} == {"maps, 1 heads at a time"}
+    pd.testing.assert_frame_equal(grouped.labels, whole.labels)
+    a, b = whole.scores, grouped.scores
     assert (a.score - b.score).abs().max() < 1e-6
