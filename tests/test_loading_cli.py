@@ -103,3 +103,19 @@ def test_wheel_lists_every_package():
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(root).parts) for p in (root / "headscope").rglob("__init__.py")}
     assert found <= listed
+
+
+def test_wheel_ships_every_probe_file_and_no_code():
+    """The probes' package data is named by kind: every file under probes/ matches it, no
+    Python does, and nothing outside probes/ (tools/ holds the grammar generator) is mapped in."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"headscope._probes": "probes"}
+    patterns = setuptools["package-data"]["headscope._probes"]
+    files = [p.relative_to(root / "probes") for p in (root / "probes").rglob("*") if p.is_file()]
+    assert files and all(any(f.match(pattern) for pattern in patterns) for f in files), files
+    assert all(Path(pattern).name not in ("*", "**") and not pattern.endswith(".py") for pattern in patterns)
+    assert not [f for f in files if f.suffix == ".py"]
