@@ -99,6 +99,7 @@ def planted_geometry(planted_dir):
     return geometry(loaded, n_examples=8, seq_len=48, importance=True, pruning_steps=4, seeds=(0, 1))
 
 
+@pytest.mark.slow  # planted_geometry (importance, pruning curve, two seeds) takes 25-35 s
 def test_planted_heads_land_in_different_clusters(planted_geometry):
     heads = planted_geometry.heads.set_index(["layer", "head"])
     clusters = [heads.cluster[h] for h in PLANTED if h != (1, 1)]  # 1.1's copy 1.3 shares its cluster
@@ -107,12 +108,14 @@ def test_planted_heads_land_in_different_clusters(planted_geometry):
     assert heads.cluster[(1, 1)] not in clusters
 
 
+@pytest.mark.slow
 def test_duplicated_head_is_the_only_redundant_pair(planted_geometry):
     red = planted_geometry.redundant
     assert [(r.layer, r.head_a, r.head_b) for r in red.itertuples()] == [(1, 1, 3)]
     assert red.js[0] < 1e-6 and red.overlap[0] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_planted_importance_and_pruning_curve(planted_geometry):
     heads = planted_geometry.heads.set_index(["layer", "head"])
     # only 0.0 and 1.0 write anything (the other planted heads have W_V = 0, so their gate has no effect)

@@ -15,6 +15,7 @@ import headscope
 from headscope.cli import app
 from headscope.pipeline import analyze
 
+pytestmark = pytest.mark.slow  # torchrun processes and disk offload: 10-60 s a test
 ARGS = ["--n-examples", "12", "--seq-len", "40", "--repeat-len", "10", "--batch-size", "2", "--device", "cpu"]
 SPLIT = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.h.0": "cpu", "transformer.h.1": "disk",
          "transformer.ln_f": "cpu", "lm_head": "cpu"}
