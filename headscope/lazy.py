@@ -13,7 +13,9 @@ one more fused pass with the keys as values (sum_j A'[i, j] k_j), or is computed
 blocks.
 
 - `lazy_attention(q, k, v, ...) -> (z, LazyPattern)`: the attention output and the pattern as
-  a `LazyPattern` (the row log-sum-exp, q, k and the mask).
+  a `LazyPattern` (the row log-sum-exp, q, k and the mask). Its `fused` and `block_bytes`
+  keywords choose the path: `fused=False` takes the blockwise path even where the fused kernel
+  exists, `block_bytes` (default `BLOCK_BYTES`, 64 MiB) bounds the fp32 scores it holds at once.
 - `LazyPattern`: `diagonal(offset)`, `column(j)`, `mass(targets)`, `entropy()`, each equal
   to what the same reduction of the full pattern gives (tests check both paths against it),
   and `argmax()`, `dense()`, which compute the map (`headscope.pattern.Pattern`, the interface
@@ -63,7 +65,8 @@ def _zero_or_hidden(mask: Optional[torch.Tensor]) -> bool:
     return bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
 
 
-def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=None, sinks=None):
+def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=None, sinks=None, fused=True,
+                   block_bytes=BLOCK_BYTES):
     """softmax(cap(q k^T * scale) + mask) v, and the pattern as a `LazyPattern`, without the map.
 
     Args:
@@ -75,6 +78,10 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
         scale: default `1 / sqrt(d_head)`.
         softcap: scores become `softcap * tanh(scores / softcap)` (computed in query blocks).
         sinks: `[head]` sink logits that join each row's softmax and are dropped after it.
+        fused: use torch's fused kernel for the log-sum-exp (and the entropy) where this device
+            has one; False computes them in query blocks everywhere (same numbers, more memory).
+        block_bytes: fp32 scores the blockwise path holds at once (`BLOCK_BYTES` by default);
+            a block is at least one query row.
     Returns:
         `(z [batch, head, query, d_head] in v's dtype, LazyPattern)`.
     """
@@ -84,18 +91,19 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
     if is_causal and mask is not None:  # one mask holding both, as the explicit path does
         mask, is_causal = _combine(mask, causal_mask(n_query, n_key, q.device)), False
     additive = _additive(mask, q.dtype)
-    lazy = LazyPattern(q, k, None, additive, is_causal, scale, softcap, sinks)
+    lazy = LazyPattern(q, k, None, additive, is_causal, scale, softcap, sinks, fused=fused, block_bytes=block_bytes)
     if softcap is not None:
         lazy.lse, _, z = _blockwise_stats(lazy, entropy=False, values=expand_kv(v, n_heads))
         return z.to(v.dtype), lazy
-    if fused_lse_available(q.device) and v.shape[-1] == q.shape[-1]:
+    if fused and fused_lse_available(q.device) and v.shape[-1] == q.shape[-1]:
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         z, lse = op(q, lazy.k, expand_kv(v, n_heads), 0.0, is_causal, attn_mask=additive, scale=scale)
         lse = lse.float()
     else:
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=is_causal, scale=scale,
                                            enable_gqa=k.shape[1] != n_heads)
-        lse = _blockwise_stats(LazyPattern(q, k, None, additive, is_causal, scale), entropy=False)[0]
+        lse = _blockwise_stats(LazyPattern(q, k, None, additive, is_causal, scale, block_bytes=block_bytes),
+                               entropy=False)[0]
     lazy.lse = lse if sinks is None else torch.logaddexp(lse, lazy.sink_logits())  # (B, H, Tq)
     if sinks is not None:  # the sink's share of each row leaves z: z * sum_j A[i, j]
         z = (z.float() * (lse - lazy.lse).exp()[..., None]).to(z.dtype)
@@ -105,10 +113,10 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
 def _blockwise_stats(lazy: "LazyPattern", entropy: bool, values: Optional[torch.Tensor] = None):
     """(lse, entropy or None, z or None), lse and entropy `[batch, head, query]` in fp32, z
     `[batch, head, query, d_v]` (with `values` `[batch, head, key, d_v]`), a block of queries
-    at a time."""
+    at a time (as many rows as fit in `lazy.block_bytes` of fp32 scores)."""
     b, h, n_query, n_key = lazy.shape
     keys = lazy.k.float()
-    rows = max(1, BLOCK_BYTES // (4 * b * h * n_key))
+    rows = max(1, lazy.block_bytes // (4 * b * h * n_key))
     lse, ent, out = [], [], []
     for start in range(0, n_query, rows):
         block = slice(start, min(n_query, start + rows))
@@ -140,7 +148,8 @@ class LazyPattern:
     through the `headscope.pattern.Pattern` methods. Everything returned is fp32 and on q's device.
     """
 
-    def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None, softcap=None, sinks=None):
+    def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None, softcap=None, sinks=None, *,
+                 fused=True, block_bytes=BLOCK_BYTES):
         self.q = q
         self.k = expand_kv(k, q.shape[1])  # (B, H, Tk, D); already expanded: no copy
         self.lse = lse  # (B, H, Tq) fp32
@@ -149,6 +158,8 @@ class LazyPattern:
         self.scale = q.shape[-1] ** -0.5 if scale is None else scale
         self.softcap = softcap
         self.sinks = sinks  # (H,) sink logits, or None
+        self.fused = fused  # may take the fused kernel where the device has one
+        self.block_bytes = block_bytes  # fp32 scores held at once on the blockwise path
         self._entropy = None
 
     def capped(self, products: torch.Tensor) -> torch.Tensor:
@@ -248,7 +259,7 @@ class LazyPattern:
 
     def _compute_entropy(self) -> torch.Tensor:
         q, k = self.q, self.k
-        fused = fused_lse_available(q.device) and q.dtype == torch.float32 and self.softcap is None
+        fused = self.fused and fused_lse_available(q.device) and q.dtype == torch.float32 and self.softcap is None
         if fused and _zero_or_hidden(self.additive):
             # H_i = W_i (lse_i - sum_j A'[i, j] s_ij), sum_j A'[i, j] s_ij = scale * q_i . (sum_j A'[i, j] k_j)
             # when the mask only adds 0 or hides (hidden keys have A = 0): one fused pass, keys as

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from .errors import HeadscopeError
-from .probes import _special_wrapping, text_corpus
+from .probes import special_tokens, text_corpus
 
 __all__ = ["NEEDLES", "QUESTION", "NeedleExample", "needle_probe"]
 
@@ -89,9 +89,7 @@ def needle_probe(tokenizer, lengths: Sequence[int], depths: Sequence[float] = (0
     for depth in depths:
         if not 0.0 <= depth <= 1.0:
             raise HeadscopeError(f"needle depths are shares of the haystack in [0, 1], got {depth}")
-    prefix, _ = _special_wrapping(tokenizer)
-    if not prefix and tokenizer.bos_token_id is not None:
-        prefix = [tokenizer.bos_token_id]
+    prefix, _ = special_tokens(tokenizer, bos=True)
     encode = lambda text: tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     stream = encode(text_corpus())
     ends = _sentence_ends(tokenizer, stream)

@@ -29,7 +29,7 @@ from .hf.capture import capture
 from .labels import label_heads
 from .probe_kinds import probe_settings
 from .protocol import SCORE_COLUMNS
-from .runner import Progress, collect
+from .runner import MAP_BUDGET, Progress, collect
 from .tokens import display_tokens
 from .validation import validate as run_validation
 
@@ -82,6 +82,7 @@ def analyze(
     progress: Optional[Progress] = None,
     lazy: bool = True,
     control="random-init",
+    map_budget: int = MAP_BUDGET,
 ) -> Analysis:
     """Score every head of a loaded model.
 
@@ -97,6 +98,8 @@ def analyze(
         seed: chooses text windows, random tokens, treebank samples and bootstrap resamples.
         explorer_examples, explorer_len: examples per probe whose full maps are kept for the
             report's head explorer, truncated to this many tokens.
+        map_budget: on the maps path, the bytes of fp32 pattern one layer may compute at once
+            (default `MAP_BUDGET`, 256 MiB); a layer whose map is larger runs in head groups.
         validate: also run `headscope.validate` (ablate each label's top-3 heads against
             random heads, on at most 8 examples per probe) and keep its table in `.validation`.
         progress: `fn(stage, done, total)` called as batches finish.
@@ -130,14 +133,15 @@ def analyze(
     asked = detectors is not None
     for name, probe_dets in groups.items():
         t = time.perf_counter()
-        model, how[name], sinks = collect(loaded, built[name], probe_dets, batch_size, progress, lazy)
+        model, how[name], sinks = collect(loaded, built[name], probe_dets, batch_size, progress, lazy,
+                                             map_budget=map_budget)
         sink_layers.update(sinks)
         timings[f"probe_{name}"] = time.perf_counter() - t
         twin_values = {}
         if twin is not None:
             t = time.perf_counter()
             twin_values = collect(twin, built[name], probe_dets, batch_size, progress, lazy,
-                                  stage=f"probe {name} (control)")[0]
+                                  stage=f"probe {name} (control)", map_budget=map_budget)[0]
             timings[f"probe_{name}_control"] = time.perf_counter() - t
         for det in probe_dets:
             try:

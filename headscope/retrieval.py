@@ -41,7 +41,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .control import resolve_control
-from .detectors.base import Detector
+from .protocol import Detector
 from .errors import HeadscopeError
 from .hf.adapters import core_modules
 from .hf.capture import ablate

@@ -25,10 +25,10 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
 
 
-def _head_chunk(batch: int, length: int, n_heads: int) -> Optional[int]:
-    """Heads per group so one group's map stays under MAP_BUDGET (None: all heads at once)."""
+def _head_chunk(batch: int, length: int, n_heads: int, budget: int = MAP_BUDGET) -> Optional[int]:
+    """Heads per group so one group's map stays under `budget` bytes (None: all heads at once)."""
     per_head = batch * length * length * 4
-    chunk = max(1, MAP_BUDGET // per_head)
+    chunk = max(1, budget // per_head)
     return None if chunk >= n_heads else int(chunk)
 
 
@@ -53,7 +53,7 @@ class _Reducers:
 
 @torch.no_grad()
 def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progress] = None, lazy: bool = True,
-            stage: Optional[str] = None):
+            stage: Optional[str] = None, map_budget: int = MAP_BUDGET):
     """Every detector's reduced values over a built probe's batches.
 
     Args:
@@ -64,6 +64,8 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
         progress: `fn(stage, done, total)` as batches finish.
         lazy: allow the fused kernel when every detector is lazy.
         stage: the progress stage (default "probe NAME").
+        map_budget: on the maps path, the bytes of fp32 pattern one layer may compute at once;
+            a layer whose map is larger runs in head groups.
     Returns:
         `({detector name: Collected}, how patterns were computed ("lazy", "maps" or "maps, N
         heads at a time"), the layers whose heads have learned sink logits)`.
@@ -76,7 +78,7 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
         report(stage, 0, len(todo))
     lazy = lazy and all(d.lazy for d in detectors)
     longest = max((b.input_ids.shape for b in batches), key=lambda shape: shape[0] * shape[1] ** 2, default=None)
-    chunk = _head_chunk(longest[0], longest[1], loaded.n_heads) if longest is not None and not lazy else None
+    chunk = _head_chunk(longest[0], longest[1], loaded.n_heads, map_budget) if longest is not None and not lazy else None
     reducers = _Reducers(detectors)
     done = []
     with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy) as cap:

@@ -32,3 +32,46 @@ def minilm():
     import headscope
 
     return headscope.load("minilm-l6", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def planted_dir(tmp_path_factory) -> Path:
+    """The planted model of `tests/planted.py` saved once as a model folder, for what loads it
+    by path (the command line, subprocesses, a test that needs its own copy to edit)."""
+    from planted import save_planted
+
+    return save_planted(tmp_path_factory.mktemp("planted"))
+
+
+def _load_unchanged(folder: Path):
+    """Load a model folder for the whole session and, at its end, check that no test changed
+    the shared model: weights, attention implementation and hooks as loaded."""
+    import torch
+
+    import headscope
+
+    loaded = headscope.load(str(folder), device="cpu")
+    model = loaded.model
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    implementation = model.config._attn_implementation
+    yield loaded
+    changed = [name for name, tensor in model.state_dict().items() if not torch.equal(tensor, weights[name])]
+    assert not changed, f"a test changed the shared planted model's weights {changed[:3]}: load planted_dir instead"
+    assert model.config._attn_implementation == implementation, "a test left the planted model routed"
+    hooked = [name for name, m in model.named_modules()
+              if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks]
+    assert not hooked, f"a test left hooks on the planted model: {hooked[:3]}"
+
+
+@pytest.fixture(scope="session")
+def planted(planted_dir):
+    """The planted model loaded once for the session; tests read it and never change it."""
+    yield from _load_unchanged(planted_dir)
+
+
+@pytest.fixture(scope="session")
+def planted_positions(tmp_path_factory):
+    """The variant of `tests/planted_positions.py` (fixed-offset and rare-word heads), loaded once."""
+    from planted_positions import save_planted_positions
+
+    yield from _load_unchanged(save_planted_positions(tmp_path_factory.mktemp("planted-positions")))

@@ -4,26 +4,20 @@ import math
 import pytest
 import torch
 
-import headscope
 from headscope import detectors
 from headscope.detectors.positional_argmax import argmax_offset_share
 from headscope.detectors.rare_word import rare_targets
 from headscope.pipeline import analyze
 from headscope.probes import ProbeBatch
 from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
-from planted_positions import PLANTED, save_planted_positions
+from planted_positions import PLANTED
 
 SMALL = dict(probes=[TextProbe(n_examples=8, seq_len=40)], explorer_examples=0)
 
 
 @pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return headscope.load(str(save_planted_positions(tmp_path_factory.mktemp("positions"))), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def planted_analysis(planted):
-    return analyze(planted, detectors=["positional", "rare_word", "previous_token", "self", "sink"], **SMALL)
+def planted_analysis(planted_positions):
+    return analyze(planted_positions, detectors=["positional", "rare_word", "previous_token", "self", "sink"], **SMALL)
 
 
 def _batch(ids, causal=True, counts=None):

@@ -4,7 +4,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 from pathlib import Path
@@ -12,14 +12,13 @@ from typer.testing import CliRunner
 
 from headscope.analysis import Analysis
 from headscope.cli import app
-from planted import save_planted
 
 ARGS = ["--n-examples", "4", "--seq-len", "40", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(save_planted(tmp_path_factory.mktemp("planted-model")))
+def model_dir(planted_dir):
+    return str(planted_dir)
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +129,29 @@ def test_interrupt_while_writing_leaves_nothing(model_dir, tmp_path, monkeypatch
 
 def test_ctrl_c_in_a_real_process(model_dir, tmp_path):
     out = tmp_path / "sigint"
+    # 40 examples of every probe and the control's: many seconds of batches to interrupt
     proc = subprocess.Popen([sys.executable, "-m", "headscope", "analyze", model_dir, "--out", str(out), *ARGS,
-                             "--n-examples", "40"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    first = proc.stderr.readline()  # "loading ..." is printed inside the command
-    assert first.startswith("loading")
-    time.sleep(0.5)
+                             "--n-examples", "40", "--repeat-len", "10"], stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    computing, seen = threading.Event(), []
+
+    def read_stderr():  # drains stderr to the end; the first progress bar means batches are running
+        for char in iter(lambda: proc.stderr.read(1), ""):
+            seen.append(char)
+            if not computing.is_set() and "".join(seen[-32:]).endswith("probe "):
+                computing.set()
+        computing.set()  # the process ended first: the assertions below say how
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    assert computing.wait(timeout=120), "no progress bar within 120 s"
+    err = "".join(seen)
+    assert err.startswith("loading"), err  # "loading ..." is printed inside the command
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    proc.stdout.close()
+    err = "".join(seen)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []

@@ -98,7 +98,7 @@ def test_ablate_changes_the_output_and_restores_it(family):
     assert (ablated - before).abs().max() > 1e-3
     assert torch.equal(before, output_of(model(**x)))
     assert model.config._attn_implementation == default
-    assert not route._ACTIVE and not route._MODEL_STATE
+    assert not route.routed_models()
 
 
 def _interface_inputs(model, x):

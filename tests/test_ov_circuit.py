@@ -5,7 +5,7 @@ import torch
 import headscope
 from headscope.loading import Loaded
 from headscope.ov_circuit import ov_scores
-from planted import char_tokenizer, save_planted
+from planted import char_tokenizer
 from tiny import tiny_model
 
 VOCAB, D, DH = 99, 36, 12
@@ -42,9 +42,8 @@ def test_rows_in_blocks_and_a_sample_give_the_same_answer():
     assert sampled[1] == whole[1] and 0.0 <= sampled[0] <= 1.0
 
 
-def test_planted_induction_head_copies(tmp_path):
-    loaded = headscope.load(str(save_planted(tmp_path / "planted")), device="cpu")
-    table = headscope.ov_copying(loaded).set_index(["layer", "head"])
+def test_planted_induction_head_copies(planted):
+    table = headscope.ov_copying(planted).set_index(["layer", "head"])
     assert table.copy_top1[(1, 0)] == 1.0 and table.positive_eig_share[(1, 0)] == pytest.approx(1.0)
     # 0.0 writes the previous token into its own block, which W_U does not read: nothing is copied
     assert table.copy_top1[(0, 0)] == 0.0

@@ -9,15 +9,10 @@ import torch
 
 import headscope
 from headscope.patching import plot_patching
-from planted import PLANTED, VOCAB, save_planted
+from planted import PLANTED, VOCAB
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 N = 20  # length of each half
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return headscope.load(str(save_planted(tmp_path_factory.mktemp("planted-patch"))), device="cpu")
 
 
 @pytest.fixture(scope="module")

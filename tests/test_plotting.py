@@ -171,12 +171,11 @@ def test_plot_pattern_rejects_what_does_not_fit(args, kwargs, message):
         plot_pattern(*args, **kwargs)
 
 
-def test_plot_pattern_of_a_captured_planted_head():
+def test_plot_pattern_of_a_captured_planted_head(planted):
     """Ground truth: the planted previous-token head 0.0 puts each row's peak one key back."""
     import headscope
-    from planted import char_tokenizer, planted_model
 
-    model, tokenizer = planted_model(), char_tokenizer()
+    model, tokenizer = planted.model, planted.tokenizer
     text = "heads attend"
     ids = tokenizer(text, return_tensors="pt").input_ids
     with headscope.capture(model, layers=[0]) as cap, torch.no_grad():

@@ -1,4 +1,5 @@
 """Scale-out: probe batches split across torchrun processes (gloo) and models split with a device map."""
+import json
 import os
 import signal
 import subprocess
@@ -8,20 +9,22 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
 import headscope
+from headscope.cli import app
 from headscope.pipeline import analyze
 from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
-from planted import save_planted
 
+pytestmark = pytest.mark.slow  # torchrun processes and disk offload: 10-60 s a test
 ARGS = ["--n-examples", "12", "--seq-len", "40", "--repeat-len", "10", "--batch-size", "2", "--device", "cpu"]
 SPLIT = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.h.0": "cpu", "transformer.h.1": "disk",
          "transformer.ln_f": "cpu", "lm_head": "cpu"}
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(save_planted(tmp_path_factory.mktemp("planted-model")))
+def model_dir(planted_dir):
+    return str(planted_dir)
 
 
 def _torchrun(*args, **kwargs):
@@ -32,9 +35,8 @@ def _torchrun(*args, **kwargs):
 
 
 def test_two_gloo_processes_match_one(model_dir, tmp_path):
-    single = subprocess.run([sys.executable, "-m", "headscope", "analyze", model_dir, "--out", str(tmp_path / "one"), *ARGS],
-                            capture_output=True, text=True)
-    assert single.returncode == 0, single.stderr
+    single = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "one"), *ARGS])
+    assert single.exit_code == 0, single.output
     proc = _torchrun(model_dir, "--out", str(tmp_path / "two"), *ARGS)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
@@ -93,11 +95,6 @@ def test_device_map_split_gives_the_same_scores(model_dir, tmp_path):
 
 
 def test_cli_device_map_and_bad_value(model_dir, tmp_path):
-    from typer.testing import CliRunner
-
-    from headscope.cli import app
-
-    import json
     good = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "dm"), *ARGS[:-2],
                                     "--device-map", json.dumps(SPLIT)])
     assert good.exit_code == 0, good.output

@@ -21,15 +21,10 @@ from headscope.validation import (
 from headscope.validation.measure import masked_for_lm
 from headscope.validation.run import _random_draws, _row
 from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
-from planted import PLANTED, save_planted
+from planted import PLANTED
 
 SMALL = dict(probes=[TextProbe(4, 40), RepeatedProbe(4, 10, 4)])
 PROBES = dict(probes=[TextProbe(seq_len=40), RepeatedProbe(repeat_len=10, repeats=4)])
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return headscope.load(str(save_planted(tmp_path_factory.mktemp("planted"))), device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +56,7 @@ def test_planted_induction_head_alone_predicts_the_repeats(planted):
         assert other.accuracy == 1.0 and other.value == pytest.approx(runner.baseline.value, abs=1e-6)
 
 
+@pytest.mark.slow  # planted_validation (analyze, then ablations per label and mode) takes 25-30 s
 def test_validate_on_planted_says_induction_hurts_more(planted_validation):
     rows = _rows(planted_validation, "induction")
     assert list(planted_validation.columns) == COLUMNS
@@ -76,6 +72,7 @@ def test_validate_on_planted_says_induction_hurts_more(planted_validation):
         assert row.ratio == math.inf and row.primary == (mode == "mean")
 
 
+@pytest.mark.slow
 def test_validate_checks_every_planted_label_once_per_mode(planted_validation):
     frame = planted_validation
     assert set(frame["label"]) == set(PLANTED.values()) | {"icl_score"}
@@ -91,6 +88,7 @@ def test_validate_checks_every_planted_label_once_per_mode(planted_validation):
     assert frame.attrs["mode"] == "mean" and frame.attrs["icl"] == {"seq_len": 48, "early": 23, "late": 47}
 
 
+@pytest.mark.slow
 def test_icl_rows_match_a_hand_computation(planted, planted_validation):
     rows = _rows(planted_validation, "icl_score")
     runner = ProbeRunner(planted, text_eval_probe(planted, 4, 48, seed=0, name="icl_text"))
@@ -277,6 +275,7 @@ def test_analysis_of_another_model_is_refused(planted):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_csv_round_trip_keeps_heads_and_flags(planted_validation, tmp_path):
     frame = planted_validation.copy()
     frame.loc[0, "heads"] = "10.10"  # a single head that pandas would read as the float 10.1

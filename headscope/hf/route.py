@@ -5,6 +5,9 @@ headscope registers its kernel under the name "headscope", with transformers' SD
 registered under the same name (without a mask function no causal mask would be built and the
 outputs would be silently wrong). While at least one `Session` is active on a model, the model
 runs with that implementation; when the last one exits, the previous implementation returns.
+That state lives per model in a `WeakKeyDictionary` keyed by the model itself: two models routed
+at once keep their own, and a model that is garbage-collected takes its state with it (no `id`
+reuse can hand it to a newer model).
 
 Sessions see each layer's pattern `[batch, head, query, key]` (key/value heads expanded to
 query heads) and may edit z `[batch, pos, head, d_head]` before the output projection. They may
@@ -21,7 +24,10 @@ pass with a one-line HeadscopeError instead of being silently ignored.
 """
 from __future__ import annotations
 
+import itertools
+import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 import torch
@@ -32,12 +38,23 @@ from ..kernel import attention, expand_kv, with_bias
 from ..lazy import lazy_attention
 from .adapters import check_on_interface, core_modules
 
-__all__ = ["IMPLEMENTATION", "Session", "routed"]
+__all__ = ["IMPLEMENTATION", "Session", "routed", "routed_models", "sessions_on"]
 
 IMPLEMENTATION = "headscope"
-_ACTIVE: list["Session"] = []
-_MODEL_STATE: dict[int, tuple[str, int]] = {}  # id(model) -> (previous implementation, sessions)
 _registered = False
+
+
+@dataclass
+class _Routing:
+    """One routed model's state: the implementation to restore and its active sessions, each
+    with the order in which it entered (so sessions on a shared module run in entry order)."""
+
+    previous: str
+    sessions: list[tuple[int, "Session"]] = field(default_factory=list)
+
+
+_ROUTED: "weakref.WeakKeyDictionary[nn.Module, _Routing]" = weakref.WeakKeyDictionary()
+_ENTRY = itertools.count()  # entry order of sessions across models
 
 
 class Session:
@@ -112,7 +129,7 @@ def _extras(module, kwargs) -> tuple[Optional[float], Optional[torch.Tensor], Op
 
 def _headscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention-interface function: query `[b, h, q, d]`, key/value `[b, kv, k, d]`."""
-    active = [(s, s.layer_of[id(module)]) for s in _ACTIVE if id(module) in s.layer_of]
+    active = [(s, s.layer_of[id(module)]) for _, s in _active_sessions() if id(module) in s.layer_of]
     for session, layer in active:
         query, key, value = session.edit_qkv(layer, query, key, value)
     editors = [(s, layer) for s, layer in active if s.edits_attention(layer)]
@@ -205,22 +222,41 @@ def layer_map(model: nn.Module) -> dict[int, int]:
     return {id(core): i for i, core in core_modules(model)}
 
 
+def _active_sessions() -> list[tuple[int, Session]]:
+    """(entry number, session) of every routed model, in entry order."""
+    return sorted((entry for state in list(_ROUTED.values()) for entry in state.sessions), key=lambda e: e[0])
+
+
+def routed_models() -> list[nn.Module]:
+    """The models that have at least one session active now."""
+    return list(_ROUTED.keys())
+
+
+def sessions_on(model: nn.Module) -> list[Session]:
+    """The sessions active on `model`, in entry order (empty when it is not routed)."""
+    state = _ROUTED.get(model)
+    return [session for _, session in state.sessions] if state is not None else []
+
+
 @contextmanager
 def routed(model: nn.Module, session: Session) -> Iterator[Session]:
-    """Run `model` through headscope's kernel with `session` active; always restores the model."""
+    """Run `model` through headscope's kernel with `session` active; always restores the model.
+
+    Contexts nest, on one model or several: the first session on a model switches it to
+    headscope's implementation, the last one to exit switches it back to what it had before.
+    """
     _register()
-    key = id(model)
-    previous, count = _MODEL_STATE.get(key, (model.config._attn_implementation, 0))
-    if count == 0:
+    state = _ROUTED.get(model)
+    if state is None:
+        state = _Routing(model.config._attn_implementation)
         model.set_attn_implementation(IMPLEMENTATION)
-    _MODEL_STATE[key] = (previous, count + 1)
-    _ACTIVE.append(session)
+        _ROUTED[model] = state
+    entry = (next(_ENTRY), session)
+    state.sessions.append(entry)
     try:
         yield session
     finally:
-        _ACTIVE.remove(session)
-        previous, count = _MODEL_STATE.pop(key)
-        if count > 1:
-            _MODEL_STATE[key] = (previous, count - 1)
-        else:
-            model.set_attn_implementation(previous)
+        state.sessions.remove(entry)
+        if not state.sessions:
+            del _ROUTED[model]
+            model.set_attn_implementation(state.previous)

@@ -17,11 +17,13 @@ Offers:
     to_conllu  -- CoNLL-U text for generated sentences (``# sent_id = gen-N`` and ``# text``).
     main       -- write ``generated.conllu`` next to this file; the same bytes on every run.
 
-Run ``python probes/syntax/grammar.py`` to rewrite ``probes/syntax/generated.conllu`` (or give
-another path as the one argument).
+The words come from ``lexicon.json`` beside this file; the grammar (its rules and the weights
+of each choice) is the code below. Run ``python tools/grammar/grammar.py`` to rewrite
+``tools/grammar/generated.conllu`` (or give another path as the one argument).
 """
 from __future__ import annotations
 
+import json
 import random
 import sys
 from dataclasses import dataclass
@@ -108,10 +110,10 @@ def _plural(noun: str) -> str:
     return noun + "s"
 
 
-def _nouns(text: str) -> tuple[Noun, ...]:
-    """Parse ``"girl child:children coffee_shop"``: irregular plural after ':', compound '_'."""
+def _nouns(entries: list[str]) -> tuple[Noun, ...]:
+    """Parse ``["girl", "child:children", "coffee_shop"]``: irregular plural after ':', compound '_'."""
     nouns = []
-    for entry in text.split():
+    for entry in entries:
         modifier, _, word = entry.rpartition("_")
         singular, _, plural = word.partition(":")
         nouns.append(Noun(singular, plural or _plural(singular), modifier))
@@ -148,10 +150,10 @@ def _ing(base: str, double: bool) -> str:
     return base + "ing"
 
 
-def _verbs(frame: str, text: str) -> tuple[Verb, ...]:
-    """Parse ``"eat/ate/eaten=food drop+=thing"``: '+' doubles the last consonant, '=' objects."""
+def _verbs(frame: str, entries: list[str]) -> tuple[Verb, ...]:
+    """Parse ``["eat/ate/eaten=food", "drop+=thing"]``: '+' doubles the last consonant, '=' objects."""
     verbs = []
-    for entry in text.split():
+    for entry in entries:
         spelling, _, objects = entry.partition("=")
         base, *irregular = spelling.split("/")
         double = base.endswith("+")
@@ -163,132 +165,43 @@ def _verbs(frame: str, text: str) -> tuple[Verb, ...]:
     return tuple(verbs)
 
 
-NOUNS = {
-    "person": _nouns("""girl boy teacher doctor farmer student artist pilot neighbour nurse baker
-        lawyer singer writer driver chef child:children man:men woman:women friend sister brother
-        mother father uncle aunt cousin manager engineer soldier visitor tourist painter dancer
-        scientist player worker king queen judge guard waiter customer fisherman:fishermen"""),
-    "animal": _nouns("""dog cat horse bird rabbit cow sheep:sheep fox mouse:mice goat duck owl lion
-        tiger bear wolf:wolves monkey parrot puppy kitten"""),
-    "food": _nouns("""apple sandwich cake pie orange banana cookie pizza egg tomato:tomatoes
-        potato:potatoes carrot lemon peach pear muffin burger onion biscuit cherry"""),
-    "text": _nouns("""book letter story poem report newspaper magazine note novel message email
-        article list map recipe postcard diary"""),
-    "thing": _nouns("""box chair table lamp key phone bag hat coat umbrella clock picture bottle cup
-        glass knife:knives ball bicycle camera computer guitar piano ticket watch ring wallet basket
-        bucket blanket pencil pen door window radio mirror plate bowl candle rope ladder shoe jacket
-        kite toy bed sofa"""),
-    "place": _nouns("""garden kitchen park library station school market river house village city
-        forest beach museum office hospital church bridge street room hotel restaurant shop cafe
-        farm lake hill field island bakery theatre stadium harbour square"""),
-}
-COMPOUNDS = {
-    "person": _nouns("""music_teacher bus_driver police_officer football_player shop_assistant
-        piano_teacher hotel_manager taxi_driver school_nurse team_captain farm_worker office_worker
-        art_student history_teacher flower_seller"""),
-    "animal": _nouns("farm_dog house_cat sheep_dog barn_owl race_horse guard_dog pet_rabbit"),
-    "food": _nouns("""apple_pie chocolate_cake cheese_sandwich birthday_cake lemon_cake
-        chicken_sandwich cherry_pie egg_sandwich fruit_cake"""),
-    "text": _nouns("""love_letter news_report history_book text_message travel_guide picture_book
-        science_magazine school_report birthday_card"""),
-    "thing": _nouns("""coffee_cup door_key car_key tennis_ball kitchen_knife:knives wine_glass
-        table_lamp alarm_clock paper_bag water_bottle picture_frame paper_plate train_ticket
-        bus_ticket flower_pot guitar_case"""),
-    "place": _nouns("""coffee_shop bus_station train_station book_shop flower_market car_park
-        police_station football_stadium village_school history_museum science_museum fish_market
-        hotel_room rose_garden town_hall post_office dance_school art_gallery"""),
-}
-PLACE_PARTS = "edge end centre top side corner middle".split()
-NAMES = """Anna David Maria Peter Sarah Tom Emma Lucy Daniel Laura Mark Kate Paul Helen Sam Rosa
-    Omar Priya Kenji Fatima Leo Nina Ivan Clara Ben Grace Hugo Zoe Adam Mia""".split()
-DAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
-DAY_PARTS = "morning afternoon evening".split()
-MEALS = "breakfast lunch dinner school work class".split()  # "after lunch": no determiner
+# The words live in lexicon.json beside this file, one list per table, in the order the seeded
+# choices draw them (reordering a list changes the output). Nouns are spelt "girl",
+# "child:children" (irregular plural), "coffee_shop" (compound modifier before "_"); verbs
+# "eat/ate/eaten=food" (irregular past and participle, object categories after "="), "drop+"
+# (doubles its last consonant).
+LEXICON_PATH = Path(__file__).with_name("lexicon.json")
+_LEXICON = json.loads(LEXICON_PATH.read_text(encoding="utf-8"))
 
-ADJECTIVES = {
-    "person": """happy tired angry young old clever kind hungry quiet nervous brave busy lonely
-        proud friendly polite lazy calm curious shy sleepy cheerful patient famous strong tall
-        funny honest careful worried""".split(),
-    "animal": """hungry tired old young small big friendly lazy angry sleepy wild quiet brown
-        black white clever""".split(),
-    "food": "fresh sweet warm delicious ripe cold sour spicy huge small large green".split(),
-    "text": """long short old new strange funny sad boring exciting famous secret
-        interesting""".split(),
-    "thing": """old new red blue green heavy small large broken expensive cheap wooden shiny dirty
-        clean strange beautiful useful tiny empty yellow lovely""".split(),
-    "place": """quiet busy crowded small large old empty dark bright cold warm beautiful famous
-        modern noisy peaceful""".split(),
-}
+NOUNS = {category: _nouns(entries) for category, entries in _LEXICON["nouns"].items()}
+COMPOUNDS = {category: _nouns(entries) for category, entries in _LEXICON["compounds"].items()}
+PLACE_PARTS = _LEXICON["place_parts"]  # "the edge of the forest"
+NAMES = _LEXICON["names"]
+DAYS = _LEXICON["days"]
+DAY_PARTS = _LEXICON["day_parts"]
+MEALS = _LEXICON["meals"]  # "after lunch": no determiner
+ADJECTIVES = _LEXICON["adjectives"]  # by the category of noun they describe
 # Adjectives that come late in a stack ("a clever young teacher", "the shiny red ball").
-LATE_ADJECTIVES = set("""big small little tiny huge large old young new red blue green yellow
-    brown black white wooden tall short long""".split())
-UNGRADABLE = set("wooden broken empty secret red blue green yellow brown black white".split())
-DEGREE_ADVERBS = "very really quite rather extremely".split()
-MANNER_ADVERBS = """quickly slowly carefully quietly loudly happily patiently suddenly gently
-    calmly badly proudly nervously angrily politely""".split()
-FREQUENCY_ADVERBS = "often always never sometimes usually rarely".split()
-PLACE_ADVERBS = "outside inside upstairs downstairs nearby abroad".split()
-TIME_ADVERBS = {
-    "present": ("now", "again"), "past": ("recently", "earlier", "again"),
-    "will": ("soon", "later", "again"), "modal": ("soon", "later", "now"),
-    "present progressive": ("now", "again"), "past progressive": ("earlier", "again"),
-    "present perfect": ("already", "recently", "again"), "past perfect": ("already", "earlier"),
-}
-LOCATIVE_PREPOSITIONS = "in at near behind beside outside".split()
-NOUN_MODIFIERS = {  # preposition and the category of its object, for "the book on the table"
-    "person": ("from place", "with thing"),
-    "animal": ("in place", "from place", "with thing"),
-    "food": ("on thing", "in thing", "from place"),
-    "text": ("on thing", "from person", "about animal", "about place"),
-    "thing": ("on thing", "in place", "near thing", "under thing"),
-    "place": ("near place", "behind place", "in place"),
-}
-SUBORDINATORS = "because although if while before after until unless since".split()
-PERSON_PRONOUNS = (("I", "me", "1sg"), ("you", "you", "pl"), ("he", "him", "3sg"),
-                   ("she", "her", "3sg"), ("we", "us", "pl"), ("they", "them", "pl"))
-ANIMAL_PRONOUNS = (("it", "it", "3sg"), ("they", "them", "pl"))
-POSSESSIVE_PRONOUNS = "my your his her our their".split()
-NUMBERS = "two three four five six ten".split()
-MODALS = "can could should might must may would".split()
-BE = {("present", "1sg"): "am", ("present", "3sg"): "is", ("present", "pl"): "are",
-      ("past", "1sg"): "was", ("past", "3sg"): "was", ("past", "pl"): "were"}
-
-VERBS = {
-    "transitive": _verbs("transitive", """eat/ate/eaten=food cook=food bake=food taste=food
-        order=food share=food finish=food,text buy/bought=food,thing,text sell/sold=food,thing,text
-        bring/brought=food,thing,text take/took/taken=food,thing carry=thing,food,animal
-        hold/held=thing,animal drop+=thing,food find/found=thing,text,animal lose/lost=thing,text
-        break/broke/broken=thing fix=thing paint=thing,place clean=thing,place wash=thing,animal
-        open=thing,text hide/hid/hidden=thing,text,food visit=person,place meet/met=person
-        call=person,animal help=person follow=person,animal watch=person,animal
-        see/saw/seen=person,animal,thing,place like=food,animal,place,person,text
-        love=person,animal,place,food read/read=text write/wrote/written=text send/sent=text,thing
-        print=text sign=text study=text check=text,thing deliver=text,thing,food feed/fed=animal
-        chase=animal,person catch/caught=animal,thing borrow=thing,text
-        steal/stole/stolen=thing,food
-        leave/left=place,thing explore=place describe=person,place,thing,animal
-        remember=person,place miss=person,place forget+/forgot/forgotten=thing,text
-        draw/drew/drawn=animal,thing,place examine=thing,text,animal throw/threw/thrown=thing
-        kick=thing enjoy=food,text,place recognise=person,place photograph=animal,place,person
-        pack=thing,food fill=thing"""),
-    "intransitive": _verbs("intransitive", """sleep/slept run+/ran/run swim+/swam/swum dance
-        sing/sang/sung laugh cry smile wait arrive walk work play sit+/sat jump rest shout travel+
-        listen talk fall/fell/fallen disappear return stay relax hurry"""),
-    "ditransitive": _verbs("ditransitive", """give/gave/given send/sent show/showed/shown
-        bring/brought offer lend/lent hand throw/threw/thrown pass"""),
-    "saying": _verbs("saying", """say/said think/thought believe know/knew/known claim explain
-        notice realise remember admit+ suspect hope feel/felt hear/heard agree announce"""),
-    "control": _verbs("control", """want try hope plan+ decide like need refuse learn promise
-        forget+/forgot/forgotten prefer+ begin+/began/begun start agree love hate
-        choose/chose/chosen
-        manage fail expect offer"""),
-    "object_control": _verbs("object_control", """ask tell/told allow encourage invite help
-        teach/taught remind persuade expect warn force"""),
-    "linking": _verbs("linking", "seem look feel/felt become/became/become appear remain sound"),
-}
-ANIMAL_VERBS = set("""eat chase find follow watch catch carry hold hide sleep run swim jump rest
-    wait sit play arrive disappear return stay""".split())
-STATIVE = set("like love know remember recognise hate believe want need prefer seem".split())
+LATE_ADJECTIVES = set(_LEXICON["late_adjectives"])
+UNGRADABLE = set(_LEXICON["ungradable"])  # no "very" before them
+DEGREE_ADVERBS = _LEXICON["degree_adverbs"]
+MANNER_ADVERBS = _LEXICON["manner_adverbs"]
+FREQUENCY_ADVERBS = _LEXICON["frequency_adverbs"]
+PLACE_ADVERBS = _LEXICON["place_adverbs"]
+TIME_ADVERBS = {tense: tuple(words) for tense, words in _LEXICON["time_adverbs"].items()}  # by tense
+LOCATIVE_PREPOSITIONS = _LEXICON["locative_prepositions"]
+NOUN_MODIFIERS = {category: tuple(options) for category, options in _LEXICON["noun_modifiers"].items()}
+# (preposition and the category of its object, for "the book on the table")
+SUBORDINATORS = _LEXICON["subordinators"]
+PERSON_PRONOUNS = tuple(tuple(forms) for forms in _LEXICON["person_pronouns"])  # (subject, object, agreement)
+ANIMAL_PRONOUNS = tuple(tuple(forms) for forms in _LEXICON["animal_pronouns"])
+POSSESSIVE_PRONOUNS = _LEXICON["possessive_pronouns"]
+NUMBERS = _LEXICON["numbers"]
+MODALS = _LEXICON["modals"]
+BE = {(tense, agreement): form for tense, agreement, form in _LEXICON["be"]}
+VERBS = {frame: _verbs(frame, entries) for frame, entries in _LEXICON["verbs"].items()}
+ANIMAL_VERBS = set(_LEXICON["animal_verbs"])  # what an animal subject may do
+STATIVE = set(_LEXICON["stative"])  # no progressive tenses
 
 TENSES = {"present": 25, "past": 30, "will": 10, "modal": 10, "present progressive": 7,
           "past progressive": 5, "present perfect": 8, "past perfect": 5}
