@@ -28,7 +28,8 @@ UD_RELATIONS = frozenset("""acl advcl advmod amod appos aux case cc ccomp clf co
     obl orphan parataxis punct reparandum root vocative xcomp""".split())
 
 # Natural English written for headscope and annotated by hand, by register (see probes/syntax/README.md).
-BUNDLED_FILES = ("natural.conllu", "natural-a.conllu", "natural-b.conllu", "natural-c.conllu")
+BUNDLED_FILES = ("natural.conllu", "natural-a.conllu", "natural-b.conllu", "natural-c.conllu",
+                 "natural-d.conllu", "natural-e.conllu", "natural-f.conllu", "natural-g.conllu")
 
 _WORD_ID = re.compile(r"[1-9][0-9]*")
 _RANGE_ID = re.compile(r"([1-9][0-9]*)-([1-9][0-9]*)")
