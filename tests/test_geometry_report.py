@@ -163,3 +163,57 @@ def test_save_and_load_keep_the_geometry(analysis, tmp_path):
     assert bare.with_geometry(g).geometry is g and bare.geometry is None  # a copy; the original is unchanged
     bare.save(tmp_path / "b")
     assert not (tmp_path / "b" / "geometry").exists() and Analysis.load(tmp_path / "b").geometry is None
+
+
+def test_geometry_into_an_analysis_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from headscope.cli import app
+    from planted import save_planted
+
+    model = str(save_planted(tmp_path / "model"))
+    out = tmp_path / "runs" / "planted"
+    analyzed = CliRunner().invoke(app, ["analyze", model, "--out", str(out), "--n-examples", "4", "--seq-len", "40",
+                                        "--device", "cpu", "--detectors", "previous_token,sink,uniform,self"])
+    assert analyzed.exit_code == 0, analyzed.output
+    (out / "notes.txt").write_text("mine")  # a file of the user's own survives the re-write
+    before = {name: (out / name).read_bytes() for name in ("scores.csv", "labels.csv", "meta.json", "examples.json")}
+    page_before = (out / "index.html").read_bytes()
+    result = CliRunner().invoke(app, ["geometry", model, "--into", str(out), "--device", "cpu", "--examples", "4",
+                                      "--seq-len", "32", "--normalize"])
+    assert result.exit_code == 0, result.output
+    assert f"report: {out / 'index.html'}" in result.output
+    assert not (tmp_path / "geometry").exists()  # no --out: only the analysis folder is written
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert (out / "notes.txt").read_text() == "mine"
+    assert [p.name for p in out.parent.iterdir()] == ["planted"]  # no temporary folders left
+    analysis = Analysis.load(out)
+    g = analysis.geometry
+    assert len(g.heads) == 8 and g.settings["pruning_order"] == "importance_normalized"
+    assert set(g.curve.order) == {"importance", "random"} and sorted(set(g.curve.seed)) == [-1, 0, 1, 2]
+    data = report_data(analysis).geometry
+    assert data.importance_kind == "importance_normalized"
+    assert data.importance == pytest.approx(g.heads.importance_normalized.to_numpy().reshape(2, 4))
+    assert (out / "index.html").read_bytes() != page_before
+    rerendered = CliRunner().invoke(app, ["report", str(out)])  # the page is the saved analysis's page
+    page = (out / "index.html").read_bytes()
+    assert rerendered.exit_code == 0 and page == (out / "index.html").read_bytes()
+
+
+def test_geometry_into_refuses_a_mismatch_and_leaves_the_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from headscope.cli import app
+    from planted import save_planted
+
+    model = str(save_planted(tmp_path / "model"))
+    other = tmp_path / "other"
+    fake_analysis(3, 5).save(other)
+    files = {p.name: p.read_bytes() for p in other.iterdir()}
+    result = CliRunner().invoke(app, ["geometry", model, "--into", str(other), "--device", "cpu", "--examples", "2",
+                                      "--seq-len", "16", "--no-importance"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "has 2 x 4 heads, the analysis (fake/tiny-3x5) 3 x 5" in result.output.strip().splitlines()[-1]
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == files
+    missing = CliRunner().invoke(app, ["geometry", model, "--into", str(tmp_path / "model"), "--no-importance"])
+    assert missing.exit_code == 1 and "is not a headscope analysis" in missing.output
