@@ -353,6 +353,7 @@ def geometry_command(
     examples: Annotated[int, typer.Option(help="Text-probe windows.")] = 8,
     seq_len: Annotated[int, typer.Option(help="Tokens per window.")] = 128,
     no_importance: Annotated[bool, typer.Option("--no-importance", help="Skip importance and the pruning curve.")] = False,
+    steps: Annotated[int, typer.Option("--steps", help="Points of the pruning curve after 0.")] = 10,
     normalize: Annotated[bool, typer.Option("--normalize", help="Order the pruning curve by importance normalised per layer (l2), as Michel et al. prune.")] = False,
     plotlyjs: PlotlyOpt = "embed",
     no_cache: NoCacheOpt = False,
@@ -368,7 +369,8 @@ def geometry_command(
     loaded = load(model, device=device, dtype=dtype, cache=not no_cache)
     if target is not None:
         check_model_matches(target, loaded)
-    result = geometry(loaded, n_examples=examples, seq_len=seq_len, importance=not no_importance, normalize=normalize)
+    result = geometry(loaded, n_examples=examples, seq_len=seq_len, importance=not no_importance,
+                      pruning_steps=steps, normalize=normalize)
     if out is not None or into is None:
         for path in write_geometry(result, out or Path("geometry")):
             typer.echo(str(path))

@@ -217,3 +217,13 @@ def test_geometry_into_refuses_a_mismatch_and_leaves_the_folder(tmp_path):
     assert {p.name: p.read_bytes() for p in other.iterdir()} == files
     missing = CliRunner().invoke(app, ["geometry", model, "--into", str(tmp_path / "model"), "--no-importance"])
     assert missing.exit_code == 1 and "is not a headscope analysis" in missing.output
+
+
+def test_notebook_helpers_are_the_report_figures(analysis):
+    from headscope.plotting import plot_geometry_map, plot_pruning
+
+    data = report_data(analysis)
+    assert plot_geometry_map(analysis).to_plotly_json() == geometry_map_figure(data.geometry, data.label_grid).to_plotly_json()
+    assert plot_pruning(analysis).to_plotly_json() == pruning_figure(data.geometry).to_plotly_json()
+    with pytest.raises(HeadscopeError, match="holds no geometry"):
+        plot_geometry_map(fake_analysis(2, 4))
