@@ -85,6 +85,13 @@ def test_report_data_is_the_geometry(analysis, planted):
     assert {(r.layer, r.head) for r in data.ranking[:2]} == WRITERS
     assert [r.importance_normalized for r in data.ranking] == [heads.importance_normalized[(r.layer, r.head)]
                                                               for r in data.ranking]
+    rank = {(p.layer, p.head): p.rank for p in data.points}
+    assert [rank[h] for h in zip(ranked.layer, ranked["head"])] == list(range(1, 9))
+    assert [r.label for r in data.label_ranks] == sorted({p.label for p in data.points} - {"none"},
+                                                         key=lambda label: min(v for h, v in rank.items() if labels[h] == label))
+    for r in data.label_ranks:
+        assert set(r.heads) == {h for h in rank if labels[h] == r.label} and r.n_total == 8
+        assert list(r.ranks) == sorted(rank[h] for h in r.heads) == [rank[h] for h in r.heads]
     assert [(r.layer, r.head_a, r.head_b) for r in data.redundant] == \
         [(r.layer, r.head_a, r.head_b) for r in result.redundant.itertuples()]
 
@@ -136,7 +143,8 @@ def test_no_geometry_no_section_and_no_importance_no_figures(planted):
     bare = GeometryResult(silent, result.pairs, result.divergence, result.approximation_error, None, result.settings)
     data = report_data(planted_analysis(bare))
     g = data.geometry
-    assert g.importance is None and g.ranking == () and g.curve == ()
+    assert g.importance is None and g.ranking == () and g.label_ranks == () and g.curve == ()
+    assert {p.rank for p in g.points} == {0}
     assert [fig_id for fig_id, _ in geometry_figures(g, data.label_grid)] == [GEOMETRY_MAP_ID]
 
 

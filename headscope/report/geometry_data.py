@@ -2,7 +2,8 @@
 
 - `geometry_data(analysis) -> GeometryData | None`: None when the analysis holds no geometry.
 - Types: `GeometryData`, `MapPoint` (one head on the MDS map), `ImportanceRow` (a head's rank by
-  importance), `PruningLine` (one order of the pruning curve), `RedundantPair`.
+  importance), `LabelRanks` (where each label's heads rank), `PruningLine` (one order of the
+  pruning curve), `RedundantPair`.
 - `LOSS_RISE`: the loss rise (10%) up to which heads count as removable.
 
 The pruning curve's "importance" order is the one `headscope.geometry` used
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..importance import removable_heads
 
-__all__ = ["GeometryData", "MapPoint", "ImportanceRow", "PruningLine", "RedundantPair", "geometry_data",
+__all__ = ["GeometryData", "MapPoint", "ImportanceRow", "LabelRanks", "PruningLine", "RedundantPair", "geometry_data",
            "LOSS_RISE", "TOP_IMPORTANT"]
 
 LOSS_RISE = 0.10
@@ -35,6 +36,7 @@ class MapPoint(NamedTuple):
     label: str  # the head's label in the analysis ("" without a row)
     cluster: int
     importance: float  # by the curve's order; NaN without a LM loss
+    rank: int  # 1 = most important by that order; 0 without a LM loss
     hover: str
 
 
@@ -47,6 +49,15 @@ class ImportanceRow(NamedTuple):
     label: str
     importance: float  # Michel et al.'s raw proxy E_x |dL/d xi_h|
     importance_normalized: float  # divided by its layer's l2 norm
+
+
+class LabelRanks(NamedTuple):
+    """Where the heads of one label rank by importance (1 = most important, of `n_total`)."""
+
+    label: str
+    heads: tuple  # ((layer, head), ...) in rank order
+    ranks: tuple  # their ranks, ascending
+    n_total: int
 
 
 class PruningLine(NamedTuple):
@@ -74,6 +85,8 @@ class GeometryData(NamedTuple):
     importance: Optional[np.ndarray]  # [layer, head] by the curve's order; None without a LM loss
     importance_kind: str  # "importance" or "importance_normalized"
     ranking: tuple  # ImportanceRow, the TOP_IMPORTANT most important
+    label_ranks: tuple  # LabelRanks per label but "none", the label with the best-ranked head first; ()
+    # without a LM loss
     curve: tuple  # PruningLine: importance first, then random by seed; () without a curve
     baseline_loss: float  # unablated probe loss (NaN without a curve)
     random_removable_mean: float  # mean over random seeds of PruningLine.removable (NaN without)
@@ -94,27 +107,39 @@ def geometry_data(analysis) -> Optional[GeometryData]:
     kind = kind if kind in heads else "importance"
     scores = heads[kind].to_numpy(dtype=float)
     has_importance = bool(np.isfinite(scores).any())
+    order = np.lexsort((heads["head"].to_numpy(), heads.layer.to_numpy(), -np.nan_to_num(scores, nan=-np.inf)))
+    ranks = np.zeros(len(heads), dtype=int)
+    if has_importance:
+        ranks[order] = np.arange(1, len(heads) + 1)  # ties: lower layer, then lower head first
     points = []
-    for row, score in zip(heads.itertuples(index=False), scores):
+    for row, score, rank in zip(heads.itertuples(index=False), scores, ranks):
         layer, head = int(row.layer), int(row.head)
         label = labels.get((layer, head), "")
         hover = (f"<b>layer {layer} head {head}</b>: {html.escape(label or 'no label')}<br>cluster {int(row.cluster)}"
-                 + (f"<br>{kind.replace('_', ' ')} {score:.3g}" if np.isfinite(score) else ""))
-        points.append(MapPoint(layer, head, float(row.mds_x), float(row.mds_y), label, int(row.cluster), float(score), hover))
-    ranking = ()
+                 + (f"<br>{kind.replace('_', ' ')} {score:.3g} (rank {rank} of {len(heads)})" if has_importance else ""))
+        points.append(MapPoint(layer, head, float(row.mds_x), float(row.mds_y), label, int(row.cluster), float(score),
+                               int(rank), hover))
+    ranking, label_ranks = (), ()
     if has_importance:
-        ranked = heads.assign(_score=scores).sort_values(["_score", "layer", "head"], ascending=[False, True, True])
         ranking = tuple(
-            ImportanceRow(rank, int(r.layer), int(r.head), labels.get((int(r.layer), int(r.head)), ""),
-                          float(r.importance), float(r.importance_normalized))
-            for rank, r in enumerate(ranked.head(TOP_IMPORTANT).itertuples(index=False), start=1))
+            ImportanceRow(int(ranks[i]), int(heads.layer[i]), int(heads["head"][i]),
+                          labels.get((int(heads.layer[i]), int(heads["head"][i])), ""),
+                          float(heads.importance[i]), float(heads.importance_normalized[i]))
+            for i in order[:TOP_IMPORTANT])
+        by_label: dict = {}
+        for p in sorted(points, key=lambda p: p.rank):
+            by_label.setdefault(p.label, []).append(p)
+        label_ranks = tuple(
+            LabelRanks(label, tuple((p.layer, p.head) for p in by_label[label]), tuple(p.rank for p in by_label[label]),
+                       len(points))
+            for label in by_label if label not in ("none", ""))  # in order of each label's best rank
     curve, baseline, random_mean = _curve(result.curve)
     redundant = tuple(RedundantPair(int(r.layer), int(r.head_a), int(r.head_b), float(r.js), float(r.overlap))
                       for r in result.redundant.itertuples(index=False))
     n_layers, n_heads = result.shape
     return GeometryData(
         points=tuple(points), importance=scores.reshape(n_layers, n_heads) if has_importance else None,
-        importance_kind=kind, ranking=ranking, curve=curve, baseline_loss=baseline,
+        importance_kind=kind, ranking=ranking, label_ranks=label_ranks, curve=curve, baseline_loss=baseline,
         random_removable_mean=random_mean, redundant=redundant, n_clusters=int(heads.cluster.nunique()),
         approximation_error=float(result.approximation_error), settings=dict(result.settings),
     )

@@ -18,6 +18,8 @@ import html
 import json
 import zlib
 
+import numpy as np
+
 from . import figures
 from .geometry_figures import GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID, geometry_figures
 from .script import EXPLORER_JS, PLOT_JS
@@ -26,6 +28,7 @@ __all__ = ["render_report", "axis_tokens", "page", "table", "Raw", "figure_div",
            "script_json", "plotlyjs_tag", "check_plotlyjs", "PLOTLYJS_MODES"]
 
 PLOTLYJS_MODES = ("embed", "cdn")
+LABEL_RANK_HEADS = 6  # heads listed per label in the importance-rank table
 TICK_CHARS = 14  # longer tokens are cut on the explorer's axes (the hover shows them whole)
 
 CSS = """
@@ -372,6 +375,13 @@ def _geometry_section(data) -> str:
             table(["rank", "head", "label", "importance", "normalised per layer"],
                   [[r.rank, head_button(r.layer, r.head), r.label or "no label", r.importance, r.importance_normalized]
                    for r in g.ranking]),
+            f"<p class=\"hint\">Where each label's heads rank (1 = most important of {len(g.points)}), best first.</p>",
+            table(["label", "heads", "best rank", "median rank", "heads by rank"],
+                  [[r.label, len(r.ranks), r.ranks[0], float(np.median(r.ranks)),
+                    Raw(" ".join(f"<span class=\"nowrap\">{head_button(l, h)} {k}</span>"
+                                 for (l, h), k in list(zip(r.heads, r.ranks))[:LABEL_RANK_HEADS])
+                        + (" …" if len(r.ranks) > LABEL_RANK_HEADS else ""))]
+                   for r in g.label_ranks]),
         ]
     if g.curve:
         first = g.curve[0]
