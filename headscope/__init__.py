@@ -21,6 +21,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `MultiHeadAttention`: headscope's own attention module with hook points.
 - `geometry(loaded)` -> `GeometryResult`: heads as subspaces (overlaps, QK/OV ranks), pattern
   similarity (JS, MDS, clusters), redundant pairs, importance and pruning curve; `plot_geometry`.
+- `add_geometry(analysis, loaded)` -> `Analysis`: the same attached to an analysis (saved with it,
+  drawn in its report).
 - `plot_pattern(pattern, tokens)`: a plotly figure of any captured attention map.
 - `HeadscopeError`: raised for bad input.
 """
@@ -52,6 +54,7 @@ _EXPORTS = {
     "plot_pattern": "headscope.plotting",
     "geometry": "headscope.head_geometry",
     "plot_geometry": "headscope.head_geometry",
+    "add_geometry": "headscope.analysis_geometry",
     "HeadscopeError": "headscope.errors",
 }
 

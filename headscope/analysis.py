@@ -4,7 +4,9 @@
   control_max: the control model's score for the head and its best over heads), `.labels` (layer,
   head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), `.syntax`
   (per-relation scores, when the syntactic detector ran) and `.validation` (what ablating each
-  label's heads did, when `headscope.validate` ran).
+  label's heads did, when `headscope.validate` ran) and `.geometry` (a `GeometryResult`:
+  subspaces, pattern similarity, importance, pruning curve, when `headscope.add_geometry` ran;
+  `with_geometry(result)` attaches one; saved in the folder's `geometry/`).
 - `Analysis.save(dir)` / `Analysis.load(dir)`: a folder of CSV and JSON files, written
   atomically (a temporary folder renamed into place).
 - `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,6 +29,7 @@ from .atomic import atomic_dir
 from .errors import HeadscopeError
 from .notebook import analysis_html, analysis_text
 from .plotting import plot_head, plot_labels, plot_scores, plot_syntax
+from .geometry_tables import GEOMETRY_FOLDER, read_geometry_tables, write_geometry_tables
 
 __all__ = ["Analysis", "Example", "atomic_dir"]
 
@@ -84,6 +87,7 @@ class Analysis:
     examples: list[Example] = field(default_factory=list)
     syntax: Optional[Any] = None  # pandas.DataFrame or None
     validation: Optional[Any] = None  # pandas.DataFrame from headscope.validate, or None
+    geometry: Optional[Any] = None  # headscope.geometry_tables.GeometryResult, or None
 
     @property
     def n_layers(self) -> int:
@@ -108,6 +112,13 @@ class Analysis:
         """Rows of `.labels` with this label, strongest first."""
         rows = self.labels[self.labels.label == label]
         return rows.sort_values("score", ascending=False)
+
+    def with_geometry(self, result) -> "Analysis":
+        """A copy of this analysis holding `result` (a `GeometryResult` of the same model shape)."""
+        if result.shape != (self.n_layers, self.n_heads):
+            raise HeadscopeError(f"the geometry is of a {result.shape[0]} x {result.shape[1]} model, the analysis of "
+                                 f"{self.n_layers} x {self.n_heads} ({self.meta.get('model', 'model')})")
+        return replace(self, geometry=result)
 
     # Display: figures come from the report's builders (headscope.plotting, headscope.notebook).
 
@@ -135,7 +146,8 @@ class Analysis:
         return analysis_text(self)
 
     def save(self, directory, *, force: bool = False) -> Path:
-        """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv) atomically.
+        """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv, validation.csv,
+        geometry/) atomically.
 
         Args:
             directory: target folder; must not exist unless `force`.
@@ -160,6 +172,8 @@ class Analysis:
             from .validation import write_csv
 
             write_csv(self.validation, folder / "validation.csv")
+        if self.geometry is not None:
+            write_geometry_tables(self.geometry, folder / GEOMETRY_FOLDER)
 
     @classmethod
     def load(cls, directory) -> "Analysis":
@@ -186,6 +200,8 @@ class Analysis:
                 from .validation import read_csv
 
                 validation = read_csv(folder / "validation.csv")
+            geometry = read_geometry_tables(folder / GEOMETRY_FOLDER) if (folder / GEOMETRY_FOLDER).is_dir() else None
         except (ValueError, KeyError, OSError) as err:
             raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
-        return cls(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax, validation=validation)
+        return cls(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax, validation=validation,
+                   geometry=geometry)

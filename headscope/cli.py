@@ -1,7 +1,7 @@
 """The `headscope` command line: thin commands over the library.
 
 Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
-`cache [--clear]`, `geometry MODEL --out DIR`.
+`cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback; Ctrl-C ends with
 exit code 130 and leaves no half-written output.
 """
@@ -349,22 +349,37 @@ def detectors_command(
 @_friendly
 def geometry_command(
     model: ModelArg = "smollm2-135m",
-    out: Annotated[Path, typer.Option("--out", help="Folder for heads.csv, pairs.csv, pruning.csv, geometry.html.")] = Path("geometry"),
+    out: Annotated[Optional[Path], typer.Option("--out", help="Folder for heads.csv, pairs.csv, similarity.csv, pruning.csv, settings.json, geometry.html (default: geometry, unless --into).")] = None,
+    into: Annotated[Optional[Path], typer.Option("--into", help="An analysis folder of the same model: attach the geometry to it and re-write its report (atomically).")] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     examples: Annotated[int, typer.Option(help="Text-probe windows.")] = 8,
     seq_len: Annotated[int, typer.Option(help="Tokens per window.")] = 128,
     no_importance: Annotated[bool, typer.Option("--no-importance", help="Skip importance and the pruning curve.")] = False,
+    steps: Annotated[int, typer.Option("--steps", help="Points of the pruning curve after 0.")] = 10,
+    normalize: Annotated[bool, typer.Option("--normalize", help="Order the pruning curve by importance normalised per layer (l2), as Michel et al. prune.")] = False,
+    plotlyjs: PlotlyOpt = "embed",
     no_cache: NoCacheOpt = False,
 ) -> None:
     """Heads as subspaces and patterns: overlaps, JS map and clusters, redundancy, importance."""
+    from .analysis import Analysis
+    from .analysis_geometry import check_model_matches, write_geometry_into
     from .head_geometry import geometry, write_geometry
     from .loading import load
 
+    _check_plotlyjs(plotlyjs)
+    target = Analysis.load(into) if into is not None else None  # a bad folder fails before the model loads
     loaded = load(model, device=device, dtype=dtype, cache=not no_cache)
-    result = geometry(loaded, n_examples=examples, seq_len=seq_len, importance=not no_importance)
-    for path in write_geometry(result, out):
-        typer.echo(str(path))
+    if target is not None:
+        check_model_matches(target, loaded)
+    result = geometry(loaded, n_examples=examples, seq_len=seq_len, importance=not no_importance,
+                      pruning_steps=steps, normalize=normalize)
+    if out is not None or into is None:
+        for path in write_geometry(result, out or Path("geometry")):
+            typer.echo(str(path))
+    if into is not None:
+        write_geometry_into(into, result, plotlyjs=plotlyjs)
+        typer.echo(f"report: {into / 'index.html'}")
     typer.echo(f"{int(result.pairs.redundant.sum())} redundant pairs, {result.heads.cluster.nunique()} clusters")
 
 

@@ -7,7 +7,7 @@
 - `redundant_pairs(subspace_pairs, divergence, n_heads, js_max, overlap_min)`: within-layer
   pairs with their JS, flagged redundant when JS <= js_max bits AND overlap >= overlap_min.
 - `plot_geometry(result)`: the MDS map coloured by cluster, sized by importance (plotly).
-- `write_geometry(result, out)`: heads.csv, pairs.csv, pruning.csv and geometry.html in `out`.
+- `write_geometry(result, out)`: the tables (`headscope.geometry_tables`) and geometry.html in `out`.
 
 Redundancy thresholds (defaults): JS <= 0.05 bits (max 1) means the two heads' rows are nearly
 the same distribution; overlap >= 0.5, the mean over Q, K, V, O of the mean squared cosine of
@@ -18,14 +18,15 @@ unrelated subspaces; heads may also reach the same pattern from different subspa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+import time
+from typing import Sequence
 
 import numpy as np
 
 from .attention import MultiHeadAttention
 from .hf.adapters import attention_blocks
-from .importance import head_importance, pruning_curve
+from .geometry_tables import GeometryResult, write_geometry_tables
+from .importance import head_importance, normalize_per_layer, pruning_curve
 from .probes import text_probe
 from .similarity import average_linkage_clusters, classical_mds, pattern_divergence
 from .subspaces import subspace_tables
@@ -33,34 +34,6 @@ from .subspaces import subspace_tables
 __all__ = ["geometry", "GeometryResult", "redundant_pairs", "plot_geometry", "write_geometry", "attention_modules"]
 
 JS_MAX, OVERLAP_MIN, CLUSTER_THRESHOLD = 0.05, 0.5, 0.3
-
-
-@dataclass
-class GeometryResult:
-    """What `geometry` measured.
-
-    Attributes:
-        heads: one row per head: layer, head, kv_head, dim_q/k/v/o, qk_effective_rank,
-            ov_effective_rank, cluster, mds_x, mds_y, importance (NaN without a LM loss).
-        pairs: within-layer pairs: subspace overlaps, js (bits), redundant.
-        divergence: `[n_heads_total, n_heads_total]` mean JS in bits (heads as layer * H + head;
-            exact within layers, top-k approximation across layers).
-        approximation_error: mean |approx - exact| JS over within-layer pairs.
-        curve: pruning curve (None without a LM loss).
-        settings: thresholds and probe sizes used.
-    """
-
-    heads: Any
-    pairs: Any
-    divergence: np.ndarray
-    approximation_error: float
-    curve: Optional[Any] = None
-    settings: dict = field(default_factory=dict)
-
-    @property
-    def redundant(self):
-        """The pairs flagged redundant."""
-        return self.pairs[self.pairs.redundant].reset_index(drop=True)
 
 
 def attention_modules(model) -> list[MultiHeadAttention]:
@@ -81,7 +54,8 @@ def redundant_pairs(subspace_pairs, divergence: np.ndarray, n_heads: int, js_max
 
 def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 4, top_k: int = 8,
              cluster_threshold: float = CLUSTER_THRESHOLD, js_max: float = JS_MAX, overlap_min: float = OVERLAP_MIN,
-             importance: bool = True, pruning_steps: int = 10, seeds: Sequence[int] = (0, 1, 2)) -> GeometryResult:
+             importance: bool = True, pruning_steps: int = 10, seeds: Sequence[int] = (0, 1, 2),
+             normalize: bool = False) -> GeometryResult:
     """Subspaces, pattern similarity, redundancy and importance of every head of `loaded`.
 
     Args:
@@ -92,9 +66,13 @@ def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 
         js_max, overlap_min: redundancy thresholds (module docstring).
         importance: compute Michel et al.'s importance and the pruning curve (causal LMs only).
         pruning_steps, seeds: points and random orders of the pruning curve.
+        normalize: order the pruning curve by the importance normalised per layer
+            (`headscope.importance.normalize_per_layer`, as Michel et al. prune) instead of the
+            raw proxy. Both are always in `heads` (importance, importance_normalized).
     Returns:
         A `GeometryResult`.
     """
+    started = time.perf_counter()
     subspace_pairs, heads = subspace_tables(attention_modules(loaded.model))
     probe = text_probe(loaded.tokenizer, n_examples, seq_len)
     acc = pattern_divergence(loaded, probe, batch_size, top_k)
@@ -103,15 +81,19 @@ def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 
     coords = classical_mds(np.sqrt(js))  # sqrt(JS) is a metric
     heads["mds_x"], heads["mds_y"] = coords[:, 0], coords[:, 1]
     curve = None
-    heads["importance"] = np.nan
+    heads["importance"] = heads["importance_normalized"] = np.nan
     if importance and loaded.causal:
         scores = head_importance(loaded, probe, batch_size)
         heads["importance"] = scores.ravel()
+        heads["importance_normalized"] = normalize_per_layer(scores).ravel()
         if pruning_steps:
-            curve = pruning_curve(loaded, probe, scores, pruning_steps, seeds, batch_size)
+            order = normalize_per_layer(scores) if normalize else scores
+            curve = pruning_curve(loaded, probe, order, pruning_steps, list(seeds), batch_size)
     pairs = redundant_pairs(subspace_pairs, js, loaded.n_heads, js_max, overlap_min)
     settings = dict(n_examples=n_examples, seq_len=seq_len, top_k=top_k, cluster_threshold=cluster_threshold,
-                    js_max=js_max, overlap_min=overlap_min)
+                    js_max=js_max, overlap_min=overlap_min, batch_size=batch_size,
+                    pruning_order="importance_normalized" if normalize else "importance", seeds=list(seeds),
+                    seconds=round(time.perf_counter() - started, 2))
     return GeometryResult(heads, pairs, js, acc.approximation_error(), curve, settings)
 
 
@@ -131,17 +113,12 @@ def plot_geometry(result: GeometryResult):
 
 
 def write_geometry(result: GeometryResult, out) -> list:
-    """Write heads.csv, pairs.csv, pruning.csv (when measured) and geometry.html into folder `out`."""
+    """Write heads.csv, pairs.csv, similarity.csv, pruning.csv (when measured), settings.json and
+    geometry.html into folder `out`."""
     from pathlib import Path
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [out / "heads.csv", out / "pairs.csv"]
-    result.heads.to_csv(written[0], index=False)
-    result.pairs.to_csv(written[1], index=False)
-    if result.curve is not None:
-        written.append(out / "pruning.csv")
-        result.curve.to_csv(written[-1], index=False)
+    written = write_geometry_tables(result, out)
     written.append(out / "geometry.html")
     plot_geometry(result).write_html(written[-1], include_plotlyjs=True, div_id="headscope-geometry")
     return written

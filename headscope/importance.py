@@ -4,8 +4,12 @@
   with the given heads zero-ablated.
 - `head_importance(loaded, probe, batch_size)`: I_h = E_x |dL(x)/d xi_h| for every head, with a
   gate xi_h = 1 multiplying head h's output z (before W_O) and L(x) the mean next-token
-  cross-entropy of example x; `[n_layers, n_heads]`. (Michel et al. also normalise per layer;
-  this is the raw proxy.) One gate per example, so the absolute value is taken per example.
+  cross-entropy of example x; `[n_layers, n_heads]`, the raw proxy. One gate per example, so the
+  absolute value is taken per example.
+- `normalize_per_layer(importance)`: Michel et al.'s per-layer normalisation ("we normalize the
+  importance scores by layer (using the l2 norm)", after Molchanov et al. 2017):
+  I_h / ||I_layer(h)||_2, so every layer's scores have l2 norm 1 and a global pruning order does
+  not simply strip the layers whose gradients are small first. A layer of zeros stays zeros.
 - `pruning_curve(loaded, probe, importance, steps, seeds)`: loss as heads are zeroed in order
   of increasing importance (least important first, as in Michel et al.) vs in random orders.
 Needs a model with a language-model head (causal LM): the loss is next-token prediction.
@@ -22,7 +26,7 @@ from .errors import HeadscopeError
 from .hf.capture import ablate
 from .hf.hooks import model_hooks
 
-__all__ = ["probe_loss", "head_importance", "pruning_curve", "removable_heads"]
+__all__ = ["probe_loss", "head_importance", "normalize_per_layer", "pruning_curve", "removable_heads"]
 
 
 def _check_lm(loaded) -> None:
@@ -72,6 +76,19 @@ def head_importance(loaded, probe, batch_size: int = 4) -> np.ndarray:
         total += grad.abs().sum(0).double().cpu()
         count += ids.shape[0]
     return (total / count).numpy()
+
+
+def normalize_per_layer(importance: np.ndarray) -> np.ndarray:
+    """Each layer's importance divided by its l2 norm, `[n_layers, n_heads]` (zero layers stay zero).
+
+    Args:
+        importance: `[n_layers, n_heads]` from `head_importance`.
+    Returns:
+        A new array; within a layer the order of heads is unchanged.
+    """
+    scores = np.asarray(importance, dtype=np.float64)
+    norms = np.linalg.norm(scores, axis=1, keepdims=True)  # (L, 1)
+    return np.divide(scores, norms, out=np.zeros_like(scores), where=norms > 0)
 
 
 def pruning_curve(loaded, probe, importance: np.ndarray, steps: int = 10, seeds: Sequence[int] = (0, 1, 2),

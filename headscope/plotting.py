@@ -8,6 +8,8 @@
 - `plot_syntax(source)`: best head per dependency relation vs its best baseline (offsets, position
   predictors, the control's best head), from an `Analysis` with syntax scores or a
   `headscope.syntax.SyntaxResult`.
+- `plot_geometry_map(analysis)`, `plot_pruning(analysis)`: the report's MDS map of heads coloured
+  by label and its pruning curve, from an analysis holding geometry (`headscope.add_geometry`).
 - `plot_pattern(pattern, tokens, title=None, head=None)`: any captured map, e.g.
   `cap.patterns[layer][0]` (`[head, query, key]`, pick `head=`) or one `[query, key]` map.
 
@@ -23,10 +25,13 @@ import numpy as np
 
 from .errors import HeadscopeError
 from .report.data import detector_grids, label_grid, syntax_best
+from .report.geometry_data import geometry_data
+from .report.geometry_figures import geometry_map_figure, pruning_figure
 from .report.figures import detector_figure, label_map_figure, pattern_figure, syntax_figure
 from .report.html import axis_tokens
 
-__all__ = ["plot_labels", "plot_scores", "plot_head", "plot_syntax", "plot_pattern"]
+__all__ = ["plot_labels", "plot_scores", "plot_head", "plot_syntax", "plot_pattern", "plot_geometry_map",
+           "plot_pruning"]
 
 
 def plot_labels(analysis):
@@ -37,8 +42,39 @@ def plot_labels(analysis):
     Returns:
         A plotly `go.Figure` (`z` holds category numbers, `customdata` every detector's score).
     """
-
     return label_map_figure(label_grid(analysis), title=_plotly_text(str(analysis.meta.get("model", ""))))
+
+
+def _geometry(analysis):
+    data = geometry_data(analysis)
+    if data is None:
+        raise HeadscopeError("this analysis holds no geometry; attach it with headscope.add_geometry(analysis, loaded)")
+    return data
+
+
+def plot_geometry_map(analysis):
+    """Every head on the MDS map of attention-pattern similarity, coloured by label (the report's map).
+
+    Args:
+        analysis: an `Analysis` with `.geometry`.
+    Returns:
+        A plotly `go.Figure`; each point's `customdata` is `[layer, head]`.
+    Raises:
+        HeadscopeError: the analysis holds no geometry.
+    """
+    return geometry_map_figure(_geometry(analysis), label_grid(analysis))
+
+
+def plot_pruning(analysis):
+    """Loss as heads are removed in importance order vs random orders (the report's curve).
+
+    Raises:
+        HeadscopeError: the analysis holds no geometry, or no pruning curve (no LM loss).
+    """
+    data = _geometry(analysis)
+    if not data.curve:
+        raise HeadscopeError("this analysis's geometry has no pruning curve (it needs a causal LM)")
+    return pruning_figure(data)
 
 
 def plot_scores(analysis, detector: str):

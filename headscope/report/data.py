@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from ..protocol import REGISTRY
+from .geometry_data import GeometryData, geometry_data
 from .method import (
     HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, outranks_resting,
     quantity, report_warnings,
@@ -130,6 +131,7 @@ class ReportData:
     warnings: tuple = ()  # str: shown prominently (no control model, a detector skipped)
     syntax_relations: Optional[tuple] = None  # SyntaxRelation; None when the analysis has no syntax scores
     syntax_notes: tuple = ()  # str: caveats of the syntactic detector (meta["syntax_notes"])
+    geometry: Optional[GeometryData] = None  # None when the analysis holds no geometry (report/geometry_data.py)
 
 
 def report_data(analysis) -> ReportData:
@@ -158,6 +160,7 @@ def report_data(analysis) -> ReportData:
         warnings=report_warnings(meta),
         syntax_relations=syntax_relations(analysis),
         syntax_notes=tuple(str(n) for n in meta.get("syntax_notes", [])),
+        geometry=geometry_data(analysis),
     )
 
 

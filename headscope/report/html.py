@@ -18,14 +18,18 @@ import html
 import json
 import zlib
 
+import numpy as np
+
 from ..errors import HeadscopeError
 from . import figures
+from .geometry_figures import GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID, geometry_figures
 from .script import EXPLORER_JS, PLOT_JS
 
 __all__ = ["render_report", "axis_tokens", "page", "table", "Raw", "figure_div", "header_list", "head_button",
            "script_json", "plotlyjs_tag", "check_plotlyjs", "PLOTLYJS_MODES"]
 
 PLOTLYJS_MODES = ("embed", "cdn")
+LABEL_RANK_HEADS = 6  # heads listed per label in the importance-rank table
 TICK_CHARS = 14  # longer tokens are cut on the explorer's axes (the hover shows them whole)
 
 CSS = """
@@ -73,9 +77,11 @@ def render_report(data, plotlyjs: str = "embed") -> str:
         figs.append((figures.SYNTAX_ID, figures.syntax_figure(data.syntax_best)))
     if data.validation is not None:
         figs.append((figures.VALIDATION_ID, figures.validation_figure([r for r in data.validation if r.primary])))
+    if data.geometry is not None:
+        figs += geometry_figures(data.geometry, data.label_grid)
     figs.append((figures.EXPLORER_ID, figures.explorer_figure()))
-    # The validation bars stand for several heads each: clicking them opens nothing.
-    clickable = [fig_id for fig_id, _ in figs if fig_id not in (figures.EXPLORER_ID, figures.VALIDATION_ID)]
+    # The validation bars stand for several heads each, the pruning curve for many: clicking them opens nothing.
+    clickable = [fig_id for fig_id, _ in figs if fig_id not in (figures.EXPLORER_ID, figures.VALIDATION_ID, PRUNING_ID)]
 
     grid = data.label_grid
     initial = (data.top_heads[0].layer, data.top_heads[0].head) if data.top_heads else (0, 0)
@@ -99,6 +105,7 @@ def render_report(data, plotlyjs: str = "embed") -> str:
         _top_heads_section(data),
         _syntax_section(data),
         _validation_section(data),
+        _geometry_section(data),
         _method_section(data),
     ]
     explorer_payload = {
@@ -340,6 +347,64 @@ def _validation_section(data) -> str:
                "Δ / random", "hurts more", "accuracy"], rows),
         "</section>",
     ])
+
+
+def _geometry_section(data) -> str:
+    """The MDS map, importance and pruning curve, redundant pairs (`report/geometry_data.py`)."""
+    g = data.geometry
+    if g is None:
+        return ""
+    s = g.settings
+    parts = [
+        "<section id=\"geometry\"><h2>Heads as patterns and subspaces</h2><p class=\"hint\">Every head placed by "
+        "how alike its attention patterns are (mean Jensen–Shannon divergence between two heads' attention rows over "
+        f"the text probe, {html.escape(str(s.get('n_examples', '?')))} × {html.escape(str(s.get('seq_len', '?')))} "
+        "tokens; classical MDS of √JS, Clark et al. 2019 §6), coloured by label. Click a point to explore the head. "
+        f"{g.n_clusters} clusters (average linkage, mean JS below {html.escape(str(s.get('cluster_threshold', '?')))} "
+        f"bits). Pairs across layers use a top-{html.escape(str(s.get('top_k', '?')))} approximation of each row, "
+        f"off by {g.approximation_error:.3f} bits on average where it can be checked (pairs within a layer).</p>",
+        figure_div(GEOMETRY_MAP_ID),
+    ]
+    if g.importance is not None:
+        kind = "normalised per layer by its l2 norm" if g.importance_kind == "importance_normalized" else "raw"
+        parts += [
+            f"<h3>Importance</h3><p class=\"hint\">Michel et al. 2019's proxy E<sub>x</sub> |∂L(x)/∂ξ<sub>h</sub>| with "
+            f"a gate ξ<sub>h</sub> on each head's output and L the next-token loss on the text probe ({kind}; the "
+            "table gives both). Click a cell or a head to explore it.</p>",
+            "<div class=\"figures\">", figure_div(IMPORTANCE_ID), "</div>",
+            table(["rank", "head", "label", "importance", "normalised per layer"],
+                  [[r.rank, head_button(r.layer, r.head), r.label or "no label", r.importance, r.importance_normalized]
+                   for r in g.ranking]),
+            f"<p class=\"hint\">Where each label's heads rank (1 = most important of {len(g.points)}), best first.</p>",
+            table(["label", "heads", "best rank", "median rank", "heads by rank"],
+                  [[r.label, len(r.ranks), r.ranks[0], float(np.median(r.ranks)),
+                    Raw(" ".join(f"<span class=\"nowrap\">{head_button(l, h)} {k}</span>"
+                                 for (l, h), k in list(zip(r.heads, r.ranks))[:LABEL_RANK_HEADS])
+                        + (" …" if len(r.ranks) > LABEL_RANK_HEADS else ""))]
+                   for r in g.label_ranks]),
+        ]
+    if g.curve:
+        first = g.curve[0]
+        random = [line.removable for line in g.curve if line.order == "random"]
+        parts += [
+            "<h3>Pruning curve</h3><p class=\"hint\">Heads zero-ablated, least important first, against random "
+            f"orders. Heads removable before the loss rises 10% (unablated {g.baseline_loss:.3f} nats): "
+            f"{first.removable} in importance order, {g.random_removable_mean:.1f} on average in "
+            f"{len(random)} random orders ({', '.join(str(n) for n in random)}), on a grid of "
+            f"{html.escape(str(len(first.removed) - 1))} steps.</p>",
+            figure_div(PRUNING_ID),
+        ]
+    parts.append(f"<h3>Redundant pairs</h3><p class=\"hint\">Heads of one layer whose patterns (JS ≤ "
+                 f"{html.escape(str(s.get('js_max', '?')))} bits) and subspaces (mean overlap of W_Q, W_K, W_V, W_O ≥ "
+                 f"{html.escape(str(s.get('overlap_min', '?')))}) both nearly coincide.</p>")
+    if g.redundant:
+        parts.append(table(["layer", "head", "head", "JS (bits)", "subspace overlap"],
+                           [[r.layer, head_button(r.layer, r.head_a), head_button(r.layer, r.head_b), r.js, r.overlap]
+                            for r in g.redundant]))
+    else:
+        parts.append("<p>None.</p>")
+    parts.append("</section>")
+    return "\n".join(parts)
 
 
 def _ratio(value: float) -> str:
