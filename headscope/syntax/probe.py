@@ -92,7 +92,7 @@ class TreebankProbe:
 
     Attributes:
         treebank: a CoNLL-U file path, a list of ``headscope.treebank.Sentence``, or None for
-            the bundled treebank (``probes/syntax``, 445 sentences).
+            the bundled treebank (``probes/syntax``, 1,016 sentences).
         n_sentences: score a seeded sample of this many sentences (None: all of them).
     """
 

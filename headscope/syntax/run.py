@@ -62,7 +62,7 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
 
     Args:
         loaded: a ``headscope.load(...)`` result (model, fast tokenizer, causal flag).
-        sentences: ``Sentence`` objects (default: ``bundled_treebank()``, 445 sentences).
+        sentences: ``Sentence`` objects (default: ``bundled_treebank()``, 1,016 sentences).
         batch_size: sentences per forward pass (padded on the right).
         progress: ``fn(stage, done, total)`` called as batches finish.
         min_arcs: a (relation, direction) needs this many arcs in each half of the sentences
