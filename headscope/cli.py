@@ -203,6 +203,7 @@ def analyze_command(
     validate: Annotated[bool, typer.Option("--validate", help="Also ablate each label's top-3 heads against random heads (slow: several forward passes per label).")] = False,
     control: Annotated[str, typer.Option("--control", help="random-init: score the same probes on an untrained twin and give learned labels only to heads that beat its best head; none: no control (labels then rest on thresholds alone).")] = "random-init",
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="Split a large model over devices: auto, balanced, sequential or a JSON {module: device} map (accelerate).")] = None,
+    geometry: Annotated[bool, typer.Option("--geometry", help="Also add head geometry to the report: pattern-similarity map, subspace overlap, importance and pruning curve (docs/geometry.md; minutes on CPU for SmolLM2).")] = False,
     no_cache: NoCacheOpt = False,
     plotlyjs: PlotlyOpt = "embed",
     force: ForceOpt = False,
@@ -248,6 +249,10 @@ def analyze_command(
         return
     if world > 1:
         analysis.meta["processes"] = world
+    if geometry:  # rank 0 only: one process computes it
+        from .analysis_geometry import add_geometry
+
+        analysis = add_geometry(analysis, loaded, seq_len=seq_len)
     with guard as tmp:
         analysis.write_into(tmp)
         write_report_into(analysis, tmp, plotlyjs=plotlyjs)

@@ -235,3 +235,19 @@ def test_notebook_helpers_are_the_report_figures(analysis):
     assert plot_pruning(analysis).to_plotly_json() == pruning_figure(data.geometry).to_plotly_json()
     with pytest.raises(HeadscopeError, match="holds no geometry"):
         plot_geometry_map(fake_analysis(2, 4))
+
+
+def test_analyze_with_geometry_writes_it_into_the_report(planted_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from headscope.cli import app
+
+    out = tmp_path / "planted"
+    result = CliRunner().invoke(app, ["analyze", str(planted_dir), "--out", str(out), "--n-examples", "4",
+                                      "--seq-len", "32", "--device", "cpu", "--detectors", "previous_token,sink",
+                                      "--geometry"])
+    assert result.exit_code == 0, result.output
+    analysis = Analysis.load(out)
+    assert analysis.geometry is not None and len(analysis.geometry.heads) == 8
+    assert report_data(analysis).geometry is not None
+    assert 'id="hs-geometry-map"' in (out / "index.html").read_text()
