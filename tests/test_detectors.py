@@ -210,10 +210,9 @@ def test_explorer_examples_hold_real_patterns(planted_analysis):
 def test_meta_records_what_was_run(planted_analysis):
     meta = planted_analysis.meta
     assert meta["n_layers"] == 2 and meta["n_heads"] == 4 and meta["causal"] is True
-    # 48 positions: too few treebank sentences fit for 30 arcs per half, so the syntactic
-    # detector is left out of the defaults, and meta says why.
-    assert set(meta["detectors"]) == set(detectors.defaults(causal=True)) - {"syntactic"}
-    assert meta["skipped_detectors"]["syntactic"].startswith("no relation has at least 30 scored arcs")
+    # 48 positions: enough of the bundled treebank's short sentences fit for 30 arcs per half
+    assert set(meta["detectors"]) == set(detectors.defaults(causal=True))
+    assert "skipped_detectors" not in meta and meta["syntax_best"]
     assert meta["control"]["kind"] == "random-init" and meta["control"]["seed"] == 1_000_003
     assert meta["detectors"]["induction"]["threshold"] == 0.4
     assert meta["probes"]["repeated"]["seq_len"] == 41 and meta["probes"]["text"]["n_examples"] == 8
@@ -286,3 +285,16 @@ def test_analyze_in_head_groups_gives_the_same_scores(planted):
     pd.testing.assert_frame_equal(grouped.labels, whole.labels)
     a, b = whole.scores, grouped.scores
     assert (a.score - b.score).abs().max() < 1e-6
+
+
+def test_a_default_detector_that_cannot_score_is_skipped_and_said():
+    # 24 positions: too few treebank sentences fit for 30 arcs per half, so the syntactic
+    # detector is left out of the defaults, and meta says why.
+    from headscope.loading import Loaded
+    from planted import char_tokenizer
+    from tiny import tiny_model
+
+    loaded = Loaded.from_model(tiny_model("gpt2", positions=24), char_tokenizer(), name="short")
+    analysis = analyze(loaded, probes=[TextProbe(4, 16), RepeatedProbe(4, 5, 2)], explorer_examples=0, control=None)
+    assert set(analysis.meta["detectors"]) == set(detectors.defaults(causal=True)) - {"syntactic"}
+    assert analysis.meta["skipped_detectors"]["syntactic"].startswith("no relation has at least 30 scored arcs")

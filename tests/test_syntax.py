@@ -336,4 +336,4 @@ def test_smollm2_causal_directions_only(smollm2):
     # determiners precede their nouns: a causal model scores det only as head->dep
     assert set(result.table[result.table.relation == "det"].direction) == {"head->dep"}
     assert len(result.head_scores) == 30 * 9
-    assert result.best.accuracy.max() > result.best.baseline_accuracy.max() - 1e-9
+    assert (result.best.accuracy > result.best.baseline_accuracy).any()  # some relation beats its baseline

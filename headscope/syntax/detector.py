@@ -66,7 +66,10 @@ class SyntacticDetector(Detector):
         result = self.score_sentences(model, control, probe, seed)
         names = {(l, h, self.name): f"{self.name}:{r}" for l, h, r in
                  zip(result["heads"]["layer"], result["heads"]["head"], result["heads"]["relation"])}
-        meta = {"syntax_best": result["best"].to_dict(orient="records"), "syntax_notes": list(probe.notes)}
+        best = result["best"]
+        # None, not NaN, where a relation has no held-out margin: meta is JSON and must survive a round trip
+        records = best.astype(object).where(best.notna(), None).to_dict(orient="records")
+        meta = {"syntax_best": records, "syntax_notes": list(probe.notes)}
         return Finding(result["heads"], names, meta, {"syntax": result["table"]})
 
     def score_sentences(self, model: Collected, control: Optional[Collected], probe, seed: int) -> dict:
