@@ -80,7 +80,7 @@ def syntax_best(analysis) -> Optional[tuple]:
         return tuple(
             SyntaxBest(str(b["relation"]), int(b["layer"]), int(b["head"]), str(b["direction"]), float(b["accuracy"]),
                        float(b["baseline_accuracy"]), _text(b.get("baseline_kind")), int(b["n"]),
-                       float(b.get("held_out_margin", np.nan)), _flag(b.get("significant", False)))
+                       _number(b.get("held_out_margin")), _flag(b.get("significant", False)))
             for b in stored
         )
     frame = analysis.syntax.sort_values(["relation", "accuracy", "layer", "head", "direction"],
@@ -142,6 +142,11 @@ def validation_rows(analysis) -> Optional[tuple]:
 def _text(value: Any) -> str:
     """A CSV cell as text ("" for a missing one)."""
     return "" if _missing(value) else str(value)
+
+
+def _number(value: Any) -> float:
+    """A float cell (NaN for a missing one: None in JSON, empty in CSV)."""
+    return np.nan if _missing(value) else float(value)
 
 
 def _flag(value: Any) -> bool:
