@@ -17,10 +17,8 @@ import random
 import torch
 
 import headscope
-from headscope.attention import MultiHeadAttention
-from headscope.hf.adapters import attention_blocks
 from headscope.norm_gains import norm_gains
-from headscope.ov_circuit import ov_scores
+from headscope.ov_circuit import head_ov_weights, ov_scores
 
 INDUCTION = [(18, 6), (17, 4), (17, 3)]
 
@@ -41,25 +39,17 @@ def main() -> None:
     heads = [(l, h) for l in range(loaded.n_layers) for h in range(loaded.n_heads)]
     sampled = set(INDUCTION) | set(random.Random(0).sample([x for x in heads if x not in INDUCTION], args.n_heads))
     table = []
-    for layer, block in attention_blocks(model):
-        mha = MultiHeadAttention.from_hf(block, model.config)
-        cfg = mha.config
-        per_kv = cfg.n_heads // cfg.n_kv_heads
-        W_v = mha.W_v.weight.detach().float().T  # (D, n_kv * dh)
-        W_o = mha.W_o.weight.detach().float().T  # (H * dh, D)
-        for head in range(cfg.n_heads):
-            kv = head // per_kv
-            V = W_v[:, kv * cfg.d_head:(kv + 1) * cfg.d_head]
-            O = W_o[head * cfg.d_head:(head + 1) * cfg.d_head]
-            row = {"layer": layer, "head": head}
-            for name, Vf, Mf, Uf in (("plain", V, M, W_U),
-                                     ("folded", gains[layer][:, None] * V, final[:, None] * M, final[:, None] * W_U)):
-                eig = torch.linalg.eigvals((O @ Mf @ Vf).double())
-                row[f"eig_{name}"] = float(eig.real.clamp(min=0).sum() / eig.abs().sum())
-                if (layer, head) in sampled:
-                    row[f"top1_{name}"] = ov_scores(W_E, Vf, O, Uf, rows=rows)[0]
-            table.append(row)
-        print(f"layer {layer} done", flush=True)
+    for layer, head, V, O in head_ov_weights(model):
+        row = {"layer": layer, "head": head}
+        for name, Vf, Mf, Uf in (("plain", V, M, W_U),
+                                 ("folded", gains[layer][:, None] * V, final[:, None] * M, final[:, None] * W_U)):
+            eig = torch.linalg.eigvals((O @ Mf @ Vf).double())
+            row[f"eig_{name}"] = float(eig.real.clamp(min=0).sum() / eig.abs().sum())
+            if (layer, head) in sampled:
+                row[f"top1_{name}"] = ov_scores(W_E, Vf, O, Uf, rows=rows)[0]
+        table.append(row)
+        if head == loaded.n_heads - 1:
+            print(f"layer {layer} done", flush=True)
     import pandas as pd
 
     frame = pd.DataFrame(table)

@@ -20,6 +20,7 @@ feeds the layer's attention, W_U -> diag(g_final) W_U (`headscope.norm_gains` fi
 
 - `ov_copying(loaded, fold_norms=False)` -> DataFrame layer, head, copy_top1, positive_eig_share.
 - `ov_scores(W_E, W_V, W_O, W_U)`: the two numbers for one head's matrices.
+- `head_ov_weights(model)`: every head's W_V and W_O slices (GQA resolved).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from .errors import HeadscopeError
 from .hf.adapters import attention_blocks
 from .norm_gains import norm_gains
 
-__all__ = ["ov_copying", "ov_scores"]
+__all__ = ["ov_copying", "ov_scores", "head_ov_weights"]
 
 
 @torch.no_grad()
@@ -60,6 +61,24 @@ def ov_scores(W_E: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, W_U: torc
     eig = torch.linalg.eigvals(small.double())
     share = float(eig.real.clamp(min=0).sum() / eig.abs().sum().clamp(min=1e-30))
     return hits / len(rows), share
+
+
+def head_ov_weights(model):
+    """Every head's OV weights, layer by layer (through `MultiHeadAttention.from_hf`).
+
+    Yields:
+        `(layer, head, W_V, W_O)`: W_V `[d_model, d_head]` (the head's key/value head under GQA)
+        and W_O `[d_head, d_model]`, fp32, row convention x @ W; norms not folded.
+    """
+    for layer, block in attention_blocks(model):
+        mha = MultiHeadAttention.from_hf(block, model.config)
+        cfg = mha.config
+        per_kv = cfg.n_heads // cfg.n_kv_heads
+        W_v = mha.W_v.weight.detach().float().T  # (D, n_kv * dh)
+        W_o = mha.W_o.weight.detach().float().T  # (n_heads * dh, D)
+        for head in range(cfg.n_heads):
+            kv = head // per_kv
+            yield layer, head, W_v[:, kv * cfg.d_head:(kv + 1) * cfg.d_head], W_o[head * cfg.d_head:(head + 1) * cfg.d_head]
 
 
 def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, seed: int = 0, fold_norms: bool = False):
@@ -91,19 +110,11 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
     if n_tokens is not None and n_tokens < W_E.shape[0]:
         rows = torch.randperm(W_E.shape[0], generator=torch.Generator().manual_seed(seed))[:n_tokens]
     out = []
-    for layer, block in attention_blocks(model):
-        mha = MultiHeadAttention.from_hf(block, model.config)
-        cfg = mha.config
-        per_kv = cfg.n_heads // cfg.n_kv_heads
-        W_v = mha.W_v.weight.detach().float().T  # (D, n_kv * dh)
+    for layer, head, W_v, W_o in head_ov_weights(model):
         if gains.get(layer) is not None:
             W_v = gains[layer][:, None] * W_v  # diag(g_in) W_V
-        W_o = mha.W_o.weight.detach().float().T  # (n_heads * dh, D)
-        for head in range(cfg.n_heads):
-            kv = head // per_kv
-            top1, share = ov_scores(W_E, W_v[:, kv * cfg.d_head:(kv + 1) * cfg.d_head],
-                                    W_o[head * cfg.d_head:(head + 1) * cfg.d_head], W_U, block_size, rows)
-            out.append({"layer": layer, "head": head, "copy_top1": top1, "positive_eig_share": share})
+        top1, share = ov_scores(W_E, W_v, W_o, W_U, block_size, rows)
+        out.append({"layer": layer, "head": head, "copy_top1": top1, "positive_eig_share": share})
     frame = pd.DataFrame(out, columns=["layer", "head", "copy_top1", "positive_eig_share"])
     frame.attrs["folded"] = {"layers": sum(g is not None for g in gains.values()), "final": final is not None}
     return frame
