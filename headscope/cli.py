@@ -231,10 +231,11 @@ def analyze_command(
 
     rank, world = init_from_env(device)
     guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
+    sentences = None
     if treebank is not None:
         from .treebank import read_conllu
 
-        read_conllu(treebank)  # a bad file fails here, before the model loads
+        sentences = read_conllu(treebank)  # read once: a bad file fails here, before the model loads
     if rank == 0:
         typer.echo(f"loading {model} ...", err=True)
     placement = _parse_device_map(device_map)
@@ -242,7 +243,7 @@ def analyze_command(
                   cache=not no_cache)
     probes = [TextProbe(n_examples, seq_len), RepeatedProbe(n_examples, repeat_len, repeats)]
     if treebank is not None or n_sentences:  # asked for: a syntactic detector that cannot run says why
-        probes.append(TreebankProbe(treebank, n_sentences or None))
+        probes.append(TreebankProbe(sentences, n_sentences or None, source=None if treebank is None else str(treebank)))
     analysis = analyze(loaded, names, probes, batch_size=batch_size, seed=seed, validate=validate,
                        progress=_Bars(), control=control)
     if rank != 0:

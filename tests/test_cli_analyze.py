@@ -189,7 +189,9 @@ def test_help_is_fast_and_lists_commands():
         assert command in out.stdout
 
 
-def test_treebank_option_and_bad_treebank(model_dir, tmp_path):
+def test_treebank_option_and_bad_treebank(model_dir, tmp_path, monkeypatch):
+    import headscope.syntax.probe
+    import headscope.treebank
     from headscope.treebank import read_conllu
 
     # The planted model takes 48 characters: the short grammar sentences fit.
@@ -202,11 +204,21 @@ def test_treebank_option_and_bad_treebank(model_dir, tmp_path):
         lines.append("")
     sample.write_text("\n".join(lines) + "\n")
     out = tmp_path / "syn"
+    reads = []
+
+    def counted(path):
+        reads.append(path)
+        return read_conllu(path)
+
+    monkeypatch.setattr(headscope.treebank, "read_conllu", counted)
+    monkeypatch.setattr(headscope.syntax.probe, "read_conllu", counted)
     result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--repeat-len", "10",
                                       "--treebank", str(sample), "--n-sentences", "0"])
     assert result.exit_code == 0, result.output
+    assert reads == [sample]  # read once, before the model loads
     analysis = Analysis.load(out)
     assert analysis.syntax is not None and "syntactic" in set(analysis.scores.detector)
+    assert analysis.meta["treebank"]["source"] == str(sample)
     broken = tmp_path / "broken.conllu"
     broken.write_text("# sent_id = x\n1\tThe\tthe\tDET\n")
     bad = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "never"), "--treebank", str(broken)])

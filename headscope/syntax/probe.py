@@ -94,10 +94,13 @@ class TreebankProbe:
         treebank: a CoNLL-U file path, a list of ``headscope.treebank.Sentence``, or None for
             the bundled treebank (``probes/syntax``, 1,016 sentences).
         n_sentences: score a seeded sample of this many sentences (None: all of them).
+        source: where sentences given as a list come from, for ``meta["treebank"]["source"]``
+            (a file already read, say; default "sentences given in Python").
     """
 
     treebank: Union[str, os.PathLike, list, tuple, None] = None
     n_sentences: Optional[int] = None
+    source: Optional[str] = None
     name: ClassVar[str] = "treebank"
 
     def sentences(self) -> tuple[list, dict]:
@@ -110,7 +113,8 @@ class TreebankProbe:
             sentences = read_conllu(self.treebank)
             return sentences, {"source": str(self.treebank), "n_sentences": len(sentences), "natural": None}
         sentences = list(self.treebank)
-        return sentences, {"source": "sentences given in Python", "n_sentences": len(sentences), "natural": None}
+        source = self.source or "sentences given in Python"
+        return sentences, {"source": source, "n_sentences": len(sentences), "natural": None}
 
     def build(self, loaded, seed: int) -> TreebankSet:
         """Sample, validate and align the sentences; keep those that fit the context.
