@@ -133,6 +133,13 @@ def analyze(
     asked = detectors is not None
     for name, probe_dets in groups.items():
         t = time.perf_counter()
+        for det in [d for d in probe_dets if d.run is not None]:  # their own forward passes, model and twin
+            findings[det.name] = det.run(loaded, twin, built[name], seed, progress)
+            how[name] = "the detector's own passes"
+        probe_dets = [d for d in probe_dets if d.run is None]
+        if not probe_dets:
+            timings[f"probe_{name}"] = time.perf_counter() - t
+            continue
         model, how[name], sinks = collect(loaded, built[name], probe_dets, batch_size, progress, lazy,
                                              map_budget=map_budget)
         sink_layers.update(sinks)
