@@ -50,7 +50,7 @@ from .hf.capture import ablate
 from .hf.route import Session, layer_map, routed
 from .kernel import expand_kv
 from .labels import passes
-from .needle import NeedleExample, needle_probe
+from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
 from .probe_kinds import NeedleProbe
 from .protocol import Detector, Finding
 from .stats import bootstrap_mean_ci
@@ -243,11 +243,12 @@ def run_retrieval(loaded, twin, probe, seed: int, progress: Optional[Progress] =
 
 def retrieval_scores(loaded, lengths: Sequence[int] = (2048, 4096, 8192), depths: Sequence[float] = (0.1, 0.5, 0.9),
                      n_needles: int = 1, seed: int = 0, *, max_len: Optional[int] = None, control="random-init",
-                     control_max_len: Optional[int] = None, progress: Optional[Progress] = None) -> RetrievalResult:
+                     control_max_len: Optional[int] = None, progress: Optional[Progress] = None,
+                     needles: Sequence[str] = NEEDLES, question: str = QUESTION) -> RetrievalResult:
     """Retrieval score of every head on needle prompts, with bootstrap CIs and a control.
 
     The same scores as `headscope.analyze(loaded, ["retrieval"], [NeedleProbe(lengths, depths,
-    n_needles, max_len)])` (`control_max_len` aside), as a `RetrievalResult`.
+    n_needles, max_len, needles, question)])` (`control_max_len` aside), as a `RetrievalResult`.
 
     Args:
         loaded: a `headscope.load(...)` result of a causal model.
@@ -261,10 +262,11 @@ def retrieval_scores(loaded, lengths: Sequence[int] = (2048, 4096, 8192), depths
         control_max_len: score the control only on prompts up to this length (default: all);
             a random twin's argmax lands on the needle by chance more often in short prompts.
         progress: `fn(stage, done, total)` after each forward pass.
+        needles, question: as in `headscope.needle.needle_probe`.
     Returns:
         A `RetrievalResult`.
     """
-    settings = NeedleProbe(tuple(lengths), tuple(depths), n_needles, max_len)
+    settings = NeedleProbe(tuple(lengths), tuple(depths), n_needles, max_len, tuple(needles), question)
     probe = settings.build(loaded, seed)
     examples = probe.examples
     twin, control_meta = resolve_control(loaded, control, seed)
