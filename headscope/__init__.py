@@ -15,7 +15,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
   (Wu et al. 2024), answer rows only, with intervals and a control.
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
 - `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals;
-  probe settings `TextProbe`, `RepeatedProbe`, `TreebankProbe`.
+  probe settings `TextProbe`, `RepeatedProbe`, `TreebankProbe`, `NeedleProbe` (the opt-in
+  `retrieval` detector's needle prompts).
 - `detector(name, template=fn, probe=..., threshold=...)`: register a custom detector from the
   attention pattern a head should have (`headscope.templates`).
 - `MultiHeadAttention`: headscope's own attention module with hook points.
@@ -49,6 +50,7 @@ _EXPORTS = {
     "TextProbe": "headscope.probe_kinds",
     "RepeatedProbe": "headscope.probe_kinds",
     "TreebankProbe": "headscope.probe_kinds",
+    "NeedleProbe": "headscope.probe_kinds",
     "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",
     "plot_pattern": "headscope.plotting",

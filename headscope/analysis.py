@@ -3,7 +3,8 @@
 - `Analysis`: `.scores` (layer, head, detector, score, ci_low, ci_high, n, control,
   control_max: the control model's score for the head and its best over heads), `.labels` (layer,
   head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), `.syntax`
-  (per-relation scores, when the syntactic detector ran) and `.validation` (what ablating each
+  (per-relation scores, when the syntactic detector ran), `.retrieval` and `.needles` (per-length
+  retrieval scores and per-needle-example accuracy, when the retrieval detector ran) and `.validation` (what ablating each
   label's heads did, when `headscope.validate` ran) and `.geometry` (a `GeometryResult`:
   subspaces, pattern similarity, importance, pruning curve, when `headscope.add_geometry` ran;
   `with_geometry(result)` attaches one; saved in the folder's `geometry/`).
@@ -36,6 +37,8 @@ __all__ = ["Analysis", "Example", "atomic_dir"]
 SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
 LABEL_COLUMNS = ["layer", "head", "label", "score", "labels"]
 SYNTAX_COLUMNS = ["layer", "head", "relation", "direction", "accuracy", "baseline", "n"]
+# Detector tables (`Finding.tables`), each saved as `<attribute>.csv` when present.
+TABLES = ("syntax", "retrieval", "needles")
 
 
 @dataclass
@@ -86,6 +89,8 @@ class Analysis:
     meta: dict
     examples: list[Example] = field(default_factory=list)
     syntax: Optional[Any] = None  # pandas.DataFrame or None
+    retrieval: Optional[Any] = None  # pandas.DataFrame (layer, head, length, score, n) or None
+    needles: Optional[Any] = None  # pandas.DataFrame (length, depth, needle, accuracy, counted) or None
     validation: Optional[Any] = None  # pandas.DataFrame from headscope.validate, or None
     geometry: Optional[Any] = None  # headscope.geometry_tables.GeometryResult, or None
 
@@ -146,8 +151,8 @@ class Analysis:
         return analysis_text(self)
 
     def save(self, directory, *, force: bool = False) -> Path:
-        """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv, validation.csv,
-        geometry/) atomically.
+        """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv, retrieval.csv,
+        needles.csv, validation.csv, geometry/) atomically.
 
         Args:
             directory: target folder; must not exist unless `force`.
@@ -166,8 +171,9 @@ class Analysis:
         self.labels[LABEL_COLUMNS].to_csv(folder / "labels.csv", index=False)
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
         (folder / "examples.json").write_text(json.dumps([e.to_json() for e in self.examples]))
-        if self.syntax is not None:
-            self.syntax.to_csv(folder / "syntax.csv", index=False)
+        for name in TABLES:
+            if getattr(self, name) is not None:
+                getattr(self, name).to_csv(folder / f"{name}.csv", index=False)
         if self.validation is not None:
             from .validation import write_csv
 
@@ -194,7 +200,7 @@ class Analysis:
             meta = json.loads((folder / "meta.json").read_text())
             examples_file = folder / "examples.json"
             examples = [Example.from_json(e) for e in json.loads(examples_file.read_text())] if examples_file.exists() else []
-            syntax = pd.read_csv(folder / "syntax.csv") if (folder / "syntax.csv").exists() else None
+            tables = {name: pd.read_csv(folder / f"{name}.csv") for name in TABLES if (folder / f"{name}.csv").exists()}
             validation = None
             if (folder / "validation.csv").exists():
                 from .validation import read_csv
@@ -203,5 +209,5 @@ class Analysis:
             geometry = read_geometry_tables(folder / GEOMETRY_FOLDER) if (folder / GEOMETRY_FOLDER).is_dir() else None
         except (ValueError, KeyError, OSError) as err:
             raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
-        return cls(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax, validation=validation,
-                   geometry=geometry)
+        return cls(scores=scores, labels=labels, meta=meta, examples=examples, validation=validation, geometry=geometry,
+                   **tables)

@@ -200,6 +200,7 @@ def analyze_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed for probes and bootstrap.")] = 0,
     treebank: Annotated[Optional[Path], typer.Option("--treebank", help="CoNLL-U file for the syntactic detector (default: the bundled treebank).")] = None,
     n_sentences: Annotated[int, typer.Option("--n-sentences", help="Treebank sentences scored by the syntactic detector (0, the default: all).")] = 0,
+    needle_lengths: Annotated[str, typer.Option("--needle-lengths", help="Prompt lengths in tokens of the needle probe that --detectors retrieval reads, comma-separated (those above the model's context are dropped).")] = "2048,4096,8192",
     validate: Annotated[bool, typer.Option("--validate", help="Also ablate each label's top-3 heads against random heads (slow: several forward passes per label).")] = False,
     control: Annotated[str, typer.Option("--control", help="random-init: score the same probes on an untrained twin and give learned labels only to heads that beat its best head; none: no control (labels then rest on thresholds alone).")] = "random-init",
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="Split a large model over devices: auto, balanced, sequential or a JSON {module: device} map (accelerate).")] = None,
@@ -217,7 +218,7 @@ def analyze_command(
     from .analysis import atomic_dir
     from .loading import load
     from .pipeline import analyze
-    from .probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+    from .probe_kinds import NeedleProbe, RepeatedProbe, TextProbe, TreebankProbe
     from .report import write_report_into
 
     _check_plotlyjs(plotlyjs)
@@ -227,6 +228,7 @@ def analyze_command(
         raise HeadscopeError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
     out = out or _default_out(model)
     names = _detector_names(detectors)
+    lengths = _lengths(needle_lengths)
     from .distributed import init_from_env, process_device
 
     rank, world = init_from_env(device)
@@ -241,7 +243,7 @@ def analyze_command(
     placement = _parse_device_map(device_map)
     loaded = load(model, device=device if placement else process_device(device), dtype=dtype, device_map=placement,
                   cache=not no_cache)
-    probes = [TextProbe(n_examples, seq_len), RepeatedProbe(n_examples, repeat_len, repeats)]
+    probes = [TextProbe(n_examples, seq_len), RepeatedProbe(n_examples, repeat_len, repeats), NeedleProbe(lengths)]
     if treebank is not None or n_sentences:  # asked for: a syntactic detector that cannot run says why
         probes.append(TreebankProbe(sentences, n_sentences or None, source=None if treebank is None else str(treebank)))
     analysis = analyze(loaded, names, probes, batch_size=batch_size, seed=seed, validate=validate,
@@ -271,6 +273,17 @@ def _detector_names(value: Optional[str]) -> Optional[list[str]]:
     from .detectors import resolve
 
     return [resolve(spec.strip()).name for spec in value.split(",") if spec.strip()]
+
+
+def _lengths(value: str) -> tuple[int, ...]:
+    """`--needle-lengths` ("1024,2048") as positive ints."""
+    try:
+        lengths = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 1:
+        raise HeadscopeError(f"--needle-lengths takes comma-separated token counts such as 1024,2048; got {value!r}")
+    return lengths
 
 
 def _parse_device_map(value: Optional[str]):

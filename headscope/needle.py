@@ -8,7 +8,8 @@ forcing: the model reads the right answer and is scored on predicting each of it
 needle and the answer are the same ids, so "the needle token that is being emitted" is exact.
 
 - `NEEDLES`, `QUESTION`: the sentences and the prompt after the haystack.
-- `needle_probe(tokenizer, lengths, depths, n_needles, seed)` -> list of `NeedleExample`.
+- `needle_probe(tokenizer, lengths, depths, n_needles, seed, needles=NEEDLES, question=QUESTION)`
+  -> list of `NeedleExample`.
 - `NeedleExample`: input_ids `[pos]`, the needle and answer spans, length, depth, needle index;
   `.queries` are the positions whose next-token prediction is an answer token.
 """
@@ -48,7 +49,7 @@ class NeedleExample:
         answer: positions of the answer (the needle's ids again), at the end of the prompt.
         length: tokens in the prompt (`len(input_ids)`).
         depth: where the needle was asked to go, as a share of the haystack (0 = start).
-        needle_index: which of `NEEDLES`.
+        needle_index: which of the needles (`NEEDLES` by default).
     """
 
     input_ids: torch.Tensor
@@ -72,20 +73,22 @@ def _sentence_ends(tokenizer, stream: list[int]) -> torch.Tensor:
 
 
 def needle_probe(tokenizer, lengths: Sequence[int], depths: Sequence[float] = (0.1, 0.5, 0.9), n_needles: int = 1,
-                 seed: int = 0) -> list[NeedleExample]:
+                 seed: int = 0, needles: Sequence[str] = NEEDLES, question: str = QUESTION) -> list[NeedleExample]:
     """Needle prompts of each length x depth x needle.
 
     Args:
         tokenizer: the model's tokenizer.
         lengths: total tokens per prompt (haystack, needle, question and answer together).
         depths: where the needle goes, as shares of the haystack in [0, 1].
-        n_needles: needles per (length, depth): `NEEDLES[(seed + i) % len(NEEDLES)]`, i < n_needles.
+        n_needles: needles per (length, depth): `needles[(seed + i) % len(needles)]`, i < n_needles.
         seed: picks the needles and where in the corpus each haystack window starts.
+        needles, question: the sentences to hide and the request after the haystack (default
+            `NEEDLES`, `QUESTION`; shorter ones fit models of short context).
     Returns:
         `len(lengths) * len(depths) * n_needles` examples, length-major.
     """
-    if not 1 <= n_needles <= len(NEEDLES):
-        raise HeadscopeError(f"n_needles must be between 1 and {len(NEEDLES)}, got {n_needles}")
+    if not 1 <= n_needles <= len(needles):
+        raise HeadscopeError(f"n_needles must be between 1 and {len(needles)}, got {n_needles}")
     for depth in depths:
         if not 0.0 <= depth <= 1.0:
             raise HeadscopeError(f"needle depths are shares of the haystack in [0, 1], got {depth}")
@@ -93,14 +96,14 @@ def needle_probe(tokenizer, lengths: Sequence[int], depths: Sequence[float] = (0
     encode = lambda text: tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     stream = encode(text_corpus())
     ends = _sentence_ends(tokenizer, stream)
-    question = encode(QUESTION)
+    question = encode(question)
     gen = torch.Generator().manual_seed(seed)
     examples = []
     for length in lengths:
         for depth in depths:
             for i in range(n_needles):
-                index = (seed + i) % len(NEEDLES)
-                needle = encode(" " + NEEDLES[index])
+                index = (seed + i) % len(needles)
+                needle = encode(" " + needles[index])
                 answer = needle  # the same ids: the emitted token and the needle token match exactly
                 n_hay = length - len(prefix) - len(needle) - len(question) - len(answer)
                 if n_hay < 16:

@@ -132,20 +132,28 @@ def analyze(
     findings, how, sink_layers, skipped = {}, {}, set(), {}
     asked = detectors is not None
     for name, probe_dets in groups.items():
-        t = time.perf_counter()
-        model, how[name], sinks = collect(loaded, built[name], probe_dets, batch_size, progress, lazy,
-                                             map_budget=map_budget)
-        sink_layers.update(sinks)
-        timings[f"probe_{name}"] = time.perf_counter() - t
-        twin_values = {}
-        if twin is not None:
+        patterned = [d for d in probe_dets if d.run is None]  # the others run their own passes
+        model, twin_values = {}, {}
+        if patterned:
             t = time.perf_counter()
-            twin_values = collect(twin, built[name], probe_dets, batch_size, progress, lazy,
-                                  stage=f"probe {name} (control)", map_budget=map_budget)[0]
-            timings[f"probe_{name}_control"] = time.perf_counter() - t
+            model, how[name], sinks = collect(loaded, built[name], patterned, batch_size, progress, lazy,
+                                              map_budget=map_budget)
+            sink_layers.update(sinks)
+            timings[f"probe_{name}"] = time.perf_counter() - t
+            if twin is not None:
+                t = time.perf_counter()
+                twin_values = collect(twin, built[name], patterned, batch_size, progress, lazy,
+                                      stage=f"probe {name} (control)", map_budget=map_budget)[0]
+                timings[f"probe_{name}_control"] = time.perf_counter() - t
         for det in probe_dets:
+            t = time.perf_counter()
             try:
-                findings[det.name] = det.finalize(model[det.name], twin_values.get(det.name), built[name], seed)
+                if det.run is None:
+                    findings[det.name] = det.finalize(model[det.name], twin_values.get(det.name), built[name], seed)
+                else:  # model and control twin, its own forward passes
+                    findings[det.name] = det.run(loaded, twin, built[name], seed, progress)
+                    how[name] = "the detector's own passes"
+                    timings[f"probe_{name}"] = timings.get(f"probe_{name}", 0.0) + time.perf_counter() - t
             except CannotScore as err:
                 if asked or any(p.name == name for p in given):  # asked for: say why it cannot run
                     raise

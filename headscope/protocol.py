@@ -15,6 +15,18 @@ head (NaN where the example has no query the formula applies to); the default `f
 the mean over examples with a 95% percentile-bootstrap CI (`headscope.stats`), for the model and
 for the control. Detectors are pure: they never modify the pattern they are given.
 
+Some detectors cannot be written as `pattern -> values`: they read the model's logits as well
+(retrieval heads count only the answer tokens the model predicts) or need attention rows at
+lengths where no map fits. Such a detector carries `run`, and runs its own forward passes:
+
+    run(loaded, control, probe, seed, progress) -> Finding
+
+`analyze` builds its probe as usual (a probe kind in `headscope.probe_kinds`; `NeedleProbe`
+for retrieval) and calls `run` with the control twin it resolved for every detector, instead of
+`capture(reduce=...)` and `finalize`. The rows it returns are the same `SCORE_COLUMNS` (and
+labels follow the same rule); its `fn` is never called on a pattern, and calling the detector on
+one is an error that says how to run it.
+
 A detector also carries what the rest of headscope needs to know about it: its probe,
 threshold, formula, source, what its score is (`quantity`), whether it claims a learned
 behaviour or describes a resting one (`learned`), its colour and abbreviation in reports, and
@@ -115,6 +127,10 @@ class Detector:
         report_rule: `(topic, sentence)` the report adds to its labelling rules, with
             `{threshold:g}` and `{control}` (" and above the control's best head ..." or ".")
             filled in; empty for detectors the general rules cover.
+        run: `(loaded, control, probe, seed, progress) -> Finding` for a detector that runs its
+            own forward passes over its built probe (`control`: the twin `analyze` resolved, or
+            None; `progress`: `fn(stage, done, total)` or None); `analyze` calls it instead of
+            `reduce`/`finalize`. None for pattern detectors.
     """
 
     name: str
@@ -135,6 +151,7 @@ class Detector:
     short: Optional[str] = None
     icl_check: bool = False
     report_rule: tuple[str, ...] = ()
+    run: Optional[Callable] = None
 
     def score(self, pattern, batch) -> torch.Tensor:
         """Per-example scores `[batch, head]` (`[batch, head, variant]` with `variants`) of one
@@ -184,6 +201,9 @@ class Detector:
         A loaded model is scored by `headscope.analyze(loaded, detectors=[name])`: running a
         model is the pipeline's job, and a detector stays a function of patterns.
         """
+        if self.run is not None:
+            raise HeadscopeError(f"detector {self.name!r} runs its own forward passes on the {self.probe} probe; "
+                                 f"score a loaded model with headscope.analyze(loaded, detectors=[{self.name!r}])")
         if batch is not None:
             return self.score(target, batch)
         if hasattr(target, "model") and hasattr(target, "tokenizer"):

@@ -25,13 +25,16 @@ plain forward pass. The argmax does not depend on the scale, a soft-cap (monoton
 logit (shared by a row); models whose mask adds a position bias (ALiBi) would need it and are not
 handled.
 
-- `retrieval_scores(loaded, lengths, depths, n_needles, ...)` -> `RetrievalResult`.
+- `retrieval_scores(loaded, lengths, depths, n_needles, ...)` -> `RetrievalResult`; the same
+  scores as `headscope.analyze(loaded, ["retrieval"], [NeedleProbe(...)])`, both through
+  `score_needles` (the one scoring core); `run_retrieval` is the detector's `run`.
 - `needle_copy_accuracy(loaded, examples, heads=(), mode="zero")`: share of answer tokens the model
   predicts, with heads ablated.
 - `validate_retrieval(loaded, result, k=5, n_random=5, ...)`: top-k retrieval heads against
   random same-layer heads, by needle-copy accuracy.
 - `answer_rows(q, k, queries, scale)`, `copy_scores(argmax_keys, ...)`: the two formulas above.
-- `RETRIEVAL`: the detector's threshold, formula and source (a `Detector`, not in the pattern registry).
+- `RETRIEVAL`: the detector (threshold, formula, source, `run`), registered as "retrieval" by
+  `headscope.detectors.retrieval`; opt-in, as it needs long prompts.
 """
 from __future__ import annotations
 
@@ -41,34 +44,23 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .control import resolve_control
-from .protocol import Detector
 from .errors import HeadscopeError
 from .hf.adapters import core_modules
 from .hf.capture import ablate
 from .hf.route import Session, layer_map, routed
 from .kernel import expand_kv
 from .labels import passes
-from .needle import NeedleExample, needle_probe
+from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
+from .probe_kinds import NeedleProbe
+from .protocol import Detector, Finding
 from .stats import bootstrap_mean_ci
 
-__all__ = ["RETRIEVAL", "THRESHOLD", "SUCCESS", "RetrievalResult", "retrieval_scores", "answer_rows", "copy_scores",
-           "run_needle", "needle_copy_accuracy", "validate_retrieval"]
+__all__ = ["RETRIEVAL", "THRESHOLD", "SUCCESS", "RetrievalResult", "retrieval_scores", "score_needles", "run_retrieval",
+           "answer_rows", "copy_scores", "run_needle", "needle_copy_accuracy", "validate_retrieval"]
 
 THRESHOLD = 0.1  # Wu et al. 2024
 SUCCESS = 0.5  # share of answer tokens the model must predict for an example to count (their ROUGE > 50)
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
-
-def _not_a_pattern_detector(pattern, batch):
-    raise HeadscopeError("retrieval reads its own needle probe: use headscope.retrieval_scores(loaded)")
-
-
-RETRIEVAL = Detector(
-    name="retrieval", probe="needle", threshold=THRESHOLD, opt_in=True, quantity="share of needle tokens copied",
-    formula="per needle example: #{answer tokens the model predicts whose query's argmax key is the same token "
-            "inside the needle} / |needle|; examples where the model predicts < 50% of the answer left out",
-    source="Wu et al. 2024 (retrieval heads; threshold 0.1, their code nightdessert/Retrieval_Head)",
-    fn=_not_a_pattern_detector)
 
 
 def answer_rows(q: torch.Tensor, k: torch.Tensor, queries: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
@@ -197,10 +189,66 @@ def _per_example(loaded, examples, only_predicted: bool, progress: Optional[Prog
     return torch.stack(columns, dim=1), accuracy
 
 
+def score_needles(loaded, twin, examples: Sequence[NeedleExample], seed: int, progress: Optional[Progress] = None,
+                  control_examples: Optional[Sequence[NeedleExample]] = None):
+    """The scoring core that `retrieval_scores` and the `retrieval` detector share.
+
+    Args:
+        loaded: the model; twin: the control model or None.
+        examples: needle prompts; control_examples: the twin's (default: the same).
+        seed: bootstrap resamples.
+        progress: `fn(stage, done, total)` after each forward pass.
+    Returns:
+        `(rows, by_length, per_example)`: rows with `SCORE_COLUMNS` (control NaN without a
+        twin); per head and length its mean over counted examples (layer, head, length, score,
+        n); per example length, depth, needle, accuracy, counted.
+    """
+    import pandas as pd
+
+    values, accuracy = _per_example(loaded, examples, True, progress, "probe needle")
+    mean, low, high, n = bootstrap_mean_ci(values, seed=seed)
+    L, H = loaded.n_layers, loaded.n_heads
+    rows = pd.DataFrame({"layer": torch.arange(L).repeat_interleave(H).numpy(), "head": torch.arange(H).repeat(L).numpy(),
+                         "detector": RETRIEVAL.name, "score": mean.numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
+                         "n": n.numpy()})
+    if twin is not None:
+        twin_values, _ = _per_example(twin, examples if control_examples is None else control_examples, False, progress,
+                                      "probe needle (control)")
+        twin_mean = twin_values.mean(-1)
+        rows["control"] = twin_mean.numpy()
+        rows["control_max"] = float(twin_mean.max())
+    else:
+        rows["control"] = rows["control_max"] = float("nan")
+    by_length = []
+    for length in sorted({e.length for e in examples}):
+        part = values[:, [i for i, e in enumerate(examples) if e.length == length]]
+        present = ~part.isnan()
+        means = torch.where(present, part, torch.zeros_like(part)).sum(-1) / present.sum(-1).clamp(min=1)
+        means = torch.where(present.any(-1), means, torch.full_like(means, float("nan")))
+        by_length.append(pd.DataFrame({"layer": rows.layer, "head": rows["head"], "length": length,
+                                       "score": means.numpy(), "n": present.sum(-1).numpy()}))
+    per_example = pd.DataFrame({"length": [e.length for e in examples], "depth": [e.depth for e in examples],
+                                "needle": [e.needle_index for e in examples], "accuracy": accuracy,
+                                "counted": [a >= SUCCESS for a in accuracy]})
+    return rows, pd.concat(by_length, ignore_index=True), per_example
+
+
+def run_retrieval(loaded, twin, probe, seed: int, progress: Optional[Progress] = None) -> Finding:
+    """`RETRIEVAL.run`: what `headscope.analyze` calls with the built needle probe
+    (`headscope.probe_kinds.NeedleSet`) and its control twin. The per-length scores and the
+    per-example accuracies become the analysis's `retrieval` and `needles` tables."""
+    rows, by_length, per_example = score_needles(loaded, twin, probe.examples, seed, progress)
+    return Finding(rows, tables={"retrieval": by_length, "needles": per_example})
+
+
 def retrieval_scores(loaded, lengths: Sequence[int] = (2048, 4096, 8192), depths: Sequence[float] = (0.1, 0.5, 0.9),
                      n_needles: int = 1, seed: int = 0, *, max_len: Optional[int] = None, control="random-init",
-                     control_max_len: Optional[int] = None, progress: Optional[Progress] = None) -> RetrievalResult:
+                     control_max_len: Optional[int] = None, progress: Optional[Progress] = None,
+                     needles: Sequence[str] = NEEDLES, question: str = QUESTION) -> RetrievalResult:
     """Retrieval score of every head on needle prompts, with bootstrap CIs and a control.
+
+    The same scores as `headscope.analyze(loaded, ["retrieval"], [NeedleProbe(lengths, depths,
+    n_needles, max_len, needles, question)])` (`control_max_len` aside), as a `RetrievalResult`.
 
     Args:
         loaded: a `headscope.load(...)` result of a causal model.
@@ -214,50 +262,22 @@ def retrieval_scores(loaded, lengths: Sequence[int] = (2048, 4096, 8192), depths
         control_max_len: score the control only on prompts up to this length (default: all);
             a random twin's argmax lands on the needle by chance more often in short prompts.
         progress: `fn(stage, done, total)` after each forward pass.
+        needles, question: as in `headscope.needle.needle_probe`.
     Returns:
         A `RetrievalResult`.
     """
-    import pandas as pd
-
-    if not loaded.causal:
-        raise HeadscopeError(f"the retrieval detector needs a causal model; {loaded.name} is bidirectional")
-    limit = min(max_len or loaded.context_length or max(lengths), loaded.context_length or max(lengths))
-    kept = [length for length in lengths if length <= limit]
-    if not kept:
-        raise HeadscopeError(f"no needle length fits: lengths {list(lengths)}, longest allowed {limit}")
-    examples = needle_probe(loaded.tokenizer, kept, depths, n_needles, seed)
-    values, accuracy = _per_example(loaded, examples, True, progress, "needle")
-    mean, low, high, n = bootstrap_mean_ci(values, seed=seed)
-    L, H = loaded.n_layers, loaded.n_heads
-    frame = pd.DataFrame({"layer": torch.arange(L).repeat_interleave(H).numpy(), "head": torch.arange(H).repeat(L).numpy(),
-                          "detector": "retrieval", "score": mean.numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
-                          "n": n.numpy()})
+    settings = NeedleProbe(tuple(lengths), tuple(depths), n_needles, max_len, tuple(needles), question)
+    probe = settings.build(loaded, seed)
+    examples = probe.examples
     twin, control_meta = resolve_control(loaded, control, seed)
+    control_examples = [e for e in examples if control_max_len is None or e.length <= control_max_len]
+    frame, by_length, table = score_needles(loaded, twin, examples, seed, progress, control_examples)
     if twin is not None:
-        control_examples = [e for e in examples if control_max_len is None or e.length <= control_max_len]
-        twin_values, _ = _per_example(twin, control_examples, False, progress, "needle (control)")
-        twin_mean = twin_values.mean(-1)
-        frame["control"] = twin_mean.numpy()
-        frame["control_max"] = float(twin_mean.max())
         control_meta["lengths"] = sorted({e.length for e in control_examples})
-    else:
-        frame["control"] = frame["control_max"] = float("nan")
     frame["retrieval"] = [passes(RETRIEVAL, s, lo, c) for s, lo, c in zip(frame.score, frame.ci_low, frame.control_max)]
-    by_length = []
-    for length in sorted({e.length for e in examples}):
-        columns = [i for i, e in enumerate(examples) if e.length == length]
-        part = values[:, columns]
-        present = ~part.isnan()
-        means = torch.where(present, part, torch.zeros_like(part)).sum(-1) / present.sum(-1).clamp(min=1)
-        means = torch.where(present.any(-1), means, torch.full_like(means, float("nan")))
-        by_length.append(pd.DataFrame({"layer": frame.layer, "head": frame["head"], "length": length,
-                                       "score": means.numpy(), "n": present.sum(-1).numpy()}))
-    table = pd.DataFrame({"length": [e.length for e in examples], "depth": [e.depth for e in examples],
-                          "needle": [e.needle_index for e in examples], "accuracy": accuracy,
-                          "counted": [a >= SUCCESS for a in accuracy]})
-    meta = {"model": loaded.name, "lengths": kept, "depths": list(depths), "n_needles": n_needles, "seed": seed,
+    meta = {"model": loaded.name, "lengths": probe.lengths, "depths": list(depths), "n_needles": n_needles, "seed": seed,
             "threshold": THRESHOLD, "success": SUCCESS, "control": control_meta, "detector": RETRIEVAL.describe()}
-    return RetrievalResult(frame, pd.concat(by_length, ignore_index=True), table, meta, examples)
+    return RetrievalResult(frame, by_length, table, meta, examples)
 
 
 @torch.no_grad()
@@ -324,3 +344,15 @@ def validate_retrieval(loaded, result: RetrievalResult, k: int = 5, n_random: in
     frame.attrs = {"hurts_more": bool(frame.delta[1] < 0 and frame.delta[1] < random_deltas.min()), "mode": mode, "lengths": list(lengths),
                    "depths": list(depths), "n_needles": n_needles, "seed": seed + 1, "n_examples": len(examples)}
     return frame
+
+
+def _not_a_pattern_detector(pattern, batch):
+    raise HeadscopeError("retrieval reads its own needle probe: use headscope.analyze(loaded, detectors=['retrieval'])")
+
+
+RETRIEVAL = Detector(
+    name="retrieval", probe="needle", threshold=THRESHOLD, opt_in=True, quantity="share of needle tokens copied",
+    formula="per needle example: #{answer tokens the model predicts whose query's argmax key is the same token "
+            "inside the needle} / |needle|; examples where the model predicts < 50% of the answer left out",
+    source="Wu et al. 2024 (retrieval heads; threshold 0.1, their code nightdessert/Retrieval_Head)",
+    fn=_not_a_pattern_detector, run=run_retrieval, colour="#e6550d", short="retr")

@@ -116,6 +116,10 @@ def test_detectors_do_not_modify_their_input():
     before = p.clone()
     batch = _batch(torch.randint(3, 9, (2, 12)), start=1)
     for det in detectors.REGISTRY.values():
+        if det.run is not None:  # runs its own passes on its probe (retrieval): a pattern is refused
+            with pytest.raises(headscope.HeadscopeError, match="runs its own forward passes"):
+                det(p, batch)
+            continue
         if det.probe == "treebank":
             with pytest.raises(headscope.HeadscopeError, match="dependency arcs"):
                 det(p, batch)  # needs sentences, not one pattern

@@ -8,8 +8,9 @@ per-example values and finalizes them into rows of the scores table; see
 - One module per detector: induction, duplicate_token (formulas shared in copying.py),
   previous_token, next_token, self_token (formula shared in positional.py), sink, uniform,
   positional (argmax at offset k, one variant per offset; see `headscope.variants`), rare_word,
-  syntactic (word attention against dependency arcs, `headscope.syntax.detector`). Registered in
-  this order, which is the order of the scores table.
+  syntactic (word attention against dependency arcs, `headscope.syntax.detector`), retrieval
+  (needle copying, Wu et al. 2024; runs its own passes, `Detector.run`). Registered in this
+  order, which is the order of the scores table.
 - Your own: `headscope.detector(name, template=...)` (`headscope.templates`) or any
   `register(Detector(...))`; the CLI imports a module named as `--detectors mypkg.module:name`.
 - From a notebook, a detector is called on captured patterns (`previous_token(cap.patterns)`).
@@ -29,12 +30,13 @@ from .rare_word import rare_word
 from .self_token import self_attention
 from .sink import sink
 from .uniform import uniform
-from .syntactic import syntactic  # noqa: E402  (last: its rows follow the pattern detectors')
+from .syntactic import syntactic  # noqa: E402  (after the pattern detectors: its rows follow theirs)
+from .retrieval import retrieval  # noqa: E402  (opt-in; runs its own passes on the needle probe)
 
 __all__ = [
     "REGISTRY", "Detector", "register", "get", "names", "defaults", "resolve",
     "previous_token", "next_token", "positional", "self_attention", "rare_word", "sink", "uniform", "induction", "duplicate_token",
-    "syntactic",
+    "syntactic", "retrieval",
 ]
 
 
