@@ -362,6 +362,8 @@ def detectors_command(
     for det in REGISTRY.values():
         typer.echo(f"{det.name:<16} threshold {det.threshold:<5} probe {det.probe:<9} {det.formula}")
         typer.echo(f"{'':<16} source: {det.source}")
+        if det.opt_in:
+            typer.echo(f"{'':<16} opt-in: runs only when named (--detectors {det.name})")
 
 
 @app.command("geometry")

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from headscope.analysis import Analysis
 from headscope.cli import app
+from headscope.detectors import REGISTRY
 
 ARGS = ["--n-examples", "4", "--seq-len", "40", "--device", "cpu"]
 
@@ -180,6 +181,8 @@ def test_compare_and_detectors(analyzed, model_dir, tmp_path):
     assert listing.exit_code == 0
     for name in ("induction", "previous_token", "sink", "uniform", "duplicate_token", "self", "next_token"):
         assert name in listing.stdout
+    opt_in = [line.split("--detectors ")[1].rstrip(")") for line in listing.stdout.splitlines() if "opt-in:" in line]
+    assert opt_in == [name for name, det in REGISTRY.items() if det.opt_in] and "retrieval" in opt_in
 
 
 def test_help_is_fast_and_lists_commands():
