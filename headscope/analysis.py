@@ -6,7 +6,9 @@
   (per-relation scores, when the syntactic detector ran) and `.validation` (what ablating each
   label's heads did, when `headscope.validate` ran) and `.geometry` (a `GeometryResult`:
   subspaces, pattern similarity, importance, pruning curve, when `headscope.add_geometry` ran;
-  `with_geometry(result)` attaches one; saved in the folder's `geometry/`).
+  `with_geometry(result)` attaches one; saved in the folder's `geometry/`) and `.ov` (every
+  head's OV copying and its control twin's, `headscope.ov_circuit.OV_COLUMNS`, when analyze
+  computed it; saved as ov.csv).
 - `Analysis.save(dir)` / `Analysis.load(dir)`: a folder of CSV and JSON files, written
   atomically (a temporary folder renamed into place).
 - `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
@@ -88,6 +90,7 @@ class Analysis:
     syntax: Optional[Any] = None  # pandas.DataFrame or None
     validation: Optional[Any] = None  # pandas.DataFrame from headscope.validate, or None
     geometry: Optional[Any] = None  # headscope.geometry_tables.GeometryResult, or None
+    ov: Optional[Any] = None  # pandas.DataFrame of OV copying per head (headscope.ov_circuit.ov_table), or None
 
     @property
     def n_layers(self) -> int:
@@ -147,7 +150,7 @@ class Analysis:
 
     def save(self, directory, *, force: bool = False) -> Path:
         """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv, validation.csv,
-        geometry/) atomically.
+        ov.csv, geometry/) atomically.
 
         Args:
             directory: target folder; must not exist unless `force`.
@@ -168,6 +171,8 @@ class Analysis:
         (folder / "examples.json").write_text(json.dumps([e.to_json() for e in self.examples]))
         if self.syntax is not None:
             self.syntax.to_csv(folder / "syntax.csv", index=False)
+        if self.ov is not None:
+            self.ov.to_csv(folder / "ov.csv", index=False)
         if self.validation is not None:
             from .validation import write_csv
 
@@ -195,6 +200,7 @@ class Analysis:
             examples_file = folder / "examples.json"
             examples = [Example.from_json(e) for e in json.loads(examples_file.read_text())] if examples_file.exists() else []
             syntax = pd.read_csv(folder / "syntax.csv") if (folder / "syntax.csv").exists() else None
+            ov = pd.read_csv(folder / "ov.csv") if (folder / "ov.csv").exists() else None
             validation = None
             if (folder / "validation.csv").exists():
                 from .validation import read_csv
@@ -204,4 +210,4 @@ class Analysis:
         except (ValueError, KeyError, OSError) as err:
             raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
         return cls(scores=scores, labels=labels, meta=meta, examples=examples, syntax=syntax, validation=validation,
-                   geometry=geometry)
+                   geometry=geometry, ov=ov)
