@@ -117,10 +117,10 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
     if unembed is None:
         raise HeadscopeError(f"{type(model).__name__} has no unembedding (output embeddings): OV copying needs W_U")
     W_E = model.get_input_embeddings().weight.detach().float()  # (V, D)
-    W_U = unembed.weight.detach().float().T[:, : W_E.shape[0]]  # (D, V): nn.Linear stores (V, D)
+    W_U = unembed.weight.detach().float().T[:, : W_E.shape[0]].to(W_E.device)  # (D, V): nn.Linear stores (V, D)
     gains, final = norm_gains(model) if fold_norms else ({}, None)
     if final is not None:
-        W_U = final[:, None] * W_U  # diag(g_final) W_U
+        W_U = final.to(W_E.device)[:, None] * W_U  # diag(g_final) W_U
     rows = None
     if n_tokens is not None and n_tokens < W_E.shape[0]:  # 0: an empty sample
         rows = torch.randperm(W_E.shape[0], generator=torch.Generator().manual_seed(seed))[:n_tokens]
@@ -129,8 +129,9 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
     UE = W_U @ W_E  # (D, D), once: each head's eigenvalues then cost O(D^2 dh), not O(V D dh)
     out = []
     for layer, head, W_v, W_o in head_ov_weights(model):
+        W_v, W_o = W_v.to(W_E.device), W_o.to(W_E.device)  # layers may sit on other devices (device_map)
         if gains.get(layer) is not None:
-            W_v = gains[layer][:, None] * W_v  # diag(g_in) W_V
+            W_v = gains[layer].to(W_E.device)[:, None] * W_v  # diag(g_in) W_V
         scored = rows if top1_heads is None or (layer, head) in top1_heads else torch.zeros(0, dtype=torch.long)
         top1, share = ov_scores(W_E, W_v, W_o, W_U, block_size, scored, UE)
         out.append({"layer": layer, "head": head, "copy_top1": top1, "positive_eig_share": share})
