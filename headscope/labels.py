@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "MIXED_MARGIN", "OV_COPIES_SHARE", "OV_QUALIFIED"]
+__all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "ov_control_best", "MIXED_MARGIN", "OV_COPIES_SHARE", "OV_QUALIFIED"]
 
 MIXED_MARGIN = 0.05
 OV_COPIES_SHARE = 0.9  # positive eigenvalue share a copying head reaches (random circuits: 0.3-0.5)
@@ -56,6 +56,12 @@ def ov_qualifier(label: str, share: float, control_best: float = float("nan")) -
     return "copies" if copies else "no OV copying"
 
 
+def ov_control_best(ov) -> float:
+    """The control twin's highest positive eigenvalue share over heads in an OV table (NaN: no control)."""
+    control = ov["control_positive_eig_share"].dropna() if "control_positive_eig_share" in ov else ()
+    return float(control.max()) if len(control) else float("nan")
+
+
 def ov_qualifiers(labels, ov) -> dict:
     """{(layer, head): qualifier} for every head `ov_qualifier` qualifies.
 
@@ -67,8 +73,7 @@ def ov_qualifiers(labels, ov) -> dict:
     """
     if ov is None:
         return {}
-    control = ov["control_positive_eig_share"].dropna() if "control_positive_eig_share" in ov else ()
-    best = float(control.max()) if len(control) else float("nan")
+    best = ov_control_best(ov)
     share = {(int(l), int(h)): float(s) for l, h, s in zip(ov["layer"], ov["head"], ov["positive_eig_share"])}
     out = {}
     for layer, head, label in zip(labels["layer"], labels["head"], labels["label"].astype(str)):

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from ..labels import OV_QUALIFIED, ov_qualifiers
+from ..labels import OV_QUALIFIED, ov_control_best, ov_qualifiers
 
 __all__ = ["SyntaxBest", "SyntaxRelation", "ValidationRow", "OvRow", "syntax_best", "syntax_relations", "validation_rows",
            "ov_rows", "ov_lookup"]
@@ -86,7 +86,7 @@ class OvRow(NamedTuple):
     control_best_share: float
 
     def text(self) -> str:
-        """ "no OV copying (eig share 0.61, control 0.34)" for the tables, hover and CLI."""
+        """ "no OV copying (eig share 0.61, control 0.34; copy top-1 0.002)" for the top heads and the CLI."""
         control = "" if np.isnan(self.control_share) else f", control {self.control_share:.2f}"
         head = f"{self.qualifier} " if self.qualifier else ""
         return f"{head}(eig share {self.positive_eig_share:.2f}{control}; copy top-1 {self.copy_top1:.3f})"
@@ -99,8 +99,7 @@ def ov_lookup(analysis) -> dict:
         return {}
     labels = {(int(r.layer), int(r.head)): str(r.label) for r in analysis.labels.itertuples(index=False)}
     qualifiers = ov_qualifiers(analysis.labels, table)
-    control = table["control_positive_eig_share"].dropna()
-    best = float(control.max()) if len(control) else np.nan
+    best = ov_control_best(table)
     rows = {}
     for r in table.itertuples(index=False):
         key = (int(r.layer), int(r.head))
