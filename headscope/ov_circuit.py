@@ -116,6 +116,9 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
     unembed = model.get_output_embeddings()
     if unembed is None:
         raise HeadscopeError(f"{type(model).__name__} has no unembedding (output embeddings): OV copying needs W_U")
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise HeadscopeError("some weights are offloaded (device_map with disk or CPU offload): OV copying reads "
+                             "them from memory")
     W_E = model.get_input_embeddings().weight.detach().float()  # (V, D)
     W_U = unembed.weight.detach().float().T[:, : W_E.shape[0]].to(W_E.device)  # (D, V): nn.Linear stores (V, D)
     gains, final = norm_gains(model) if fold_norms else ({}, None)
@@ -160,7 +163,8 @@ def ov_table(loaded, control=None, heads: Optional[set] = None, n_tokens: int = 
         seed: chooses them (the same tokens for model and control).
     Returns:
         `(frame, None)`: DataFrame with `OV_COLUMNS`; or `(None, reason)` when the model has no
-        unembedding or no attention adapter (a BERT encoder without an LM head, say).
+        unembedding or no attention adapter (a BERT encoder without an LM head, say), or has
+        offloaded weights.
     """
     try:
         frame = ov_copying(loaded, n_tokens=n_tokens, seed=seed, fold_norms=True, top1_heads=heads)

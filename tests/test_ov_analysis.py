@@ -116,3 +116,15 @@ def test_a_model_without_unembedding_is_analysed_with_a_note(tmp_path):
     assert data.ov is None and any(n.topic == "ov" and "not computed" in n.text for n in data.rules)
     analysis.save(tmp_path / "a")
     assert not (tmp_path / "a" / "ov.csv").exists() and Analysis.load(tmp_path / "a").ov is None
+
+
+def test_offloaded_weights_are_a_reason_not_an_error():
+    import torch
+
+    from headscope.ov_circuit import ov_table
+
+    model = tiny_model("llama")
+    proj = model.model.layers[1].self_attn.v_proj
+    proj.weight = torch.nn.Parameter(torch.empty(proj.weight.shape, device="meta"))  # as accelerate leaves a disk-offloaded layer
+    frame, reason = ov_table(Loaded(model, char_tokenizer(), "tiny-llama", "llama", True))
+    assert frame is None and "offloaded" in reason
