@@ -105,6 +105,13 @@ def test_cli_summary_shows_the_qualifier(analysis, capsys, tmp_path):
     assert "OV" not in next(line for line in lines if line.strip().startswith("previous_token"))
 
 
+def test_notebook_display_shows_the_qualifier(analysis):
+    from headscope.notebook import analysis_html
+
+    shown = analysis_html(analysis)
+    assert "L1 H0 1.000" in shown and ", copies (eig share 1.00" in shown and ", no OV copying (eig share 0.00" in shown
+
+
 def test_a_model_without_unembedding_is_analysed_with_a_note(tmp_path):
     loaded = Loaded(tiny_model("bert"), char_tokenizer(), "tiny-bert", "bert", False)  # BertModel: no LM head
     analysis = analyze(loaded, detectors=["previous_token"], probes=[TextProbe(n_examples=4, seq_len=24)],
