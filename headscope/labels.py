@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "ov_control_best", "MIXED_MARGIN", "OV_COPIES_SHARE", "OV_QUALIFIED"]
+__all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "ov_control_best", "MIXED_MARGIN",
+           "OV_COPIES_SHARE", "OV_QUALIFIED"]
 
 MIXED_MARGIN = 0.05
 OV_COPIES_SHARE = 0.9  # positive eigenvalue share a copying head reaches (random circuits: 0.3-0.5)

@@ -170,8 +170,8 @@ def analyze(
     if ov:
         t = time.perf_counter()
         qualified = labels[labels.label.isin(OV_QUALIFIED)]  # copy_top1 only where it qualifies a label: cost
-        ov_frame, ov_skipped = ov_table(loaded, twin, {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])},
-                                          seed=seed)
+        heads = {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])}
+        ov_frame, ov_skipped = ov_table(loaded, twin, heads, seed=seed)
         timings["ov"] = time.perf_counter() - t
     t = time.perf_counter()
     examples = _explorer_examples(loaded, built, explorer_examples, explorer_len) if explorer_examples else []

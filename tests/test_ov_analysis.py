@@ -80,7 +80,8 @@ def test_report_data_carries_the_ov_column_and_qualifier(analysis, tmp_path):
     grid = data.label_grid
     assert grid.qualifiers[1][0] == "copies" and grid.qualifiers[1][1] == "no OV copying" and grid.qualifiers[0][0] == ""
     assert grid.hover[1][0].startswith("<b>layer 1 head 0</b>: induction, copies")
-    assert f"OV copying: eig share 1.000 (control {induction.control_share:.3f}, control best head {best:.3f})" in grid.hover[1][0]
+    line = f"OV copying: eig share 1.000 (control {induction.control_share:.3f}, control best head {best:.3f})"
+    assert line in grid.hover[1][0]
     assert "OV copying: eig share" in grid.hover[0][0] and ", copies" not in grid.hover[0][0]  # numbers, no qualifier
     assert "copy top-1" not in grid.hover[0][0]  # not computed for heads the qualifier does not read
     top = next(t for t in data.top_heads if t.label == "induction")
@@ -132,6 +133,7 @@ def test_offloaded_weights_are_a_reason_not_an_error():
 
     model = tiny_model("llama")
     proj = model.model.layers[1].self_attn.v_proj
-    proj.weight = torch.nn.Parameter(torch.empty(proj.weight.shape, device="meta"))  # as accelerate leaves a disk-offloaded layer
+    # as accelerate leaves a disk-offloaded layer
+    proj.weight = torch.nn.Parameter(torch.empty(proj.weight.shape, device="meta"))
     frame, reason = ov_table(Loaded(model, char_tokenizer(), "tiny-llama", "llama", True))
     assert frame is None and "offloaded" in reason

@@ -40,7 +40,8 @@ from .tables import (
 
 __all__ = [
     "ReportData", "LabelGrid", "DetectorGrid", "TopHead", "SyntaxBest", "SyntaxRelation", "MethodRow", "MethodNote",
-    "HeaderField", "ValidationRow", "OvRow", "ov_rows", "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best",
+    "HeaderField", "ValidationRow", "OvRow", "ov_rows",
+    "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best",
     "syntax_relations", "label_detector", "validation_rows", "method_rows", "label_rules", "report_warnings",
     "header_fields", "label_categories", "label_colour", "short_label", "OUTCOME_COLOURS", "TOP_K",
 ]

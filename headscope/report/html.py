@@ -279,7 +279,8 @@ def _top_heads_section(data) -> str:
         per_head = len(units) > 1 or label == "mixed"  # "mixed" shows each head's clearest detector
         unit = "clearest detector's score, named per head" if per_head else units.pop()
         rows.append([_swatch(label, data.label_grid), counts[label], unit,
-                     *[Raw(f"<span class=\"nowrap\">{head_button(t.layer, t.head)} {html.escape(t.text(per_head) + t.ov_text())}</span>")
+                     *[Raw(f"<span class=\"nowrap\">{head_button(t.layer, t.head)} "
+                           f"{html.escape(t.text(per_head) + t.ov_text())}</span>")
                        for t in heads]])
     return ("<section id=\"top-heads\"><h2>Top heads per label</h2><p class=\"hint\">Strongest first, each with "
             "its label's score in the quantity of that row and, in brackets, the control model's score for the same "

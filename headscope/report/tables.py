@@ -17,8 +17,8 @@ import numpy as np
 
 from ..labels import OV_QUALIFIED, ov_control_best, ov_qualifiers
 
-__all__ = ["SyntaxBest", "SyntaxRelation", "ValidationRow", "OvRow", "syntax_best", "syntax_relations", "validation_rows",
-           "ov_rows", "ov_lookup"]
+__all__ = ["SyntaxBest", "SyntaxRelation", "ValidationRow", "OvRow", "syntax_best", "syntax_relations",
+           "validation_rows", "ov_rows", "ov_lookup"]
 
 
 class SyntaxBest(NamedTuple):
