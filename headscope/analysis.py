@@ -7,7 +7,9 @@
   retrieval scores and per-needle-example accuracy, when the retrieval detector ran) and `.validation` (what ablating each
   label's heads did, when `headscope.validate` ran) and `.geometry` (a `GeometryResult`:
   subspaces, pattern similarity, importance, pruning curve, when `headscope.add_geometry` ran;
-  `with_geometry(result)` attaches one; saved in the folder's `geometry/`).
+  `with_geometry(result)` attaches one; saved in the folder's `geometry/`) and `.ov` (every
+  head's OV copying and its control twin's, `headscope.ov_circuit.OV_COLUMNS`, when analyze
+  computed it; saved as ov.csv).
 - `Analysis.save(dir)` / `Analysis.load(dir)`: a folder of CSV and JSON files, written
   atomically (a temporary folder renamed into place).
 - `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
@@ -37,8 +39,8 @@ __all__ = ["Analysis", "Example", "atomic_dir"]
 SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
 LABEL_COLUMNS = ["layer", "head", "label", "score", "labels"]
 SYNTAX_COLUMNS = ["layer", "head", "relation", "direction", "accuracy", "baseline", "n"]
-# Detector tables (`Finding.tables`), each saved as `<attribute>.csv` when present.
-TABLES = ("syntax", "retrieval", "needles")
+# Tables saved as `<attribute>.csv` when present: the detectors' (`Finding.tables`) and the OV circuit's (`ov`).
+TABLES = ("syntax", "retrieval", "needles", "ov")
 
 
 @dataclass
@@ -93,6 +95,7 @@ class Analysis:
     needles: Optional[Any] = None  # pandas.DataFrame (length, depth, needle, accuracy, counted) or None
     validation: Optional[Any] = None  # pandas.DataFrame from headscope.validate, or None
     geometry: Optional[Any] = None  # headscope.geometry_tables.GeometryResult, or None
+    ov: Optional[Any] = None  # pandas.DataFrame of OV copying per head (headscope.ov_circuit.ov_table), or None
 
     @property
     def n_layers(self) -> int:
@@ -152,7 +155,7 @@ class Analysis:
 
     def save(self, directory, *, force: bool = False) -> Path:
         """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv, retrieval.csv,
-        needles.csv, validation.csv, geometry/) atomically.
+        needles.csv, ov.csv, validation.csv, geometry/) atomically.
 
         Args:
             directory: target folder; must not exist unless `force`.

@@ -162,7 +162,8 @@ class _Bars:
 
 def _summary(analysis, out: Path) -> None:
     """One line per label: head count, the quantity its scores are in, the strongest heads
-    (layer.head score, and the control's score for the same head), as the report's top-heads table."""
+    (layer.head score, and the control's score for the same head; induction and duplicate-token
+    heads with their OV qualifier), as the report's top-heads table."""
     from .report.data import report_warnings, top_heads
     from .report.method import control_text
 
@@ -175,7 +176,7 @@ def _summary(analysis, out: Path) -> None:
     for label, heads in strongest.items():
         per_head = label == "mixed" or len({t.quantity for t in heads}) > 1
         unit = "clearest detector's score" if per_head else heads[0].quantity
-        shown = ", ".join(f"{t.layer}.{t.head} {t.text(per_head)}" for t in heads)
+        shown = ", ".join(f"{t.layer}.{t.head} {t.text(per_head)}{t.ov_text()}" for t in heads)
         typer.echo(f"  {label:<18} {counts[label]:>4}  {unit}: {shown}")
     if "none" in counts:
         typer.echo(f"  {'none':<18} {counts['none']:>4}")

@@ -2,7 +2,8 @@
 
 - `analysis_html(analysis)`: what an `Analysis` shows as a cell's result: model, layers x heads,
   the control model, heads per label with the quantity their scores are in and the strongest
-  ones (score and the control's score for the same head), warnings (no control, a detector
+  ones (score and the control's score for the same head; induction and duplicate-token heads
+  with their OV qualifier), warnings (no control, a detector
   skipped), and the label map as an interactive figure.
 - `analysis_text(analysis)`: the one-line `repr` of an `Analysis`.
 - `figure_html(fig)`: one plotly figure as notebook HTML: a `<div>`, the figure's JSON and a
@@ -101,7 +102,7 @@ def analysis_html(analysis) -> str:
         per_head = label == "mixed" or len({t.quantity for t in heads}) > 1
         unit = "" if not heads else ("clearest detector's score" if per_head else heads[0].quantity)
         rows.append([_swatch(label, colour), counts[label], unit,
-                     ", ".join(f"L{t.layer} H{t.head} {t.text(per_head)}" for t in heads)])
+                     ", ".join(f"L{t.layer} H{t.head} {t.text(per_head)}{t.ov_text()}" for t in heads)])
     detectors = ", ".join(analysis.detectors)
     return "\n".join([
         "<div class=\"headscope-analysis\">",

@@ -9,7 +9,9 @@ pattern only through a `LazyPattern`'s entries and row statistics (all built-in 
 entropy detectors do), the layer runs the fused kernel and the map is never computed
 (`lazy=True`, the default). The same batches also run through a control model, an untrained
 twin (`headscope.control`), whose score for the same head (`control`) and best score over heads
-(`control_max`) join the table; labels follow `headscope.labels`.
+(`control_max`) join the table; labels follow `headscope.labels`. From the weights, the OV
+copying of every head and of its control twin (`headscope.ov_circuit.ov_table`) becomes
+`Analysis.ov`, which qualifies induction and duplicate-token labels (`headscope.labels.ov_qualifier`).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from .control import resolve_control
 from .detectors import defaults, get
 from .errors import CannotScore, HeadscopeError
 from .hf.capture import capture
-from .labels import label_heads
+from .labels import OV_COPIES_SHARE, OV_QUALIFIED, label_heads
+from .ov_circuit import OV_TOKENS, ov_table
 from .probe_kinds import probe_settings
 from .protocol import SCORE_COLUMNS
 from .runner import MAP_BUDGET, Progress, collect
@@ -83,6 +86,7 @@ def analyze(
     lazy: bool = True,
     control="random-init",
     map_budget: int = MAP_BUDGET,
+    ov: bool = True,
 ) -> Analysis:
     """Score every head of a loaded model.
 
@@ -111,6 +115,10 @@ def analyze(
             when it would not fit in memory); None or "none": no control; or a `Loaded` to use
             as the control. Learned-behaviour labels need the head's CI lower bound above the
             control's best head (`headscope.labels`).
+        ov: compute every head's OV eigenvalue share from the weights, and the control's, and
+            the copy_top1 of induction and duplicate-token heads, into `.ov`
+            (`headscope.ov_circuit.ov_table`; skipped with a note in `meta["notes"]` when the
+            model has no unembedding or adapter). False leaves `.ov` None.
     Returns:
         An `Analysis`.
     """
@@ -166,6 +174,13 @@ def analyze(
     names = {key: label for d in dets for key, label in findings[d.name].names.items()}
     labels = label_heads(scores, {d.name: d for d in dets}, names)
     timings["statistics"] = time.perf_counter() - t
+    ov_frame, ov_skipped = None, "not asked for (ov=False)"
+    if ov:
+        t = time.perf_counter()
+        qualified = labels[labels.label.isin(OV_QUALIFIED)]  # copy_top1 only where it qualifies a label: cost
+        heads = {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])}
+        ov_frame, ov_skipped = ov_table(loaded, twin, heads, seed=seed)
+        timings["ov"] = time.perf_counter() - t
     t = time.perf_counter()
     examples = _explorer_examples(loaded, built, explorer_examples, explorer_len) if explorer_examples else []
     timings["explorer"] = time.perf_counter() - t
@@ -181,7 +196,11 @@ def analyze(
         meta["probes"][name]["patterns"] = how[name]
     if sink_layers:
         meta["notes"] = [SINK_NOTE.format(n=len(sink_layers), total=loaded.n_layers)]
-    analysis = Analysis(scores=scores, labels=labels, meta=meta, examples=examples)
+    meta["ov"] = {"n_tokens": OV_TOKENS, "copy_top1_of": list(OV_QUALIFIED), "fold_norms": True,
+                  "copies_share": OV_COPIES_SHARE, "skipped": ov_skipped}
+    if ov and ov_skipped:
+        meta.setdefault("notes", []).append(f"OV copying not computed: {ov_skipped}")
+    analysis = Analysis(scores=scores, labels=labels, meta=meta, examples=examples, ov=ov_frame)
     for det in dets:
         meta.update(findings[det.name].meta)
         for attribute, table in findings[det.name].tables.items():

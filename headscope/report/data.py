@@ -6,13 +6,15 @@
 - `top_heads(analysis, k)`: each label's strongest heads with the quantity their score is and the
   control's score for the same head.
 - From `tables.py`: `syntax_best(analysis)`, `syntax_relations(analysis)` (best head per relation;
-  every significant relation of each head labelled syntactic), `validation_rows(analysis)`.
+  every significant relation of each head labelled syntactic), `validation_rows(analysis)`,
+  `ov_rows(analysis)` (OV copying of induction and duplicate-token heads with their qualifier,
+  which the label map's hover and the top heads carry too).
 - `label_detector(label, passing, meta)`: the detector whose score a label shows.
 - From `method.py`: `method_rows(meta)`, `label_rules(meta)`, `report_warnings(meta)`, `header_fields(meta)`.
 - `label_categories(labels)`, `label_colour`, `short_label`: legend order, colours and cell
   abbreviations, read from the detectors (`Detector.colour`, `Detector.short`).
 - Types: `ReportData`, `LabelGrid`, `DetectorGrid`, `TopHead`, `SyntaxBest`, `SyntaxRelation`,
-  `MethodRow`, `MethodNote`, `HeaderField`, `ValidationRow`.
+  `MethodRow`, `MethodNote`, `HeaderField`, `ValidationRow`, `OvRow`.
 
 "Control" numbers come from `Analysis.scores`: `control` is the control model's score for the same
 head and detector, `control_max` its best score over heads (`headscope.control`). Hover strings
@@ -32,11 +34,14 @@ from .method import (
     HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, outranks_resting,
     quantity, report_warnings,
 )
-from .tables import SyntaxBest, SyntaxRelation, ValidationRow, syntax_best, syntax_relations, validation_rows
+from .tables import (
+    OvRow, SyntaxBest, SyntaxRelation, ValidationRow, ov_lookup, ov_rows, syntax_best, syntax_relations, validation_rows,
+)
 
 __all__ = [
     "ReportData", "LabelGrid", "DetectorGrid", "TopHead", "SyntaxBest", "SyntaxRelation", "MethodRow", "MethodNote",
-    "HeaderField", "ValidationRow", "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best",
+    "HeaderField", "ValidationRow", "OvRow", "ov_rows",
+    "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best",
     "syntax_relations", "label_detector", "validation_rows", "method_rows", "label_rules", "report_warnings",
     "header_fields", "label_categories", "label_colour", "short_label", "OUTCOME_COLOURS", "TOP_K",
 ]
@@ -68,6 +73,8 @@ class LabelGrid(NamedTuple):
     colours: tuple  # one colour per category
     short: tuple  # [layer][head] abbreviation shown in the cell
     hover: tuple  # [layer][head] every detector's score with CI (plotly pseudo-HTML)
+    qualifiers: tuple = ()  # [layer][head] OV qualifier of induction and duplicate-token heads ("copies",
+    # "no OV copying"), "" elsewhere; () without OV copying in the analysis
 
 
 class DetectorGrid(NamedTuple):
@@ -102,6 +109,16 @@ class TopHead(NamedTuple):
     ci_high: float
     control: float  # the control model's score for this head and detector (NaN: no control)
     control_max: float  # the control's best head for this detector
+    ov: Optional[OvRow] = None  # the head's OV copying (None: not computed)
+
+    @property
+    def qualifier(self) -> str:
+        """ "copies" or "no OV copying" for induction and duplicate-token heads, else ""."""
+        return self.ov.qualifier if self.ov is not None else ""
+
+    def ov_text(self) -> str:
+        """ ", no OV copying (eig share 0.61, control 0.34; copy top-1 0.002)" for qualified heads, else ""."""
+        return f", {self.ov.text()}" if self.qualifier else ""
 
     def text(self, name_detector: bool = False) -> str:
         """ "0.912 (control 0.050)", the detector named first when asked (as it passed: "syntactic:cc");
@@ -132,6 +149,7 @@ class ReportData:
     syntax_relations: Optional[tuple] = None  # SyntaxRelation; None when the analysis has no syntax scores
     syntax_notes: tuple = ()  # str: caveats of the syntactic detector (meta["syntax_notes"])
     geometry: Optional[GeometryData] = None  # None when the analysis holds no geometry (report/geometry_data.py)
+    ov: Optional[tuple] = None  # OvRow of induction and duplicate-token heads; None without OV copying
 
 
 def report_data(analysis) -> ReportData:
@@ -161,6 +179,7 @@ def report_data(analysis) -> ReportData:
         syntax_relations=syntax_relations(analysis),
         syntax_notes=tuple(str(n) for n in meta.get("syntax_notes", [])),
         geometry=geometry_data(analysis),
+        ov=ov_rows(analysis),
     )
 
 
@@ -214,8 +233,12 @@ def label_grid(analysis, categories: Optional[tuple] = None) -> LabelGrid:
     categories = categories or label_categories(label for row in labels for label in row)
     index = np.array([[categories.index(label) if label else -1 for label in row] for row in labels], dtype=int)
     detector_lines = _detector_lines(analysis)
+    ov = ov_lookup(analysis)
+    qualifiers = tuple(tuple(ov[(l, h)].qualifier if (l, h) in ov else "" for h in range(n_heads))
+                       for l in range(n_layers)) if ov else ()
     hover = tuple(
-        tuple(_label_hover(layer, head, labels[layer][head], passing[layer][head], detector_lines.get((layer, head), []))
+        tuple(_label_hover(layer, head, labels[layer][head], passing[layer][head], detector_lines.get((layer, head), []),
+                           ov.get((layer, head)))
               for head in range(n_heads))
         for layer in range(n_layers)
     )
@@ -223,6 +246,7 @@ def label_grid(analysis, categories: Optional[tuple] = None) -> LabelGrid:
         labels=tuple(map(tuple, labels)), passing=tuple(map(tuple, passing)), scores=scores, index=index,
         categories=categories, colours=tuple(label_colour(c, categories) for c in categories),
         short=tuple(tuple(short_label(label) for label in row) for row in labels), hover=hover,
+        qualifiers=qualifiers,
     )
 
 
@@ -269,6 +293,7 @@ def top_heads(analysis, k: int = TOP_K) -> tuple:
     """
     rows = []
     lookup = _score_rows(analysis)
+    ov = ov_lookup(analysis)
     for label in label_categories(analysis.labels["label"].astype(str)):
         if label == "none":
             continue
@@ -280,7 +305,8 @@ def top_heads(analysis, k: int = TOP_K) -> tuple:
             layer, head = int(row.layer), int(row.head)
             found = lookup.get((layer, head, label)) or lookup.get((layer, head, detector)) or {}
             rows.append(TopHead(label, rank, layer, head, float(row.score), passing, detector,
-                                quantity(analysis.meta, detector), *(float(found.get(c, np.nan)) for c in _STATS)))
+                                quantity(analysis.meta, detector), *(float(found.get(c, np.nan)) for c in _STATS),
+                                ov.get((layer, head))))
     return tuple(rows)
 
 
@@ -328,10 +354,17 @@ def _num(value: float) -> str:
     return "–" if np.isnan(value) else f"{value:.3f}"
 
 
-def _label_hover(layer: int, head: int, label: str, passing: str, lines: list) -> str:
-    top = f"<b>layer {layer} head {head}</b>: {html.escape(label or 'no label')}"
+def _label_hover(layer: int, head: int, label: str, passing: str, lines: list, ov: Optional[OvRow] = None) -> str:
+    """Label (with its OV qualifier), what else passed, every detector's score and the head's OV copying."""
+    qualified = f"{label}, {ov.qualifier}" if ov is not None and ov.qualifier else (label or "no label")
+    top = f"<b>layer {layer} head {head}</b>: {html.escape(qualified)}"
     if passing and passing != label:
         top += f"<br>passing: {html.escape(passing)}"
+    if ov is not None:
+        control = ("" if np.isnan(ov.control_share) else
+                   f" (control {ov.control_share:.3f}, control best head {ov.control_best_share:.3f})")
+        top1 = "" if np.isnan(ov.copy_top1) else f"; copy top-1 {ov.copy_top1:.3f}"
+        lines = lines + [f"OV copying: eig share {ov.positive_eig_share:.3f}{control}{top1}"]
     return "<br>".join([top] + lines)
 
 

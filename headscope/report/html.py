@@ -103,6 +103,7 @@ def render_report(data, plotlyjs: str = "embed") -> str:
         _explorer_section(data, initial),
         "</div>",
         _top_heads_section(data),
+        _ov_section(data),
         _syntax_section(data),
         _validation_section(data),
         _geometry_section(data),
@@ -278,12 +279,30 @@ def _top_heads_section(data) -> str:
         per_head = len(units) > 1 or label == "mixed"  # "mixed" shows each head's clearest detector
         unit = "clearest detector's score, named per head" if per_head else units.pop()
         rows.append([_swatch(label, data.label_grid), counts[label], unit,
-                     *[Raw(f"<span class=\"nowrap\">{head_button(t.layer, t.head)} {html.escape(t.text(per_head))}</span>")
+                     *[Raw(f"<span class=\"nowrap\">{head_button(t.layer, t.head)} "
+                           f"{html.escape(t.text(per_head) + t.ov_text())}</span>")
                        for t in heads]])
     return ("<section id=\"top-heads\"><h2>Top heads per label</h2><p class=\"hint\">Strongest first, each with "
             "its label's score in the quantity of that row and, in brackets, the control model's score for the same "
-            "head and detector; click a head to explore it.</p>"
+            "head and detector; induction and duplicate-token heads then say whether their OV circuit copies (see "
+            "OV copying); click a head to explore it.</p>"
             + table(["label", "heads", "quantity", *rank_headers], rows) + "</section>")
+
+
+def _ov_section(data) -> str:
+    """Induction and duplicate-token heads: does their OV circuit copy (`headscope.labels.ov_qualifier`)?"""
+    if not data.ov:
+        return ""
+    rows = [[head_button(r.layer, r.head), r.label, r.qualifier, r.positive_eig_share,
+             None if r.control_share != r.control_share else r.control_share,
+             None if r.control_best_share != r.control_best_share else r.control_best_share, r.copy_top1]
+            for r in data.ov]
+    return ("<section id=\"ov\"><h2>OV copying</h2><p class=\"hint\">What the induction and duplicate-token heads "
+            "write, from the weights (Elhage et al. 2021): the positive eigenvalue share of the OV circuit and the "
+            "share of sampled tokens whose own logit tops its row, beside the control model's shares; the rule is in "
+            "the Method section.</p>"
+            + table(["head", "label", "OV qualifier", "eig share", "control (same head)", "control best head",
+                     "copy top-1"], rows) + "</section>")
 
 
 def _syntax_section(data) -> str:

@@ -34,7 +34,7 @@ class MethodRow(NamedTuple):
 
 
 class MethodNote(NamedTuple):
-    """One sentence of the labelling rule; `topic` is "pass", "control", "clarity", "resting" or "syntax"."""
+    """One sentence of the labelling rule; `topic` is "pass", "control", "clarity", "resting", "ov" or "syntax"."""
 
     topic: str
     text: str
@@ -127,6 +127,7 @@ def label_rules(meta: dict) -> tuple:
             f"{' and '.join(rests)} are resting behaviours: a head that passes one of them and also a detector "
             f"measured on a probe built for its behaviour ({', '.join(outranking)}) gets that detector's label (LLM "
             "induction heads rest on the first token of text without repeats).")))
+    notes += _ov_notes(meta)
     control = " and above the control's best head on the same margin." if has_control(meta) else "."
     for name in specs:  # a detector's own rule, in its words (e.g. the syntactic cross-fitting)
         rule = detector_spec(meta, name).get("report_rule") or ()
@@ -134,6 +135,24 @@ def label_rules(meta: dict) -> tuple:
             notes.append(MethodNote(rule[0], rule[1].format(threshold=detector_spec(meta, name)["threshold"],
                                                             control=control)))
     return tuple(notes)
+
+
+def _ov_notes(meta: dict) -> list:
+    """The OV qualifier's rule (`headscope.labels.ov_qualifier`), numbers from `meta["ov"]`."""
+    ov = meta.get("ov")
+    if not ov:
+        return []
+    if ov.get("skipped"):
+        return [MethodNote("ov", f"OV copying was not computed ({ov['skipped']}), so induction and duplicate-token "
+                                 "labels carry no copying qualifier.")]
+    folded = "with the norm gains folded in" if ov.get("fold_norms") else "without the norms"
+    return [MethodNote("ov", (
+        f"Induction and duplicate-token labels are qualified by what the head writes (Elhage et al. 2021): \"copies\" "
+        f"when the positive eigenvalue share of its OV circuit W_E W_V W_O W_U ({folded}) is at least "
+        f"{ov.get('copies_share', 0.9):g}" + (" and above the control's best head" if has_control(meta) else "")
+        + f", else \"no OV copying\" (random circuits score 0.3–0.5). Copy top-1 is the share of "
+        f"{ov.get('n_tokens')} seeded source tokens whose own logit tops the circuit's row (chance 1/vocab). The "
+        "qualifier never changes a label; it reads the direct path only, which misses copying that later layers do."))]
 
 
 def report_warnings(meta: dict) -> tuple:

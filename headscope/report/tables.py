@@ -4,6 +4,8 @@
 - `syntax_relations(analysis)`: every significant relation of each head labelled syntactic
   (`SyntaxRelation`).
 - `validation_rows(analysis)`: the causal checks of `headscope.validate` (`ValidationRow`).
+- `ov_rows(analysis)`: OV copying of every head labelled induction or duplicate-token, with its
+  qualifier (`OvRow`); `ov_lookup(analysis)`: every head's OV numbers by (layer, head).
 
 Frames may come back from CSV (`Analysis.load`): booleans as text, missing cells as NaN.
 """
@@ -13,7 +15,10 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-__all__ = ["SyntaxBest", "SyntaxRelation", "ValidationRow", "syntax_best", "syntax_relations", "validation_rows"]
+from ..labels import OV_QUALIFIED, ov_control_best, ov_qualifiers
+
+__all__ = ["SyntaxBest", "SyntaxRelation", "ValidationRow", "OvRow", "syntax_best", "syntax_relations",
+           "validation_rows", "ov_rows", "ov_lookup"]
 
 
 class SyntaxBest(NamedTuple):
@@ -65,6 +70,49 @@ class ValidationRow(NamedTuple):
     hurts_more: bool
     baseline_accuracy: float  # NaN when the metric has none
     ablated_accuracy: float
+
+
+class OvRow(NamedTuple):
+    """One head's OV copying (`Analysis.ov`): the model's numbers, the control twin's for the same head and
+    its best head's share; `qualifier` is "copies", "no OV copying" or "" (`headscope.labels.ov_qualifier`)."""
+
+    layer: int
+    head: int
+    label: str
+    qualifier: str
+    positive_eig_share: float
+    copy_top1: float
+    control_share: float  # NaN: no control
+    control_best_share: float
+
+    def text(self) -> str:
+        """ "no OV copying (eig share 0.61, control 0.34; copy top-1 0.002)" for the top heads and the CLI."""
+        control = "" if np.isnan(self.control_share) else f", control {self.control_share:.2f}"
+        head = f"{self.qualifier} " if self.qualifier else ""
+        return f"{head}(eig share {self.positive_eig_share:.2f}{control}; copy top-1 {self.copy_top1:.3f})"
+
+
+def ov_lookup(analysis) -> dict:
+    """(layer, head) -> `OvRow` for every head of `analysis.ov` ({} when there is none)."""
+    table = analysis.ov
+    if table is None:
+        return {}
+    labels = {(int(r.layer), int(r.head)): str(r.label) for r in analysis.labels.itertuples(index=False)}
+    qualifiers = ov_qualifiers(analysis.labels, table)
+    best = ov_control_best(table)
+    rows = {}
+    for r in table.itertuples(index=False):
+        key = (int(r.layer), int(r.head))
+        rows[key] = OvRow(key[0], key[1], labels.get(key, ""), qualifiers.get(key, ""), float(r.positive_eig_share),
+                          float(r.copy_top1), _number(r.control_positive_eig_share), best)
+    return rows
+
+
+def ov_rows(analysis) -> Optional[tuple]:
+    """`OvRow`s of the heads labelled induction or duplicate-token, by layer and head; None without `.ov`."""
+    if analysis.ov is None:
+        return None
+    return tuple(row for _, row in sorted(ov_lookup(analysis).items()) if row.label in OV_QUALIFIED)
 
 
 def syntax_best(analysis) -> Optional[tuple]:
