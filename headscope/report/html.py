@@ -53,7 +53,7 @@ code { font-size: 12px; } .swatch { display: inline-block; width: 11px; height: 
 button.head { font: inherit; padding: 0 6px; cursor: pointer; border: 1px solid #bbb; border-radius: 3px; background: #f7f7f7; }
 .note { background: #fff6db; border-left: 4px solid #f0c040; padding: 6px 10px; }
 .note.warning { background: #fde8e8; border-left-color: #d62728; font-weight: 600; }
-.nowrap { white-space: nowrap; } h3 { font-size: 15px; margin: 14px 0 4px; } ul.rules { margin: 4px 0 8px; padding-left: 20px; max-width: 980px; }
+.nowrap { white-space: nowrap; } .ov-note { font-size: 12px; color: #555; } h3 { font-size: 15px; margin: 14px 0 4px; } ul.rules { margin: 4px 0 8px; padding-left: 20px; max-width: 980px; }
 """
 
 
@@ -280,7 +280,10 @@ def _top_heads_section(data) -> str:
         unit = "clearest detector's score, named per head" if per_head else units.pop()
         rows.append([_swatch(label, data.label_grid), counts[label], unit,
                      *[Raw(f"<span class=\"nowrap\">{head_button(t.layer, t.head)} "
-                           f"{html.escape(t.text(per_head) + t.ov_text())}</span>")
+                           f"{html.escape(t.text(per_head))}</span>"
+                           # the OV qualifier on its own line, free to wrap: kept beside the score it
+                           # would push the other ranks off the page
+                           + (f"<br><span class=\"ov-note\">{html.escape(t.ov.text())}</span>" if t.qualifier else ""))
                        for t in heads]])
     return ("<section id=\"top-heads\"><h2>Top heads per label</h2><p class=\"hint\">Strongest first, each with "
             "its label's score in the quantity of that row and, in brackets, the control model's score for the same "
