@@ -436,3 +436,21 @@ def test_failed_render_leaves_no_folder(analysis, tmp_path, monkeypatch):
     with pytest.raises(HeadscopeError, match="plotlyjs"):
         write_report(analysis, tmp_path / "report", plotlyjs="bogus")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_saved_analysis_renders_with_its_detectors_colours_in_a_fresh_process(analysis, data, tmp_path):
+    """`headscope report DIR` loads a saved analysis without running any detector: the report
+    must still know the built-in detectors' colours and legend order (it once got an empty
+    registry there, and drew every label in spare colours, sorted by name)."""
+    import subprocess
+    import sys
+
+    analysis.save(tmp_path / "saved")
+    script = ("import json, sys; from headscope.analysis import Analysis; from headscope.report.data import report_data; "
+              "g = report_data(Analysis.load(sys.argv[1])).label_grid; "
+              "print(json.dumps([list(g.categories), list(g.colours)]))")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "saved")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    categories, colours = json.loads(out.stdout)
+    assert categories == list(data.label_grid.categories) and colours == list(data.label_grid.colours)
+    assert colours[categories.index("induction")] == REGISTRY["induction"].colour
