@@ -11,7 +11,7 @@ import sys, time, inspect, json
 import torch
 torch.set_num_threads(2)
 import headscope
-from headscope.pipeline import analyze
+from headscope.analysis.analyze import analyze
 loaded = headscope.load("smollm2-135m", device="cpu")
 kw = dict(detectors=["previous_token", "induction", "sink", "uniform"], n_examples=8, seq_len=256, repeat_len=25,
           repeats=4, explorer_examples=0, lazy=(sys.argv[2] == "lazy"))

@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import headscope  # noqa: E402
 from contenders import CONTENDERS, release  # noqa: E402
-from headscope.probes import repeated_probe, text_probe  # noqa: E402
+from headscope.probes.base import repeated_probe, text_probe  # noqa: E402
 
 
 def _rss_kib(field: str) -> int:

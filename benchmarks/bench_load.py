@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("load-results.jsonl"))
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from headscope.loading import ALIASES
+    from headscope.loading.loader import ALIASES
 
     path = ALIASES["smollm2-135m"].location()
     import torch  # noqa: F401  imports are paid once, before any timing

@@ -23,7 +23,7 @@ import torch
 
 import headscope
 from headscope.detectors import induction, previous_token
-from headscope.probes import ProbeBatch, ProbeSet
+from headscope.probes.base import ProbeBatch, ProbeSet
 
 __all__ = ["CONTENDERS", "release"]
 

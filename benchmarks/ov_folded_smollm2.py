@@ -17,8 +17,8 @@ import random
 import torch
 
 import headscope
-from headscope.norm_gains import norm_gains
-from headscope.ov_circuit import head_ov_weights, ov_scores
+from headscope.head_geometry.norm_gains import norm_gains
+from headscope.head_geometry.ov_circuit import head_ov_weights, ov_scores
 
 INDUCTION = [(18, 6), (17, 4), (17, 3)]
 

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 import headscope
-from headscope.probes import ProbeSet, _candidate_ids
+from headscope.probes.base import ProbeSet, _candidate_ids
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE.parent / "tests" / "golden" / "smollm2-135m" / "scores.csv"

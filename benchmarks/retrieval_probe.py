@@ -5,7 +5,7 @@
 In one process, on one needle prompt of `--length` tokens (SmolLM2-135M, fp32):
 - `sdpa_forward`: `model(input_ids, logits_to_keep=n_answer + 1)` with the model's own SDPA
   attention (the floor: the same tokens, the same logits);
-- `retrieval_probe`: `headscope.retrieval.run_needle`, the same call routed through headscope's
+- `retrieval_probe`: `headscope.detectors.retrieval.scoring.run_needle`, the same call routed through headscope's
   kernel with each layer's answer-query rows computed and reduced to their argmax.
 Each runs once at 256 tokens to warm up, then `--repeats` rounds (round robin). Peak memory is
 the process's peak resident set during the call (VmHWM after a reset through
@@ -31,8 +31,8 @@ if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:  # must be set before the p
 import torch  # noqa: E402
 
 import headscope  # noqa: E402
-from headscope.needle import needle_probe  # noqa: E402
-from headscope.retrieval import _answer_logits, run_needle  # noqa: E402
+from headscope.probes.needle import needle_probe  # noqa: E402
+from headscope.detectors.retrieval.scoring import _answer_logits, run_needle  # noqa: E402
 
 
 def _rss_kib(field: str) -> int:

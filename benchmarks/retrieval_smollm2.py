@@ -15,7 +15,7 @@ import json
 import time
 
 import headscope
-from headscope.retrieval import retrieval_scores, validate_retrieval
+from headscope.detectors.retrieval.scoring import retrieval_scores, validate_retrieval
 
 INDUCTION_TOP = [(18, 6), (17, 4), (17, 3)]  # SmolLM2's top induction heads (golden analysis)
 

@@ -6,7 +6,7 @@
 For each model it computes every head's predicted partners once per treebank (the trained
 model, its random-init control twin, and a second random twin standing in for "an untrained
 model under test"), then scores subsets with headscope's own scorer
-(`headscope.syntax.crossfit.score_arcs`):
+(`headscope.detectors.syntax.crossfit.score_arcs`):
 - significant (head, relation, direction) triples and syntactic labels, trained and random;
 - stability: Jaccard overlap of the significant triples between the bundled treebank and the
   UD file, and between two seeded halves of the UD file (with `--second-ud`, also between the
@@ -29,14 +29,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import headscope  # noqa: E402
-from headscope.control import CONTROL_SEED_OFFSET, random_twin  # noqa: E402
-from headscope.runner import collect  # noqa: E402
-from headscope.syntax.baselines import predictor_hits  # noqa: E402
-from headscope.syntax.crossfit import score_arcs  # noqa: E402
-from headscope.syntax.detector import predictions, syntactic  # noqa: E402
-from headscope.syntax.probe import TreebankProbe  # noqa: E402
-from headscope.syntax.scoring import MIN_ARCS, arc_hits, collect_arcs, offset_baseline  # noqa: E402
-from headscope.treebank import bundled_treebank, read_conllu  # noqa: E402
+from headscope.loading.control import CONTROL_SEED_OFFSET, random_twin  # noqa: E402
+from headscope.analysis.runner import collect  # noqa: E402
+from headscope.detectors.syntax.baselines import predictor_hits  # noqa: E402
+from headscope.detectors.syntax.crossfit import score_arcs  # noqa: E402
+from headscope.detectors.syntax.detector import predictions, syntactic  # noqa: E402
+from headscope.probes.treebank import TreebankProbe  # noqa: E402
+from headscope.detectors.syntax.scoring import MIN_ARCS, arc_hits, offset_baseline  # noqa: E402
+from headscope.probes.arcs import collect_arcs  # noqa: E402
+from headscope.probes.conllu import bundled_treebank, read_conllu  # noqa: E402
 
 
 def prepare(loaded, sentences):

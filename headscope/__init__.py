@@ -13,12 +13,14 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `ov_copying(loaded)`: each head's OV circuit scored for copying (top-1, eigenvalue share).
 - `retrieval_scores(loaded, lengths=(2048, 4096, 8192))`: retrieval heads on needle prompts
   (Wu et al. 2024), answer rows only, with intervals and a control.
+- `run_syntax(loaded, sentences=None, ...)` -> `SyntaxResult`: the syntactic detector alone, with
+  its full per-relation tables (docs/syntax.md).
 - `validate(loaded, analysis)`: ablate each label's top heads against random heads.
 - `analyze(loaded, ...)` -> `Analysis`: every head scored by the detectors, with intervals;
   probe settings `TextProbe`, `RepeatedProbe`, `TreebankProbe`, `NeedleProbe` (the opt-in
   `retrieval` detector's needle prompts).
 - `detector(name, template=fn, probe=..., threshold=...)`: register a custom detector from the
-  attention pattern a head should have (`headscope.templates`).
+  attention pattern a head should have (`headscope.detectors.templates`).
 - `MultiHeadAttention`: headscope's own attention module with hook points.
 - `geometry(loaded)` -> `GeometryResult`: heads as subspaces (overlaps, QK/OV ranks), pattern
   similarity (JS, MDS, clusters), redundant pairs, importance and pruning curve; `plot_geometry`.
@@ -32,31 +34,32 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "load": "headscope.loading",
-    "models": "headscope.loading",
-    "Loaded": "headscope.loading",
+    "load": "headscope.loading.loader",
+    "models": "headscope.loading.loader",
+    "Loaded": "headscope.loading.loader",
     "capture": "headscope.hf.capture",
     "ablate": "headscope.hf.capture",
     "verify": "headscope.hf.verify",
-    "patch": "headscope.patching",
-    "plot_patching": "headscope.patching",
+    "patch": "headscope.causal.patching",
+    "plot_patching": "headscope.causal.patching",
     "model_hooks": "headscope.hf.hooks",
     "cache_activations": "headscope.hf.activation_cache",
-    "validate": "headscope.validation",
-    "ov_copying": "headscope.ov_circuit",
-    "retrieval_scores": "headscope.retrieval",
-    "analyze": "headscope.pipeline",
-    "detector": "headscope.templates",
-    "TextProbe": "headscope.probe_kinds",
-    "RepeatedProbe": "headscope.probe_kinds",
-    "TreebankProbe": "headscope.probe_kinds",
-    "NeedleProbe": "headscope.probe_kinds",
+    "validate": "headscope.causal",
+    "ov_copying": "headscope.head_geometry.ov_circuit",
+    "retrieval_scores": "headscope.detectors.retrieval.scoring",
+    "run_syntax": "headscope.analysis.standalone",
+    "analyze": "headscope.analysis.analyze",
+    "detector": "headscope.detectors.templates",
+    "TextProbe": "headscope.probes.kinds",
+    "RepeatedProbe": "headscope.probes.kinds",
+    "TreebankProbe": "headscope.probes.kinds",
+    "NeedleProbe": "headscope.probes.kinds",
     "Analysis": "headscope.analysis",
     "MultiHeadAttention": "headscope.attention",
-    "plot_pattern": "headscope.plotting",
-    "geometry": "headscope.head_geometry",
-    "plot_geometry": "headscope.head_geometry",
-    "add_geometry": "headscope.analysis_geometry",
+    "plot_pattern": "headscope.report.plotting",
+    "geometry": "headscope.head_geometry.run",
+    "plot_geometry": "headscope.head_geometry.run",
+    "add_geometry": "headscope.analysis.attach_geometry",
     "HeadscopeError": "headscope.errors",
 }
 

@@ -40,7 +40,7 @@ def _where() -> str:
     """"rank N: " inside a torchrun process group, else nothing."""
     import os
 
-    from .distributed import rank_and_size
+    from .analysis.distributed import rank_and_size
 
     rank, size = rank_and_size()
     if size == 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -87,7 +87,7 @@ def models_command(
             yes = {True: "yes", False: "no"}
             typer.echo(f"{row.model_type:<14} {yes[row.capture]:<8} {yes[row.verify]:<7} {row.notes}")
         return
-    from .loading import models
+    from .loading.loader import models
 
     for entry in models():
         state = "installed" if entry["installed"] else f"missing: {entry['install']}"
@@ -107,7 +107,7 @@ def verify_command(
     import torch
 
     from .hf.verify import DEFAULT_TOLERANCE, verify
-    from .loading import load
+    from .loading.loader import load
 
     loaded = load(model, device=device, dtype=dtype, cache=not no_cache)
     tok = loaded.tokenizer
@@ -216,27 +216,27 @@ def analyze_command(
     Under `torchrun --nproc-per-node N -m headscope analyze ...` the probe batches are split
     across the N processes; rank 0 alone writes, and the result equals a single-process run.
     """
-    from .analysis import atomic_dir
-    from .loading import load
-    from .pipeline import analyze
-    from .probe_kinds import NeedleProbe, RepeatedProbe, TextProbe, TreebankProbe
+    from .analysis.result import atomic_dir
+    from .loading.loader import load
+    from .analysis.analyze import analyze
+    from .probes.kinds import NeedleProbe, RepeatedProbe, TextProbe, TreebankProbe
     from .report import write_report_into
 
     _check_plotlyjs(plotlyjs)
-    from .control import CONTROL_KINDS
+    from .loading.control import CONTROL_KINDS
 
     if control not in CONTROL_KINDS:
         raise HeadscopeError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
     out = out or _default_out(model)
     names = _detector_names(detectors)
     lengths = _lengths(needle_lengths)
-    from .distributed import init_from_env, process_device
+    from .analysis.distributed import init_from_env, process_device
 
     rank, world = init_from_env(device)
     guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
     sentences = None
     if treebank is not None:
-        from .treebank import read_conllu
+        from .probes.conllu import read_conllu
 
         sentences = read_conllu(treebank)  # read once: a bad file fails here, before the model loads
     if rank == 0:
@@ -254,7 +254,7 @@ def analyze_command(
     if world > 1:
         analysis.meta["processes"] = world
     if geometry:  # rank 0 only: one process computes it
-        from .analysis_geometry import add_geometry
+        from .analysis.attach_geometry import add_geometry
 
         analysis = add_geometry(analysis, loaded, seq_len=seq_len)
     with guard as tmp:
@@ -312,7 +312,7 @@ def report_command(
     import os
     import tempfile
 
-    from .analysis import Analysis
+    from .analysis.result import Analysis
     from .report import render_html
 
     analysis = Analysis.load(directory)
@@ -343,7 +343,7 @@ def compare_command(
     force: ForceOpt = False,
 ) -> None:
     """Two analyses side by side: label maps, score differences, heads that changed label."""
-    from .analysis import Analysis
+    from .analysis.result import Analysis
     from .report import write_compare
 
     a, b = Analysis.load(first), Analysis.load(second)
@@ -384,10 +384,10 @@ def geometry_command(
     no_cache: NoCacheOpt = False,
 ) -> None:
     """Heads as subspaces and patterns: overlaps, JS map and clusters, redundancy, importance."""
-    from .analysis import Analysis
-    from .analysis_geometry import check_model_matches, write_geometry_into
-    from .head_geometry import geometry, write_geometry
-    from .loading import load
+    from .analysis.result import Analysis
+    from .analysis.attach_geometry import check_model_matches, write_geometry_into
+    from .head_geometry.run import geometry, write_geometry
+    from .loading.loader import load
 
     _check_plotlyjs(plotlyjs)
     target = Analysis.load(into) if into is not None else None  # a bad folder fails before the model loads
@@ -411,7 +411,7 @@ def cache_command(
     clear: Annotated[bool, typer.Option("--clear", help="Remove every entry.")] = False,
 ) -> None:
     """Where the load cache of converted GGUF models is ($HEADSCOPE_CACHE moves it), and its size."""
-    from .cache import cache_usage, clear_cache
+    from .loading.load_cache import cache_usage, clear_cache
 
     usage = clear_cache() if clear else cache_usage()
     state = "removed" if clear else "held"

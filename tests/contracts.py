@@ -3,7 +3,7 @@ import torch
 
 from headscope.attention import MultiHeadAttention
 from headscope.hf.adapters import attention_blocks
-from headscope.hooks import hook_points
+from headscope.attention.hook_points import hook_points
 
 
 @torch.no_grad()

@@ -7,13 +7,13 @@ planted.py). Uses planted.py's char tokenizer.
 Planted heads (layer.head):
     0.0 positional:-2   q_i = e_(i-2), k_j = e_j            (position one-hots)
     0.1 rare_word       q = const, k_j = rarity of token j   (rank of its count in the text probe
-                                                             corpus, `headscope.probes.token_counts`)
+                                                             corpus, `headscope.probes.base.token_counts`)
     0.2 previous_token  q_i = e_(i-1), k_j = e_j
     0.3                 attends to tokens with id divisible by 3 (no detector names it)
 """
 import torch
 
-from headscope.probes import token_counts
+from headscope.probes.base import token_counts
 from planted import char_tokenizer
 
 VOCAB, POSITIONS, D_MODEL, N_HEADS = 99, 48, 200, 4

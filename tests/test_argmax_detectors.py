@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from headscope import detectors
-from headscope.detectors.positional_argmax import argmax_offset_share
+from headscope.detectors.positional import argmax_offset_share
 from headscope.detectors.rare_word import rare_targets
-from headscope.pipeline import analyze
-from headscope.probes import ProbeBatch
-from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.analysis.analyze import analyze
+from headscope.probes.base import ProbeBatch
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted_positions import PLANTED
 
 SMALL = dict(probes=[TextProbe(n_examples=8, seq_len=40)], explorer_examples=0)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from headscope.attention import MultiHeadAttention
-from headscope.hooks import hook_points
+from headscope.attention.hook_points import hook_points
 
 HOOK_SHAPES = {  # declared shapes for B=2, T=7, H=6, Hkv=2, D=5, d_model=20
     "hook_q": (2, 6, 7, 5), "hook_k": (2, 2, 7, 5), "hook_v": (2, 2, 7, 5),
@@ -85,7 +85,7 @@ def test_padding_mask_hides_keys_and_additive_mask_agrees():
 
 
 def test_rotary_from_positions_equals_given_tables():
-    from headscope.rotary import rotary_cos_sin
+    from headscope.attention.rotary import rotary_cos_sin
 
     m = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=6, rotary_dim=4)
     x = torch.randn(2, 7, 20)

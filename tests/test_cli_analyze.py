@@ -194,9 +194,9 @@ def test_help_is_fast_and_lists_commands():
 
 
 def test_treebank_option_and_bad_treebank(model_dir, tmp_path, monkeypatch):
-    import headscope.syntax.probe
-    import headscope.treebank
-    from headscope.treebank import read_conllu
+    import headscope.probes.treebank
+    import headscope.probes.conllu
+    from headscope.probes.conllu import read_conllu
 
     # The planted model takes 48 characters: the short grammar sentences fit.
     sample = tmp_path / "mine.conllu"
@@ -214,8 +214,8 @@ def test_treebank_option_and_bad_treebank(model_dir, tmp_path, monkeypatch):
         reads.append(path)
         return read_conllu(path)
 
-    monkeypatch.setattr(headscope.treebank, "read_conllu", counted)
-    monkeypatch.setattr(headscope.syntax.probe, "read_conllu", counted)
+    monkeypatch.setattr(headscope.probes.conllu, "read_conllu", counted)
+    monkeypatch.setattr(headscope.probes.treebank, "read_conllu", counted)
     result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--repeat-len", "10",
                                       "--treebank", str(sample), "--n-sentences", "0"])
     assert result.exit_code == 0, result.output

@@ -12,11 +12,11 @@ import torch
 
 import headscope
 from headscope import detectors
-from headscope.control import CONTROL_SEED_OFFSET, random_twin, resolve_control
+from headscope.loading.control import CONTROL_SEED_OFFSET, random_twin, resolve_control
 from headscope.errors import HeadscopeError
-from headscope.loading import Loaded
-from headscope.pipeline import analyze
-from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.loading.loader import Loaded
+from headscope.analysis.analyze import analyze
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import char_tokenizer
 from tiny import FAMILIES, tiny_model
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import headscope
 from headscope.cli import app
-from headscope.probe_kinds import TextProbe
+from headscope.probes.kinds import TextProbe
 from headscope.report import render_html, report_data
 from planted_positions import save_planted_positions
 
@@ -52,7 +52,7 @@ def test_template_score_is_the_mass_on_the_template():
     pattern[0, 0, 0, 0] = pattern[0, 0, 1, 1] = 1.0
     for i in range(2, t):
         pattern[0, 0, i, i - 2], pattern[0, 0, i, i] = 0.7, 0.3
-    batch = headscope.probes.ProbeBatch(torch.arange(t)[None], torch.ones(1, t, dtype=torch.bool), True)
+    batch = headscope.probes.base.ProbeBatch(torch.arange(t)[None], torch.ones(1, t, dtype=torch.bool), True)
     assert two_back(pattern, batch).item() == pytest.approx(0.7)
     assert two_back.lazy and two_back.probe == "text" and "template" in two_back.formula
 

@@ -8,11 +8,11 @@ import torch
 import headscope
 from headscope import detectors
 from headscope.analysis import Analysis
-from headscope.pipeline import analyze
-from headscope.labels import label_heads
-from headscope.probes import ProbeBatch
-from headscope.stats import bootstrap_mean_ci
-from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.analysis.analyze import analyze
+from headscope.detectors.labels import label_heads
+from headscope.probes.base import ProbeBatch
+from headscope.detectors.stats import bootstrap_mean_ci
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import PLANTED
 
 SMALL = dict(probes=[TextProbe(n_examples=8, seq_len=40), RepeatedProbe(n_examples=8, repeat_len=10, repeats=4)])
@@ -294,7 +294,7 @@ def test_analyze_in_head_groups_gives_the_same_scores(planted):
 def test_a_default_detector_that_cannot_score_is_skipped_and_said():
     # 24 positions: too few treebank sentences fit for 30 arcs per half, so the syntactic
     # detector is left out of the defaults, and meta says why.
-    from headscope.loading import Loaded
+    from headscope.loading.loader import Loaded
     from planted import char_tokenizer
     from tiny import tiny_model
 

@@ -2,8 +2,8 @@
 present, and on the CPU with gloo when it is not (the device logic is mocked: no GPU needed)."""
 import pytest
 
-from headscope import distributed
-from headscope.distributed import init_from_env, process_device
+from headscope.analysis import distributed
+from headscope.analysis.distributed import init_from_env, process_device
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_analyze_command_loads_on_the_ranks_gpu(torchrun, monkeypatch, tmp_path)
     """The CLI path: `headscope analyze` under torchrun with the default --device auto."""
     from typer.testing import CliRunner
 
-    import headscope.loading
+    import headscope.loading.loader
     from headscope.cli import app
     from headscope.errors import HeadscopeError
 
@@ -70,7 +70,7 @@ def test_analyze_command_loads_on_the_ranks_gpu(torchrun, monkeypatch, tmp_path)
         loads.append(device)
         raise HeadscopeError("stop here")
 
-    monkeypatch.setattr(headscope.loading, "load", fake_load)
+    monkeypatch.setattr(headscope.loading.loader, "load", fake_load)
     result = CliRunner().invoke(app, ["analyze", "some-model", "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and "stop here" in result.output
     assert loads == ["cuda:1"] and torchrun == {"backend": "nccl", "cuda_device": "cuda:1"}

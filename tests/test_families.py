@@ -15,7 +15,7 @@ from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, d
 from headscope.hf.families import OTHER, OUTSIDE_INTERFACE, family_markdown, family_table
 from headscope.hf.from_hf import rotary_tables
 from headscope.hf.verify import _named_inputs
-from headscope.probes import ProbeBatch
+from headscope.probes.base import ProbeBatch
 from tiny_families import ENCODERS, FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
 from contracts import assert_hook_contract
 

@@ -5,10 +5,10 @@ import math
 import pytest
 
 from headscope import detectors
-from headscope.loading import Loaded
-from headscope.pipeline import SINK_NOTE, analyze
+from headscope.loading.loader import Loaded
+from headscope.analysis.analyze import SINK_NOTE, analyze
 from headscope.report import report_data, write_report
-from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import char_tokenizer
 from tiny_families import tiny_model
 

@@ -1,4 +1,4 @@
-"""Pattern similarity, redundancy and clusters (`headscope.similarity`, `headscope.head_geometry`):
+"""Pattern similarity, redundancy and clusters (`headscope.head_geometry.similarity`, `headscope.head_geometry.run`):
 the thought experiment of heads with shared projections, random heads, and the planted model."""
 import numpy as np
 import pytest
@@ -6,9 +6,9 @@ import torch
 
 import headscope
 from headscope.attention import MultiHeadAttention
-from headscope.head_geometry import geometry, plot_geometry, redundant_pairs
-from headscope.similarity import DivergenceAccumulator, average_linkage_clusters, classical_mds, row_js
-from headscope.subspaces import chance_overlap, subspace_tables
+from headscope.head_geometry.run import geometry, plot_geometry, redundant_pairs
+from headscope.head_geometry.similarity import DivergenceAccumulator, average_linkage_clusters, classical_mds, row_js
+from headscope.head_geometry.subspaces import chance_overlap, subspace_tables
 from planted import D_HEAD, PLANTED
 from test_subspaces import shared_heads
 

@@ -8,8 +8,8 @@ from fake_analysis import fake_analysis
 from geometry_fixture import planted_analysis, planted_geometry
 from headscope.analysis import Analysis
 from headscope.errors import HeadscopeError
-from headscope.importance import normalize_per_layer, probe_loss, pruning_curve, removable_heads
-from headscope.probes import text_probe
+from headscope.head_geometry.importance import normalize_per_layer, probe_loss, pruning_curve, removable_heads
+from headscope.probes.base import text_probe
 from headscope.report import report_data
 from headscope.report.geometry_data import LOSS_RISE, TOP_IMPORTANT
 from headscope.report.geometry_figures import (
@@ -138,7 +138,7 @@ def test_no_geometry_no_section_and_no_importance_no_figures(planted):
     assert report_data(fake_analysis(2, 4, seed=1)).geometry is None
     result = planted[1]
     silent = result.heads.assign(importance=np.nan, importance_normalized=np.nan)
-    from headscope.geometry_tables import GeometryResult
+    from headscope.head_geometry.tables import GeometryResult
 
     bare = GeometryResult(silent, result.pairs, result.divergence, result.approximation_error, None, result.settings)
     data = report_data(planted_analysis(bare))
@@ -228,7 +228,7 @@ def test_geometry_into_refuses_a_mismatch_and_leaves_the_folder(tmp_path):
 
 
 def test_notebook_helpers_are_the_report_figures(analysis):
-    from headscope.plotting import plot_geometry_map, plot_pruning
+    from headscope.report.plotting import plot_geometry_map, plot_pruning
 
     data = report_data(analysis)
     assert plot_geometry_map(analysis).to_plotly_json() == geometry_map_figure(data.geometry, data.label_grid).to_plotly_json()

@@ -5,13 +5,13 @@ import pytest
 import torch
 
 import headscope
-import headscope.lazy as lazy_module
+import headscope.attention.lazy as lazy_module
 from headscope import detectors
-from headscope.kernel import attention
-from headscope.lazy import lazy_attention
-from headscope.pipeline import analyze
-from headscope.probes import ProbeBatch
-from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.attention.kernel import attention
+from headscope.attention.lazy import lazy_attention
+from headscope.analysis.analyze import analyze
+from headscope.probes.base import ProbeBatch
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from tiny import FAMILIES, tiny_inputs, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

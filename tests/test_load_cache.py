@@ -5,7 +5,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from headscope import cache
+from headscope.loading import load_cache as cache
 from headscope.cli import app
 
 

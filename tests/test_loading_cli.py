@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 import headscope
 from headscope.cli import app
-from headscope.loading import ALIASES, load, models
+from headscope.loading.loader import ALIASES, load, models
 
 
 def run_cli(*args):

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from headscope.loading import Loaded
-from headscope.norm_gains import norm_gains
-from headscope.ov_circuit import ov_copying, ov_scores
+from headscope.loading.loader import Loaded
+from headscope.head_geometry.norm_gains import norm_gains
+from headscope.head_geometry.ov_circuit import ov_copying, ov_scores
 from tiny import tiny_model
 
 NORMS = {  # where each family keeps them (the test may name them; the library does not)

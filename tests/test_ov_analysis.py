@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 
 from headscope.analysis import Analysis
-from headscope.labels import OV_COPIES_SHARE, ov_qualifier, ov_qualifiers
-from headscope.loading import Loaded
-from headscope.ov_circuit import OV_COLUMNS
-from headscope.pipeline import analyze
-from headscope.probe_kinds import RepeatedProbe, TextProbe
+from headscope.detectors.labels import OV_COPIES_SHARE, ov_qualifier, ov_qualifiers
+from headscope.loading.loader import Loaded
+from headscope.head_geometry.ov_circuit import OV_COLUMNS
+from headscope.analysis.analyze import analyze
+from headscope.probes.kinds import RepeatedProbe, TextProbe
 from headscope.report import report_data, write_report
 from planted import char_tokenizer
 from tiny import tiny_model
@@ -107,7 +107,7 @@ def test_cli_summary_shows_the_qualifier(analysis, capsys, tmp_path):
 
 
 def test_notebook_display_shows_the_qualifier(analysis):
-    from headscope.notebook import analysis_html
+    from headscope.report.notebook import analysis_html
 
     shown = analysis_html(analysis)
     assert "L1 H0 1.000" in shown and ", copies (eig share 1.00" in shown and ", no OV copying (eig share 0.00" in shown
@@ -129,7 +129,7 @@ def test_a_model_without_unembedding_is_analysed_with_a_note(tmp_path):
 def test_offloaded_weights_are_a_reason_not_an_error():
     import torch
 
-    from headscope.ov_circuit import ov_table
+    from headscope.head_geometry.ov_circuit import ov_table
 
     model = tiny_model("llama")
     proj = model.model.layers[1].self_attn.v_proj

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import headscope
-from headscope.loading import Loaded
-from headscope.ov_circuit import ov_scores
+from headscope.loading.loader import Loaded
+from headscope.head_geometry.ov_circuit import ov_scores
 from planted import char_tokenizer
 from tiny import tiny_model
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import headscope
-from headscope.patching import plot_patching
+from headscope.causal.patching import plot_patching
 from planted import PLANTED, VOCAB
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from fake_analysis import NASTY_TOKENS, fake_analysis
-from headscope import notebook
+from headscope.report import notebook
 from headscope.errors import HeadscopeError
-from headscope.plotting import plot_head, plot_labels, plot_pattern, plot_scores, plot_syntax
+from headscope.report.plotting import plot_head, plot_labels, plot_pattern, plot_scores, plot_syntax
 from headscope.report import render_html, report_data
 from headscope.report import figures
-from headscope.syntax import SyntaxResult
+from headscope.analysis.standalone import SyntaxResult
 
 PLOTLYJS_MARK = "* plotly.js v"  # the bundle's banner comment
 

@@ -2,9 +2,9 @@
 the bundled treebank and on real UD English, and trained MiniLM keeps syntactic heads on UD."""
 import pytest
 
-from headscope.control import random_twin
-from headscope.pipeline import analyze
-from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.loading.control import random_twin
+from headscope.analysis.analyze import analyze
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from test_control import UD, learned_labels
 
 pytestmark = pytest.mark.slow

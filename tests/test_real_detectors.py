@@ -1,9 +1,9 @@
 """Detectors on the real SmolLM2-135M against a random-init model of the same shape (slow)."""
 import pytest
 
-from headscope.control import random_twin
-from headscope.pipeline import analyze
-from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.loading.control import random_twin
+from headscope.analysis.analyze import analyze
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from test_control import learned_labels
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import headscope
-from headscope import cache
-from headscope.gguf_file import read_tensor_table
-from headscope.loading import ALIASES
+from headscope.loading import load_cache as cache
+from headscope.loading.gguf_file import read_tensor_table
+from headscope.loading.loader import ALIASES
 
 pytestmark = pytest.mark.slow
 

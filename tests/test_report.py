@@ -106,7 +106,7 @@ def test_detector_grids_match_scores(analysis, data):
 def test_without_a_control_the_report_warns_and_shows_no_control_numbers():
     plain = fake_analysis(control=False)
     data = report_data(plain)
-    from headscope.control import resolve_control
+    from headscope.loading.control import resolve_control
 
     assert plain.meta["control"] == resolve_control(None, None, 0)[1]  # the fake's meta is analyze's
     assert len(data.warnings) == 1 and data.warnings[0].startswith("No control model (none was asked for)")
@@ -243,7 +243,7 @@ def test_method_rows_and_header(analysis, data):
 
 
 def test_label_rules_state_the_rule_of_labels_py(analysis, data):
-    from headscope.labels import MIXED_MARGIN
+    from headscope.detectors.labels import MIXED_MARGIN
 
     rules = {m.topic: m.text for m in data.rules}
     assert set(rules) == {"pass", "control", "clarity", "resting", "syntax"}

@@ -4,9 +4,9 @@ import torch
 
 import headscope
 from headscope.errors import HeadscopeError
-from headscope.loading import Loaded
-from headscope.needle import NEEDLES, NeedleExample, needle_probe
-from headscope.retrieval import (
+from headscope.loading.loader import Loaded
+from headscope.probes.needle import NEEDLES, NeedleExample, needle_probe
+from headscope.detectors.retrieval.scoring import (
     THRESHOLD, _per_example, answer_rows, copy_scores, needle_copy_accuracy, retrieval_scores, run_needle,
 )
 from planted import VOCAB, char_tokenizer, planted_model
@@ -150,7 +150,7 @@ def test_smollm2_retrieval_heads_at_1k(smollm2):
 def test_validate_retrieval_draws_random_heads_from_the_top_heads_layers():
     import pandas as pd
 
-    from headscope.retrieval import RetrievalResult, validate_retrieval
+    from headscope.detectors.retrieval.scoring import RetrievalResult, validate_retrieval
 
     loaded = _tiny_loaded("llama")
     scores = pd.DataFrame({"layer": [0] * 6 + [1] * 6, "head": list(range(6)) * 2,

@@ -9,11 +9,11 @@ from headscope.analysis import Analysis
 from headscope.cli import app
 from headscope.detectors import REGISTRY
 from headscope.errors import HeadscopeError
-from headscope.loading import Loaded
-from headscope.probe_kinds import NeedleProbe
-from headscope.protocol import SCORE_COLUMNS
+from headscope.loading.loader import Loaded
+from headscope.probes.kinds import NeedleProbe
+from headscope.detectors.protocol import SCORE_COLUMNS
 from headscope.report import report_data
-from headscope.retrieval import THRESHOLD, retrieval_scores, run_needle
+from headscope.detectors.retrieval.scoring import THRESHOLD, retrieval_scores, run_needle
 from planted import POSITIONS, char_tokenizer
 from tiny import tiny_model
 

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 import headscope
 from headscope.cli import app
-from headscope.pipeline import analyze
-from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.analysis.analyze import analyze
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 
 pytestmark = pytest.mark.slow  # torchrun processes and disk offload: 10-60 s a test
 ARGS = ["--n-examples", "12", "--seq-len", "40", "--repeat-len", "10", "--batch-size", "2", "--device", "cpu"]

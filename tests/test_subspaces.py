@@ -1,4 +1,4 @@
-"""Heads as subspaces (`headscope.subspaces`): overlaps of principal angles and circuit ranks,
+"""Heads as subspaces (`headscope.head_geometry.subspaces`): overlaps of principal angles and circuit ranks,
 on modules with known geometry and through `MultiHeadAttention.from_hf` on every family."""
 import math
 
@@ -7,7 +7,7 @@ import torch
 
 from headscope.attention import MultiHeadAttention
 from headscope.hf.adapters import adapter_for, attention_blocks
-from headscope.subspaces import chance_overlap, effective_rank, subspace_overlap, subspace_tables
+from headscope.head_geometry.subspaces import chance_overlap, effective_rank, subspace_overlap, subspace_tables
 from tiny_families import FAMILIES, tiny_config, tiny_model
 
 # Families whose adapter builds a MultiHeadAttention (MLA and t5 refuse from_hf by design).

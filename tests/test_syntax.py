@@ -3,13 +3,14 @@ import pytest
 import torch
 
 from headscope.errors import HeadscopeError
-from headscope.loading import Loaded
-from headscope.syntax import MIN_ARCS, THRESHOLD, run_syntax
-from headscope.syntax.baselines import PREDICTORS, predictor_hits
-from headscope.syntax.crossfit import NotEnoughArcs, score_arcs
-from headscope.syntax.scoring import (arc_hits, best_heads, collect_arcs, offset_baseline, predicted_partners,
-                                      word_attention)
-from headscope.treebank import Sentence, bundled_treebank
+from headscope.loading.loader import Loaded
+from headscope import run_syntax
+from headscope.detectors.syntax import MIN_ARCS, THRESHOLD
+from headscope.detectors.syntax.baselines import PREDICTORS, predictor_hits
+from headscope.detectors.syntax.crossfit import NotEnoughArcs, score_arcs
+from headscope.detectors.syntax.scoring import arc_hits, best_heads, offset_baseline, predicted_partners, word_attention
+from headscope.probes.arcs import collect_arcs
+from headscope.probes.conllu import Sentence, bundled_treebank
 
 
 def _sentence(sent_id, words, heads, relations):

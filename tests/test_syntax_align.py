@@ -1,12 +1,12 @@
-"""Word alignment (headscope.syntax.align) on WordPiece, byte-level BPE and Metaspace tokenizers."""
+"""Word alignment (headscope.probes.align) on WordPiece, byte-level BPE and Metaspace tokenizers."""
 from pathlib import Path
 
 import pytest
 
 from headscope.errors import HeadscopeError
-from headscope.syntax import align_words
-from headscope.syntax.align import word_spans
-from headscope.treebank import Sentence, bundled_treebank, read_conllu
+from headscope.probes.align import align_words
+from headscope.probes.align import word_spans
+from headscope.probes.conllu import Sentence, bundled_treebank, read_conllu
 
 # "Unbelievably, the re-tokenized bookshop opened (again)." -- split words and punctuation
 # glued to their neighbours (SpaceAfter=No).

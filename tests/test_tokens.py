@@ -1,9 +1,9 @@
-"""`headscope.tokens.display_tokens`: tokens decoded alone, undecodable bytes as `<0xNN>`, on a
+"""`headscope.probes.tokens.display_tokens`: tokens decoded alone, undecodable bytes as `<0xNN>`, on a
 byte-level BPE trained here on text with multi-byte characters, a SentencePiece vocabulary with
 byte fallback, and the planted model's char tokenizer."""
 import pytest
 
-from headscope.tokens import byte_escape, display_tokens
+from headscope.probes.tokens import byte_escape, display_tokens
 from planted import char_tokenizer
 
 TEXT = ["café naïve ✓ 中文 — 😀 déjà vu", "The cat sat on the mat.", "crème brûlée ✓✓ 中国 😀😀"]

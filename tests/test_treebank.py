@@ -1,4 +1,4 @@
-"""The CoNLL-U reader (headscope.treebank), the bundled English treebank in probes/syntax/ and
+"""The CoNLL-U reader (headscope.probes.conllu), the bundled English treebank in probes/syntax/ and
 the opt-in grammar treebank in tools/grammar/."""
 
 import collections
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("conllu")
 
 from headscope._paths import probes_dir  # noqa: E402
-from headscope.treebank import (  # noqa: E402
+from headscope.probes.conllu import (  # noqa: E402
     BUNDLED_FILES,
     UD_RELATIONS,
     Sentence,
@@ -27,7 +27,7 @@ GRAMMAR_DIR = Path(__file__).resolve().parents[1] / "tools" / "grammar"
 REQUIRED_RELATIONS = ("nsubj obj det amod case nmod obl aux cop advmod compound nmod:poss mark cc "
                       "conj xcomp ccomp").split()
 # Scored on the whole treebank, a relation needs 30 arcs in each half of the sentences
-# (headscope.syntax.MIN_ARCS) in at least one direction: 60 and some slack for uneven halves.
+# (headscope.detectors.syntax.MIN_ARCS) in at least one direction: 60 and some slack for uneven halves.
 MIN_ARCS_PER_RELATION = 70
 HEADER = "# sent_id = s1\n# text = The dog barks.\n"
 GOOD_ROWS = ["1\tThe\tthe\tDET\t_\t_\t2\tdet\t_\t_",

@@ -12,15 +12,15 @@ import torch
 
 import headscope
 from headscope.analysis import Analysis
-from headscope.loading import Loaded
-from headscope.pipeline import analyze
-from headscope.validation import (
+from headscope.loading.loader import Loaded
+from headscope.analysis.analyze import analyze
+from headscope.causal import (
     COLUMNS, EvalProbe, ProbeRunner, icl_positions, icl_score, read_csv, repeated_eval_probe, text_eval_probe,
     treebank_eval_probe, validate, write_csv,
 )
-from headscope.validation.measure import masked_for_lm
-from headscope.validation.run import _random_draws, _row
-from headscope.probe_kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.causal.measure import masked_for_lm
+from headscope.causal.validate import _random_draws, _row
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from planted import PLANTED
 
 SMALL = dict(probes=[TextProbe(4, 40), RepeatedProbe(4, 10, 4)])

@@ -10,7 +10,7 @@ import pytest
 from fake_analysis import fake_analysis
 from headscope.report import render_html, report_data
 from headscope.report import figures
-from headscope.validation import COLUMNS, read_csv, write_csv
+from headscope.causal import COLUMNS, read_csv, write_csv
 
 NAN = float("nan")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from headscope.treebank import read_conllu  # noqa: E402
+from headscope.probes.conllu import read_conllu  # noqa: E402
 
 
 def read_trees(path: str) -> dict:

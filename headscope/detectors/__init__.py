@@ -2,16 +2,16 @@
 
 Each detector reduces one layer's pattern `[batch, head, query, key]` on one probe batch to
 per-example values and finalizes them into rows of the scores table; see
-`headscope.protocol.Detector`.
+`headscope.detectors.protocol.Detector`.
 
 - `REGISTRY`: name -> Detector; `get(name)`; `names()`; `defaults(causal)`.
 - One module per detector: induction, duplicate_token (formulas shared in copying.py),
   previous_token, next_token, self_token (formula shared in positional.py), sink, uniform,
-  positional (argmax at offset k, one variant per offset; see `headscope.variants`), rare_word,
-  syntactic (word attention against dependency arcs, `headscope.syntax.detector`), retrieval
+  positional (argmax at offset k, one variant per offset; see `headscope.detectors.variants`), rare_word,
+  syntactic (word attention against dependency arcs, `headscope.detectors.syntax.detector`), retrieval
   (needle copying, Wu et al. 2024; runs its own passes, `Detector.run`). Registered in this
   order, which is the order of the scores table.
-- Your own: `headscope.detector(name, template=...)` (`headscope.templates`) or any
+- Your own: `headscope.detector(name, template=...)` (`headscope.detectors.templates`) or any
   `register(Detector(...))`; the CLI imports a module named as `--detectors mypkg.module:name`.
 - From a notebook, a detector is called on captured patterns (`previous_token(cap.patterns)`).
 """
@@ -20,12 +20,12 @@ from __future__ import annotations
 import importlib
 
 from ..errors import HeadscopeError
-from ..protocol import REGISTRY, Detector, register
+from .protocol import REGISTRY, Detector, register
 from .induction import induction
 from .duplicate_token import duplicate_token
 from .previous_token import previous_token
 from .next_token import next_token
-from .positional_argmax import positional
+from .positional import positional
 from .rare_word import rare_word
 from .self_token import self_attention
 from .sink import sink

@@ -1,7 +1,7 @@
 """duplicate_token: attention to earlier occurrences of the token (see copying.py)."""
 from __future__ import annotations
 
-from ..protocol import Detector, register
+from .protocol import Detector, register
 from .copying import earlier_copies, mass_on
 
 __all__ = ["duplicate_token"]

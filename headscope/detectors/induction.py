@@ -1,7 +1,7 @@
 """induction: attention to the token right after earlier occurrences (see copying.py)."""
 from __future__ import annotations
 
-from ..protocol import Detector, register
+from .protocol import Detector, register
 from .copying import induction_targets, mass_on
 
 __all__ = ["induction"]

@@ -1,8 +1,8 @@
 """next_token: mean over queries i < n-1 of A[i, i+1], bidirectional models (see positional.py)."""
 from __future__ import annotations
 
-from ..protocol import Detector, register
-from .positional import offset_score
+from .protocol import Detector, register
+from .offsets import offset_score
 
 __all__ = ["next_token"]
 

@@ -1,8 +1,8 @@
 """previous_token: mean over queries i >= 1 of A[i, i-1] (see positional.py for sources)."""
 from __future__ import annotations
 
-from ..protocol import Detector, register
-from .positional import offset_score
+from .protocol import Detector, register
+from .offsets import offset_score
 
 __all__ = ["previous_token"]
 

@@ -1,7 +1,7 @@
 """rare_word: heads whose top attention goes to the least frequent token (Voita et al. 2019).
 
 Frequency: occurrences of the token id in the bundled text corpus, tokenized by the model's
-tokenizer (`headscope.probes.token_counts`, carried by the text probe's batches); a batch
+tokenizer (`headscope.probes.base.token_counts`, carried by the text probe's batches); a batch
 without counts (patterns scored from a notebook) counts its own tokens. In each example, the
 targets are the positions holding a token of the lowest count among its content tokens (after
 `content_start`; ties all count), except position 0: attention to the first token is the
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..pattern import Pattern, as_pattern
-from ..protocol import Detector, masked_query_mean, register
+from ..attention.pattern import Pattern, as_pattern
+from .protocol import Detector, masked_query_mean, register
 
 __all__ = ["rare_word", "rare_targets"]
 

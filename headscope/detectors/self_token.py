@@ -1,8 +1,8 @@
 """self: mean over queries i >= 1 of A[i, i] (see positional.py for sources)."""
 from __future__ import annotations
 
-from ..protocol import Detector, register
-from .positional import offset_score
+from .protocol import Detector, register
+from .offsets import offset_score
 
 __all__ = ["self_attention"]
 

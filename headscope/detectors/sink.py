@@ -8,8 +8,8 @@ attention on [CLS]/[SEP].
 """
 from __future__ import annotations
 
-from ..pattern import as_pattern
-from ..protocol import Detector, masked_query_mean, register
+from ..attention.pattern import as_pattern
+from .protocol import Detector, masked_query_mean, register
 
 __all__ = ["sink"]
 

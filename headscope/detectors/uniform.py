@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..pattern import Pattern, as_pattern
-from ..protocol import Detector, masked_query_mean, register
+from ..attention.pattern import Pattern, as_pattern
+from .protocol import Detector, masked_query_mean, register
 
 __all__ = ["uniform", "uniform_score", "MIN_KEYS"]
 

@@ -3,7 +3,7 @@
 - `cache_activations(model, names, to="cpu")`: a context manager; every forward pass inside it
   stores the named activations only (wildcards and filter functions as in `model_hooks`);
   `cache[name]` gives them, several passes concatenated on the batch axis.
-Not to be confused with `headscope.cache`, the cache of converted GGUF models.
+Not to be confused with `headscope.loading.load_cache`, the cache of converted GGUF models.
 """
 from __future__ import annotations
 

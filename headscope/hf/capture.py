@@ -20,14 +20,14 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..lazy import LazyPattern
+from ..attention.lazy import LazyPattern
 from .adapters import head_sizes
 from .route import Session, layer_map, routed
 
 __all__ = ["capture", "ablate", "Capture"]
 
 # (layer, pattern, attention_mask) -> stat; the pattern is the map `[batch, head, query, key]`,
-# or with lazy=True a LazyPattern (`headscope.pattern.as_pattern` gives both one interface).
+# or with lazy=True a LazyPattern (`headscope.attention.pattern.as_pattern` gives both one interface).
 Reducer = Callable[[int, Union[torch.Tensor, LazyPattern], Optional[torch.Tensor]], Any]
 
 
@@ -141,7 +141,7 @@ def capture(
             call the reducer on each group (`[batch, chunk, query, key]`), so a layer's full
             map never exists; the group results, tensors or dicts of tensors with heads on dim
             1, are joined along dim 1. Needs a reducer that treats heads independently.
-        lazy: with `reduce`, hand the reducer a `headscope.lazy.LazyPattern` instead of the
+        lazy: with `reduce`, hand the reducer a `headscope.attention.lazy.LazyPattern` instead of the
             pattern: the layer runs the fused kernel, and the reducer computes only the entries
             and row statistics it reads (`diagonal`, `column`, `mass`, `entropy`).
     Yields:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..rotary import full_width
+from ..attention.rotary import full_width
 from .adapters import Adapter, _needs_adapter, _sub, head_sizes
 from .layouts import conv1d, linear
 

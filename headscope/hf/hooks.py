@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..hooks import HookFn, HookPoint
+from ..attention.hook_points import HookFn, HookPoint
 from .adapters import _needs_adapter, attention_blocks, head_sizes, out_projection
 from .layouts import conv1d, linear
 from .route import Session, layer_map, routed

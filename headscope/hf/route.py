@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..kernel import attention, expand_kv, with_bias
-from ..lazy import lazy_attention
+from ..attention.kernel import attention, expand_kv, with_bias
+from ..attention.lazy import lazy_attention
 from .adapters import check_on_interface, core_modules
 
 __all__ = ["IMPLEMENTATION", "Session", "routed", "routed_models", "sessions_on"]
@@ -66,7 +66,7 @@ class Session:
         return False
 
     def takes_lazy(self, layer: int) -> bool:
-        """True if `on_pattern` accepts a `headscope.lazy.LazyPattern` instead of a map."""
+        """True if `on_pattern` accepts a `headscope.attention.lazy.LazyPattern` instead of a map."""
         return False
 
     def pattern_chunk(self, layer: int) -> Optional[int]:

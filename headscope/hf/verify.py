@@ -15,7 +15,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from ..attention import MultiHeadAttention
+from ..attention.module import MultiHeadAttention
 from .adapters import _sub, adapter_for, attention_blocks, out_projection
 from .from_hf import rotary_tables
 

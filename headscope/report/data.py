@@ -17,7 +17,7 @@
   `MethodRow`, `MethodNote`, `HeaderField`, `ValidationRow`, `OvRow`.
 
 "Control" numbers come from `Analysis.scores`: `control` is the control model's score for the same
-head and detector, `control_max` its best score over heads (`headscope.control`). Hover strings
+head and detector, `control_max` its best score over heads (`headscope.loading.control`). Hover strings
 are plotly's pseudo-HTML: label and detector names in them are escaped here.
 """
 from __future__ import annotations
@@ -271,7 +271,7 @@ def detector_grids(analysis) -> tuple:
 
 def label_detector(label: str, passing: str, meta: dict) -> str:
     """The detector whose score a label shows: the label's own ("syntactic:obj" -> "syntactic"), or for
-    "mixed" the clearest candidate, as `headscope.labels` picks it (`passing` lists the passed
+    "mixed" the clearest candidate, as `headscope.detectors.labels` picks it (`passing` lists the passed
     detectors clearest first; resting behaviours yield to detectors that outrank them)."""
     if label != "mixed":
         return label if label in meta.get("detectors", {}) else label.split(":")[0]

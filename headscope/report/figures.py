@@ -8,7 +8,7 @@
   with each random draw of heads (markers).
 - `explorer_figure()`: the head explorer's empty frame; the page's script fills it in.
 - `pattern_figure(pattern, tokens, ticks, title)`: that frame filled in Python with one
-  `[query, key]` pattern, as the script fills it (the notebook helpers in `headscope.plotting`).
+  `[query, key]` pattern, as the script fills it (the notebook helpers in `headscope.report.plotting`).
 - `diff_figure(detector, diff, hover)`: a b - a score difference (compare page).
 - Fixed div ids: `LABEL_MAP_ID`, `detector_id(i)`, `SYNTAX_ID`, `VALIDATION_ID`, `EXPLORER_ID`.
 

@@ -293,7 +293,7 @@ def _top_heads_section(data) -> str:
 
 
 def _ov_section(data) -> str:
-    """Induction and duplicate-token heads: does their OV circuit copy (`headscope.labels.ov_qualifier`)?"""
+    """Induction and duplicate-token heads: does their OV circuit copy (`headscope.detectors.labels.ov_qualifier`)?"""
     if not data.ov:
         return ""
     rows = [[head_button(r.layer, r.head), r.label, r.qualifier, r.positive_eig_share,

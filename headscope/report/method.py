@@ -3,7 +3,7 @@
 - `method_rows(meta, detectors)`: per detector its formula, quantity, threshold, label rule,
   source and probe.
 - `label_rules(meta)`: the labelling rule in sentences (`MethodNote`s), generated from
-  `meta["detectors"]`, `meta["control"]` and `headscope.labels` (MIXED_MARGIN).
+  `meta["detectors"]`, `meta["control"]` and `headscope.detectors.labels` (MIXED_MARGIN).
 - `report_warnings(meta)`: what the page must say prominently (no control, detector skipped).
 - `header_fields(meta)`: the header's name/value pairs, control and treebank included.
 - `detector_spec(meta, detector)`, `quantity(meta, detector)`: one detector's description
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from ..labels import MIXED_MARGIN
-from ..protocol import detector_spec
+from ..detectors.labels import MIXED_MARGIN
+from ..detectors.protocol import detector_spec
 
 __all__ = ["MethodRow", "MethodNote", "HeaderField", "method_rows", "label_rules", "report_warnings",
            "header_fields", "detector_spec", "quantity", "has_control", "control_text", "control_reason", "treebank_text"]
@@ -95,7 +95,7 @@ def _rule(threshold, gate: str, learned: bool, control: bool) -> str:
 
 
 def label_rules(meta: dict) -> tuple:
-    """The labelling rule as `MethodNote`s, numbers taken from the analysis and `headscope.labels`."""
+    """The labelling rule as `MethodNote`s, numbers taken from the analysis and `headscope.detectors.labels`."""
     specs = meta.get("detectors", {})
     rows = method_rows(meta, list(specs))
     notes = []
@@ -138,7 +138,7 @@ def label_rules(meta: dict) -> tuple:
 
 
 def _ov_notes(meta: dict) -> list:
-    """The OV qualifier's rule (`headscope.labels.ov_qualifier`), numbers from `meta["ov"]`."""
+    """The OV qualifier's rule (`headscope.detectors.labels.ov_qualifier`), numbers from `meta["ov"]`."""
     ov = meta.get("ov")
     if not ov:
         return []

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from ..labels import OV_QUALIFIED, ov_control_best, ov_qualifiers
+from ..detectors.labels import OV_QUALIFIED, ov_control_best, ov_qualifiers
 
 __all__ = ["SyntaxBest", "SyntaxRelation", "ValidationRow", "OvRow", "syntax_best", "syntax_relations",
            "validation_rows", "ov_rows", "ov_lookup"]
@@ -74,7 +74,7 @@ class ValidationRow(NamedTuple):
 
 class OvRow(NamedTuple):
     """One head's OV copying (`Analysis.ov`): the model's numbers, the control twin's for the same head and
-    its best head's share; `qualifier` is "copies", "no OV copying" or "" (`headscope.labels.ov_qualifier`)."""
+    its best head's share; `qualifier` is "copies", "no OV copying" or "" (`headscope.detectors.labels.ov_qualifier`)."""
 
     layer: int
     head: int

@@ -1,0 +1,216 @@
+"""The result of `headscope.analyze`: per-head scores, labels, metadata and example patterns.
+
+- `Analysis`: `.scores` (layer, head, detector, score, ci_low, ci_high, n, control,
+  control_max: the control model's score for the head and its best over heads), `.labels` (layer,
+  head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), `.syntax`
+  (per-relation scores, when the syntactic detector ran), `.retrieval` and `.needles` (per-length
+  retrieval scores and per-needle-example accuracy, when the retrieval detector ran) and `.validation` (what ablating each
+  label's heads did, when `headscope.validate` ran) and `.geometry` (a `GeometryResult`:
+  subspaces, pattern similarity, importance, pruning curve, when `headscope.add_geometry` ran;
+  `with_geometry(result)` attaches one; saved in the folder's `geometry/`) and `.ov` (every
+  head's OV copying and its control twin's, `headscope.head_geometry.ov_circuit.OV_COLUMNS`, when analyze
+  computed it; saved as ov.csv).
+- `Analysis.save(dir)` / `Analysis.load(dir)`: a folder of CSV and JSON files, written
+  atomically (a temporary folder renamed into place).
+- `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
+  rounded) to keep reports small.
+- `atomic_dir` (from `headscope.atomic`): the temporary folder renamed into place.
+The validation table's CSV helpers are imported where used: `headscope.causal` needs torch,
+which `headscope report` (reading an analysis) should not load.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..atomic import atomic_dir
+from ..errors import HeadscopeError
+from ..report.notebook import analysis_html, analysis_text
+from ..report.plotting import plot_head, plot_labels, plot_scores, plot_syntax
+from ..head_geometry.tables import GEOMETRY_FOLDER, read_geometry_tables, write_geometry_tables
+
+__all__ = ["Analysis", "Example", "atomic_dir"]
+
+SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
+LABEL_COLUMNS = ["layer", "head", "label", "score", "labels"]
+SYNTAX_COLUMNS = ["layer", "head", "relation", "direction", "accuracy", "baseline", "n"]
+# Tables saved as `<attribute>.csv` when present: the detectors' (`Finding.tables`) and the OV circuit's (`ov`).
+TABLES = ("syntax", "retrieval", "needles", "ov")
+
+
+@dataclass
+class Example:
+    """One probe example shown in the head explorer.
+
+    Attributes:
+        probe: probe name ("text", "repeated", ...).
+        index: example number within the probe.
+        tokens: token strings as the tokenizer gives them (escape before putting in HTML).
+        patterns: uint8 `[layer, head, query, key]`, attention x 255 rounded.
+    """
+
+    probe: str
+    index: int
+    tokens: list[str]
+    patterns: np.ndarray
+
+    def pattern(self, layer: int, head: int) -> np.ndarray:
+        """Float `[query, key]` pattern of one head (to within 1/510)."""
+        return self.patterns[layer, head].astype(np.float32) / 255.0
+
+    def to_json(self) -> dict:
+        return {
+            "probe": self.probe, "index": self.index, "tokens": self.tokens,
+            "shape": list(self.patterns.shape),
+            "patterns_uint8_base64": base64.b64encode(np.ascontiguousarray(self.patterns, dtype=np.uint8).tobytes()).decode(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Example":
+        raw = np.frombuffer(base64.b64decode(data["patterns_uint8_base64"]), dtype=np.uint8)
+        return cls(data["probe"], int(data["index"]), list(data["tokens"]), raw.reshape(data["shape"]).copy())
+
+    @classmethod
+    def from_float(cls, probe: str, index: int, tokens: list[str], patterns) -> "Example":
+        """Quantise float patterns `[layer, head, query, key]` in [0, 1]."""
+        arr = np.asarray(patterns, dtype=np.float32)
+        return cls(probe, index, list(tokens), np.clip(np.rint(arr * 255.0), 0, 255).astype(np.uint8))
+
+
+@dataclass
+class Analysis:
+    """Scores, labels and metadata of one model's heads; see the module docstring."""
+
+    scores: Any  # pandas.DataFrame
+    labels: Any  # pandas.DataFrame
+    meta: dict
+    examples: list[Example] = field(default_factory=list)
+    syntax: Optional[Any] = None  # pandas.DataFrame or None
+    retrieval: Optional[Any] = None  # pandas.DataFrame (layer, head, length, score, n) or None
+    needles: Optional[Any] = None  # pandas.DataFrame (length, depth, needle, accuracy, counted) or None
+    validation: Optional[Any] = None  # pandas.DataFrame from headscope.validate, or None
+    geometry: Optional[Any] = None  # headscope.head_geometry.tables.GeometryResult, or None
+    ov: Optional[Any] = None  # pandas.DataFrame of OV copying per head (headscope.head_geometry.ov_circuit.ov_table), or None
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.meta["n_layers"])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.meta["n_heads"])
+
+    @property
+    def detectors(self) -> list[str]:
+        return list(dict.fromkeys(self.scores["detector"]))
+
+    def score_grid(self, detector: str, column: str = "score") -> np.ndarray:
+        """`[layer, head]` array of one detector's column (NaN where missing)."""
+        grid = np.full((self.n_layers, self.n_heads), np.nan)
+        rows = self.scores[self.scores.detector == detector]
+        grid[rows.layer.to_numpy(), rows["head"].to_numpy()] = rows[column].to_numpy()
+        return grid
+
+    def heads_with(self, label: str) -> Any:
+        """Rows of `.labels` with this label, strongest first."""
+        rows = self.labels[self.labels.label == label]
+        return rows.sort_values("score", ascending=False)
+
+    def with_geometry(self, result) -> "Analysis":
+        """A copy of this analysis holding `result` (a `GeometryResult` of the same model shape)."""
+        if result.shape != (self.n_layers, self.n_heads):
+            raise HeadscopeError(f"the geometry is of a {result.shape[0]} x {result.shape[1]} model, the analysis of "
+                                 f"{self.n_layers} x {self.n_heads} ({self.meta.get('model', 'model')})")
+        return replace(self, geometry=result)
+
+    # Display: figures come from the report's builders (headscope.report.plotting, headscope.report.notebook).
+
+    def plot_labels(self):
+        """The label map as a plotly figure; see `headscope.report.plotting.plot_labels`."""
+        return plot_labels(self)
+
+    def plot_scores(self, detector: str):
+        """One detector's `[layer, head]` scores as a plotly heatmap; see `headscope.report.plotting.plot_scores`."""
+        return plot_scores(self, detector)
+
+    def plot_head(self, layer: int, head: int, probe: Optional[str] = None, example: int = 0):
+        """A head's pattern on a stored example, tokens on the axes; see `headscope.report.plotting.plot_head`."""
+        return plot_head(self, layer, head, probe=probe, example=example)
+
+    def plot_syntax(self):
+        """Best head per relation vs baseline (needs `.syntax`); see `headscope.report.plotting.plot_syntax`."""
+        return plot_syntax(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: summary and interactive label map, offline (`headscope.report.notebook`)."""
+        return analysis_html(self)
+
+    def __repr__(self) -> str:
+        return analysis_text(self)
+
+    def save(self, directory, *, force: bool = False) -> Path:
+        """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv, retrieval.csv,
+        needles.csv, ov.csv, validation.csv, geometry/) atomically.
+
+        Args:
+            directory: target folder; must not exist unless `force`.
+            force: replace an existing folder.
+        Returns:
+            The folder's path.
+        """
+        with atomic_dir(directory, force=force) as tmp:
+            self.write_into(tmp)
+        return Path(directory)
+
+    def write_into(self, folder: Path) -> None:
+        """Write the analysis files into an existing folder (no atomicity of its own)."""
+        folder = Path(folder)
+        self.scores.reindex(columns=SCORE_COLUMNS).to_csv(folder / "scores.csv", index=False)
+        self.labels[LABEL_COLUMNS].to_csv(folder / "labels.csv", index=False)
+        (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
+        (folder / "examples.json").write_text(json.dumps([e.to_json() for e in self.examples]))
+        for name in TABLES:
+            if getattr(self, name) is not None:
+                getattr(self, name).to_csv(folder / f"{name}.csv", index=False)
+        if self.validation is not None:
+            from ..causal import write_csv
+
+            write_csv(self.validation, folder / "validation.csv")
+        if self.geometry is not None:
+            write_geometry_tables(self.geometry, folder / GEOMETRY_FOLDER)
+
+    @classmethod
+    def load(cls, directory) -> "Analysis":
+        """Read an analysis written by `save`."""
+        import pandas as pd
+
+        folder = Path(directory)
+        needed = ["scores.csv", "labels.csv", "meta.json"]
+        missing = [n for n in needed if not (folder / n).is_file()]
+        if missing:
+            raise HeadscopeError(f"{folder} is not a headscope analysis (missing {', '.join(missing)})")
+        try:
+            scores = pd.read_csv(folder / "scores.csv")
+            for column in ("control", "control_max"):  # analyses saved before controls existed
+                if column not in scores:
+                    scores[column] = float("nan")
+            labels = pd.read_csv(folder / "labels.csv", keep_default_na=False)
+            meta = json.loads((folder / "meta.json").read_text())
+            examples_file = folder / "examples.json"
+            examples = [Example.from_json(e) for e in json.loads(examples_file.read_text())] if examples_file.exists() else []
+            tables = {name: pd.read_csv(folder / f"{name}.csv") for name in TABLES if (folder / f"{name}.csv").exists()}
+            validation = None
+            if (folder / "validation.csv").exists():
+                from ..causal import read_csv
+
+                validation = read_csv(folder / "validation.csv")
+            geometry = read_geometry_tables(folder / GEOMETRY_FOLDER) if (folder / GEOMETRY_FOLDER).is_dir() else None
+        except (ValueError, KeyError, OSError) as err:
+            raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
+        return cls(scores=scores, labels=labels, meta=meta, examples=examples, validation=validation, geometry=geometry,
+                   **tables)

@@ -1,0 +1,97 @@
+"""Running one built probe through a model, every detector of the probe reducing each layer.
+
+- `collect(loaded, probe, detectors, batch_size, ...)`: `({detector: Collected}, how, sink_layers)`.
+  Batches run inside `capture(reduce=...)`; each layer's pattern goes to every detector's
+  `reduce(layer, pattern, batch)` with the batch it was computed on, and only what the
+  reducers return is kept (on the CPU). When every detector is `lazy` the layer runs the fused
+  kernel and the reducers get a `LazyPattern`; otherwise each layer's map is computed, a group
+  of heads at a time when it would exceed `MAP_BUDGET`.
+- Under torchrun the batches are dealt across processes and the results gathered in order.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from .distributed import gather, mine, rank_and_size
+from ..hf.capture import capture
+from ..detectors.protocol import Collected
+
+__all__ = ["collect", "Progress", "MAP_BUDGET"]
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
+
+
+def _head_chunk(batch: int, length: int, n_heads: int, budget: int = MAP_BUDGET) -> Optional[int]:
+    """Heads per group so one group's map stays under `budget` bytes (None: all heads at once)."""
+    per_head = batch * length * length * 4
+    chunk = max(1, budget // per_head)
+    return None if chunk >= n_heads else int(chunk)
+
+
+class _Reducers:
+    """The capture reducer: every detector's `reduce` on the batch now running, moved once per
+    device (with a device map each layer has its own)."""
+
+    def __init__(self, detectors):
+        self.detectors = detectors
+        self.batch = None
+        self.on: dict = {}
+
+    def start(self, batch) -> None:
+        self.batch, self.on = batch, {}
+
+    def __call__(self, layer, pattern, attention_mask) -> dict:
+        device = pattern.device
+        if device not in self.on:
+            self.on[device] = self.batch.to(device)
+        return {det.name: det.reduce(layer, pattern, self.on[device]).cpu() for det in self.detectors}
+
+
+@torch.no_grad()
+def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progress] = None, lazy: bool = True,
+            stage: Optional[str] = None, map_budget: int = MAP_BUDGET):
+    """Every detector's reduced values over a built probe's batches.
+
+    Args:
+        loaded: a `Loaded` model (or the control twin).
+        probe: a built probe (`ProbeSet`, `TreebankSet`).
+        detectors: the detectors reading this probe.
+        batch_size: examples per forward pass.
+        progress: `fn(stage, done, total)` as batches finish.
+        lazy: allow the fused kernel when every detector is lazy.
+        stage: the progress stage (default "probe NAME").
+        map_budget: on the maps path, the bytes of fp32 pattern one layer may compute at once;
+            a layer whose map is larger runs in head groups.
+    Returns:
+        `({detector name: Collected}, how patterns were computed ("lazy", "maps" or "maps, N
+        heads at a time"), the layers whose heads have learned sink logits)`.
+    """
+    batches = probe.batches(batch_size, loaded.causal, "cpu")
+    todo = [i for i in range(len(batches)) if mine(i)]
+    report = progress if rank_and_size()[0] == 0 else None
+    stage = stage or f"probe {probe.name}"
+    if report:
+        report(stage, 0, len(todo))
+    lazy = lazy and all(d.lazy for d in detectors)
+    longest = max((b.input_ids.shape for b in batches), key=lambda shape: shape[0] * shape[1] ** 2, default=None)
+    chunk = _head_chunk(longest[0], longest[1], loaded.n_heads, map_budget) if longest is not None and not lazy else None
+    reducers = _Reducers(detectors)
+    done = []
+    with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy) as cap:
+        for n, i in enumerate(todo):
+            reducers.start(batches[i])
+            ids = batches[i].input_ids.to(loaded.device)
+            loaded.body(input_ids=ids, attention_mask=batches[i].attention_mask.long().to(loaded.device))
+            done.append((i, {layer: results.pop() for layer, results in cap.results.items()}))
+            if report:
+                report(stage, n + 1, len(todo))
+    per_batch = gather(done)  # [{layer: {detector: values}}] in batch order
+    how = "lazy" if lazy else ("maps" if chunk is None else f"maps, {chunk} heads at a time")
+    sink_layers = sorted(layer for layer, extras in cap.extras.items() if "sinks" in extras)
+    collected = {det.name: Collected(batches, [{layer: b[layer][det.name] for layer in b} for b in per_batch],
+                                     loaded.n_layers, loaded.n_heads) for det in detectors}
+    return collected, how, sink_layers

@@ -1,0 +1,22 @@
+"""Attention maths: headscope's own multi-head attention and the kernels under it.
+
+- `module`: `MultiHeadAttention`, `Concat(head_1..head_h) W_O` with GQA, rotary, masks and hook
+  points (re-exported here: `from headscope.attention import MultiHeadAttention`).
+- `kernel`: the attention function with transformers' SDPA signature (fast and explicit paths).
+- `lazy`: per-head statistics of a pattern without its map (`A = exp(s - lse)`).
+- `pattern`: the `Pattern` interface detectors read, dense or lazy.
+- `rotary`: rotary position embeddings.
+- `hook_points`: `HookPoint` and the `hooks()` context that always removes what it adds.
+
+The re-export is lazy (`__getattr__`), so importing one of the modules above does not import
+the module (and with it `headscope.hf`).
+"""
+from importlib import import_module
+
+__all__ = ["MultiHeadAttention"]
+
+
+def __getattr__(name):
+    if name == "MultiHeadAttention":
+        return import_module("headscope.attention.module").MultiHeadAttention
+    raise AttributeError(f"module 'headscope.attention' has no attribute {name!r}")

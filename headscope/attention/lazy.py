@@ -1,0 +1,273 @@
+"""A layer's attention pattern that is never materialised.
+
+Every probability is A[i, j] = exp(s_ij - lse_i), with s_ij = cap(scale * q_i . k_j) + m_ij (m the
+additive mask, cap the optional soft-cap c * tanh(x / c)) and lse_i = log(sum_j exp(s_ij) +
+exp(sink)) the row's log-sum-exp, the sink term only for models with a learned sink logit per
+head (rows then sum to less than 1). A fused kernel gives z and the keys' lse in one pass without
+writing the [query, key] map; a sink then enters as lse_i = logaddexp(lse_i, sink) and rescales
+z by exp(lse_keys - lse_i). Soft-capped scores cannot take the fused kernel: z and lse are then
+computed in query blocks. The few entries a detector reads (a diagonal, a column, a sparse set
+of targets) then cost one dot product each, and the row entropy H_i = -sum_j A[i, j] ln A[i, j]
+= W_i (lse_i - sum_j A'[i, j] s_ij) (A' the pattern without the sink, W_i = sum_j A[i, j]) costs
+one more fused pass with the keys as values (sum_j A'[i, j] k_j), or is computed exactly in query
+blocks.
+
+- `lazy_attention(q, k, v, ...) -> (z, LazyPattern)`: the attention output and the pattern as
+  a `LazyPattern` (the row log-sum-exp, q, k and the mask). Its `fused` and `block_bytes`
+  keywords choose the path: `fused=False` takes the blockwise path even where the fused kernel
+  exists, `block_bytes` (default `BLOCK_BYTES`, 64 MiB) bounds the fp32 scores it holds at once.
+- `LazyPattern`: `diagonal(offset)`, `column(j)`, `mass(targets)`, `entropy()`, each equal
+  to what the same reduction of the full pattern gives (tests check both paths against it),
+  and `argmax()`, `dense()`, which compute the map (`headscope.attention.pattern.Pattern`, the interface
+  it shares with `DensePattern`).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .kernel import _combine, causal_mask, expand_kv
+
+__all__ = ["lazy_attention", "LazyPattern", "fused_lse_available", "BLOCK_BYTES"]
+
+BLOCK_BYTES = 64 * 2**20  # fp32 scores held at once by the blockwise fallback
+
+
+def fused_lse_available(device: torch.device) -> bool:
+    """Whether torch exposes a fused kernel that returns the log-sum-exp on this device.
+
+    On the CPU, aten's flash kernel returns (output, logsumexp); it is the kernel public SDPA
+    calls there. Elsewhere the log-sum-exp is computed blockwise (`_blockwise_stats`).
+    """
+    return torch.device(device).type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _additive(mask: Optional[torch.Tensor], dtype) -> Optional[torch.Tensor]:
+    """A mask as additive floats `[batch or 1, head or 1, query, key]` (0 = may attend, the
+    dtype's minimum = hidden), or None."""
+    if mask is None:
+        return None
+    hide = torch.finfo(dtype).min  # not -inf: a fully hidden row stays finite, as in the kernel
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, hide)
+    mask = mask.to(dtype).clamp(min=hide)  # -inf -> the minimum: exp() still 0, no 0 * inf
+    while mask.dim() < 4:
+        mask = mask[None]
+    return mask
+
+
+def _zero_or_hidden(mask: Optional[torch.Tensor]) -> bool:
+    """True when an additive mask only ever adds 0 (allowed) or hides a key."""
+    if mask is None:
+        return True
+    return bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
+
+
+def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=None, sinks=None, fused=True,
+                   block_bytes=BLOCK_BYTES):
+    """softmax(cap(q k^T * scale) + mask) v, and the pattern as a `LazyPattern`, without the map.
+
+    Args:
+        q: `[batch, head, query, d_head]`; k, v: `[batch, kv_head, key, d_head]`.
+        mask: boolean (True = may attend) or additive float, broadcastable to
+            `[batch, head, query, key]`.
+        is_causal: hide keys after each query (queries aligned to the last keys); passed to
+            the kernel as a flag, so it skips the hidden blocks.
+        scale: default `1 / sqrt(d_head)`.
+        softcap: scores become `softcap * tanh(scores / softcap)` (computed in query blocks).
+        sinks: `[head]` sink logits that join each row's softmax and are dropped after it.
+        fused: use torch's fused kernel for the log-sum-exp (and the entropy) where this device
+            has one; False computes them in query blocks everywhere (same numbers, more memory).
+        block_bytes: fp32 scores the blockwise path holds at once (`BLOCK_BYTES` by default);
+            a block is at least one query row.
+    Returns:
+        `(z [batch, head, query, d_head] in v's dtype, LazyPattern)`.
+    """
+    n_heads, n_query, n_key = q.shape[1], q.shape[-2], k.shape[-2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    is_causal = is_causal and n_query > 1
+    if is_causal and mask is not None:  # one mask holding both, as the explicit path does
+        mask, is_causal = _combine(mask, causal_mask(n_query, n_key, q.device)), False
+    additive = _additive(mask, q.dtype)
+    lazy = LazyPattern(q, k, None, additive, is_causal, scale, softcap, sinks, fused=fused, block_bytes=block_bytes)
+    if softcap is not None:
+        lazy.lse, _, z = _blockwise_stats(lazy, entropy=False, values=expand_kv(v, n_heads))
+        return z.to(v.dtype), lazy
+    if fused and fused_lse_available(q.device) and v.shape[-1] == q.shape[-1]:
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        z, lse = op(q, lazy.k, expand_kv(v, n_heads), 0.0, is_causal, attn_mask=additive, scale=scale)
+        lse = lse.float()
+    else:
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=is_causal, scale=scale,
+                                           enable_gqa=k.shape[1] != n_heads)
+        lse = _blockwise_stats(LazyPattern(q, k, None, additive, is_causal, scale, block_bytes=block_bytes),
+                               entropy=False)[0]
+    lazy.lse = lse if sinks is None else torch.logaddexp(lse, lazy.sink_logits())  # (B, H, Tq)
+    if sinks is not None:  # the sink's share of each row leaves z: z * sum_j A[i, j]
+        z = (z.float() * (lse - lazy.lse).exp()[..., None]).to(z.dtype)
+    return z, lazy
+
+
+def _blockwise_stats(lazy: "LazyPattern", entropy: bool, values: Optional[torch.Tensor] = None):
+    """(lse, entropy or None, z or None), lse and entropy `[batch, head, query]` in fp32, z
+    `[batch, head, query, d_v]` (with `values` `[batch, head, key, d_v]`), a block of queries
+    at a time (as many rows as fit in `lazy.block_bytes` of fp32 scores)."""
+    b, h, n_query, n_key = lazy.shape
+    keys = lazy.k.float()
+    rows = max(1, lazy.block_bytes // (4 * b * h * n_key))
+    lse, ent, out = [], [], []
+    for start in range(0, n_query, rows):
+        block = slice(start, min(n_query, start + rows))
+        scores = lazy.capped(torch.matmul(lazy.q[:, :, block].float(), keys.transpose(-1, -2)))  # (B, H, rows, Tk)
+        if lazy.additive is not None:
+            scores = scores + lazy.additive[..., block, :].float()
+        if lazy.is_causal:
+            i, j = torch.arange(block.start, block.stop, device=lazy.device), torch.arange(n_key, device=lazy.device)
+            scores = scores.masked_fill(lazy.causally_hidden(i[:, None], j[None, :]), torch.finfo(torch.float32).min)
+        row_lse = torch.logsumexp(scores, dim=-1)  # (B, H, rows)
+        if lazy.sinks is not None:
+            row_lse = torch.logaddexp(row_lse, lazy.sink_logits())
+        lse.append(row_lse)
+        log_p = scores.sub_(row_lse[..., None])  # log A[i, j]
+        if values is not None:
+            out.append(torch.matmul(log_p.exp(), values.float()))  # (B, H, rows, d_v)
+        if entropy:
+            ent.append(-(log_p.exp() * log_p).sum(-1))
+    return (torch.cat(lse, dim=-1), torch.cat(ent, dim=-1) if entropy else None,
+            torch.cat(out, dim=2) if values is not None else None)
+
+
+class LazyPattern:
+    """Entries and row statistics of softmax(cap(q k^T * scale) + mask), computed on demand.
+
+    Built by `lazy_attention` from one layer's q `[batch, head, query, d_head]`, k
+    `[batch, kv_head, key, d_head]`, the additive mask, the causal flag and the row
+    log-sum-exp (including the sink, if any), the soft-cap and the sinks; detectors read it
+    through the `headscope.attention.pattern.Pattern` methods. Everything returned is fp32 and on q's device.
+    """
+
+    def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None, softcap=None, sinks=None, *,
+                 fused=True, block_bytes=BLOCK_BYTES):
+        self.q = q
+        self.k = expand_kv(k, q.shape[1])  # (B, H, Tk, D); already expanded: no copy
+        self.lse = lse  # (B, H, Tq) fp32
+        self.additive = additive  # (B or 1, H or 1, Tq, Tk) additive floats, or None
+        self.is_causal = is_causal
+        self.scale = q.shape[-1] ** -0.5 if scale is None else scale
+        self.softcap = softcap
+        self.sinks = sinks  # (H,) sink logits, or None
+        self.fused = fused  # may take the fused kernel where the device has one
+        self.block_bytes = block_bytes  # fp32 scores held at once on the blockwise path
+        self._entropy = None
+
+    def capped(self, products: torch.Tensor) -> torch.Tensor:
+        """Scores from fp32 dot products q . k: scaled, then soft-capped when the model caps."""
+        scores = products * self.scale
+        return scores if self.softcap is None else torch.tanh(scores / self.softcap) * self.softcap
+
+    def sink_logits(self) -> torch.Tensor:
+        """`[1, head, 1]` fp32 sink logits, broadcasting against `[batch, head, query]`."""
+        return self.sinks.float().view(1, -1, 1)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (*self.q.shape[:3], self.k.shape[-2])
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def dense(self) -> torch.Tensor:
+        """`[batch, head, query, key]` the whole map, exp(s_ij - lse_i) (computed: costs what the map costs)."""
+        scores = self.capped(torch.matmul(self.q.float(), self.k.float().transpose(-1, -2)))  # (B, H, Tq, Tk)
+        if self.additive is not None:
+            scores = scores + self.additive.float()
+        if self.is_causal:
+            i, j = torch.arange(self.shape[2], device=self.device), torch.arange(self.shape[3], device=self.device)
+            scores = scores.masked_fill(self.causally_hidden(i[:, None], j[None, :]), float("-inf"))
+        return (scores - self.lse[..., None]).exp()
+
+    def argmax(self) -> torch.Tensor:
+        """`[batch, head, query]` the key of each row's maximum (computes the map)."""
+        return self.dense().argmax(dim=-1)
+
+    def causally_hidden(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Bool, True where key j is after query i (queries aligned to the last keys)."""
+        return j > i + (self.shape[3] - self.shape[2])
+
+    def _probs(self, logits, b, i, j):
+        """exp(logit + mask - lse) at 1-D query/key indices i, j: logits `[batch, head, n]` for
+        every example (b None) or `[n, head]` at examples b."""
+        hidden = self.causally_hidden(i, j)  # (n,)
+        m = self.additive.expand(self.shape[0], -1, -1, -1) if self.additive is not None else None  # (B, H or 1, Tq, Tk)
+        if b is None:
+            bias = m[:, :, i, j] if m is not None else None  # (B, H or 1, n)
+            lse = self.lse[:, :, i]
+        else:
+            bias = m[b, :, i, j] if m is not None else None  # (n, H or 1)
+            hidden, lse = hidden[:, None], self.lse.permute(0, 2, 1)[b, i]
+        if bias is not None:
+            logits = logits + bias.float()
+        if self.is_causal:
+            logits = logits.masked_fill(hidden, float("-inf"))
+        return (logits - lse).exp()
+
+    def diagonal(self, offset: int) -> torch.Tensor:
+        """`[batch, head, n]` A[i, i + offset], as `pattern.diagonal(offset, -2, -1)` orders it."""
+        n_query, n_key = self.shape[2], self.shape[3]
+        first_query = max(0, -offset)
+        n = min(n_query - first_query, n_key - (first_query + offset))
+        queries = self.q[:, :, first_query:first_query + n].float()  # (B, H, n, D), a view in fp32
+        keys = self.k[:, :, first_query + offset:first_query + offset + n].float()
+        logits = self.capped((queries * keys).sum(-1))  # (B, H, n)
+        i = torch.arange(first_query, first_query + n, device=self.device)
+        return self._probs(logits, None, i, i + offset)
+
+    def column(self, key: int) -> torch.Tensor:
+        """`[batch, head, query]` A[:, key]."""
+        logits = self.capped(torch.matmul(self.q.float(), self.k[:, :, key].float()[..., None])[..., 0])  # (B, H, Tq)
+        i = torch.arange(self.shape[2], device=self.device)
+        return self._probs(logits, None, i, torch.full_like(i, key))
+
+    def mass(self, targets: torch.Tensor) -> torch.Tensor:
+        """`[batch, head, query]` sum over keys j with targets[b, i, j] of A[i, j].
+
+        Args:
+            targets: `[batch, query, key]` bool, sparse (a few keys per query).
+        """
+        b, i, j = targets.nonzero(as_tuple=True)
+        q = self.q.permute(0, 2, 1, 3)[b, i].float()  # (n, H, D)
+        k = self.k.permute(0, 2, 1, 3)[b, j].float()
+        logits = self.capped((q * k).sum(-1))  # (n, H)
+        probs = self._probs(logits, b, i, j)  # (n, H)
+        batch, heads, n_query = self.shape[:3]
+        out = torch.zeros(batch * n_query, heads, dtype=torch.float32, device=self.device)
+        out.index_add_(0, b * n_query + i, probs)
+        return out.view(batch, n_query, heads).permute(0, 2, 1)
+
+    def entropy(self) -> torch.Tensor:
+        """`[batch, head, query]` H_i = -sum_j A[i, j] ln A[i, j] in nats."""
+        if self._entropy is None:
+            self._entropy = self._compute_entropy()
+        return self._entropy
+
+    def _compute_entropy(self) -> torch.Tensor:
+        q, k = self.q, self.k
+        fused = self.fused and fused_lse_available(q.device) and q.dtype == torch.float32 and self.softcap is None
+        if fused and _zero_or_hidden(self.additive):
+            # H_i = W_i (lse_i - sum_j A'[i, j] s_ij), sum_j A'[i, j] s_ij = scale * q_i . (sum_j A'[i, j] k_j)
+            # when the mask only adds 0 or hides (hidden keys have A = 0): one fused pass, keys as
+            # values; A' is the pattern without the sink, W_i = exp(lse'_i - lse_i) its share.
+            op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+            mean_key, keys_lse = op(q, k, k, 0.0, self.is_causal, attn_mask=self.additive, scale=self.scale)
+            entropy = self.lse - (q * mean_key).sum(-1) * self.scale  # mean_key: (B, H, Tq, D)
+            if self.sinks is None:
+                return entropy
+            return (keys_lse.float() - self.lse).exp() * entropy  # the keys' share W_i, (B, H, Tq)
+        return _blockwise_stats(self, entropy=True)[1]

@@ -1,0 +1,255 @@
+"""headscope's own multi-head attention module.
+
+`MultiHeadAttention` is the textbook Concat(head_1..head_h) W_O with
+head_i = softmax(Q_i K_i^T / sqrt(d_head)) V_i (Vaswani et al. 2017), extended with what real
+models use: grouped-query attention (`n_kv_heads`), optional biases, a head size not tied to
+`d_model / n_heads`, causal or bidirectional masking, padding masks, rotary position embedding
+(full or partial, "rotate half" or interleaved pairs), a scaling override, dropout, and the
+extras of recent models: q/k norms before rotary (Qwen3, Gemma 3, OLMo 2), clipping of q/k/v
+(OLMo), score soft-capping (Gemma 2) and a learned sink logit per head (gpt-oss).
+
+Hook points (read or replace with `headscope.attention.hook_points.hooks(module, {...})` or `module.hooks(...)`):
+    hook_q       [batch, head, pos, d_head]      queries, after q/k norm and rotary
+    hook_k       [batch, kv_head, pos, d_head]   keys, after q/k norm and rotary
+    hook_v       [batch, kv_head, pos, d_head]   values
+    hook_scores  [batch, head, query, key]       pre-softmax scores, fp32, masked entries at min
+    hook_pattern [batch, head, query, key]       attention probabilities, fp32
+    hook_z       [batch, pos, head, d_head]      per-head weighted values, before W_O
+    hook_result  [batch, pos, head, d_model]     per-head output after W_O (no bias); computed
+                                                 only when hooked
+The fast path (SDPA) runs unless a hook on scores or pattern, or `return_pattern`, needs them.
+
+`MultiHeadAttention.from_hf(attention_module, config)` loads a Hugging Face layer's weights
+through the adapters in `headscope.hf.adapters` (`headscope.hf.from_hf`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..hf.from_hf import module_from_hf
+from .hook_points import HookPoint, hooks as _hooks
+from .kernel import attention
+from .rotary import apply_rotary, rotary_cos_sin
+
+__all__ = ["AttentionConfig", "MultiHeadAttention"]
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Resolved sizes and options of a `MultiHeadAttention`.
+
+    Attributes:
+        d_model: residual stream width.
+        n_heads: query heads.
+        n_kv_heads: key/value heads (divides n_heads; equal for classic attention, 1 for MQA).
+        d_head: size of each head.
+        causal: queries may not attend to later keys.
+        qkv_bias / out_bias: whether the projections have biases.
+        rotary_dim: dims of each head rotated by rotary embedding (0: no rotary).
+        rotary_base: rotary theta.
+        rotary_interleaved: rotary pairs are dims (2i, 2i + 1), not (i, i + rotary_dim / 2).
+        scale: score multiplier (1/sqrt(d_head) unless overridden).
+        dropout: dropout on the pattern during training.
+        qk_norm: q and k pass through `q_norm` / `k_norm` (on `[batch, pos, head, d_head]`)
+            before rotary.
+        clip: q, k and v are clamped to [-clip, clip] after the projections (None: no clip).
+        softcap: scores become softcap * tanh(scores / softcap) (None: no cap).
+        sinks: each head has a learned sink logit (`sinks` `[head]`) in its softmax.
+    """
+
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    causal: bool
+    qkv_bias: bool
+    out_bias: bool
+    rotary_dim: int
+    rotary_base: float
+    scale: float
+    dropout: float
+    rotary_interleaved: bool = False
+    qk_norm: bool = False
+    clip: Optional[float] = None
+    softcap: Optional[float] = None
+    sinks: bool = False
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with hook points; see the module docstring for the hook shapes.
+
+    Args:
+        d_model: residual width.
+        n_heads: number of query heads.
+        n_kv_heads: number of key/value heads; defaults to `n_heads`.
+        d_head: head size; defaults to `d_model // n_heads`.
+        causal: mask out later keys.
+        bias: biases on W_q, W_k, W_v; `out_bias` on W_o (defaults to `bias`).
+        rotary_dim: rotate this many leading dims of each head (0 = no rotary).
+        rotary_base: rotary theta.
+        scale: score multiplier; defaults to 1/sqrt(d_head).
+        dropout: dropout probability on the pattern in training mode.
+        rotary_interleaved: rotate dims in pairs (2i, 2i + 1) (GPT-J layout).
+        qk_norm: RMS-normalise each head's q and k before rotary (`q_norm`, `k_norm`, replaceable
+            by any module mapping `[batch, pos, head, d_head]` to itself).
+        clip: clamp q, k and v to [-clip, clip].
+        softcap: cap scores at softcap * tanh(scores / softcap).
+        sinks: add a learned sink logit per head (`sinks` `[head]`, initialised to 0).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: Optional[int] = None,
+        d_head: Optional[int] = None,
+        *,
+        causal: bool = True,
+        bias: bool = False,
+        out_bias: Optional[bool] = None,
+        rotary_dim: int = 0,
+        rotary_base: float = 10000.0,
+        scale: Optional[float] = None,
+        dropout: float = 0.0,
+        rotary_interleaved: bool = False,
+        qk_norm: bool = False,
+        clip: Optional[float] = None,
+        softcap: Optional[float] = None,
+        sinks: bool = False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_head is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}; pass d_head")
+            d_head = d_model // n_heads
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
+        if rotary_dim < 0 or rotary_dim > d_head or rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be even and between 0 and d_head={d_head}, got {rotary_dim}")
+        self.config = AttentionConfig(
+            d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, causal=causal,
+            qkv_bias=bias, out_bias=bias if out_bias is None else out_bias, rotary_dim=rotary_dim,
+            rotary_base=float(rotary_base), scale=d_head ** -0.5 if scale is None else float(scale),
+            dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
+            softcap=softcap, sinks=sinks,
+        )
+        kw = dict(device=device, dtype=dtype)
+        self.W_q = nn.Linear(d_model, n_heads * d_head, bias=bias, **kw)
+        self.W_k = nn.Linear(d_model, n_kv_heads * d_head, bias=bias, **kw)
+        self.W_v = nn.Linear(d_model, n_kv_heads * d_head, bias=bias, **kw)
+        self.W_o = nn.Linear(n_heads * d_head, d_model, bias=self.config.out_bias, **kw)
+        self.q_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None  # on (B, T, H, D)
+        self.k_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None
+        self.sinks = nn.Parameter(torch.zeros(n_heads, **kw)) if sinks else None  # (H,)
+        self.hook_q = HookPoint("hook_q")  # (B, H, T, D)
+        self.hook_k = HookPoint("hook_k")  # (B, Hkv, T, D)
+        self.hook_v = HookPoint("hook_v")  # (B, Hkv, T, D)
+        self.hook_scores = HookPoint("hook_scores")  # (B, H, Tq, Tk)
+        self.hook_pattern = HookPoint("hook_pattern")  # (B, H, Tq, Tk)
+        self.hook_z = HookPoint("hook_z")  # (B, T, H, D)
+        self.hook_result = HookPoint("hook_result")  # (B, T, H, d_model)
+
+    # Convenience views used by tests and adapters.
+    @property
+    def d_model(self) -> int:
+        return self.config.d_model
+
+    @property
+    def n_heads(self) -> int:
+        return self.config.n_heads
+
+    def hooks(self, fwd_hooks):
+        """Context manager adding hooks by name; see `headscope.attention.hook_points.hooks`."""
+        return _hooks(self, fwd_hooks)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        *,
+        positions: Optional[torch.Tensor] = None,
+        rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        return_pattern: bool = False,
+    ):
+        """Attend over a sequence.
+
+        Args:
+            x: `[batch, pos, d_model]`.
+            attention_mask: `[batch, key]` padding mask (1/True = real token), or a boolean
+                (True = may attend) or additive float mask broadcastable to
+                `[batch, head, query, key]`. Combined with the causal mask when `causal`.
+            positions: `[pos]` or `[batch, pos]` positions for rotary (default 0..pos-1).
+            rotary: precomputed `(cos, sin)`, each `[pos, rot]` or `[batch, pos, rot]`; used
+                instead of `positions` (e.g. a model's own scaled rotary tables).
+            return_pattern: also return the pattern `[batch, head, query, key]`.
+
+        Returns:
+            `[batch, pos, d_model]`, or `(output, pattern)` when `return_pattern`.
+        """
+        cfg = self.config
+        B, T, _ = x.shape
+        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
+        if cfg.clip is not None:
+            q, k, v = (t.clamp(-cfg.clip, cfg.clip) for t in (q, k, v))
+        q = q.view(B, T, cfg.n_heads, cfg.d_head)  # (B, T, H, D)
+        k = k.view(B, T, cfg.n_kv_heads, cfg.d_head)  # (B, T, Hkv, D)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, Hkv, T, D)
+        v = v.view(B, T, cfg.n_kv_heads, cfg.d_head).transpose(1, 2)  # (B, Hkv, T, D)
+        if cfg.rotary_dim:
+            if rotary is None:
+                pos = torch.arange(T, device=x.device) if positions is None else positions
+                rotary = rotary_cos_sin(pos, cfg.rotary_dim, cfg.rotary_base, interleaved=cfg.rotary_interleaved)
+            cos, sin = rotary
+            if cos.shape[-1] != cfg.rotary_dim:
+                raise ValueError(f"rotary tables have {cos.shape[-1]} dims, module rotates {cfg.rotary_dim}")
+            q = apply_rotary(q, cos, sin, cfg.rotary_interleaved)
+            k = apply_rotary(k, cos, sin, cfg.rotary_interleaved)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+
+        mask = _as_4d_mask(attention_mask)
+        z, pattern = attention(
+            q, k, v, mask=mask, is_causal=cfg.causal, scale=cfg.scale, softcap=cfg.softcap, sinks=self.sinks,
+            dropout_p=cfg.dropout if self.training else 0.0,
+            need_pattern=return_pattern,
+            on_scores=self.hook_scores if self.hook_scores.hooked else None,
+            on_pattern=self.hook_pattern if self.hook_pattern.hooked else None,
+        )
+        z = self.hook_z(z.transpose(1, 2))  # (B, T, H, D)
+        if self.hook_result.hooked:
+            w_o = self.W_o.weight.view(cfg.d_model, cfg.n_heads, cfg.d_head)  # (d_model, H, D)
+            result = torch.einsum("bthd,mhd->bthm", z, w_o)  # (B, T, H, d_model)
+            out = self.hook_result(result).sum(dim=2)
+            if self.W_o.bias is not None:
+                out = out + self.W_o.bias
+        else:
+            out = self.W_o(z.reshape(B, T, cfg.n_heads * cfg.d_head))
+        return (out, pattern) if return_pattern else out
+
+    @classmethod
+    def from_hf(cls, attention_module: nn.Module, config) -> "MultiHeadAttention":
+        """Build a module holding the weights of a Hugging Face attention layer.
+
+        Args:
+            attention_module: the layer's attention block (e.g. Llama's `self_attn`, GPT-2's
+                `attn`, BERT's `attention`, GPT-NeoX's `attention`).
+            config: the model's config.
+        Returns:
+            A `MultiHeadAttention` on the same device and dtype, in eval mode.
+        """
+        return module_from_hf(cls, attention_module, config)
+
+
+def _as_4d_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Turn a `[batch, key]` padding mask into `[batch, 1, 1, key]` booleans; pass others on."""
+    if mask is None or mask.dim() != 2:
+        return mask
+    return mask.bool()[:, None, None, :]

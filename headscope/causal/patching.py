@@ -1,0 +1,162 @@
+"""Activation patching per head, inside Hugging Face models.
+
+- `patch(loaded, clean, corrupted, metric, hook="z", direction="denoising")`: runs the clean and
+  the corrupted prompts, then one of them again with one head's activation taken from the other
+  run, for every head; returns a DataFrame (layer, head, effect, patched_metric).
+  "denoising" (clean -> corrupted) reruns the corrupted prompts with the head's clean activation:
+      effect = (metric(patched) - metric(corrupted)) / (metric(clean) - metric(corrupted)),
+  the fraction of the gap the head's clean activation recovers (is it sufficient?).
+  "noising" (corrupted -> clean) reruns the clean prompts with the head's corrupted activation:
+      effect = (metric(clean) - metric(patched)) / (metric(clean) - metric(corrupted)),
+  the fraction of the gap lost without the head's clean activation (is it necessary?).
+  Either way 1 means the head alone carries the whole gap, 0 nothing, negative the other way
+  (Heimersheim & Nanda, "How to use and interpret activation patching", 2024: denoising finds
+  each of several redundant ("OR") components, noising each of several jointly needed ("AND")
+  ones). Heads are batched: each forward pass repeats the rerun batch and patches a different
+  head in each copy, so `heads_per_pass` heads cost one pass.
+- `plot_patching(table)`: the effects as a plotly heatmap, layer by head.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
+
+import torch
+
+from ..errors import HeadscopeError
+from ..hf.activation_cache import cache_activations
+from ..hf.adapters import head_sizes
+from ..hf.hooks import model_hooks, point_name
+from ..hf.route import layer_map
+
+__all__ = ["patch", "plot_patching", "HEAD_AXIS", "DIRECTIONS"]
+
+# Which axis of each patchable point holds the heads (shapes as in `headscope.hf.hooks`).
+HEAD_AXIS = {"z": 2, "pattern": 1, "result": 2}  # z/result [B, T, H, ...], pattern [B, H, Tq, Tk]
+DIRECTIONS = ("denoising", "noising")  # clean -> corrupted, corrupted -> clean
+Inputs = Union[torch.Tensor, Mapping[str, torch.Tensor]]
+Metric = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _as_inputs(x: Inputs, device) -> dict:
+    x = {"input_ids": x} if isinstance(x, torch.Tensor) else dict(x)
+    return {k: v.to(device) for k, v in x.items()}
+
+
+def _output(model, inputs: dict) -> torch.Tensor:
+    out = model(**inputs)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _score(metric: Metric, logits: torch.Tensor) -> float:
+    return float(torch.as_tensor(metric(logits)).float().mean())
+
+
+def _heads_of(place: torch.Tensor, axis: int, head: int) -> tuple:
+    """Index of one head's slice along `axis` (the batch axis is handled by the caller)."""
+    return (slice(None),) * (axis - 1) + (head,)
+
+
+@torch.no_grad()
+def patch(
+    loaded: Any,
+    clean: Inputs,
+    corrupted: Inputs,
+    metric: Metric,
+    hook: str = "z",
+    heads: Optional[Iterable[tuple[int, int]]] = None,
+    heads_per_pass: Optional[int] = None,
+    direction: str = "denoising",
+):
+    """Patch each head's activation from one run into the other: clean into corrupted
+    ("denoising", the default) or corrupted into clean ("noising").
+
+    Args:
+        loaded: a `headscope.Loaded` or a transformers model headscope runs inside
+            ("result" needs the family's adapter).
+        clean, corrupted: `input_ids` `[batch, pos]` or dicts of model inputs, of equal shapes.
+        metric: `fn(logits [batch, pos, vocab]) -> scalar or [batch]` (encoders: the last
+            hidden state); called on one batch-sized piece at a time and averaged.
+        hook: which activation to patch: "z" (the head's output before W_O), "pattern" or
+            "result" (its output after W_O).
+        heads: `[(layer, head), ...]` to patch (default every head).
+        heads_per_pass: heads patched per forward pass (default: enough for 64 examples).
+        direction: "denoising" (rerun corrupted with a clean activation; effect = recovered
+            fraction of the gap) or "noising" (rerun clean with a corrupted activation; effect
+            = lost fraction of the gap).
+    Returns:
+        pandas DataFrame with columns layer, head, effect, patched_metric; `table.attrs` holds
+        clean_metric, corrupted_metric, hook and direction.
+    """
+    import pandas as pd
+
+    if hook not in HEAD_AXIS:
+        raise HeadscopeError(f"cannot patch {hook!r}; choose one of {', '.join(HEAD_AXIS)}")
+    if direction not in DIRECTIONS:
+        raise HeadscopeError(f"unknown direction {direction!r}; choose one of {', '.join(DIRECTIONS)}")
+    model = getattr(loaded, "model", loaded)
+    device = next(model.parameters()).device
+    clean, corrupted = _as_inputs(clean, device), _as_inputs(corrupted, device)
+    if clean["input_ids"].shape != corrupted["input_ids"].shape:
+        raise HeadscopeError(f"clean {tuple(clean['input_ids'].shape)} and corrupted "
+                             f"{tuple(corrupted['input_ids'].shape)} inputs must have the same shape")
+    n_layers, n_heads = len(layer_map(model)), head_sizes(model.config)[1]
+    chosen = [(int(l), int(h)) for l, h in heads] if heads is not None else \
+        [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    for layer, head in chosen:
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise HeadscopeError(f"head {layer}.{head} is out of range ({n_layers} layers of {n_heads} heads)")
+    point = "hook_" + hook
+    axis = HEAD_AXIS[hook]
+    batch = clean["input_ids"].shape[0]
+    source, rerun = (clean, corrupted) if direction == "denoising" else (corrupted, clean)
+    with cache_activations(model, sorted({point_name(l, point) for l, _ in chosen}), to=None) as saved:
+        source_metric = _score(metric, _output(model, source))
+    rerun_metric = _score(metric, _output(model, rerun))
+    clean_metric, corrupted_metric = (source_metric, rerun_metric) if direction == "denoising" \
+        else (rerun_metric, source_metric)
+    gap = clean_metric - corrupted_metric
+    if gap == 0:
+        raise HeadscopeError("the metric is the same on clean and corrupted inputs; there is no gap to recover")
+    per_pass = heads_per_pass or max(1, 64 // batch)
+    rows = []
+    for start in range(0, len(chosen), per_pass):
+        group = chosen[start:start + per_pass]
+        repeated = {k: v.repeat(len(group), *([1] * (v.dim() - 1))) for k, v in rerun.items()}
+
+        def patcher(value, hook_point, group=group):
+            value = value.clone()
+            layer = int(hook_point.name.split(".")[1])
+            source_value = saved[hook_point.name]
+            for copy, (l, h) in enumerate(group):
+                if l == layer:  # copy `copy` of the batch gets head h's activation from the source run
+                    where = (slice(copy * batch, (copy + 1) * batch),) + _heads_of(value, axis, h)
+                    value[where] = source_value[(slice(None),) + _heads_of(value, axis, h)]
+            return value
+
+        names = sorted({point_name(l, point) for l, _ in group})
+        with model_hooks(model, [(name, patcher) for name in names]):
+            logits = _output(model, repeated)
+        for copy, (layer, head) in enumerate(group):
+            patched = _score(metric, logits[copy * batch:(copy + 1) * batch])
+            # (patched - rerun) / (source - rerun): recovered (denoising) or lost (noising) fraction
+            rows.append({"layer": layer, "head": head, "effect": (patched - rerun_metric) / (source_metric - rerun_metric),
+                         "patched_metric": patched})
+    table = pd.DataFrame(rows, columns=["layer", "head", "effect", "patched_metric"])
+    table.attrs.update(clean_metric=clean_metric, corrupted_metric=corrupted_metric, hook=hook,
+                       direction=direction)
+    return table
+
+
+def plot_patching(table, title: Optional[str] = None):
+    """A plotly heatmap of `patch`'s effects: layers down, heads across, 0 white."""
+    import plotly.graph_objects as go
+
+    grid = table.pivot(index="layer", columns="head", values="effect")
+    fig = go.Figure(go.Heatmap(z=grid.values, x=[str(h) for h in grid.columns], y=[str(l) for l in grid.index],
+                               colorscale="RdBu", zmid=0, colorbar=dict(title="effect"),
+                               hovertemplate="layer %{y} head %{x}: %{z:.3f}<extra></extra>"))
+    hook = table.attrs.get("hook", "z")
+    what = "Lost" if table.attrs.get("direction") == "noising" else "Recovered"
+    fig.update_layout(title=title or f"{what} fraction of the clean-corrupted gap, patching hook_{hook}",
+                      xaxis_title="head", yaxis_title="layer", yaxis_autorange="reversed")
+    return fig

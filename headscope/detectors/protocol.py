@@ -1,0 +1,298 @@
+"""What a detector is, and the registry that finds detectors by name (`headscope.detectors`
+holds the built-in ones).
+
+A `Detector` turns one layer's attention pattern on one probe batch into per-example values,
+and all of a probe's values into rows of the scores table:
+
+    reduce(layer, pattern, batch) -> values        # pattern: a `headscope.attention.pattern.Pattern`
+    finalize(model, control, probe, seed) -> Finding
+
+`headscope.analyze` is a loop over `(probe, detectors)`: each probe's batches run through the
+model (and the control twin) inside `capture(reduce=...)`, every detector of the probe reduces
+each layer as soon as it is computed, and `finalize` gets what the batches left (`Collected`).
+The default `reduce` is `fn(pattern, batch) -> [batch, head]`, one score per probe example and
+head (NaN where the example has no query the formula applies to); the default `finalize` is
+the mean over examples with a 95% percentile-bootstrap CI (`headscope.detectors.stats`), for the model and
+for the control. Detectors are pure: they never modify the pattern they are given.
+
+Some detectors cannot be written as `pattern -> values`: they read the model's logits as well
+(retrieval heads count only the answer tokens the model predicts) or need attention rows at
+lengths where no map fits. Such a detector carries `run`, and runs its own forward passes:
+
+    run(loaded, control, probe, seed, progress) -> Finding
+
+`analyze` builds its probe as usual (a probe kind in `headscope.probes.kinds`; `NeedleProbe`
+for retrieval) and calls `run` with the control twin it resolved for every detector, instead of
+`capture(reduce=...)` and `finalize`. The rows it returns are the same `SCORE_COLUMNS` (and
+labels follow the same rule); its `fn` is never called on a pattern, and calling the detector on
+one is an error that says how to run it.
+
+A detector also carries what the rest of headscope needs to know about it: its probe,
+threshold, formula, source, what its score is (`quantity`), whether it claims a learned
+behaviour or describes a resting one (`learned`), its colour and abbreviation in reports, and
+how `headscope.validate` checks it (on its own probe; `icl_check`). Nothing else names it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import pandas as pd
+import torch
+
+from ..errors import HeadscopeError
+from ..attention.pattern import Pattern, as_pattern
+from ..probes.base import ProbeBatch
+from .stats import bootstrap_mean_ci
+from .variants import best_variant
+
+__all__ = ["Detector", "Collected", "Finding", "REGISTRY", "register", "detector_spec", "masked_query_mean",
+           "score_patterns", "SCORE_COLUMNS"]
+
+SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
+
+
+@dataclass
+class Collected:
+    """What one model's forward passes over a probe left for one detector.
+
+    Attributes:
+        batches: the probe's batches, in order (CPU).
+        values: per batch, `{layer: reduce output}` (CPU).
+        n_layers, n_heads: the model's shape.
+    """
+
+    batches: list[ProbeBatch]
+    values: list[dict[int, torch.Tensor]]
+    n_layers: int
+    n_heads: int
+
+    def per_layer(self) -> dict[int, torch.Tensor]:
+        """`{layer: [example, ...]}`: the batches' values joined on the example axis."""
+        return {layer: torch.cat([b[layer] for b in self.values]) for layer in range(self.n_layers)}
+
+
+@dataclass
+class Finding:
+    """A detector's contribution to an analysis.
+
+    Attributes:
+        rows: DataFrame with `SCORE_COLUMNS`, one row per head.
+        names: `{(layer, head, detector): label}` where a head's label is not the detector's
+            name ("positional:-2", "syntactic:obj").
+        meta: entries added to the analysis's `meta` (e.g. "syntax_best").
+        tables: extra tables set on the `Analysis` by attribute name (e.g. "syntax").
+    """
+
+    rows: pd.DataFrame
+    names: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+    tables: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Detector:
+    """A named head-scoring rule and what headscope needs to know about it.
+
+    Attributes:
+        name: registry key, also the label of heads that pass.
+        probe: the probe it reads ("text", "repeated", "treebank"; `headscope.probes.kinds`).
+        threshold: value at which a head gets this label.
+        formula: the formula in words, for reports and docs.
+        source: the paper (and what the threshold rests on).
+        fn: `(pattern, batch) -> [batch, head]` per-example scores, `pattern` a
+            `headscope.attention.pattern.Pattern`.
+        bidirectional_only: meaningless for causal models (e.g. next-token attention).
+        lazy: `fn` reads the pattern only through entries and row statistics (`diagonal`,
+            `column`, `mass`, `entropy`), which a `LazyPattern` computes without the map.
+        learned: passing claims the model learned the behaviour, so the label also needs the
+            head's CI lower bound above the untrained control's best head (`headscope.detectors.labels`);
+            False for resting behaviours (sink, uniform), which stay descriptive and yield to
+            detectors with `outranks_resting`.
+        outranks_resting: a head that passes this detector and a resting one is labelled by
+            this one: it is measured on a probe built to show the behaviour (induction and
+            duplicate-token heads rest on the first token of natural text).
+        gate: what must reach `threshold`: "score" (the mean) or "ci_low" (its CI lower bound,
+            for scores that are held-out estimates, like the syntactic margin).
+        quantity: what the score is, in words, for report columns ("attention mass", ...).
+        variants: suffixes of a detector that scores several variants at once (the offsets of
+            `positional`): `fn` then returns `[batch, head, variant]`, each head keeps the
+            variant of highest mean score and is labelled `name:<variant>`
+            (`headscope.detectors.variants.best_variant`). Empty for one-score detectors.
+        opt_in: run only when named (`detectors=[...]`, `--detectors`), not among the defaults.
+        colour: the label's colour in reports (None: one of the report's spare colours).
+        short: the abbreviation in label-map cells (None: the first five letters).
+        icl_check: `headscope.validate` also measures the in-context learning score (Olsson et
+            al. 2022) with this label's heads ablated.
+        report_rule: `(topic, sentence)` the report adds to its labelling rules, with
+            `{threshold:g}` and `{control}` (" and above the control's best head ..." or ".")
+            filled in; empty for detectors the general rules cover.
+        run: `(loaded, control, probe, seed, progress) -> Finding` for a detector that runs its
+            own forward passes over its built probe (`control`: the twin `analyze` resolved, or
+            None; `progress`: `fn(stage, done, total)` or None); `analyze` calls it instead of
+            `reduce`/`finalize`. None for pattern detectors.
+    """
+
+    name: str
+    probe: str
+    threshold: float
+    formula: str
+    source: str
+    fn: Callable
+    bidirectional_only: bool = False
+    lazy: bool = False
+    learned: bool = True
+    outranks_resting: bool = False
+    gate: str = "score"
+    quantity: str = "attention mass"
+    variants: tuple[str, ...] = ()
+    opt_in: bool = False
+    colour: Optional[str] = None
+    short: Optional[str] = None
+    icl_check: bool = False
+    report_rule: tuple[str, ...] = ()
+    run: Optional[Callable] = None
+
+    def score(self, pattern, batch) -> torch.Tensor:
+        """Per-example scores `[batch, head]` (`[batch, head, variant]` with `variants`) of one
+        layer's pattern (a tensor `[batch, head, query, key]` or a `Pattern`)."""
+        return self.fn(as_pattern(pattern), batch)
+
+    def reduce(self, layer: int, pattern: Pattern, batch: ProbeBatch) -> torch.Tensor:
+        """What `analyze` keeps of one layer's pattern on one batch: the per-example scores, fp32."""
+        return self.score(pattern, batch).float()
+
+    def finalize(self, model: Collected, control: Optional[Collected], probe, seed: int) -> Finding:
+        """Mean over examples with a 95% bootstrap CI per head, and the control's scores (the
+        same head's, `control`, and the best head's, `control_max`); NaN without a control."""
+        values = model.per_layer()
+        names = {}
+        if self.variants:  # one score per head: its best variant, chosen per model
+            values, chosen = best_variant(values, self.variants)
+            names = {(l, h, self.name): f"{self.name}:{v}" for (l, h), v in chosen.items()}
+        rows = self._bootstrap(values, model.n_layers, model.n_heads, seed)
+        if control is None:
+            return Finding(rows.assign(control=float("nan"), control_max=float("nan")), names)
+        twin = control.per_layer()
+        if self.variants:
+            twin, _ = best_variant(twin, self.variants)
+        twin_rows = self._bootstrap(twin, model.n_layers, model.n_heads, seed)
+        return Finding(rows.assign(control=twin_rows.score.to_numpy(), control_max=float(twin_rows.score.max())), names)
+
+    def _bootstrap(self, per_layer, n_layers: int, n_heads: int, seed: int) -> pd.DataFrame:
+        values = torch.stack([per_layer[layer] for layer in range(n_layers)])  # (L, N, H)
+        rows = values.permute(0, 2, 1).reshape(n_layers * n_heads, -1)  # (L*H, N)
+        mean, low, high, n = bootstrap_mean_ci(rows, seed=seed)
+        return pd.DataFrame({
+            "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
+            "head": torch.arange(n_heads).repeat(n_layers).numpy(),
+            "detector": self.name, "score": mean.numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
+            "n": n.numpy(),
+        })
+
+    def __call__(self, target, batch=None, **kwargs):
+        """Score heads of patterns a notebook has at hand.
+
+        - `detector(pattern, probe_batch)`: per-example scores `[batch, head]` (the pure form).
+        - `detector(patterns, input_ids=None, attention_mask=None, causal=True)`: patterns
+          captured by the user (`cap.patterns`, a `{layer: [batch, head, query, key]}` dict, or
+          one such tensor) -> DataFrame layer, head, detector, score (mean over examples);
+          see `score_patterns`.
+        A loaded model is scored by `headscope.analyze(loaded, detectors=[name])`: running a
+        model is the pipeline's job, and a detector stays a function of patterns.
+        """
+        if self.run is not None:
+            raise HeadscopeError(f"detector {self.name!r} runs its own forward passes on the {self.probe} probe; "
+                                 f"score a loaded model with headscope.analyze(loaded, detectors=[{self.name!r}])")
+        if batch is not None:
+            return self.score(target, batch)
+        if hasattr(target, "model") and hasattr(target, "tokenizer"):
+            raise HeadscopeError(f"a detector scores patterns; score a loaded model with "
+                                 f"headscope.analyze(loaded, detectors=[{self.name!r}]).scores")
+        return score_patterns(self, target, **kwargs)
+
+    def describe(self) -> dict:
+        """What `meta["detectors"]` keeps of the detector (and the report reads)."""
+        return {"formula": self.formula, "threshold": self.threshold, "source": self.source, "probe": self.probe,
+                "learned": self.learned, "outranks_resting": self.outranks_resting, "gate": self.gate,
+                "quantity": self.quantity, "variants": list(self.variants), "colour": self.colour,
+                "short": self.short, "icl_check": self.icl_check, "report_rule": list(self.report_rule)}
+
+
+REGISTRY: dict[str, Detector] = {}
+
+
+def register(detector: Detector) -> Detector:
+    """Add a detector to the registry under its name (replacing one of the same name)."""
+    if not detector.name or ":" in detector.name or "," in detector.name:
+        raise HeadscopeError(f"a detector name must be non-empty without ':' or ',', got {detector.name!r}")
+    REGISTRY[detector.name] = detector
+    return detector
+
+
+def detector_spec(meta: dict, label: str) -> dict:
+    """What an analysis recorded about a label's detector (`meta["detectors"]`; "syntactic:obj"
+    -> "syntactic"), over the registered detector's description, which fills in fields an older
+    analysis did not record; {} for a detector neither knows."""
+    recorded = meta.get("detectors", {})
+    name = label if label in recorded or label in REGISTRY else label.split(":")[0]
+    known = REGISTRY[name].describe() if name in REGISTRY else {}
+    return {**known, **recorded.get(name, {})}
+
+
+def masked_query_mean(values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """Mean over the selected queries of each example.
+
+    Args:
+        values: `[batch, head, query]`.
+        queries: `[batch, query]` bool, the queries the formula applies to.
+    Returns:
+        `[batch, head]`, NaN for examples with no selected query.
+    """
+    chosen = queries[:, None, :]
+    count = chosen.sum(-1).to(values.dtype)
+    total = torch.where(chosen, values, torch.zeros((), dtype=values.dtype, device=values.device)).sum(-1)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+
+
+def score_patterns(detector: Detector, patterns, input_ids=None, attention_mask=None, causal: bool = True,
+                   content_start: int = 0):
+    """Mean score per head of captured patterns.
+
+    Args:
+        detector: a `Detector`.
+        patterns: `{layer: [batch, head, query, key]}` (e.g. `cap.patterns`) or one tensor
+            (`[batch, head, query, key]` or `[head, query, key]`, reported as layer 0).
+        input_ids: `[batch, pos]` tokens the patterns were computed on; needed by detectors
+            that compare tokens (induction, duplicate_token).
+        attention_mask: `[batch, pos]`, 1 for real tokens (default all real).
+        causal: whether the model was causal.
+        content_start: index of the first non-special token (1 after a BOS).
+    Returns:
+        pandas DataFrame layer, head, detector, score (and variant, the head's best one, for
+        detectors with variants such as positional).
+    """
+    layers = patterns if isinstance(patterns, dict) else {0: patterns}
+    rows = []
+    for layer, pattern in layers.items():
+        pattern = pattern[None] if pattern.dim() == 3 else pattern  # (B, H, Q, K)
+        b, _, q, _ = pattern.shape
+        ids = input_ids
+        if ids is None:
+            if detector.probe == "repeated":
+                raise HeadscopeError(f"detector {detector.name!r} compares tokens: pass input_ids=")
+            ids = torch.zeros(b, q, dtype=torch.long)
+        ids = torch.as_tensor(ids).reshape(b, q).to(pattern.device)
+        mask = (torch.ones_like(ids, dtype=torch.bool) if attention_mask is None
+                else torch.as_tensor(attention_mask).bool().to(pattern.device))
+        per_example = detector.score(pattern.float(), ProbeBatch(ids, mask, causal, content_start))  # (B, H[, V])
+        chosen = {}
+        if detector.variants:
+            scores, chosen = best_variant({int(layer): per_example}, detector.variants)
+            per_example = scores[int(layer)]
+        means = per_example.nanmean(dim=0)
+        rows += [{"layer": int(layer), "head": h, "detector": detector.name, "score": float(s),
+                  **({"variant": chosen[(int(layer), h)]} if chosen else {})}
+                 for h, s in enumerate(means.tolist())]
+    columns = ["layer", "head", "detector", "score"] + (["variant"] if detector.variants else [])
+    return pd.DataFrame(rows, columns=columns)

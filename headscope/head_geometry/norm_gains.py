@@ -1,0 +1,76 @@
+"""The gains of the norms in front of each attention block and of the unembedding, found by what they do.
+
+A pre-norm transformer computes a layer's values from norm(x) = x / scale(x) * g (+ b), and its
+logits from the final norm's output. For a weights-only circuit such as the OV circuit
+(`headscope.head_geometry.ov_circuit`), the gains g fold into the adjacent matrices (W_V -> diag(g_in) W_V,
+W_U -> diag(g_final) W_U); the per-token scale only multiplies whole rows and the biases are
+left out.
+
+- `norm_gains(model)` -> `(per-layer input gains {layer: [d_model]}, final gain [d_model])`, None
+  where no norm was found. The norms are found, not named: one short forward pass records the
+  output of every module with a `[d_model]` weight, and the one whose output is exactly what
+  the attention block (or the unembedding) receives is that block's norm, so shared code never
+  branches on a family.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..hf.adapters import attention_blocks
+
+__all__ = ["norm_gains"]
+
+
+@torch.no_grad()
+def norm_gains(model) -> tuple[dict[int, Optional[torch.Tensor]], Optional[torch.Tensor]]:
+    """Gains of the norm feeding each attention block, and of the norm feeding the unembedding.
+
+    Args:
+        model: a transformers model with an adapter (`attention_blocks`).
+    Returns:
+        `({layer: [d_model] fp32 or None}, [d_model] fp32 or None)`.
+    """
+    d_model = model.get_input_embeddings().weight.shape[1]
+    candidates = {name: module for name, module in model.named_modules()
+                  if isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() == 1
+                  and module.weight.shape[0] == d_model and not list(module.children())}
+    outputs: dict[str, torch.Tensor] = {}
+    inputs: dict[object, torch.Tensor] = {}
+    handles = []
+
+    def keep_output(name):
+        def hook(module, args, output):
+            outputs[name] = output.detach()
+        return hook
+
+    def keep_input(key):
+        def hook(module, args, kwargs):
+            first = args[0] if args else kwargs.get("hidden_states")
+            inputs[key] = first.detach()
+        return hook
+
+    try:
+        for name, module in candidates.items():
+            handles.append(module.register_forward_hook(keep_output(name)))
+        blocks = dict(attention_blocks(model))
+        for layer, block in blocks.items():
+            handles.append(block.register_forward_pre_hook(keep_input(layer), with_kwargs=True))
+        unembed = model.get_output_embeddings()
+        if unembed is not None:
+            handles.append(unembed.register_forward_pre_hook(keep_input("final"), with_kwargs=True))
+        ids = torch.arange(3, 9, device=model.get_input_embeddings().weight.device)[None]
+        model(input_ids=ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    def gain_of(key) -> Optional[torch.Tensor]:
+        seen = inputs.get(key)
+        for name, out in outputs.items():
+            if seen is not None and out.shape == seen.shape and torch.equal(out, seen):
+                return candidates[name].weight.detach().float().clone()
+        return None
+
+    return {layer: gain_of(layer) for layer in blocks}, gain_of("final")

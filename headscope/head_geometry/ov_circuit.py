@@ -1,0 +1,181 @@
+"""OV copying: does a head's output raise the logit of the token it attends to? (Elhage et al. 2021)
+
+A head's OV circuit maps a source token to logits: W_E W_V W_O W_U (`[vocab, vocab]`, row
+convention x @ W; with GQA a query head uses its key/value head's W_V). It has rank <= d_head, so
+it is never built whole: rows come in blocks of `block_size` tokens as
+(W_E[rows] W_V) (W_O W_U), and its nonzero eigenvalues are those of the small matrix
+W_O W_U W_E W_V (`[d_head, d_head]`; AB and BA share nonzero eigenvalues).
+
+- copy_top1: share of source tokens t whose own logit is the strict maximum of row t (chance
+  1 / vocab).
+- positive_eig_share: sum of the positive real parts of the eigenvalues / sum of their moduli;
+  1 for a copying circuit (all eigenvalues positive). Chance: 0.5 for a random matrix with real
+  eigenvalues; with complex pairs less (about 0.32 for eigenvalues uniform in a disk).
+
+Layer norms are not included by default (treated as identity), and neither are biases: the
+per-token scale of a norm multiplies a whole row and does not change copy_top1, but its gains
+(and the final norm's) are left out, as in Elhage et al.'s simplified circuit. With
+`fold_norms=True` the gains fold in: W_V -> diag(g_in) W_V with g_in the gain of the norm that
+feeds the layer's attention, W_U -> diag(g_final) W_U (`headscope.head_geometry.norm_gains` finds both).
+
+- `ov_copying(loaded, fold_norms=False)` -> DataFrame layer, head, copy_top1, positive_eig_share.
+- `ov_scores(W_E, W_V, W_O, W_U)`: the two numbers for one head's matrices.
+- `head_ov_weights(model)`: every head's W_V and W_O slices (GQA resolved).
+- `ov_table(loaded, control, heads)`: what `analyze` stores as `Analysis.ov` (every head's
+  eigenvalue share and its control twin's, norm gains folded; copy_top1 of `heads` on
+  `OV_TOKENS` seeded tokens), or None and the reason when the model has no unembedding or adapter.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..attention.module import MultiHeadAttention
+from ..errors import HeadscopeError
+from ..hf.adapters import attention_blocks
+from .norm_gains import norm_gains
+
+__all__ = ["ov_copying", "ov_scores", "head_ov_weights", "ov_table", "OV_TOKENS", "OV_COLUMNS"]
+
+OV_TOKENS = 512  # source tokens copy_top1 is scored on in `analyze` (the eigenvalue share uses every token)
+OV_COLUMNS = ["layer", "head", "copy_top1", "positive_eig_share", "control_positive_eig_share"]
+
+
+@torch.no_grad()
+def ov_scores(W_E: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, W_U: torch.Tensor,
+              block_size: int = 4096, rows: Optional[torch.Tensor] = None,
+              UE: Optional[torch.Tensor] = None) -> tuple[float, float]:
+    """copy_top1 and positive_eig_share of one head.
+
+    Args:
+        W_E: `[vocab, d_model]` embedding; W_V: `[d_model, d_head]`; W_O: `[d_head, d_model]`;
+        W_U: `[d_model, vocab]` unembedding (all as x @ W).
+        block_size: source tokens per block of rows.
+        rows: source token ids to score copy_top1 on (default: every token; none: copy_top1 is NaN).
+        UE: W_U W_E (`[d_model, d_model]`), computed once per model: then the eigenvalues come
+            from W_O (W_U W_E) W_V and only the sampled rows of W_E W_V are computed.
+    """
+    rows = torch.arange(W_E.shape[0], device=W_E.device) if rows is None else rows.to(W_E.device)
+    target = W_O @ W_U if len(rows) or UE is None else None  # (dh, V)
+    source = W_E @ W_V if UE is None else None  # (V, dh)
+    hits = 0
+    for start in range(0, len(rows), block_size):
+        ids = rows[start:start + block_size]
+        logits = (source[ids] if source is not None else W_E[ids] @ W_V) @ target  # (blk, V)
+        own = logits.gather(1, ids[:, None]).squeeze(1)
+        logits.scatter_(1, ids[:, None], -float("inf"))
+        hits += int((own > logits.max(dim=1).values).sum())
+    # (dh, dh) = W_O W_U W_E W_V, same nonzero eigenvalues as the full circuit
+    small = target @ source if UE is None else W_O @ UE @ W_V
+    eig = torch.linalg.eigvals(small.double())
+    share = float(eig.real.clamp(min=0).sum() / eig.abs().sum().clamp(min=1e-30))
+    return hits / len(rows) if len(rows) else float("nan"), share
+
+
+def head_ov_weights(model):
+    """Every head's OV weights, layer by layer (through `MultiHeadAttention.from_hf`).
+
+    Yields:
+        `(layer, head, W_V, W_O)`: W_V `[d_model, d_head]` (the head's key/value head under GQA)
+        and W_O `[d_head, d_model]`, fp32, row convention x @ W; norms not folded.
+    """
+    for layer, block in attention_blocks(model):
+        mha = MultiHeadAttention.from_hf(block, model.config)
+        cfg = mha.config
+        per_kv = cfg.n_heads // cfg.n_kv_heads
+        W_v = mha.W_v.weight.detach().float().T  # (D, n_kv * dh)
+        W_o = mha.W_o.weight.detach().float().T  # (n_heads * dh, D)
+        for head in range(cfg.n_heads):
+            kv = head // per_kv
+            yield layer, head, W_v[:, kv * cfg.d_head:(kv + 1) * cfg.d_head], W_o[head * cfg.d_head:(head + 1) * cfg.d_head]
+
+
+def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, seed: int = 0, fold_norms: bool = False,
+               top1_heads: Optional[set] = None):
+    """OV copying of every head of a model with an unembedding and an adapter.
+
+    Args:
+        loaded: a `headscope.load(...)` result (or anything with `.model`).
+        block_size: source tokens per block of rows.
+        n_tokens: score copy_top1 on a seeded sample of this many source tokens (None: all; 0:
+            none, copy_top1 NaN, only the eigenvalue share).
+        seed: chooses the sample.
+        fold_norms: fold the gains of each layer's attention input norm into W_V and of the
+            final norm into W_U (layers whose norm is not found stay unfolded; `attrs["folded"]`
+            counts what was folded).
+        top1_heads: the `(layer, head)`s whose copy_top1 is computed (None: all); the others get
+            NaN and only the eigenvalue share, which is cheap (W_O W_U of one head is `[d_head,
+            vocab]`, most of the cost).
+    Returns:
+        pandas DataFrame layer, head, copy_top1, positive_eig_share.
+    """
+    import pandas as pd
+
+    model = loaded.model
+    unembed = model.get_output_embeddings()
+    if unembed is None:
+        raise HeadscopeError(f"{type(model).__name__} has no unembedding (output embeddings): OV copying needs W_U")
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise HeadscopeError("some weights are offloaded (device_map with disk or CPU offload): OV copying reads "
+                             "them from memory")
+    W_E = model.get_input_embeddings().weight.detach().float()  # (V, D)
+    W_U = unembed.weight.detach().float().T[:, : W_E.shape[0]].to(W_E.device)  # (D, V): nn.Linear stores (V, D)
+    gains, final = norm_gains(model) if fold_norms else ({}, None)
+    if final is not None:
+        W_U = final.to(W_E.device)[:, None] * W_U  # diag(g_final) W_U
+    rows = None
+    if n_tokens is not None and n_tokens < W_E.shape[0]:  # 0: an empty sample
+        rows = torch.randperm(W_E.shape[0], generator=torch.Generator().manual_seed(seed))[:n_tokens]
+    elif top1_heads is not None:
+        rows = torch.arange(W_E.shape[0])
+    UE = W_U @ W_E  # (D, D), once: each head's eigenvalues then cost O(D^2 dh), not O(V D dh)
+    out = []
+    for layer, head, W_v, W_o in head_ov_weights(model):
+        W_v, W_o = W_v.to(W_E.device), W_o.to(W_E.device)  # layers may sit on other devices (device_map)
+        if gains.get(layer) is not None:
+            W_v = gains[layer].to(W_E.device)[:, None] * W_v  # diag(g_in) W_V
+        scored = rows if top1_heads is None or (layer, head) in top1_heads else torch.zeros(0, dtype=torch.long)
+        top1, share = ov_scores(W_E, W_v, W_o, W_U, block_size, scored, UE)
+        out.append({"layer": layer, "head": head, "copy_top1": top1, "positive_eig_share": share})
+    frame = pd.DataFrame(out, columns=["layer", "head", "copy_top1", "positive_eig_share"])
+    frame.attrs["folded"] = {"layers": sum(g is not None for g in gains.values()), "final": final is not None}
+    return frame
+
+
+def ov_table(loaded, control=None, heads: Optional[set] = None, n_tokens: int = OV_TOKENS, seed: int = 0):
+    """OV copying of the model and of its control, as `analyze` stores it (`Analysis.ov`).
+
+    The eigenvalue share of every head of both; copy_top1 only of the model's `heads` (analyze
+    passes those the qualifier applies to): each head's `[d_head, vocab]` W_O W_U is most of the
+    cost (about 3 GFLOP per SmolLM2 head), and the control's copy_top1 is at chance (1/vocab on
+    random-init models, tests/test_ov_circuit.py).
+
+    The norm gains are folded in (`fold_norms=True`): they are part of the map the model applies to
+    a head's input and to the logits, and leaving them out scores a circuit the model does not run
+    (on SmolLM2 folding moves the median head's share from 0.66 to 0.63; docs/detectors.md).
+
+    Args:
+        loaded: the analysed model.
+        control: its control twin (a `Loaded`), or None (the control column is NaN).
+        heads: the `(layer, head)`s whose copy_top1 is computed (None: all; the rest NaN).
+        n_tokens: copy_top1 is scored on this many seeded source tokens.
+        seed: chooses them (the same tokens for model and control).
+    Returns:
+        `(frame, None)`: DataFrame with `OV_COLUMNS`; or `(None, reason)` when the model has no
+        unembedding or no attention adapter (a BERT encoder without an LM head, say), or has
+        offloaded weights.
+    """
+    try:
+        frame = ov_copying(loaded, n_tokens=n_tokens, seed=seed, fold_norms=True, top1_heads=heads)
+    except HeadscopeError as err:
+        return None, str(err)
+    frame["control_positive_eig_share"] = float("nan")
+    if control is not None:
+        try:
+            twin = ov_copying(control, n_tokens=0, fold_norms=True)
+        except HeadscopeError:
+            twin = None  # a given control without an unembedding: the model's numbers stand alone
+        if twin is not None and len(twin) == len(frame):
+            frame["control_positive_eig_share"] = twin["positive_eig_share"].to_numpy()
+    return frame[OV_COLUMNS], None

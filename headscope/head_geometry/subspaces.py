@@ -1,0 +1,148 @@
+"""Heads as subspaces, read from the weights of `MultiHeadAttention` modules.
+
+- `head_bases(module)`: orthonormal bases in d_model of each head's W_Q, W_K, W_V (read
+  directions, column space of the head's slice of the projection) and W_O (write directions,
+  row space of the head's rows of the output projection).
+- `subspace_overlap(basis_a, basis_b)`: mean squared cosine of the principal angles.
+- `effective_rank(singular_values)`: Roy & Vetterli's entropy-based effective rank.
+- `subspace_tables(modules)`: per layer, the pairwise overlaps of its heads and each head's
+  QK and OV effective ranks, as two tidy DataFrames.
+- `chance_overlap(d, n)`: the expected overlap of two independent random subspaces.
+
+Overlap of subspaces A (dim a) and B (dim b) with orthonormal bases Q_A [n, a], Q_B [n, b]:
+    cos theta_i = singular values of Q_A^T Q_B,
+    overlap = sum_i cos^2 theta_i / min(a, b) = ||Q_A^T Q_B||_F^2 / min(a, b)
+(0: orthogonal, 1: one contains the other). For independent uniformly random subspaces
+E||Q_A^T Q_B||_F^2 = a b / n, so the chance value is max(a, b) / n (d / n for equal dims).
+
+Effective rank (Roy & Vetterli 2007): with p_i = s_i / sum_j s_j over singular values s,
+erank = exp(-sum_i p_i log p_i), between 1 (rank one) and the rank (all s_i equal).
+QK circuit of head h: W_Q^h W_K^h^T [d_model, d_model]; OV circuit: W_V^h W_O^h
+[d_model, d_model]; both rank <= d_head, and their singular values are those of a small
+d_head x d_head product (W = U R by QR, so A B^T = U_A (R_A R_B^T) U_B^T).
+
+What is left out, and why: biases (they add a constant, not a direction), q/k norms and rotary
+(the QK circuit here is the position-free bilinear form before rotary), layer norms before the
+block (not folded in). With grouped-query attention the K and V bases are per key/value head;
+query heads of one group share them, so their K and V overlaps are 1 by construction
+(`same_kv_group` in the table says which pairs). A head whose projection is all zeros has an
+empty subspace: its overlaps are NaN.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from ..attention.module import MultiHeadAttention
+
+__all__ = ["head_bases", "subspace_overlap", "effective_rank", "subspace_tables", "chance_overlap", "ROLES"]
+
+ROLES = ("q", "k", "v", "o")
+RANK_TOL = 1e-6  # singular values below RANK_TOL * largest count as zero
+
+
+def chance_overlap(d: int, n: int) -> float:
+    """Expected overlap of two independent uniformly random d-dim subspaces of R^n: d / n."""
+    return d / n
+
+
+def _orthonormal(matrix: torch.Tensor) -> torch.Tensor:
+    """Orthonormal basis `[n, rank]` of the column space of `matrix` `[n, d]`."""
+    u, s, _ = torch.linalg.svd(matrix.double(), full_matrices=False)
+    if s.numel() == 0 or s[0] <= 0:
+        return u[:, :0]
+    return u[:, s > RANK_TOL * s[0]]
+
+
+def _head_slices(module: MultiHeadAttention) -> dict[str, list[torch.Tensor]]:
+    """Each head's projection as `[d_model, d_head]` matrices, per role (k and v per KV head)."""
+    cfg = module.config
+    d = cfg.d_head
+
+    def read(weight, n):  # nn.Linear weight (n * d, d_model) -> n x (d_model, d)
+        return [weight[i * d:(i + 1) * d].T for i in range(n)]
+
+    return {
+        "q": read(module.W_q.weight.detach(), cfg.n_heads),
+        "k": read(module.W_k.weight.detach(), cfg.n_kv_heads),
+        "v": read(module.W_v.weight.detach(), cfg.n_kv_heads),
+        # W_o weight (d_model, n * d): head h writes through columns h*d:(h+1)*d
+        "o": [module.W_o.weight.detach()[:, h * d:(h + 1) * d] for h in range(cfg.n_heads)],
+    }
+
+
+def head_bases(module: MultiHeadAttention) -> dict[str, list[torch.Tensor]]:
+    """`{role: [basis [d_model, rank] per head]}`; "k" and "v" hold one basis per KV head."""
+    return {role: [_orthonormal(m) for m in mats] for role, mats in _head_slices(module).items()}
+
+
+def subspace_overlap(basis_a: torch.Tensor, basis_b: torch.Tensor) -> float:
+    """Mean squared cosine of the principal angles between two subspaces (NaN if one is empty)."""
+    dim = min(basis_a.shape[1], basis_b.shape[1])
+    if dim == 0:
+        return math.nan
+    return float((basis_a.T @ basis_b).square().sum() / dim)
+
+
+def effective_rank(singular_values: torch.Tensor) -> float:
+    """exp(entropy of s / sum(s)) (Roy & Vetterli 2007); 0 for an all-zero matrix."""
+    s = singular_values.detach().double().clamp(min=0)
+    total = s.sum()
+    if total <= 0:
+        return 0.0
+    p = s / total
+    p = p[p > 0]
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+def _circuit_singular_values(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """Singular values of left @ right^T for `[n, d]` factors, through d x d QR factors."""
+    _, r_left = torch.linalg.qr(left.double())  # (d, d)
+    _, r_right = torch.linalg.qr(right.double())
+    return torch.linalg.svdvals(r_left @ r_right.T)
+
+
+def subspace_tables(modules: Sequence[MultiHeadAttention]):
+    """Pairwise overlaps within each layer and per-head circuit ranks.
+
+    Args:
+        modules: one `MultiHeadAttention` per layer (layer index = position in the list).
+    Returns:
+        `(pairs, heads)` DataFrames. `pairs`: layer, head_a, head_b (a < b), overlap_q,
+        overlap_k, overlap_v, overlap_o, overlap (mean of those not NaN), same_kv_group, chance
+        (d_head / d_model). `heads`: layer, head, kv_head, dim_q, dim_k, dim_v, dim_o (subspace
+        ranks), qk_effective_rank, ov_effective_rank.
+    """
+    import pandas as pd
+
+    pair_rows, head_rows = [], []
+    for layer, module in enumerate(modules):
+        cfg = module.config
+        group = cfg.n_heads // cfg.n_kv_heads
+        kv_of = lambda h: h // group
+        slices = _head_slices(module)
+        bases = {role: [_orthonormal(m) for m in mats] for role, mats in slices.items()}
+        for h in range(cfg.n_heads):
+            kv = kv_of(h)
+            qk = _circuit_singular_values(slices["q"][h], slices["k"][kv])
+            # OV: W_V^h [n, d] then W_O^h: x W_V W_O, with W_O^h = slices["o"][h]^T [d, n]
+            ov = _circuit_singular_values(slices["v"][kv], slices["o"][h])
+            head_rows.append(dict(
+                layer=layer, head=h, kv_head=kv,
+                **{f"dim_{r}": bases[r][kv if r in "kv" else h].shape[1] for r in ROLES},
+                qk_effective_rank=effective_rank(qk), ov_effective_rank=effective_rank(ov),
+            ))
+        for a in range(cfg.n_heads):
+            for b in range(a + 1, cfg.n_heads):
+                row = dict(layer=layer, head_a=a, head_b=b)
+                for r in ROLES:
+                    ia, ib = (kv_of(a), kv_of(b)) if r in "kv" else (a, b)
+                    row[f"overlap_{r}"] = subspace_overlap(bases[r][ia], bases[r][ib])
+                known = [row[f"overlap_{r}"] for r in ROLES if not math.isnan(row[f"overlap_{r}"])]
+                row["overlap"] = sum(known) / len(known) if known else math.nan
+                row["same_kv_group"] = kv_of(a) == kv_of(b)
+                row["chance"] = chance_overlap(cfg.d_head, cfg.d_model)
+                pair_rows.append(row)
+    return pd.DataFrame(pair_rows), pd.DataFrame(head_rows)

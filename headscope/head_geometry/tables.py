@@ -1,0 +1,111 @@
+"""`GeometryResult` (what `headscope.geometry` measured) and its tidy tables on disk.
+
+- `GeometryResult`: per-head table, within-layer pair table, the `[N, N]` JS divergence, the
+  pruning curve and the settings; light (numpy and pandas only), so `Analysis` can hold one.
+- `write_geometry_tables(result, folder)` / `read_geometry_tables(folder)`: a folder of
+  heads.csv, pairs.csv, similarity.csv, pruning.csv (when measured) and settings.json. An
+  analysis keeps these in its `geometry/` subfolder (`Analysis.save`, `Analysis.load`).
+
+similarity.csv is the divergence matrix as a tidy table: one row per pair of heads a < b
+(heads numbered layer * n_heads + head) with layer_a, head_a, layer_b, head_b, js (bits),
+within_layer (exact) or not (top-k approximation, see `headscope.head_geometry.similarity`). The diagonal
+(a head against itself) is 0 and not stored.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["GeometryResult", "write_geometry_tables", "read_geometry_tables", "similarity_table", "GEOMETRY_FOLDER"]
+
+GEOMETRY_FOLDER = "geometry"  # an analysis's subfolder
+
+
+@dataclass
+class GeometryResult:
+    """What `headscope.geometry` measured.
+
+    Attributes:
+        heads: one row per head: layer, head, kv_head, dim_q/k/v/o, qk_effective_rank,
+            ov_effective_rank, cluster, mds_x, mds_y, importance and importance_normalized
+            (Michel et al.'s proxy raw and divided by its layer's l2 norm; NaN without a LM loss).
+        pairs: within-layer pairs: subspace overlaps, js (bits), redundant.
+        divergence: `[n_heads_total, n_heads_total]` mean JS in bits (heads as layer * H + head;
+            exact within layers, top-k approximation across layers).
+        approximation_error: mean |approx - exact| JS over within-layer pairs.
+        curve: pruning curve (None without a LM loss).
+        settings: thresholds, probe sizes, which importance ordered the curve, seconds taken.
+    """
+
+    heads: Any
+    pairs: Any
+    divergence: np.ndarray
+    approximation_error: float
+    curve: Optional[Any] = None
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def redundant(self):
+        """The pairs flagged redundant."""
+        return self.pairs[self.pairs.redundant].reset_index(drop=True)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(n_layers, n_heads)."""
+        return int(self.heads.layer.max()) + 1, int(self.heads["head"].max()) + 1
+
+
+def similarity_table(divergence: np.ndarray, n_heads: int):
+    """The divergence matrix as tidy rows a < b (see the module docstring)."""
+    import pandas as pd
+
+    a, b = np.triu_indices(len(divergence), k=1)
+    return pd.DataFrame({"layer_a": a // n_heads, "head_a": a % n_heads, "layer_b": b // n_heads,
+                         "head_b": b % n_heads, "js": np.asarray(divergence)[a, b],
+                         "within_layer": a // n_heads == b // n_heads})
+
+
+def write_geometry_tables(result: GeometryResult, folder) -> list[Path]:
+    """Write the tables into `folder` (created if missing; no atomicity of its own).
+
+    Returns:
+        The paths written.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    n_layers, n_heads = result.shape
+    written = [folder / "heads.csv", folder / "pairs.csv", folder / "similarity.csv"]
+    result.heads.to_csv(written[0], index=False)
+    result.pairs.to_csv(written[1], index=False)
+    similarity_table(result.divergence, n_heads).to_csv(written[2], index=False)
+    if result.curve is not None:
+        written.append(folder / "pruning.csv")
+        result.curve.to_csv(written[-1], index=False)
+    written.append(folder / "settings.json")
+    written[-1].write_text(json.dumps({"approximation_error": result.approximation_error, "settings": result.settings},
+                                      indent=2, default=str))
+    return written
+
+
+def read_geometry_tables(folder) -> GeometryResult:
+    """Read a folder written by `write_geometry_tables`."""
+    import pandas as pd
+
+    folder = Path(folder)
+    heads = pd.read_csv(folder / "heads.csv")
+    pairs = pd.read_csv(folder / "pairs.csv")
+    pairs["redundant"] = pairs["redundant"].astype(str).str.lower().eq("true")
+    similarity = pd.read_csv(folder / "similarity.csv")
+    n_heads = int(heads["head"].max()) + 1
+    total = len(heads)
+    divergence = np.zeros((total, total))
+    a = (similarity.layer_a * n_heads + similarity.head_a).to_numpy()
+    b = (similarity.layer_b * n_heads + similarity.head_b).to_numpy()
+    divergence[a, b] = divergence[b, a] = similarity.js.to_numpy()
+    curve = pd.read_csv(folder / "pruning.csv") if (folder / "pruning.csv").exists() else None
+    stored = json.loads((folder / "settings.json").read_text())
+    return GeometryResult(heads, pairs, divergence, float(stored["approximation_error"]), curve, stored["settings"])

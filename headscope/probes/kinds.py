@@ -1,0 +1,196 @@
+"""The probes, as small settings objects that build their examples.
+
+A probe kind carries its own parameters and builds, for a loaded model and a seed:
+    build(loaded, seed) -> a built probe: `batches(batch_size, causal, device)` (the
+        `ProbeBatch`es reducers receive), `explorer_ids(n, length)`, `meta()`, `extra_meta`;
+    eval_probe(loaded, n_examples, seed) -> `EvalProbe`: what `headscope.validate` measures.
+
+- `TextProbe(n_examples, seq_len)`: windows of natural English (`headscope.probes.base.text_probe`).
+- `RepeatedProbe(n_examples, repeat_len, repeats)`: random tokens repeated (Olsson et al. 2022).
+- `TreebankProbe(treebank, n_sentences)`: dependency-annotated sentences aligned to tokens
+  (`headscope.probes.treebank`).
+- `NeedleProbe(lengths, depths, n_needles, max_len)`: needle-in-a-haystack prompts
+  (`headscope.probes.needle`), built as a `NeedleSet`; read by detectors that run their own passes
+  (`Detector.run`: retrieval), so it has no pattern batches.
+- `PROBE_KINDS`: probe name -> kind; `probe_settings(probes)`: name -> settings, the defaults
+  where none are given. A `ProbeSet` made by hand is also accepted (it builds itself).
+Special tokens and the BOS rule: `headscope.probes.base.special_tokens`, for every probe.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Iterable, Optional
+
+import torch
+
+from ..errors import HeadscopeError
+from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
+from .base import EvalProbe, ProbeSet, repeated_probe, special_tokens, text_probe
+from .treebank import TreebankProbe
+
+__all__ = ["TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe", "NeedleSet", "PROBE_KINDS", "probe_settings"]
+
+
+@dataclass(frozen=True)
+class TextProbe:
+    """Non-overlapping windows of the bundled natural text (`probes/text`), wrapped in the
+    tokenizer's special tokens; the seed picks the windows.
+
+    Attributes:
+        n_examples: windows (the bootstrap resamples these).
+        seq_len: tokens per window, special tokens included.
+    """
+
+    n_examples: int = 16
+    seq_len: int = 128
+    name: ClassVar[str] = "text"
+
+    def build(self, loaded, seed: int) -> ProbeSet:
+        _at_least_one("n_examples", self.n_examples)
+        return text_probe(loaded.tokenizer, self.n_examples, self.seq_len, seed)
+
+    def eval_probe(self, loaded, n_examples: int, seed: int, name: str = "text") -> EvalProbe:
+        """Windows of the text; every content token scored (not the special tokens)."""
+        probe = text_probe(loaded.tokenizer, n_examples, self.seq_len, seed)
+        _, suffix = special_tokens(loaded.tokenizer)
+        stop = probe.input_ids.shape[1] - len(suffix)
+        return EvalProbe.span(name, probe.input_ids, probe.content_start, stop, probe.description)
+
+
+@dataclass(frozen=True)
+class RepeatedProbe:
+    """`repeat_len` random tokens repeated `repeats` times, BOS first (Olsson et al. 2022: 25 x 4).
+
+    Attributes:
+        n_examples: sequences.
+        repeat_len: random tokens per repeat.
+        repeats: copies of them.
+    """
+
+    n_examples: int = 16
+    repeat_len: int = 25
+    repeats: int = 4
+    name: ClassVar[str] = "repeated"
+
+    def __post_init__(self):
+        if self.repeat_len < 2 or self.repeats < 2:
+            raise HeadscopeError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
+
+    def build(self, loaded, seed: int) -> ProbeSet:
+        _at_least_one("n_examples", self.n_examples)
+        return repeated_probe(loaded.tokenizer, self.n_examples, self.repeat_len, self.repeats, seed,
+                              vocab_size=loaded.model.config.vocab_size)
+
+    def eval_probe(self, loaded, n_examples: int, seed: int) -> EvalProbe:
+        """Scored from the second token of the second copy to the end of the last copy (the first
+        token of the second copy follows nothing seen before: no head can predict it)."""
+        probe = RepeatedProbe(n_examples, self.repeat_len, self.repeats).build(loaded, seed)
+        start = probe.content_start
+        return EvalProbe.span("repeated", probe.input_ids, start + self.repeat_len + 1,
+                              start + self.repeat_len * self.repeats,
+                              probe.description + "; scored from the second token of the second copy on")
+
+
+@dataclass(frozen=True)
+class NeedleProbe:
+    """Needle-in-a-haystack prompts, one per length x depth x needle (`headscope.probes.needle`).
+
+    Attributes:
+        lengths: prompt lengths in tokens; those above `max_len` or the model's context are
+            dropped (an error when none is left).
+        depths: where the needle goes, as shares of the haystack.
+        n_needles: needle sentences per (length, depth).
+        max_len: longest prompt to build (None: the model's context).
+        needles, question: the sentences hidden and the request after the haystack
+            (`headscope.probes.needle.NEEDLES`, `QUESTION`; shorter ones fit a short context).
+    """
+
+    lengths: tuple[int, ...] = (2048, 4096, 8192)
+    depths: tuple[float, ...] = (0.1, 0.5, 0.9)
+    n_needles: int = 1
+    max_len: Optional[int] = None
+    needles: tuple[str, ...] = NEEDLES
+    question: str = QUESTION
+    name: ClassVar[str] = "needle"
+
+    def kept_lengths(self, loaded) -> list[int]:
+        """The lengths that fit the model and `max_len`; HeadscopeError for a bidirectional model
+        (no next-token prediction to teacher-force) or when none fits."""
+        if not loaded.causal:
+            raise HeadscopeError(f"the needle probe (retrieval) needs a causal model; {loaded.name} is bidirectional")
+        limits = [n for n in (self.max_len, loaded.context_length) if n is not None]
+        kept = [length for length in self.lengths if not limits or length <= min(limits)]
+        if not kept:
+            raise HeadscopeError(f"no needle length fits: lengths {list(self.lengths)}, longest allowed {min(limits)}")
+        return kept
+
+    def build(self, loaded, seed: int) -> "NeedleSet":
+        kept = self.kept_lengths(loaded)
+        examples = needle_probe(loaded.tokenizer, kept, self.depths, self.n_needles, seed, self.needles, self.question)
+        return NeedleSet(examples, kept, tuple(self.depths), self.n_needles)
+
+    def eval_probe(self, loaded, n_examples: int, seed: int) -> EvalProbe:
+        """Prompts of the shortest kept length, every answer token scored (needle-copy loss and
+        accuracy; the same prompts `headscope.detectors.retrieval.scoring.validate_retrieval` ablates on)."""
+        shortest = min(self.kept_lengths(loaded))
+        examples = needle_probe(loaded.tokenizer, [shortest], self.depths, self.n_needles, seed, self.needles,
+                                self.question)[:n_examples]
+        ids = torch.stack([e.input_ids for e in examples])  # (N, T): every prompt is `shortest` tokens
+        scored = torch.zeros_like(ids, dtype=torch.bool)
+        for i, e in enumerate(examples):
+            scored[i, e.answer] = True
+        return EvalProbe("needle", ids, ids, torch.ones_like(scored), scored,
+                         f"{len(examples)} needle prompts of {shortest} tokens, answer tokens scored")
+
+
+@dataclass
+class NeedleSet:
+    """A built `NeedleProbe`: the prompts, for a detector's `run` (no pattern batches).
+
+    Attributes:
+        examples: `NeedleExample`s, length-major.
+        lengths, depths, n_needles: the settings, `lengths` those kept.
+    """
+
+    examples: list[NeedleExample]
+    lengths: list[int]
+    depths: tuple[float, ...]
+    n_needles: int
+    name: str = "needle"
+    extra_meta: dict = field(default_factory=dict)
+
+    @property
+    def seq_len(self) -> int:
+        return max(e.length for e in self.examples)
+
+    def meta(self) -> dict:
+        return {"n_examples": len(self.examples), "seq_len": self.seq_len, "lengths": list(self.lengths),
+                "depths": list(self.depths), "n_needles": self.n_needles,
+                "description": f"needle prompts, lengths {list(self.lengths)} x depths {list(self.depths)} x "
+                               f"{self.n_needles} needle(s), answer teacher-forced"}
+
+    def explorer_ids(self, n: int, length: int):
+        return None  # prompts of thousands of tokens: no map for the head explorer
+
+    def batches(self, batch_size: int, causal: bool, device):
+        raise HeadscopeError("the needle probe has no pattern batches: it is read by detectors with `run` (retrieval)")
+
+
+PROBE_KINDS = {kind.name: kind for kind in (TextProbe, RepeatedProbe, TreebankProbe, NeedleProbe)}
+
+
+def probe_settings(probes: Optional[Iterable] = None) -> dict:
+    """Probe name -> settings: those given (settings objects or built `ProbeSet`s, by their
+    `name`), and the defaults of every other kind."""
+    given = {}
+    for probe in probes or ():
+        if not hasattr(probe, "build") or not hasattr(probe, "name"):
+            raise HeadscopeError(f"a probe is a TextProbe, RepeatedProbe, TreebankProbe, NeedleProbe or ProbeSet, "
+                                 f"got {probe!r}")
+        given[probe.name] = probe
+    return {**{name: kind() for name, kind in PROBE_KINDS.items() if name not in given}, **given}
+
+
+def _at_least_one(name: str, value: int) -> None:
+    if value <= 0:
+        raise HeadscopeError(f"{name} must be at least 1, got {value}")
