@@ -14,7 +14,21 @@ from typing import Annotated, Optional
 
 import typer
 
+import headscope  # the public API, re-exported lazily: a command loads only what it runs
+
+from . import detectors  # lazy too: its registry imports the built-in detectors when first read
+from .analysis import distributed
+from .analysis.result import Analysis
+from .atomic import atomic_dir
 from .errors import HeadscopeError
+from .hf.families import family_table
+from .loading.control import CONTROL_KINDS
+from .loading.load_cache import cache_usage, clear_cache
+from .loading import loader
+from .probes import conllu
+from . import report  # module references, not names: what a test replaces on the module is what runs
+from .report.data import report_warnings, top_heads
+from .report.method import control_text
 
 __all__ = ["app", "main"]
 
@@ -40,9 +54,7 @@ def _where() -> str:
     """"rank N: " inside a torchrun process group, else nothing."""
     import os
 
-    from .analysis.distributed import rank_and_size
-
-    rank, size = rank_and_size()
+    rank, size = distributed.rank_and_size()
     if size == 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         rank, size = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
     return f"rank {rank}: " if size > 1 else ""
@@ -80,16 +92,12 @@ def models_command(
 ) -> None:
     """List the bundled model aliases and how to install a missing one (or, with --families, the families)."""
     if families:
-        from .hf.families import family_table
-
         typer.echo(f"{'family':<14} {'capture':<8} {'verify':<7} notes")
         for row in family_table():
             yes = {True: "yes", False: "no"}
             typer.echo(f"{row.model_type:<14} {yes[row.capture]:<8} {yes[row.verify]:<7} {row.notes}")
         return
-    from .loading.loader import models
-
-    for entry in models():
+    for entry in loader.models():
         state = "installed" if entry["installed"] else f"missing: {entry['install']}"
         typer.echo(f"{entry['name']:<14} {state:<12} {entry['description']}")
 
@@ -106,10 +114,9 @@ def verify_command(
     """Run headscope's attention beside the model's own on every layer; exit 1 past the tolerance."""
     import torch
 
-    from .hf.verify import DEFAULT_TOLERANCE, verify
-    from .loading.loader import load
+    from .hf.verify import DEFAULT_TOLERANCE, verify  # torch and transformers: only when verifying
 
-    loaded = load(model, device=device, dtype=dtype, cache=not no_cache)
+    loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
     tok = loaded.tokenizer
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
@@ -164,9 +171,6 @@ def _summary(analysis, out: Path) -> None:
     """One line per label: head count, the quantity its scores are in, the strongest heads
     (layer.head score, and the control's score for the same head; induction and duplicate-token
     heads with their OV qualifier), as the report's top-heads table."""
-    from .report.data import report_warnings, top_heads
-    from .report.method import control_text
-
     counts = analysis.labels.label.value_counts()
     typer.echo(f"\n{analysis.meta['model']}: {analysis.n_layers} layers x {analysis.n_heads} heads")
     typer.echo(f"control: {control_text(analysis.meta)}")
@@ -216,50 +220,37 @@ def analyze_command(
     Under `torchrun --nproc-per-node N -m headscope analyze ...` the probe batches are split
     across the N processes; rank 0 alone writes, and the result equals a single-process run.
     """
-    from .analysis.result import atomic_dir
-    from .loading.loader import load
-    from .analysis.analyze import analyze
-    from .probes.kinds import NeedleProbe, RepeatedProbe, TextProbe, TreebankProbe
-    from .report import write_report_into
-
     _check_plotlyjs(plotlyjs)
-    from .loading.control import CONTROL_KINDS
-
     if control not in CONTROL_KINDS:
         raise HeadscopeError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
     out = out or _default_out(model)
     names = _detector_names(detectors)
     lengths = _lengths(needle_lengths)
-    from .analysis.distributed import init_from_env, process_device
-
-    rank, world = init_from_env(device)
+    rank, world = distributed.init_from_env(device)
     guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
     sentences = None
     if treebank is not None:
-        from .probes.conllu import read_conllu
-
-        sentences = read_conllu(treebank)  # read once: a bad file fails here, before the model loads
+        sentences = conllu.read_conllu(treebank)  # read once: a bad file fails here, before the model loads
     if rank == 0:
         typer.echo(f"loading {model} ...", err=True)
     placement = _parse_device_map(device_map)
-    loaded = load(model, device=device if placement else process_device(device), dtype=dtype, device_map=placement,
+    loaded = loader.load(model, device=device if placement else distributed.process_device(device), dtype=dtype, device_map=placement,
                   cache=not no_cache)
-    probes = [TextProbe(n_examples, seq_len), RepeatedProbe(n_examples, repeat_len, repeats), NeedleProbe(lengths)]
+    probes = [headscope.TextProbe(n_examples, seq_len), headscope.RepeatedProbe(n_examples, repeat_len, repeats),
+              headscope.NeedleProbe(lengths)]
     if treebank is not None or n_sentences:  # asked for: a syntactic detector that cannot run says why
-        probes.append(TreebankProbe(sentences, n_sentences or None, source=None if treebank is None else str(treebank)))
-    analysis = analyze(loaded, names, probes, batch_size=batch_size, seed=seed, validate=validate,
+        probes.append(headscope.TreebankProbe(sentences, n_sentences or None, source=None if treebank is None else str(treebank)))
+    analysis = headscope.analyze(loaded, names, probes, batch_size=batch_size, seed=seed, validate=validate,
                        progress=_Bars(), control=control)
     if rank != 0:
         return
     if world > 1:
         analysis.meta["processes"] = world
     if geometry:  # rank 0 only: one process computes it
-        from .analysis.attach_geometry import add_geometry
-
-        analysis = add_geometry(analysis, loaded, seq_len=seq_len)
+        analysis = headscope.add_geometry(analysis, loaded, seq_len=seq_len)
     with guard as tmp:
         analysis.write_into(tmp)
-        write_report_into(analysis, tmp, plotlyjs=plotlyjs)
+        report.write_report_into(analysis, tmp, plotlyjs=plotlyjs)
     _summary(analysis, out)
     if open_report:
         import webbrowser
@@ -271,9 +262,7 @@ def _detector_names(value: Optional[str]) -> Optional[list[str]]:
     """Names from `--detectors` ("induction,mypkg.module:name"), each resolved (imported) now."""
     if not value:
         return None
-    from .detectors import resolve
-
-    return [resolve(spec.strip()).name for spec in value.split(",") if spec.strip()]
+    return [detectors.resolve(spec.strip()).name for spec in value.split(",") if spec.strip()]
 
 
 def _lengths(value: str) -> tuple[int, ...]:
@@ -312,11 +301,8 @@ def report_command(
     import os
     import tempfile
 
-    from .analysis.result import Analysis
-    from .report import render_html
-
     analysis = Analysis.load(directory)
-    page = render_html(analysis, plotlyjs=_check_plotlyjs(plotlyjs))
+    page = report.render_html(analysis, plotlyjs=_check_plotlyjs(plotlyjs))
     fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".html", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -343,11 +329,8 @@ def compare_command(
     force: ForceOpt = False,
 ) -> None:
     """Two analyses side by side: label maps, score differences, heads that changed label."""
-    from .analysis.result import Analysis
-    from .report import write_compare
-
     a, b = Analysis.load(first), Analysis.load(second)
-    path = write_compare(a, b, out, plotlyjs=_check_plotlyjs(plotlyjs), force=force)
+    path = report.write_compare(a, b, out, plotlyjs=_check_plotlyjs(plotlyjs), force=force)
     typer.echo(f"comparison: {path}")
 
 
@@ -357,10 +340,8 @@ def detectors_command(
     extra: Annotated[Optional[str], typer.Option("--detectors", help="Also import your own: mypkg.module:name, comma-separated.")] = None,
 ) -> None:
     """List the detectors with their formula, threshold and source."""
-    from .detectors import REGISTRY
-
     _detector_names(extra)
-    for det in REGISTRY.values():
+    for det in detectors.REGISTRY.values():
         typer.echo(f"{det.name:<16} threshold {det.threshold:<5} probe {det.probe:<9} {det.formula}")
         typer.echo(f"{'':<16} source: {det.source}")
         if det.opt_in:
@@ -384,17 +365,15 @@ def geometry_command(
     no_cache: NoCacheOpt = False,
 ) -> None:
     """Heads as subspaces and patterns: overlaps, JS map and clusters, redundancy, importance."""
-    from .analysis.result import Analysis
-    from .analysis.attach_geometry import check_model_matches, write_geometry_into
-    from .head_geometry.run import geometry, write_geometry
-    from .loading.loader import load
+    from .analysis.attach_geometry import check_model_matches, write_geometry_into  # torch: only when run
+    from .head_geometry.run import write_geometry
 
     _check_plotlyjs(plotlyjs)
     target = Analysis.load(into) if into is not None else None  # a bad folder fails before the model loads
-    loaded = load(model, device=device, dtype=dtype, cache=not no_cache)
+    loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
     if target is not None:
         check_model_matches(target, loaded)
-    result = geometry(loaded, n_examples=examples, seq_len=seq_len, importance=not no_importance,
+    result = headscope.geometry(loaded, n_examples=examples, seq_len=seq_len, importance=not no_importance,
                       pruning_steps=steps, normalize=normalize)
     if out is not None or into is None:
         for path in write_geometry(result, out or Path("geometry")):
@@ -411,8 +390,6 @@ def cache_command(
     clear: Annotated[bool, typer.Option("--clear", help="Remove every entry.")] = False,
 ) -> None:
     """Where the load cache of converted GGUF models is ($HEADSCOPE_CACHE moves it), and its size."""
-    from .loading.load_cache import cache_usage, clear_cache
-
     usage = clear_cache() if clear else cache_usage()
     state = "removed" if clear else "held"
     typer.echo(f"{usage.root}: {usage.entries} entries, {usage.bytes / 2**20:.1f} MiB {state}")

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from headscope import detectors
-from headscope.detectors.positional import argmax_offset_share
-from headscope.detectors.rare_word import rare_targets
+from headscope.detectors.patterns.positional import argmax_offset_share
+from headscope.detectors.patterns.rare_word import rare_targets
 from headscope.analysis.analyze import analyze
 from headscope.probes.base import ProbeBatch
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe

@@ -25,7 +25,7 @@ import torch
 from .. import __version__
 from .result import Analysis, Example
 from ..loading.control import resolve_control
-from ..detectors import defaults, get
+from ..detectors.registry import defaults, get
 from ..errors import CannotScore, HeadscopeError
 from ..hf.capture import capture
 from ..detectors.labels import OV_COPIES_SHARE, OV_QUALIFIED, label_heads

@@ -19,8 +19,8 @@ import numpy as np
 
 from ..errors import HeadscopeError
 from ..probes.kinds import PROBE_KINDS, TextProbe, probe_settings
-from ..detectors import REGISTRY  # registers the built-in detectors (a saved analysis may be validated alone)
-from ..detectors.protocol import detector_spec
+from ..detectors.registry import REGISTRY
+from ..detectors.registry import detector_spec
 from .measure import METRICS, ProbeRunner, icl_positions, icl_score, masked_for_lm, metric_for
 
 __all__ = ["validate", "read_csv", "write_csv", "COLUMNS", "MODES", "ICL_LABEL", "SKIPPED", "probe_for"]

@@ -1,5 +1,5 @@
-"""What a detector is, and the registry that finds detectors by name (`headscope.detectors`
-holds the built-in ones).
+"""What a detector is (`Detector`, `Collected`, `Finding`), and `resolve`, which finds one by
+name or by `mypkg.module:name` (the registry is `headscope.detectors.registry`).
 
 A `Detector` turns one layer's attention pattern on one probe batch into per-example values,
 and all of a probe's values into rows of the scores table:
@@ -34,6 +34,7 @@ how `headscope.validate` checks it (on its own probe; `icl_check`). Nothing else
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -44,9 +45,10 @@ from ..errors import HeadscopeError
 from ..attention.pattern import Pattern, as_pattern
 from ..probes.base import ProbeBatch
 from .stats import bootstrap_mean_ci
+from .registry import REGISTRY, get, register
 from .variants import best_variant
 
-__all__ = ["Detector", "Collected", "Finding", "REGISTRY", "register", "detector_spec", "masked_query_mean",
+__all__ = ["Detector", "Collected", "Finding", "resolve", "masked_query_mean",
            "score_patterns", "SCORE_COLUMNS"]
 
 SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
@@ -219,25 +221,22 @@ class Detector:
                 "short": self.short, "icl_check": self.icl_check, "report_rule": list(self.report_rule)}
 
 
-REGISTRY: dict[str, Detector] = {}
-
-
-def register(detector: Detector) -> Detector:
-    """Add a detector to the registry under its name (replacing one of the same name)."""
-    if not detector.name or ":" in detector.name or "," in detector.name:
-        raise HeadscopeError(f"a detector name must be non-empty without ':' or ',', got {detector.name!r}")
-    REGISTRY[detector.name] = detector
-    return detector
-
-
-def detector_spec(meta: dict, label: str) -> dict:
-    """What an analysis recorded about a label's detector (`meta["detectors"]`; "syntactic:obj"
-    -> "syntactic"), over the registered detector's description, which fills in fields an older
-    analysis did not record; {} for a detector neither knows."""
-    recorded = meta.get("detectors", {})
-    name = label if label in recorded or label in REGISTRY else label.split(":")[0]
-    known = REGISTRY[name].describe() if name in REGISTRY else {}
-    return {**known, **recorded.get(name, {})}
+def resolve(spec: str) -> Detector:
+    """A detector by registered name, or by `mypkg.module:name`: the module is imported (a
+    module that defines detectors registers them as it loads) and its attribute `name`, a
+    `Detector`, is registered if it is not yet. How `--detectors` finds your own detectors.
+    """
+    if ":" not in spec:
+        return get(spec)
+    module_name, attribute = spec.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise HeadscopeError(f"cannot import {module_name!r} for detector {spec!r}: {err}") from None
+    found = getattr(module, attribute, None)
+    if not isinstance(found, Detector):
+        raise HeadscopeError(f"{spec!r} is not a detector: {module_name} has no Detector named {attribute!r}")
+    return found if REGISTRY.get(found.name) is found else register(found)
 
 
 def masked_query_mean(values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ import torch
 
 from ..attention.pattern import Pattern
 from ..probes.base import ProbeBatch
-from .protocol import Detector, masked_query_mean, register
+from .protocol import Detector, masked_query_mean
+from .registry import register
 
 __all__ = ["detector", "template_targets"]
 

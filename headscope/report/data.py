@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from ..detectors import REGISTRY  # the package, not ..protocol: importing it registers the built-in detectors
+from ..detectors.registry import REGISTRY  # the built-ins load when it is first read
 from .geometry_data import GeometryData, geometry_data
 from .method import (
     HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, outranks_resting,

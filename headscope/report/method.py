@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from ..detectors.labels import MIXED_MARGIN
-from ..detectors.protocol import detector_spec
+from ..detectors.registry import detector_spec
 
 __all__ = ["MethodRow", "MethodNote", "HeaderField", "method_rows", "label_rules", "report_warnings",
            "header_fields", "detector_spec", "quantity", "has_control", "control_text", "control_reason", "treebank_text"]

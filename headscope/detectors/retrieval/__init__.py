@@ -6,13 +6,5 @@ forward passes (`Detector.run`), with no `[query, key]` map at any length. Per e
     #{answer tokens the model predicts whose query's argmax key is that token inside the needle} / |needle|,
 examples the model gets less than half right left out; label at >= 0.1 (their threshold) with
 the CI lower bound above the control's best head. Opt-in (`--detectors retrieval`): the
-prompts are thousands of tokens. Defined in `headscope.detectors.retrieval.scoring`, with `validate_retrieval`.
+prompts are thousands of tokens. Defined in `scoring.py` (`RETRIEVAL`), with `validate_retrieval`.
 """
-from __future__ import annotations
-
-from ..protocol import register
-from .scoring import RETRIEVAL
-
-__all__ = ["retrieval"]
-
-retrieval = register(RETRIEVAL)

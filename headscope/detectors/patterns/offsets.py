@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.pattern import Pattern, as_pattern
-from .protocol import masked_query_mean
+from ...attention.pattern import Pattern, as_pattern
+from ..protocol import masked_query_mean
 
 __all__ = ["offset_score"]
 

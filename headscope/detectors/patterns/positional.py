@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.pattern import Pattern, as_pattern
-from .protocol import Detector, register
+from ...attention.pattern import Pattern, as_pattern
+from ..protocol import Detector
 
 __all__ = ["positional", "OFFSETS", "argmax_offset_share"]
 
@@ -56,7 +56,7 @@ def argmax_offset_share(pattern: Pattern, batch, offsets=OFFSETS) -> torch.Tenso
     return torch.stack(shares, dim=-1)  # (B, H, offsets)
 
 
-positional = register(Detector(
+positional = Detector(
     name="positional", probe="text", threshold=0.9,
     formula="share of queries i whose argmax key is i + k (k in -3, -2, +2, +3; forward offsets only in "
             "bidirectional models), the head's best k; label positional:<k>",
@@ -64,4 +64,4 @@ positional = register(Detector(
            "of the time; threshold 0.9 is theirs); offsets +-1 are previous_token / next_token",
     fn=argmax_offset_share, lazy=False, quantity="share of queries (argmax)", opt_in=True,
     variants=tuple(f"{k:+d}" if k > 0 else str(k) for k in OFFSETS),
-))
+)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.pattern import Pattern, as_pattern
-from .protocol import Detector, masked_query_mean, register
+from ...attention.pattern import Pattern, as_pattern
+from ..protocol import Detector, masked_query_mean
 
 __all__ = ["rare_word", "rare_targets"]
 
@@ -53,11 +53,11 @@ def rare_word_score(pattern: Pattern, batch) -> torch.Tensor:
     return masked_query_mean(hit.to(pattern.dtype), queries)
 
 
-rare_word = register(Detector(
+rare_word = Detector(
     name="rare_word", probe="text", threshold=0.5,
     formula="share of queries (that see one) whose argmax key holds the example's least frequent token "
             "(frequency in the bundled text corpus; position 0 and special tokens excluded)",
     source="Voita et al. 2019 (rare-word head, 66% of the time on the rarest token); threshold 0.5 (most queries) "
            "since they give none",
     fn=rare_word_score, lazy=False, quantity="share of queries (argmax)", opt_in=True,
-))
+)

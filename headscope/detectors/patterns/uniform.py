@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.pattern import Pattern, as_pattern
-from .protocol import Detector, masked_query_mean, register
+from ...attention.pattern import Pattern, as_pattern
+from ..protocol import Detector, masked_query_mean
 
 __all__ = ["uniform", "uniform_score", "MIN_KEYS"]
 
@@ -29,10 +29,10 @@ def uniform_score(pattern: Pattern, batch, min_keys: int = MIN_KEYS) -> torch.Te
     return masked_query_mean(normalised, queries)
 
 
-uniform = register(Detector(
+uniform = Detector(
     name="uniform", probe="text", threshold=0.9,
     formula=f"mean over queries with n_i >= {MIN_KEYS} keys of H(A_i) / ln(n_i)",
     source="Clark et al. 2019 (broad heads, entropy >= 3.8 nats); normalised by ln(n_i), threshold 0.9",
     fn=lambda pattern, batch: uniform_score(pattern, batch), lazy=True, learned=False,
     quantity="normalised entropy", colour="#bcbd22", short="unif",
-))
+)

@@ -8,8 +8,8 @@ attention on [CLS]/[SEP].
 """
 from __future__ import annotations
 
-from ..attention.pattern import as_pattern
-from .protocol import Detector, masked_query_mean, register
+from ...attention.pattern import as_pattern
+from ..protocol import Detector, masked_query_mean
 
 __all__ = ["sink"]
 
@@ -21,9 +21,9 @@ def _sink(pattern, batch):
     return masked_query_mean(as_pattern(pattern).column(0), queries)
 
 
-sink = register(Detector(
+sink = Detector(
     name="sink", probe="text", threshold=0.6,
     formula="mean over queries i >= 1 of A[i, 0] (attention on the first position)",
     source="Xiao et al. 2023 (StreamingLLM attention sinks); threshold 0.6 from Clark et al. 2019's special-token heads",
     fn=_sink, lazy=True, learned=False, colour="#8c564b", short="sink",
-))
+)
