@@ -20,6 +20,7 @@ from headscope.errors import HeadscopeError
 from headscope.report.plotting import plot_head, plot_labels, plot_pattern, plot_scores, plot_syntax
 from headscope.report import render_html, report_data
 from headscope.report import figures
+from headscope.detectors.syntax.report import syntax_figure
 from headscope.analysis.standalone import SyntaxResult
 
 PLOTLYJS_MARK = "* plotly.js v"  # the bundle's banner comment
@@ -137,7 +138,7 @@ def test_plot_syntax_from_analysis_and_from_run_syntax_result(analysis, data):
     import pandas as pd
 
     bars = analysis.plot_syntax().data
-    report = figures.syntax_figure(data.syntax_best)
+    report = syntax_figure(data.syntax_best)
     assert list(bars[0].y) == list(report.data[0].y) == [round(r.accuracy, 4) for r in data.syntax_best]
     assert list(bars[1].y) == [round(r.baseline_accuracy, 4) for r in data.syntax_best]
     result = SyntaxResult(table=analysis.syntax, best=pd.DataFrame(analysis.meta["syntax_best"]), head_scores=None)

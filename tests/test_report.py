@@ -17,6 +17,7 @@ from headscope.report import (
     compare_data, render_compare_html, render_html, report_data, write_compare, write_report, write_report_into,
 )
 from headscope.report import figures
+from headscope.detectors.syntax.report import SYNTAX_ID
 from headscope.detectors import REGISTRY
 from headscope.report.data import OUTCOME_COLOURS, TOP_K, label_categories
 
@@ -311,7 +312,7 @@ def test_figures_have_fixed_ids(analysis, data, page):
     figs = _json_block(page, "hs-figures")
     ids = [fig_id for fig_id, _ in figs]
     expected = [figures.LABEL_MAP_ID] + [figures.detector_id(i) for i in range(len(analysis.detectors))]
-    assert ids == expected + [figures.SYNTAX_ID, figures.EXPLORER_ID]
+    assert ids == expected + [SYNTAX_ID, figures.EXPLORER_ID]
     for fig_id in ids:
         assert page.count(f'<div id="{fig_id}" class="figure">') == 1
     label_map = dict(figs)[figures.LABEL_MAP_ID]["data"][0]
@@ -331,9 +332,9 @@ def test_plotlyjs_embedded_once_and_cdn_page_is_small(analysis, page):
 
 
 def test_syntax_section_present_iff_syntax(page):
-    assert '<section id="syntax">' in page and f'id="{figures.SYNTAX_ID}"' in page
+    assert '<section id="syntax">' in page and f'id="{SYNTAX_ID}"' in page
     plain = render_html(fake_analysis(with_syntax=False), plotlyjs="cdn")
-    assert '<section id="syntax">' not in plain and f'id="{figures.SYNTAX_ID}"' not in plain
+    assert '<section id="syntax">' not in plain and f'id="{SYNTAX_ID}"' not in plain
     for section in ("labels", "detectors", "explorer", "top-heads", "method"):
         assert f'<section id="{section}">' in plain
 

@@ -15,6 +15,7 @@ import pytest
 from fake_analysis import fake_analysis
 from headscope.report import write_report
 from headscope.report import figures
+from headscope.detectors.syntax.report import SYNTAX_ID
 
 
 def _missing(reason: str):
@@ -151,7 +152,7 @@ def test_table_buttons_and_syntax_bars_open_heads(browser_page, analysis):
     page.wait_for_function("(want) => document.getElementById('hs-explorer').dataset.head === want",
                            arg=f'{top["layer"]},{top["head"]}', timeout=5_000)
     best = analysis.meta["syntax_best"][0]
-    bar = page.locator(f"#{figures.SYNTAX_ID} .trace.bars").first.locator(".point path").first
+    bar = page.locator(f"#{SYNTAX_ID} .trace.bars").first.locator(".point path").first
     bar.scroll_into_view_if_needed()
     box = bar.bounding_box()  # plotly's drag layer sits on top, so click the pixel, not the element
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)

@@ -22,36 +22,59 @@ candidates differ in clarity by less than `MIXED_MARGIN` the label is "mixed"; w
 passes nothing it is "none". Every passing detector is listed in `labels` (";"-joined),
 clearest first. A label's `score` is the detector's score (mean or held-out margin).
 
-OV qualifier (`ov_qualifier`): an induction or duplicate-token label says where a head looks, not
-what it writes. Elhage et al. 2021 ("A Mathematical Framework for Transformer Circuits") read
+OV qualifier (`ov_qualifier`): the label of a detector with `ov_qualified` (induction and
+duplicate-token) says where a head looks, not what it writes. Elhage et al. 2021 ("A Mathematical Framework for Transformer Circuits") read
 copying off the OV circuit W_E W_V W_O W_U: a copying head's circuit has mostly positive
 eigenvalues (`headscope.head_geometry.ov_circuit`, positive_eig_share). Such a head is qualified "copies" when
 its share is at least `OV_COPIES_SHARE` (0.9) and above the control twin's best head, else
 "no OV copying". 0.9 because random circuits score 0.3-0.5 (0.33-0.36 measured on random-init
 models) and Elhage et al.'s copying heads sit near 1; the control clause is the same
-max-statistic rule the labels use. The qualifier never changes a label.
+max-statistic rule the labels use. The qualifier never changes a label. `ov_qualified_labels(meta)`
+names the detectors it reads, as an analysis recorded them (`meta["detectors"]`) or as registered.
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
-__all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "ov_control_best", "MIXED_MARGIN",
-           "OV_COPIES_SHARE", "OV_QUALIFIED"]
+from .registry import REGISTRY, detector_spec
+
+__all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "ov_qualified_labels", "ov_control_best",
+           "MIXED_MARGIN", "OV_COPIES_SHARE", "OV_QUALIFIED"]
 
 MIXED_MARGIN = 0.05
 OV_COPIES_SHARE = 0.9  # positive eigenvalue share a copying head reaches (random circuits: 0.3-0.5)
-OV_QUALIFIED = ("induction", "duplicate_token")  # labels that claim a head copies what it attends to
 
 
-def ov_qualifier(label: str, share: float, control_best: float = float("nan")) -> str:
+def ov_qualified_labels(meta: Optional[dict] = None) -> tuple:
+    """Names of the detectors whose labels claim a head copies what it attends to (`Detector.ov_qualified`).
+
+    Args:
+        meta: an analysis's metadata: its recorded detectors first, then the other registered
+            ones; the registered description fills in what an older analysis did not record.
+            None: the registered detectors.
+    """
+    meta = meta or {}
+    names = dict.fromkeys([*meta.get("detectors", {}), *REGISTRY])
+    return tuple(name for name in names if detector_spec(meta, name).get("ov_qualified"))
+
+
+def __getattr__(name: str):
+    if name == "OV_QUALIFIED":  # the registered detectors' names, read when asked for (kept for older callers)
+        return ov_qualified_labels()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def ov_qualifier(label: str, share: float, control_best: float = float("nan"), qualified=None) -> str:
     """"copies", "no OV copying", or "" for labels the OV circuit does not qualify.
 
     Args:
         label: the head's label.
         share: its OV circuit's positive eigenvalue share (NaN: not computed -> "").
         control_best: the control twin's highest share over heads (NaN: no control).
+        qualified: the labels the qualifier reads (default: `ov_qualified_labels()`).
     """
-    if label not in OV_QUALIFIED or math.isnan(share):
+    if label not in (ov_qualified_labels() if qualified is None else qualified) or math.isnan(share):
         return ""
     copies = share >= OV_COPIES_SHARE and (math.isnan(control_best) or share > control_best)
     return "copies" if copies else "no OV copying"
@@ -63,22 +86,24 @@ def ov_control_best(ov) -> float:
     return float(control.max()) if len(control) else float("nan")
 
 
-def ov_qualifiers(labels, ov) -> dict:
+def ov_qualifiers(labels, ov, qualified=None) -> dict:
     """{(layer, head): qualifier} for every head `ov_qualifier` qualifies.
 
     Args:
         labels: `Analysis.labels` (layer, head, label).
         ov: `Analysis.ov` (layer, head, positive_eig_share, control_positive_eig_share), or None.
+        qualified: the labels the qualifier reads (default: `ov_qualified_labels()`).
     Returns:
         {} without an OV table; the control's best head is its highest share over all heads.
     """
     if ov is None:
         return {}
+    qualified = ov_qualified_labels() if qualified is None else tuple(qualified)
     best = ov_control_best(ov)
     share = {(int(l), int(h)): float(s) for l, h, s in zip(ov["layer"], ov["head"], ov["positive_eig_share"])}
     out = {}
     for layer, head, label in zip(labels["layer"], labels["head"], labels["label"].astype(str)):
-        qualifier = ov_qualifier(label, share.get((int(layer), int(head)), float("nan")), best)
+        qualifier = ov_qualifier(label, share.get((int(layer), int(head)), float("nan")), best, qualified)
         if qualifier:
             out[(int(layer), int(head))] = qualifier
     return out

@@ -30,7 +30,10 @@ one is an error that says how to run it.
 A detector also carries what the rest of headscope needs to know about it: its probe,
 threshold, formula, source, what its score is (`quantity`), whether it claims a learned
 behaviour or describes a resting one (`learned`), its colour and abbreviation in reports, and
-how `headscope.validate` checks it (on its own probe; `icl_check`). Nothing else names it.
+how `headscope.validate` checks it (on its own probe; `icl_check`), whether the OV qualifier
+reads its labels (`ov_qualified`) and what it adds to the report (`report`, a
+`headscope.detectors.section.ReportSection`: its tables, figures, HTML, header lines and
+warnings). Nothing else names it.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ import torch
 from ..errors import HeadscopeError
 from ..attention.pattern import Pattern, as_pattern
 from ..probes.base import ProbeBatch
+from .section import ReportSection
 from .stats import bootstrap_mean_ci
 from .registry import REGISTRY, get, register
 from .variants import best_variant
@@ -133,6 +137,12 @@ class Detector:
             own forward passes over its built probe (`control`: the twin `analyze` resolved, or
             None; `progress`: `fn(stage, done, total)` or None); `analyze` calls it instead of
             `reduce`/`finalize`. None for pattern detectors.
+        ov_qualified: the label claims the head copies what it attends to, so the report
+            qualifies it by the head's OV circuit ("copies" / "no OV copying",
+            `headscope.detectors.labels.ov_qualifier`).
+        report: the detector's own report section (`ReportSection`: its data read from the
+            analysis's tables, figures, HTML, header lines, warnings); None for detectors the
+            general sections cover.
     """
 
     name: str
@@ -154,6 +164,8 @@ class Detector:
     icl_check: bool = False
     report_rule: tuple[str, ...] = ()
     run: Optional[Callable] = None
+    ov_qualified: bool = False
+    report: Optional[ReportSection] = None
 
     def score(self, pattern, batch) -> torch.Tensor:
         """Per-example scores `[batch, head]` (`[batch, head, variant]` with `variants`) of one
@@ -218,7 +230,8 @@ class Detector:
         return {"formula": self.formula, "threshold": self.threshold, "source": self.source, "probe": self.probe,
                 "learned": self.learned, "outranks_resting": self.outranks_resting, "gate": self.gate,
                 "quantity": self.quantity, "variants": list(self.variants), "colour": self.colour,
-                "short": self.short, "icl_check": self.icl_check, "report_rule": list(self.report_rule)}
+                "short": self.short, "icl_check": self.icl_check, "report_rule": list(self.report_rule),
+                "ov_qualified": self.ov_qualified}
 
 
 def resolve(spec: str) -> Detector:

@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import MutableMapping
 from importlib import import_module
 
 from ..errors import HeadscopeError
@@ -37,7 +37,7 @@ SPEC_FIELDS = ("formula", "threshold", "source", "probe", "learned", "outranks_r
                "variants", "colour", "short", "icl_check", "report_rule")
 
 
-class _Registry(Mapping):
+class _Registry(MutableMapping):
     """name -> Detector; the built-ins are imported the first time any entry is read or added."""
 
     def __init__(self):
@@ -64,8 +64,14 @@ class _Registry(Mapping):
     def __len__(self):
         return len(self._load())
 
+    def __setitem__(self, name, detector):
+        self._load()[name] = detector
+
+    def __delitem__(self, name):
+        del self._load()[name]
+
     def add(self, detector) -> None:
-        self._load()[detector.name] = detector
+        self[detector.name] = detector
 
 
 REGISTRY = _Registry()

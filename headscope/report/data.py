@@ -5,16 +5,18 @@
 - `detector_grids(analysis)`: one `DetectorGrid` (scores, 95% CI, n, control, hover) per detector.
 - `top_heads(analysis, k)`: each label's strongest heads with the quantity their score is and the
   control's score for the same head.
-- From `tables.py`: `syntax_best(analysis)`, `syntax_relations(analysis)` (best head per relation;
-  every significant relation of each head labelled syntactic), `validation_rows(analysis)`,
-  `ov_rows(analysis)` (OV copying of induction and duplicate-token heads with their qualifier,
-  which the label map's hover and the top heads carry too).
+- From `sections.py`: `section_data(analysis)`, each detector's own section (`Detector.report`:
+  its tables, e.g. the syntactic detector's best head per relation), whose fields read as
+  `ReportData` attributes (`data.syntax_best`).
+- From `tables.py`: `validation_rows(analysis)`, `ov_rows(analysis)` (OV copying of the heads
+  whose label the OV qualifier reads, with their qualifier, which the label map's hover and the
+  top heads carry too).
 - `label_detector(label, passing, meta)`: the detector whose score a label shows.
 - From `method.py`: `method_rows(meta)`, `label_rules(meta)`, `report_warnings(meta)`, `header_fields(meta)`.
 - `label_categories(labels)`, `label_colour`, `short_label`: legend order, colours and cell
   abbreviations, read from the detectors (`Detector.colour`, `Detector.short`).
-- Types: `ReportData`, `LabelGrid`, `DetectorGrid`, `TopHead`, `SyntaxBest`, `SyntaxRelation`,
-  `MethodRow`, `MethodNote`, `HeaderField`, `ValidationRow`, `OvRow`.
+- Types: `ReportData`, `LabelGrid`, `DetectorGrid`, `TopHead`, `SectionData`, `MethodRow`,
+  `MethodNote`, `HeaderField`, `ValidationRow`, `OvRow`.
 
 "Control" numbers come from `Analysis.scores`: `control` is the control model's score for the same
 head and detector, `control_max` its best score over heads (`headscope.loading.control`). Hover strings
@@ -32,17 +34,16 @@ from ..detectors.registry import REGISTRY  # the built-ins load when it is first
 from .geometry_data import GeometryData, geometry_data
 from .method import (
     HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, outranks_resting,
-    quantity, report_warnings,
+    ov_labels_text, quantity, report_warnings,
 )
-from .tables import (
-    OvRow, SyntaxBest, SyntaxRelation, ValidationRow, ov_lookup, ov_rows, syntax_best, syntax_relations, validation_rows,
-)
+from .sections import SectionData, section_data
+from .tables import OvRow, ValidationRow, ov_lookup, ov_rows, validation_rows
 
 __all__ = [
-    "ReportData", "LabelGrid", "DetectorGrid", "TopHead", "SyntaxBest", "SyntaxRelation", "MethodRow", "MethodNote",
+    "ReportData", "LabelGrid", "DetectorGrid", "TopHead", "SectionData", "MethodRow", "MethodNote",
     "HeaderField", "ValidationRow", "OvRow", "ov_rows",
-    "report_data", "label_grid", "detector_grids", "top_heads", "syntax_best",
-    "syntax_relations", "label_detector", "validation_rows", "method_rows", "label_rules", "report_warnings",
+    "report_data", "label_grid", "detector_grids", "top_heads", "section_data",
+    "label_detector", "validation_rows", "method_rows", "label_rules", "report_warnings",
     "header_fields", "label_categories", "label_colour", "short_label", "OUTCOME_COLOURS", "TOP_K",
 ]
 
@@ -73,7 +74,7 @@ class LabelGrid(NamedTuple):
     colours: tuple  # one colour per category
     short: tuple  # [layer][head] abbreviation shown in the cell
     hover: tuple  # [layer][head] every detector's score with CI (plotly pseudo-HTML)
-    qualifiers: tuple = ()  # [layer][head] OV qualifier of induction and duplicate-token heads ("copies",
+    qualifiers: tuple = ()  # [layer][head] OV qualifier of heads whose detector is `ov_qualified` ("copies",
     # "no OV copying"), "" elsewhere; () without OV copying in the analysis
 
 
@@ -113,7 +114,7 @@ class TopHead(NamedTuple):
 
     @property
     def qualifier(self) -> str:
-        """ "copies" or "no OV copying" for induction and duplicate-token heads, else ""."""
+        """ "copies" or "no OV copying" for heads whose label the OV qualifier reads, else ""."""
         return self.ov.qualifier if self.ov is not None else ""
 
     def ov_text(self) -> str:
@@ -130,7 +131,11 @@ class TopHead(NamedTuple):
 
 @dataclass(frozen=True)
 class ReportData:
-    """Everything the report page shows. `created` is the only field that varies between runs."""
+    """Everything the report page shows. `created` is the only field that varies between runs.
+
+    The detectors' own sections are in `sections` (`SectionData`); their data's fields read as
+    attributes of this object too (`data.syntax_best` is the syntactic section's).
+    """
 
     title: str
     header: tuple  # HeaderField, "Created" excluded
@@ -140,16 +145,23 @@ class ReportData:
     label_grid: LabelGrid
     detector_grids: tuple  # DetectorGrid
     top_heads: tuple  # TopHead
-    syntax_best: Optional[tuple]  # SyntaxBest; None when the analysis has no syntax scores
     methods: tuple  # MethodRow
     examples: tuple  # headscope.analysis.Example
     validation: Optional[tuple] = None  # ValidationRow; None when the analysis has no causal checks
     rules: tuple = ()  # MethodNote: the labelling rule in sentences
     warnings: tuple = ()  # str: shown prominently (no control model, a detector skipped)
-    syntax_relations: Optional[tuple] = None  # SyntaxRelation; None when the analysis has no syntax scores
-    syntax_notes: tuple = ()  # str: caveats of the syntactic detector (meta["syntax_notes"])
     geometry: Optional[GeometryData] = None  # None when the analysis holds no geometry (report/geometry_data.py)
-    ov: Optional[tuple] = None  # OvRow of induction and duplicate-token heads; None without OV copying
+    ov: Optional[tuple] = None  # OvRow of heads whose label the OV qualifier reads; None without OV copying
+    ov_labels: str = ""  # those detectors in words ("induction and duplicate-token"), for the page's hints
+    sections: tuple = ()  # SectionData: each detector's own section (`Detector.report`), in detector order
+
+    def __getattr__(self, name: str):
+        """A section's field, e.g. `syntax_best` (only called for names the dataclass lacks)."""
+        if not name.startswith("__"):
+            for section in self.__dict__.get("sections", ()):
+                if name in getattr(section.data, "_fields", ()):
+                    return getattr(section.data, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def report_data(analysis) -> ReportData:
@@ -170,16 +182,15 @@ def report_data(analysis) -> ReportData:
         label_grid=label_grid(analysis),
         detector_grids=detector_grids(analysis),
         top_heads=top_heads(analysis),
-        syntax_best=syntax_best(analysis),
         methods=method_rows(meta, analysis.detectors),
         examples=tuple(analysis.examples),
         validation=validation_rows(analysis),
         rules=label_rules(meta),
         warnings=report_warnings(meta),
-        syntax_relations=syntax_relations(analysis),
-        syntax_notes=tuple(str(n) for n in meta.get("syntax_notes", [])),
         geometry=geometry_data(analysis),
         ov=ov_rows(analysis),
+        ov_labels=ov_labels_text(meta),
+        sections=section_data(analysis),
     )
 
 

@@ -2,15 +2,16 @@
 
 - `label_map_figure(grid)`: layer x head grid coloured by label, categorical colour legend.
 - `detector_figure(grid)`: one detector's scores (colours span [0, 1], or wider when a score
-  such as the syntactic margin falls outside), hover with the 95% CI.
-- `syntax_figure(rows)`: best head per relation vs its baseline (grouped bars).
+  such as a held-out margin falls outside), hover with the 95% CI.
 - `validation_figure(rows)`: per label, the metric's change with its top heads ablated (bars) and
   with each random draw of heads (markers).
 - `explorer_figure()`: the head explorer's empty frame; the page's script fills it in.
 - `pattern_figure(pattern, tokens, ticks, title)`: that frame filled in Python with one
   `[query, key]` pattern, as the script fills it (the notebook helpers in `headscope.report.plotting`).
 - `diff_figure(detector, diff, hover)`: a b - a score difference (compare page).
-- Fixed div ids: `LABEL_MAP_ID`, `detector_id(i)`, `SYNTAX_ID`, `VALIDATION_ID`, `EXPLORER_ID`.
+- Fixed div ids: `LABEL_MAP_ID`, `detector_id(i)`, `VALIDATION_ID`, `EXPLORER_ID`; a detector's
+  own section draws its figures with its own ids (`ReportSection.figures`), in the shared style
+  (`headscope.detectors.section.figure_style`).
 
 Heatmaps put heads on x and layers on y (layer 0 on top), both as integer axes, so a click's
 point gives `x = head`, `y = layer`.
@@ -19,16 +20,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..detectors.section import FONT, figure_style as _style, plotly_text as _escape_plotly
+
 __all__ = [
-    "label_map_figure", "detector_figure", "syntax_figure", "validation_figure", "explorer_figure", "pattern_figure",
-    "diff_figure", "LABEL_MAP_ID", "SYNTAX_ID", "VALIDATION_ID", "EXPLORER_ID", "detector_id",
+    "label_map_figure", "detector_figure", "validation_figure", "explorer_figure", "pattern_figure",
+    "diff_figure", "LABEL_MAP_ID", "VALIDATION_ID", "EXPLORER_ID", "FONT", "detector_id",
 ]
 
 LABEL_MAP_ID = "hs-label-map"
-SYNTAX_ID = "hs-syntax"
 VALIDATION_ID = "hs-validation"
 EXPLORER_ID = "hs-explorer"
-FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 
 
 def detector_id(index: int) -> str:
@@ -89,34 +90,6 @@ def detector_figure(grid):
         hovertemplate="%{customdata}<extra></extra>", colorbar={"thickness": 10, "len": 0.8},
     ))
     _grid_layout(fig, _escape_plotly(title), n_layers, n_heads, cell=18, row=12, legend_px=40)
-    return fig
-
-
-def syntax_figure(rows):
-    """Best head's accuracy per relation next to the best baseline's.
-
-    Args:
-        rows: `SyntaxBest` rows.
-    Returns:
-        A plotly `go.Figure`; the head bars carry `customdata = [layer, head]` for the explorer.
-    """
-    import plotly.graph_objects as go
-
-    relations = [_escape_plotly(r.relation) for r in rows]
-    heads = [f"L{r.layer} H{r.head}" for r in rows]
-    fig = go.Figure([
-        go.Bar(name="best head", x=relations, y=[round(r.accuracy, 4) for r in rows], text=heads,
-               textposition="outside", marker_color="#1f77b4", customdata=[[r.layer, r.head] for r in rows],
-               hovertemplate="%{x}: layer %{customdata[0]} head %{customdata[1]}<br>accuracy %{y:.3f}<extra></extra>"),
-        go.Bar(name="baseline", x=relations, y=[round(r.baseline_accuracy, 4) for r in rows], marker_color="#bdbdbd",
-               text=[_escape_plotly(r.baseline_kind) for r in rows], textposition="none",
-               hovertemplate="%{x}: baseline (%{text}) accuracy %{y:.3f}<extra></extra>"),
-    ])
-    fig.update_layout(
-        title={"text": "Best head per relation vs baseline"}, barmode="group", yaxis={"range": [0, 1.08], "title": {"text": "accuracy"}},
-        height=320, width=max(420, 90 * len(rows) + 160), margin={"l": 60, "r": 20, "t": 40, "b": 40},
-        legend={"orientation": "h", "y": -0.2}, **_style(),
-    )
     return fig
 
 
@@ -229,25 +202,6 @@ def _grid_layout(fig, title: str, n_layers: int, n_heads: int, *, cell: int, row
     )
 
 
-def _style() -> dict:
-    """A small inline template (plotly's default template adds ~7 KB of JSON to every figure).
-
-    It must be a Template object: `update_layout(template=dict)` merges the dict into the
-    default template instead of replacing it.
-    """
-    import plotly.graph_objects as go
-
-    return {"template": go.layout.Template(layout={"font": {"family": FONT, "size": 11}}), "paper_bgcolor": "white",
-            "plot_bgcolor": "white", "hoverlabel": {"align": "left"}}
-
-
 def _rounded(values: np.ndarray) -> list:
     """Nested lists with 4 decimals and None for NaN (smaller, stable JSON)."""
     return [[None if np.isnan(v) else round(float(v), 4) for v in row] for row in values]
-
-
-def _escape_plotly(text: str) -> str:
-    """Escape text for plotly's pseudo-HTML (titles, tick labels, hover)."""
-    import html
-
-    return html.escape(text, quote=False)

@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 
+from ..detectors.section import Kit
 from ..errors import HeadscopeError
 from . import figures
 from .geometry_figures import GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID, geometry_figures
@@ -73,8 +74,7 @@ def render_report(data, plotlyjs: str = "embed") -> str:
     check_plotlyjs(plotlyjs)  # fail before any work
     figs = [(figures.LABEL_MAP_ID, figures.label_map_figure(data.label_grid))]
     figs += [(figures.detector_id(i), figures.detector_figure(g)) for i, g in enumerate(data.detector_grids)]
-    if data.syntax_best is not None:
-        figs.append((figures.SYNTAX_ID, figures.syntax_figure(data.syntax_best)))
+    figs += [fig for s in data.sections for fig in s.section.figures(s.data)]  # the detectors' own
     if data.validation is not None:
         figs.append((figures.VALIDATION_ID, figures.validation_figure([r for r in data.validation if r.primary])))
     if data.geometry is not None:
@@ -104,7 +104,7 @@ def render_report(data, plotlyjs: str = "embed") -> str:
         "</div>",
         _top_heads_section(data),
         _ov_section(data),
-        _syntax_section(data),
+        *[s.section.html(s.data, _kit()) for s in data.sections],
         _validation_section(data),
         _geometry_section(data),
         _method_section(data),
@@ -287,20 +287,20 @@ def _top_heads_section(data) -> str:
                        for t in heads]])
     return ("<section id=\"top-heads\"><h2>Top heads per label</h2><p class=\"hint\">Strongest first, each with "
             "its label's score in the quantity of that row and, in brackets, the control model's score for the same "
-            "head and detector; induction and duplicate-token heads then say whether their OV circuit copies (see "
+            f"head and detector; {html.escape(data.ov_labels)} heads then say whether their OV circuit copies (see "
             "OV copying); click a head to explore it.</p>"
             + table(["label", "heads", "quantity", *rank_headers], rows) + "</section>")
 
 
 def _ov_section(data) -> str:
-    """Induction and duplicate-token heads: does their OV circuit copy (`headscope.detectors.labels.ov_qualifier`)?"""
+    """Heads whose label the OV qualifier reads: does their OV circuit copy (`headscope.detectors.labels.ov_qualifier`)?"""
     if not data.ov:
         return ""
     rows = [[head_button(r.layer, r.head), r.label, r.qualifier, r.positive_eig_share,
              None if r.control_share != r.control_share else r.control_share,
              None if r.control_best_share != r.control_best_share else r.control_best_share, r.copy_top1]
             for r in data.ov]
-    return ("<section id=\"ov\"><h2>OV copying</h2><p class=\"hint\">What the induction and duplicate-token heads "
+    return (f"<section id=\"ov\"><h2>OV copying</h2><p class=\"hint\">What the {html.escape(data.ov_labels)} heads "
             "write, from the weights (Elhage et al. 2021): the positive eigenvalue share of the OV circuit and the "
             "share of sampled tokens whose own logit tops its row, beside the control model's shares; the rule is in "
             "the Method section.</p>"
@@ -308,37 +308,9 @@ def _ov_section(data) -> str:
                      "copy top-1"], rows) + "</section>")
 
 
-def _syntax_section(data) -> str:
-    if data.syntax_best is None:
-        return ""
-    rows = [[r.relation, head_button(r.layer, r.head), r.direction, r.accuracy, r.baseline_accuracy,
-             r.baseline_kind, r.accuracy - r.baseline_accuracy,
-             None if r.held_out_margin != r.held_out_margin else r.held_out_margin,
-             "yes" if r.significant else "no", r.n]
-            for r in data.syntax_best]
-    parts = [
-        "<section id=\"syntax\"><h2>Syntactic heads</h2><p class=\"hint\">Most accurate head per dependency "
-        "relation (Clark et al. 2019, Table 1) against the best baseline: fixed offsets, first, last and "
-        "most-pieces word, nearest content words, and the control model's best head. Accuracy and baseline are "
-        "shares of arcs on all sentences; the held-out margin is measured on the half of the sentences the "
-        "relation was not chosen on (empty when it was chosen on neither half).</p>",
-        *[f"<p class=\"hint\">{html.escape(note)}</p>" for note in data.syntax_notes],
-        figure_div(figures.SYNTAX_ID),
-        table(["relation", "head", "direction", "accuracy", "baseline accuracy", "baseline", "margin (all sentences)",
-               "held-out margin", "significant", "arcs"], rows),
-    ]
-    if data.syntax_relations:
-        parts += [
-            "<h3>Every significant relation of the heads labelled syntactic</h3><p class=\"hint\">A head's label "
-            "names its clearest relation (highest CI lower bound of the held-out margin); the others it is "
-            "significant for are listed here too.</p>",
-            table(["head", "label", "relation", "direction", "held-out margin", "95% CI low", "95% CI high",
-                   "accuracy", "baseline accuracy", "baseline", "arcs"],
-                  [[head_button(r.layer, r.head), r.label, r.relation, r.direction, r.held_out_margin, r.ci_low,
-                    r.ci_high, r.accuracy, r.baseline, r.baseline_kind, r.n] for r in data.syntax_relations]),
-        ]
-    parts.append("</section>")
-    return "\n".join(parts)
+def _kit():
+    """The writer's building blocks a detector's section draws with (`headscope.detectors.section.Kit`)."""
+    return Kit(table=table, raw=Raw, head_button=head_button, figure_div=figure_div)
 
 
 def _validation_section(data) -> str:

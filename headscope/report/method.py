@@ -5,7 +5,10 @@
 - `label_rules(meta)`: the labelling rule in sentences (`MethodNote`s), generated from
   `meta["detectors"]`, `meta["control"]` and `headscope.detectors.labels` (MIXED_MARGIN).
 - `report_warnings(meta)`: what the page must say prominently (no control, detector skipped).
-- `header_fields(meta)`: the header's name/value pairs, control and treebank included.
+- `header_fields(meta)`: the header's name/value pairs, control and the detectors' own lines
+  (`ReportSection.header`) included.
+- `ov_labels_text(meta)`: the detectors whose labels the OV qualifier reads, in words
+  ("induction and duplicate-token").
 - `detector_spec(meta, detector)`, `quantity(meta, detector)`: one detector's description
   ("syntactic:obj" stands for "syntactic").
 - Types: `MethodRow`, `MethodNote`, `HeaderField`.
@@ -14,11 +17,13 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from ..detectors.labels import MIXED_MARGIN
+from ..detectors.labels import MIXED_MARGIN, ov_qualified_labels
 from ..detectors.registry import detector_spec
+from .sections import section_header, section_warnings
 
 __all__ = ["MethodRow", "MethodNote", "HeaderField", "method_rows", "label_rules", "report_warnings",
-           "header_fields", "detector_spec", "quantity", "has_control", "control_text", "control_reason", "treebank_text"]
+           "header_fields", "detector_spec", "quantity", "has_control", "control_text", "control_reason",
+           "ov_labels_text"]
 
 
 class MethodRow(NamedTuple):
@@ -34,7 +39,8 @@ class MethodRow(NamedTuple):
 
 
 class MethodNote(NamedTuple):
-    """One sentence of the labelling rule; `topic` is "pass", "control", "clarity", "resting", "ov" or "syntax"."""
+    """One sentence of the labelling rule; `topic` is "pass", "control", "clarity", "resting", "ov" or a
+    detector's own (the first item of its `Detector.report_rule`)."""
 
     topic: str
     text: str
@@ -143,11 +149,12 @@ def _ov_notes(meta: dict) -> list:
     if not ov:
         return []
     if ov.get("skipped"):
-        return [MethodNote("ov", f"OV copying was not computed ({ov['skipped']}), so induction and duplicate-token "
+        return [MethodNote("ov", f"OV copying was not computed ({ov['skipped']}), so {ov_labels_text(meta)} "
                                  "labels carry no copying qualifier.")]
     folded = "with the norm gains folded in" if ov.get("fold_norms") else "without the norms"
+    named = ov_labels_text(meta)
     return [MethodNote("ov", (
-        f"Induction and duplicate-token labels are qualified by what the head writes (Elhage et al. 2021): \"copies\" "
+        f"{named[:1].upper() + named[1:]} labels are qualified by what the head writes (Elhage et al. 2021): \"copies\" "
         f"when the positive eigenvalue share of its OV circuit W_E W_V W_O W_U ({folded}) is at least "
         f"{ov.get('copies_share', 0.9):g}" + (" and above the control's best head" if has_control(meta) else "")
         + f", else \"no OV copying\" (random circuits score 0.3–0.5). Copy top-1 is the share of "
@@ -162,9 +169,15 @@ def report_warnings(meta: dict) -> tuple:
         warnings.append(f"No control model ({control_reason(meta)}): learned-behaviour labels were not checked "
                         "against an untrained twin, so an untrained network of the same shape may earn them too.")
     warnings += [f"{name} detector skipped: {reason}" for name, reason in meta.get("skipped_detectors", {}).items()]
-    if "syntactic" not in meta.get("detectors", {}):  # analyses saved before "skipped_detectors"
-        warnings += [str(note) for note in meta.get("syntax_notes", []) if "skipped" in str(note)]
+    warnings += section_warnings(meta)  # a detector's own (e.g. a skip noted by an older analysis)
     return tuple(warnings)
+
+
+def ov_labels_text(meta: dict) -> str:
+    """The detectors whose labels the OV qualifier reads (`Detector.ov_qualified`), in words:
+    "induction and duplicate-token"."""
+    names = [name.replace("_", "-") for name in ov_qualified_labels(meta)]
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def control_reason(meta: dict) -> str:
@@ -193,17 +206,6 @@ def control_text(meta: dict) -> str:
     return f"none ({control_reason(meta)})"
 
 
-def treebank_text(meta: dict) -> Optional[str]:
-    """The treebank and how many of its sentences are natural, or None when no treebank was read."""
-    treebank = meta.get("treebank")
-    if not treebank:
-        return None
-    natural = treebank.get("natural")
-    count = treebank.get("n_sentences", "?")
-    natural_text = "natural: unknown" if natural is None else f"{natural} natural"
-    return f"{treebank.get('source', '?')}: {count} sentences, {natural_text}"
-
-
 def header_fields(meta: dict) -> tuple:
     """The header's name/value pairs (all but "created", which the page prints on its own line)."""
     versions = meta.get("versions", {})
@@ -226,9 +228,7 @@ def header_fields(meta: dict) -> tuple:
             for name, p in probes.items()) or "?"),
         HeaderField("Control", control_text(meta)),
     ]
-    treebank = treebank_text(meta)
-    if treebank is not None:
-        fields.append(HeaderField("Treebank", treebank))
+    fields += [HeaderField(str(name), str(value)) for name, value in section_header(meta)]  # e.g. the treebank
     fields += [
         HeaderField("Seed", str(meta.get("seed", "?"))),
         HeaderField("Versions", ", ".join(f"{name} {version}" for name, version in versions.items()) or "?"),

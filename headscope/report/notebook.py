@@ -2,9 +2,9 @@
 
 - `analysis_html(analysis)`: what an `Analysis` shows as a cell's result: model, layers x heads,
   the control model, heads per label with the quantity their scores are in and the strongest
-  ones (score and the control's score for the same head; induction and duplicate-token heads
-  with their OV qualifier), warnings (no control, a detector
-  skipped), and the label map as an interactive figure.
+  ones (score and the control's score for the same head; heads whose label the OV qualifier
+  reads with their qualifier), warnings (no control, a detector skipped), the detectors' own
+  summary lines (`ReportSection.summary`), and the label map as an interactive figure.
 - `analysis_text(analysis)`: the one-line `repr` of an `Analysis`.
 - `figure_html(fig)`: one plotly figure as notebook HTML: a `<div>`, the figure's JSON and a
   script that draws it as soon as plotly.js is on the page.
@@ -23,6 +23,7 @@ import uuid
 
 from .plotting import plot_labels
 from .data import header_fields, label_grid, report_warnings, top_heads
+from .sections import section_data, section_summary
 from .html import Raw, plotlyjs_tag, script_json, table
 
 __all__ = ["analysis_html", "analysis_text", "figure_html", "reset", "TOP_HEADS"]
@@ -112,6 +113,7 @@ def analysis_html(analysis) -> str:
         f"<p>Detectors: {html.escape(detectors)}. Control: {html.escape(fields['Control'])}</p>",
         *[f"<p><b>Warning:</b> {html.escape(w)}</p>" for w in report_warnings(analysis.meta)],
         table(["label", "heads", "quantity", f"strongest (up to {TOP_HEADS}; control in brackets)"], rows),
+        *[f"<p>{html.escape(line)}</p>" for line in section_summary(section_data(analysis))],
         figure_html(plot_labels(analysis)),
         "</div>",
     ])

@@ -5,9 +5,10 @@
   CI and the control's scores in the hover.
 - `plot_head(analysis, layer, head, probe=None, example=0)`: a head's pattern on a stored
   example, tokens on the axes (the report's head explorer, drawn in Python).
-- `plot_syntax(source)`: best head per dependency relation vs its best baseline (offsets, position
-  predictors, the control's best head), from an `Analysis` with syntax scores or a
-  `headscope.analysis.standalone.SyntaxResult`.
+- `plot_section(source, detector)`: a detector's own report figure (`ReportSection.plot`);
+  `plot_syntax(source)` is the syntactic detector's: best head per dependency relation vs its
+  best baseline (offsets, position predictors, the control's best head), from an `Analysis`
+  with syntax scores or a `headscope.analysis.standalone.SyntaxResult`.
 - `plot_geometry_map(analysis)`, `plot_pruning(analysis)`: the report's MDS map of heads coloured
   by label and its pruning curve, from an analysis holding geometry (`headscope.add_geometry`).
 - `plot_pattern(pattern, tokens, title=None, head=None)`: any captured map, e.g.
@@ -23,15 +24,16 @@ from typing import Optional
 
 import numpy as np
 
+from ..detectors import REGISTRY
 from ..errors import HeadscopeError
-from .data import detector_grids, label_grid, syntax_best
+from .data import detector_grids, label_grid
 from .geometry_data import geometry_data
 from .geometry_figures import geometry_map_figure, pruning_figure
-from .figures import detector_figure, label_map_figure, pattern_figure, syntax_figure
+from .figures import detector_figure, label_map_figure, pattern_figure
 from .html import axis_tokens
 
-__all__ = ["plot_labels", "plot_scores", "plot_head", "plot_syntax", "plot_pattern", "plot_geometry_map",
-           "plot_pruning"]
+__all__ = ["plot_labels", "plot_scores", "plot_head", "plot_section", "plot_syntax", "plot_pattern",
+           "plot_geometry_map", "plot_pruning"]
 
 
 def plot_labels(analysis):
@@ -134,16 +136,24 @@ def plot_syntax(source):
     Raises:
         HeadscopeError: an analysis without syntax scores.
     """
-    from types import SimpleNamespace
+    return plot_section(source, "syntactic")
 
 
-    if hasattr(source, "best") and hasattr(source, "table"):  # a SyntaxResult
-        # The same rows the report reads from an analysis's meta["syntax_best"].
-        source = SimpleNamespace(syntax=source.table, meta={"syntax_best": source.best.to_dict("records")})
-    rows = syntax_best(source)
-    if rows is None:
-        raise HeadscopeError("this analysis has no syntax scores: run the syntactic detector (headscope.run_syntax)")
-    return syntax_figure(rows)
+def plot_section(source, detector: str):
+    """A detector's own report figure (`Detector.report.plot`), e.g. the syntactic detector's bars.
+
+    Args:
+        source: an `Analysis`, or a result the detector's section knows how to draw.
+        detector: a registered detector name.
+    Returns:
+        A plotly `go.Figure`.
+    Raises:
+        HeadscopeError: the detector has no report section, or `source` lacks its table.
+    """
+    found = REGISTRY.get(detector)
+    if found is None or found.report is None:
+        raise HeadscopeError(f"detector {detector!r} has no report section of its own")
+    return found.report.plot(source)
 
 
 def plot_pattern(pattern, tokens, title: Optional[str] = None, head: Optional[int] = None):

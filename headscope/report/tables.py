@@ -1,56 +1,24 @@
-"""The report's tables read from an analysis's frames: syntactic heads and causal checks.
+"""The report's general tables read from an analysis's frames: causal checks and OV copying.
 
-- `syntax_best(analysis)`: the best head per relation (`SyntaxBest`).
-- `syntax_relations(analysis)`: every significant relation of each head labelled syntactic
-  (`SyntaxRelation`).
 - `validation_rows(analysis)`: the causal checks of `headscope.validate` (`ValidationRow`).
-- `ov_rows(analysis)`: OV copying of every head labelled induction or duplicate-token, with its
-  qualifier (`OvRow`); `ov_lookup(analysis)`: every head's OV numbers by (layer, head).
+- `ov_rows(analysis)`: OV copying of every head whose label the OV qualifier reads (detectors
+  with `ov_qualified`), with its qualifier (`OvRow`); `ov_lookup(analysis)`: every head's OV
+  numbers by (layer, head).
 
+A detector's own tables are its report section's (`Detector.report`, `report/sections.py`).
 Frames may come back from CSV (`Analysis.load`): booleans as text, missing cells as NaN.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..detectors.labels import OV_QUALIFIED, ov_control_best, ov_qualifiers
+from ..detectors.labels import ov_control_best, ov_qualified_labels, ov_qualifiers
+from ..detectors.section import cell_flag as _flag, cell_number as _number, cell_text as _text
+from .sections import table as _table
 
-__all__ = ["SyntaxBest", "SyntaxRelation", "ValidationRow", "OvRow", "syntax_best", "syntax_relations",
-           "validation_rows", "ov_rows", "ov_lookup"]
-
-
-class SyntaxBest(NamedTuple):
-    """The most accurate head for one dependency relation and the baseline it must beat."""
-
-    relation: str
-    layer: int
-    head: int
-    direction: str
-    accuracy: float
-    baseline_accuracy: float
-    baseline_kind: str  # the predictor that sets the baseline ("offset -1", "control 2.3", ...)
-    n: int
-    held_out_margin: float  # NaN when the pair was chosen on neither half
-    significant: bool
-
-
-class SyntaxRelation(NamedTuple):
-    """One significant (relation, direction) of a head labelled syntactic (`analysis.syntax` row)."""
-
-    layer: int
-    head: int
-    label: str  # the head's label ("syntactic:<its clearest relation>")
-    relation: str
-    direction: str
-    accuracy: float
-    baseline: float
-    baseline_kind: str
-    held_out_margin: float
-    ci_low: float
-    ci_high: float
-    n: int
+__all__ = ["ValidationRow", "OvRow", "validation_rows", "ov_rows", "ov_lookup"]
 
 
 class ValidationRow(NamedTuple):
@@ -94,11 +62,11 @@ class OvRow(NamedTuple):
 
 def ov_lookup(analysis) -> dict:
     """(layer, head) -> `OvRow` for every head of `analysis.ov` ({} when there is none)."""
-    table = analysis.ov
+    table = _table(analysis, "ov")
     if table is None:
         return {}
     labels = {(int(r.layer), int(r.head)): str(r.label) for r in analysis.labels.itertuples(index=False)}
-    qualifiers = ov_qualifiers(analysis.labels, table)
+    qualifiers = ov_qualifiers(analysis.labels, table, ov_qualified_labels(analysis.meta))
     best = ov_control_best(table)
     rows = {}
     for r in table.itertuples(index=False):
@@ -109,60 +77,11 @@ def ov_lookup(analysis) -> dict:
 
 
 def ov_rows(analysis) -> Optional[tuple]:
-    """`OvRow`s of the heads labelled induction or duplicate-token, by layer and head; None without `.ov`."""
-    if analysis.ov is None:
+    """`OvRow`s of the heads whose label the OV qualifier reads, by layer and head; None without an `ov` table."""
+    if _table(analysis, "ov") is None:
         return None
-    return tuple(row for _, row in sorted(ov_lookup(analysis).items()) if row.label in OV_QUALIFIED)
-
-
-def syntax_best(analysis) -> Optional[tuple]:
-    """Best head per relation: `meta["syntax_best"]` if present, else the argmax of `.syntax`.
-
-    Returns:
-        `SyntaxBest` rows, or None when `analysis.syntax` is None.
-    """
-    if analysis.syntax is None:
-        return None
-    stored = analysis.meta.get("syntax_best")
-    if stored:
-        return tuple(
-            SyntaxBest(str(b["relation"]), int(b["layer"]), int(b["head"]), str(b["direction"]), float(b["accuracy"]),
-                       float(b["baseline_accuracy"]), _text(b.get("baseline_kind")), int(b["n"]),
-                       _number(b.get("held_out_margin")), _flag(b.get("significant", False)))
-            for b in stored
-        )
-    frame = analysis.syntax.sort_values(["relation", "accuracy", "layer", "head", "direction"],
-                                        ascending=[True, False, True, True, True])
-    best = frame.groupby("relation", sort=True).head(1)
-    return tuple(
-        SyntaxBest(str(r.relation), int(r.layer), int(r.head), str(r.direction), float(r.accuracy),
-                   float(r.baseline), _text(getattr(r, "baseline_kind", "")), int(r.n),
-                   float(getattr(r, "held_out_margin", np.nan)), _flag(getattr(r, "significant", False)))
-        for r in best.itertuples(index=False)
-    )
-
-
-def syntax_relations(analysis) -> Optional[tuple]:
-    """Every significant (relation, direction) of each head labelled syntactic, clearest first.
-
-    Returns:
-        `SyntaxRelation` rows ordered by layer, head, then CI lower bound (highest first); None when
-        the analysis has no syntax scores or they have no `significant` column.
-    """
-    table = analysis.syntax
-    if table is None or "significant" not in table:
-        return None
-    labels = {(int(r.layer), int(r.head)): str(r.label) for r in analysis.labels.itertuples(index=False)
-              if str(r.label).startswith("syntactic:")}
-    keep = [_flag(s) and (int(l), int(h)) in labels for s, l, h in zip(table["significant"], table["layer"], table["head"])]
-    chosen = table[np.array(keep, dtype=bool)]
-    chosen = chosen.sort_values(["layer", "head", "ci_low", "held_out_margin"], ascending=[True, True, False, False])
-    return tuple(
-        SyntaxRelation(int(r.layer), int(r.head), labels[(int(r.layer), int(r.head))], str(r.relation), str(r.direction),
-                       float(r.accuracy), float(r.baseline), _text(getattr(r, "baseline_kind", "")),
-                       float(r.held_out_margin), float(r.ci_low), float(r.ci_high), int(r.n))
-        for r in chosen.itertuples(index=False)
-    )
+    qualified = ov_qualified_labels(analysis.meta)
+    return tuple(row for _, row in sorted(ov_lookup(analysis).items()) if row.label in qualified)
 
 
 def validation_rows(analysis) -> Optional[tuple]:
@@ -172,7 +91,7 @@ def validation_rows(analysis) -> Optional[tuple]:
     Returns:
         `ValidationRow`s, or None when the analysis has no `validation` (or it is None).
     """
-    frame = getattr(analysis, "validation", None)
+    frame = _table(analysis, "validation")
     if frame is None:
         return None
     rows = []
@@ -185,22 +104,3 @@ def validation_rows(analysis) -> Optional[tuple]:
             _flag(r.hurts_more), float(getattr(r, "baseline_accuracy", np.nan)), float(getattr(r, "ablated_accuracy", np.nan)),
         ))
     return tuple(rows)
-
-
-def _text(value: Any) -> str:
-    """A CSV cell as text ("" for a missing one)."""
-    return "" if _missing(value) else str(value)
-
-
-def _number(value: Any) -> float:
-    """A float cell (NaN for a missing one: None in JSON, empty in CSV)."""
-    return np.nan if _missing(value) else float(value)
-
-
-def _flag(value: Any) -> bool:
-    """A bool cell, also when read back from CSV as text."""
-    return value.strip().lower() == "true" if isinstance(value, str) else bool(value)
-
-
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and np.isnan(value))

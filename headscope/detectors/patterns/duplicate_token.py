@@ -11,5 +11,5 @@ duplicate_token = Detector(
     formula="mean over queries with an earlier occurrence of the attention on its earlier occurrences",
     source="Wang et al. 2022 (IOI duplicate-token heads); threshold 0.4 by analogy with induction",
     fn=lambda pattern, batch: mass_on(pattern, earlier_copies(batch)), lazy=True, outranks_resting=True,
-    colour="#ff7f0e", short="dup",
+    colour="#ff7f0e", short="dup", ov_qualified=True,
 )

@@ -4,7 +4,7 @@ Offers:
     THRESHOLD = 0.10   margin over the baseline for the label ``syntactic:<relation>``.
     MIN_ARCS = 30      arcs a (relation, direction) needs to count.
 Modules: ``detector`` (the syntactic detector's reduce and finalize), ``scoring``, ``baselines``,
-``crossfit``. The treebank probe is `headscope.probes.treebank`; `headscope.run_syntax`
+``crossfit``, ``report`` (its report section). The treebank probe is `headscope.probes.treebank`; `headscope.run_syntax`
 (`headscope.analysis.standalone`) runs the detector alone.
 
 Method (Clark, Khandelwal, Levy, Manning 2019, "What Does BERT Look At?", section 4.1):
