@@ -8,7 +8,8 @@ from fake_analysis import fake_analysis
 from geometry_fixture import planted_analysis, planted_geometry
 from headscope.analysis import Analysis
 from headscope.errors import HeadscopeError
-from headscope.head_geometry.importance import normalize_per_layer, probe_loss, pruning_curve, removable_heads
+from headscope.head_geometry.importance import normalize_per_layer, probe_loss, pruning_curve
+from headscope.head_geometry.tables import removable_heads
 from headscope.probes.base import text_probe
 from headscope.report import report_data
 from headscope.report.geometry_data import LOSS_RISE, TOP_IMPORTANT

@@ -26,7 +26,7 @@ from ..errors import HeadscopeError
 from ..hf.capture import ablate
 from ..hf.hooks import model_hooks
 
-__all__ = ["probe_loss", "head_importance", "normalize_per_layer", "pruning_curve", "removable_heads"]
+__all__ = ["probe_loss", "head_importance", "normalize_per_layer", "pruning_curve"]
 
 
 def _check_lm(loaded) -> None:
@@ -119,16 +119,3 @@ def pruning_curve(loaded, probe, importance: np.ndarray, steps: int = 10, seeds:
             loss = base if n == 0 else probe_loss(loaded, probe, batch_size, order[:n])
             rows.append(dict(order=name, seed=seed, removed=n, fraction=n / len(heads), loss=loss))
     return pd.DataFrame(rows)
-
-
-def removable_heads(curve, rise: float = 0.10) -> dict:
-    """Per order (and seed), the most heads removed with loss still within (1 + rise) x baseline."""
-    out = {}
-    for (name, seed), group in curve.groupby(["order", "seed"]):
-        group = group.sort_values("removed")
-        limit = group.loss.iloc[0] * (1 + rise)
-        above = group[group.loss > limit]
-        first_above = above.removed.min() if len(above) else None
-        out[(name, seed)] = int(group[group.removed < first_above].removed.max()) if first_above is not None \
-            else int(group.removed.max())
-    return out

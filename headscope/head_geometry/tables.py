@@ -5,6 +5,8 @@
 - `write_geometry_tables(result, folder)` / `read_geometry_tables(folder)`: a folder of
   heads.csv, pairs.csv, similarity.csv, pruning.csv (when measured) and settings.json. An
   analysis keeps these in its `geometry/` subfolder (`Analysis.save`, `Analysis.load`).
+- `removable_heads(curve, rise)`: read off the pruning curve, the most heads removed within a
+  loss rise.
 
 similarity.csv is the divergence matrix as a tidy table: one row per pair of heads a < b
 (heads numbered layer * n_heads + head) with layer_a, head_a, layer_b, head_b, js (bits),
@@ -20,7 +22,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["GeometryResult", "write_geometry_tables", "read_geometry_tables", "similarity_table", "GEOMETRY_FOLDER"]
+__all__ = ["GeometryResult", "write_geometry_tables", "read_geometry_tables", "similarity_table", "removable_heads",
+           "GEOMETRY_FOLDER"]
 
 GEOMETRY_FOLDER = "geometry"  # an analysis's subfolder
 
@@ -109,3 +112,16 @@ def read_geometry_tables(folder) -> GeometryResult:
     curve = pd.read_csv(folder / "pruning.csv") if (folder / "pruning.csv").exists() else None
     stored = json.loads((folder / "settings.json").read_text())
     return GeometryResult(heads, pairs, divergence, float(stored["approximation_error"]), curve, stored["settings"])
+
+
+def removable_heads(curve, rise: float = 0.10) -> dict:
+    """Per order (and seed), the most heads removed with loss still within (1 + rise) x baseline."""
+    out = {}
+    for (name, seed), group in curve.groupby(["order", "seed"]):
+        group = group.sort_values("removed")
+        limit = group.loss.iloc[0] * (1 + rise)
+        above = group[group.loss > limit]
+        first_above = above.removed.min() if len(above) else None
+        out[(name, seed)] = int(group[group.removed < first_above].removed.max()) if first_above is not None \
+            else int(group.removed.max())
+    return out
