@@ -200,11 +200,14 @@ def analyze(
                   "copies_share": OV_COPIES_SHARE, "skipped": ov_skipped}
     if ov and ov_skipped:
         meta.setdefault("notes", []).append(f"OV copying not computed: {ov_skipped}")
-    analysis = Analysis(scores=scores, labels=labels, meta=meta, examples=examples, ov=ov_frame)
+    tables = {"ov": ov_frame} if ov_frame is not None else {}
     for det in dets:
         meta.update(findings[det.name].meta)
-        for attribute, table in findings[det.name].tables.items():
-            setattr(analysis, attribute, table)
+        for name, table in findings[det.name].tables.items():
+            if name in tables:
+                raise HeadscopeError(f"detector {det.name!r} returns a table {name!r}, which the analysis already has")
+            tables[name] = table
+    analysis = Analysis(scores=scores, labels=labels, meta=meta, examples=examples, tables=tables)
     if validate:
         t = time.perf_counter()
         n_examples = min([8] + [probe.meta()["n_examples"] for probe in used.values()])
