@@ -15,8 +15,7 @@
 - `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
   rounded) to keep reports small.
 - `atomic_dir` (from `headscope.atomic`): the temporary folder renamed into place.
-The validation table's CSV helpers are imported where used: `headscope.causal` needs torch,
-which `headscope report` (reading an analysis) should not load.
+Column lists and the validation table's CSV form come from `headscope.tables` (no torch).
 """
 from __future__ import annotations
 
@@ -30,6 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..atomic import atomic_dir
+from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, read_csv, write_csv
 from ..errors import HeadscopeError
 from ..report.notebook import analysis_html, analysis_text
 from ..report.plotting import plot_head, plot_labels, plot_scores, plot_syntax
@@ -37,9 +37,6 @@ from ..head_geometry.tables import GEOMETRY_FOLDER, read_geometry_tables, write_
 
 __all__ = ["Analysis", "Example", "atomic_dir"]
 
-SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
-LABEL_COLUMNS = ["layer", "head", "label", "score", "labels"]
-SYNTAX_COLUMNS = ["layer", "head", "relation", "direction", "accuracy", "baseline", "n"]
 OWN_FILES = ("scores", "labels", "validation")  # <name>.csv files that are not tables
 # Tables that were fields of `Analysis` before it kept one mapping: they still read as None when absent
 # (`analysis.syntax is None`). Any other absent name raises AttributeError, so duck typing
@@ -218,8 +215,6 @@ class Analysis:
         for name, table in self.tables.items():
             table.to_csv(folder / f"{name}.csv", index=False)
         if self.validation is not None:
-            from ..causal import write_csv
-
             write_csv(self.validation, folder / "validation.csv")
         if self.geometry is not None:
             write_geometry_tables(self.geometry, folder / GEOMETRY_FOLDER)
@@ -247,8 +242,6 @@ class Analysis:
                       if path.stem not in OWN_FILES and TABLE_NAME.match(path.stem)}
             validation = None
             if (folder / "validation.csv").exists():
-                from ..causal import read_csv
-
                 validation = read_csv(folder / "validation.csv")
             geometry = read_geometry_tables(folder / GEOMETRY_FOLDER) if (folder / GEOMETRY_FOLDER).is_dir() else None
         except (ValueError, KeyError, OSError) as err:

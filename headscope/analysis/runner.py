@@ -10,17 +10,15 @@
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from .distributed import gather, mine, rank_and_size
 from ..hf.capture import capture
-from ..detectors.protocol import Collected
+from ..detectors.protocol import Collected, Progress
 
 __all__ = ["collect", "Progress", "MAP_BUDGET"]
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
 

@@ -15,18 +15,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 from ..detectors.syntax.crossfit import THRESHOLD
 from ..detectors.syntax.detector import syntactic
 from ..detectors.syntax.scoring import MIN_ARCS
+from ..detectors.protocol import Progress
 from ..errors import HeadscopeError
 from ..probes.treebank import CAUSAL_NOTE, TreebankProbe
 from .runner import collect
 
 __all__ = ["run_syntax", "SyntaxResult", "CAUSAL_NOTE"]
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 @dataclass

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import math
 
+from ..tables import LABEL_COLUMNS
+
 __all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "ov_control_best", "MIXED_MARGIN",
            "OV_COPIES_SHARE", "OV_QUALIFIED"]
 
@@ -145,4 +147,4 @@ def label_heads(scores, rules: dict, names: dict | None = None):
             label, score = candidates[0][1], candidates[0][2]
         rows.append({"layer": layer, "head": head, "label": label, "score": score,
                      "labels": ";".join(p[1] for p in passing)})
-    return pd.DataFrame(rows, columns=["layer", "head", "label", "score", "labels"])
+    return pd.DataFrame(rows, columns=LABEL_COLUMNS)
