@@ -39,7 +39,7 @@ from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
 from ..probes.kinds import probe_settings
 from ..detectors.protocol import SCORE_COLUMNS
 from ..detectors.protocol import Progress
-from .runner import MAP_BUDGET, collect
+from .runner import MAP_BUDGET, collect_with_control
 from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
 
@@ -210,14 +210,10 @@ def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings) ->
         patterned = [d for d in probe_dets if d.run is None]  # the others run their own passes
         model, twin_values = {}, {}
         if patterned:
-            with timings.step(f"probe_{name}"):
-                model, run.how[name], sinks = collect(loaded, plan.built[name], patterned, batch_size, progress, lazy,
-                                                      map_budget=map_budget)
+            model, twin_values, run.how[name], sinks = collect_with_control(
+                loaded, plan.twin, plan.built[name], patterned, batch_size, timings, progress, lazy,
+                map_budget=map_budget)
             run.sink_layers.update(sinks)
-            if plan.twin is not None:
-                with timings.step(f"probe_{name}_control"):
-                    twin_values = collect(plan.twin, plan.built[name], patterned, batch_size, progress, lazy,
-                                          stage=f"probe {name} (control)", map_budget=map_budget)[0]
         for det in probe_dets:
             try:
                 if det.run is None:
