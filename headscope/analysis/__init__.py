@@ -1,6 +1,7 @@
 """Analysis: every head of a model scored by the detectors, and the result.
 
-- `analyze`: `analyze(loaded, ...)` -> `Analysis`, the loop over (probe, detectors).
+- `analyze`: `analyze(loaded, ...)` -> `Analysis`, in steps: plan, run, score, assemble.
+- `meta`: `AnalysisMeta` (what a run records; `to_json()` is `Analysis.meta`) and `Timings`.
 - `runner`: one probe's batches through a model inside `capture(reduce=...)`.
 - `distributed`: batches dealt to torchrun processes and their statistics gathered.
 - `result`: `Analysis` (scores, labels, tables, meta, examples; save and load) and `Example`.

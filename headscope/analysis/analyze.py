@@ -12,17 +12,23 @@ twin (`headscope.loading.control`), whose score for the same head (`control`) an
 (`control_max`) join the table; labels follow `headscope.detectors.labels`. From the weights, the OV
 copying of every head and of its control twin (`headscope.head_geometry.ov_circuit.ov_table`) becomes
 `Analysis.ov`, which qualifies induction and duplicate-token labels (`headscope.detectors.labels.ov_qualifier`).
+
+`analyze` reads as its steps: `_plan` (detectors chosen, control resolved, probes built),
+`_run` (each probe's passes, each detector's `Finding`), `_score` (scores, labels and tables),
+the explorer examples, `_meta` (an `AnalysisMeta`, `headscope.analysis.meta`), and the optional
+validation; every step is timed by one `Timings`.
 """
 from __future__ import annotations
 
 import datetime
-import time
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional
 
 import pandas as pd
 import torch
 
 from .. import __version__
+from .meta import AnalysisMeta, Timings
 from .result import Analysis, Example
 from ..loading.control import resolve_control
 from ..detectors.registry import defaults, get
@@ -32,7 +38,8 @@ from ..detectors.labels import OV_COPIES_SHARE, OV_QUALIFIED, label_heads
 from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
 from ..probes.kinds import probe_settings
 from ..detectors.protocol import SCORE_COLUMNS
-from .runner import MAP_BUDGET, Progress, collect
+from ..detectors.protocol import Progress
+from .runner import MAP_BUDGET, collect_with_control
 from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
 
@@ -122,113 +129,158 @@ def analyze(
     Returns:
         An `Analysis`.
     """
-    started = time.perf_counter()
+    timings = Timings()
+    plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings)
+    run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings)
+    scored = _score(loaded, plan, run, seed, ov, timings)
+    with timings.step("explorer"):
+        examples = _explorer_examples(loaded, plan.built, explorer_examples, explorer_len) if explorer_examples else []
+    timings.total()
+    meta = _meta(loaded, plan, run, scored, seed, batch_size, ov, timings)
+    analysis = Analysis(scores=scored.scores, labels=scored.labels, meta=meta.to_json(), examples=examples,
+                        tables=scored.tables)
+    if not validate:
+        return analysis
+    with timings.step("validate"):
+        n_examples = min([8] + [probe.meta()["n_examples"] for probe in run.used(plan).values()])
+        frame = run_validation(loaded, analysis, seed=seed, n_examples=n_examples, probes=plan.given,
+                               batch_size=batch_size, progress=progress)
+    timings.total()
+    meta.timings = timings.rounded()
+    return replace(analysis, meta=meta.to_json(), validation=frame)
+
+
+@dataclass
+class _Plan:
+    """What `analyze` will run: the chosen detectors grouped by probe, the built probes, the control."""
+
+    detectors: list  # [Detector]
+    groups: dict  # probe name -> [Detector]
+    built: dict  # probe name -> built probe
+    given: list  # the probe settings the caller passed
+    asked: bool  # the caller named the detectors
+    twin: Optional[object]  # the control `Loaded`, or None
+    control: dict  # its description, meta["control"]
+
+
+@dataclass
+class _Run:
+    """What the probes' passes left: each detector's `Finding`, and how each probe ran."""
+
+    findings: dict = field(default_factory=dict)  # detector name -> Finding
+    how: dict = field(default_factory=dict)  # probe name -> "lazy", "maps", ... (meta["probes"][name]["patterns"])
+    sink_layers: set = field(default_factory=set)
+    skipped: dict = field(default_factory=dict)  # detector name -> why it could not score the model
+
+    def used(self, plan: _Plan) -> dict:
+        """The built probes some detector that scored read."""
+        return {name: plan.built[name] for name, group in plan.groups.items()
+                if any(d.name in self.findings for d in group)}
+
+
+@dataclass
+class _Scored:
+    """The scores table, the labels, and the tables (the OV circuit's and the detectors')."""
+
+    scores: object  # pandas.DataFrame with SCORE_COLUMNS
+    labels: object  # pandas.DataFrame with LABEL_COLUMNS
+    tables: dict  # name -> pandas.DataFrame
+    ov_skipped: str  # why the OV table is missing ("" when computed)
+
+
+def _plan(loaded, detectors, probes, batch_size, control, seed, timings) -> _Plan:
+    """Choose the detectors, resolve the control twin, build each probe they read."""
     given = list(probes or ())
     settings = probe_settings(given)
     dets = _chosen(loaded, detectors, batch_size)
-    timings = {}
-    t = time.perf_counter()
-    twin, control_meta = resolve_control(loaded, control, seed)
-    timings["control_init"] = time.perf_counter() - t
-    t = time.perf_counter()
-    groups = {name: [d for d in dets if d.probe == name] for name in dict.fromkeys(d.probe for d in dets)}
-    built = {name: settings[name].build(loaded, seed) for name in groups}
-    for name, probe in built.items():
-        loaded.check_fits(f"the {name} probe", probe.seq_len)
-    timings["probes"] = time.perf_counter() - t
+    with timings.step("control_init"):
+        twin, control_meta = resolve_control(loaded, control, seed)
+    with timings.step("probes"):
+        groups = {name: [d for d in dets if d.probe == name] for name in dict.fromkeys(d.probe for d in dets)}
+        built = {name: settings[name].build(loaded, seed) for name in groups}
+        for name, probe in built.items():
+            loaded.check_fits(f"the {name} probe", probe.seq_len)
+    return _Plan(dets, groups, built, given, detectors is not None, twin, control_meta)
 
-    findings, how, sink_layers, skipped = {}, {}, set(), {}
-    asked = detectors is not None
-    for name, probe_dets in groups.items():
+
+def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings) -> _Run:
+    """Each probe's batches through the model and the twin, then every detector's `Finding`."""
+    run = _Run()
+    for name, probe_dets in plan.groups.items():
         patterned = [d for d in probe_dets if d.run is None]  # the others run their own passes
         model, twin_values = {}, {}
         if patterned:
-            t = time.perf_counter()
-            model, how[name], sinks = collect(loaded, built[name], patterned, batch_size, progress, lazy,
-                                              map_budget=map_budget)
-            sink_layers.update(sinks)
-            timings[f"probe_{name}"] = time.perf_counter() - t
-            if twin is not None:
-                t = time.perf_counter()
-                twin_values = collect(twin, built[name], patterned, batch_size, progress, lazy,
-                                      stage=f"probe {name} (control)", map_budget=map_budget)[0]
-                timings[f"probe_{name}_control"] = time.perf_counter() - t
+            model, twin_values, run.how[name], sinks = collect_with_control(
+                loaded, plan.twin, plan.built[name], patterned, batch_size, timings, progress, lazy,
+                map_budget=map_budget)
+            run.sink_layers.update(sinks)
         for det in probe_dets:
-            t = time.perf_counter()
             try:
                 if det.run is None:
-                    findings[det.name] = det.finalize(model[det.name], twin_values.get(det.name), built[name], seed)
+                    run.findings[det.name] = det.finalize(model[det.name], twin_values.get(det.name), plan.built[name],
+                                                          seed)
                 else:  # model and control twin, its own forward passes
-                    findings[det.name] = det.run(loaded, twin, built[name], seed, progress)
-                    how[name] = "the detector's own passes"
-                    timings[f"probe_{name}"] = timings.get(f"probe_{name}", 0.0) + time.perf_counter() - t
+                    with timings.step(f"probe_{name}"):
+                        run.findings[det.name] = det.run(loaded, plan.twin, plan.built[name], seed, progress)
+                    run.how[name] = "the detector's own passes"
             except CannotScore as err:
-                if asked or any(p.name == name for p in given):  # asked for: say why it cannot run
+                if plan.asked or any(p.name == name for p in plan.given):  # asked for: say why it cannot run
                     raise
-                skipped[det.name] = str(err)  # among the defaults (a short context, say) it is left out
+                run.skipped[det.name] = str(err)  # among the defaults (a short context, say) it is left out
+    return run
 
-    t = time.perf_counter()
-    dets = [d for d in dets if d.name in findings]
-    frames = [findings[d.name].rows[SCORE_COLUMNS] for d in dets]
-    scores = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCORE_COLUMNS)
-    names = {key: label for d in dets for key, label in findings[d.name].names.items()}
-    labels = label_heads(scores, {d.name: d for d in dets}, names)
-    timings["statistics"] = time.perf_counter() - t
+
+def _score(loaded, plan, run, seed, ov, timings) -> _Scored:
+    """Every finding's rows joined and labelled; the OV table; the detectors' tables by name."""
+    dets = [d for d in plan.detectors if d.name in run.findings]
+    with timings.step("statistics"):
+        frames = [run.findings[d.name].rows[SCORE_COLUMNS] for d in dets]
+        scores = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCORE_COLUMNS)
+        names = {key: label for d in dets for key, label in run.findings[d.name].names.items()}
+        labels = label_heads(scores, {d.name: d for d in dets}, names)
     ov_frame, ov_skipped = None, "not asked for (ov=False)"
     if ov:
-        t = time.perf_counter()
-        qualified = labels[labels.label.isin(OV_QUALIFIED)]  # copy_top1 only where it qualifies a label: cost
-        heads = {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])}
-        ov_frame, ov_skipped = ov_table(loaded, twin, heads, seed=seed)
-        timings["ov"] = time.perf_counter() - t
-    t = time.perf_counter()
-    examples = _explorer_examples(loaded, built, explorer_examples, explorer_len) if explorer_examples else []
-    timings["explorer"] = time.perf_counter() - t
-    timings["total"] = time.perf_counter() - started
-    used = {name: built[name] for name, group in groups.items() if any(d.name in findings for d in group)}
-    meta = _meta(loaded, dets, used, seed, timings, batch_size)
-    meta["control"] = control_meta
-    for name, probe in built.items():
-        meta.update(probe.extra_meta)
-    if skipped:
-        meta["skipped_detectors"] = skipped
-    for name in used:
-        meta["probes"][name]["patterns"] = how[name]
-    if sink_layers:
-        meta["notes"] = [SINK_NOTE.format(n=len(sink_layers), total=loaded.n_layers)]
-    meta["ov"] = {"n_tokens": OV_TOKENS, "copy_top1_of": list(OV_QUALIFIED), "fold_norms": True,
-                  "copies_share": OV_COPIES_SHARE, "skipped": ov_skipped}
-    if ov and ov_skipped:
-        meta.setdefault("notes", []).append(f"OV copying not computed: {ov_skipped}")
-    analysis = Analysis(scores=scores, labels=labels, meta=meta, examples=examples, ov=ov_frame)
+        with timings.step("ov"):
+            qualified = labels[labels.label.isin(OV_QUALIFIED)]  # copy_top1 only where it qualifies a label: cost
+            heads = {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])}
+            ov_frame, ov_skipped = ov_table(loaded, plan.twin, heads, seed=seed)
+    tables = {"ov": ov_frame} if ov_frame is not None else {}
     for det in dets:
-        meta.update(findings[det.name].meta)
-        for attribute, table in findings[det.name].tables.items():
-            setattr(analysis, attribute, table)
-    if validate:
-        t = time.perf_counter()
-        n_examples = min([8] + [probe.meta()["n_examples"] for probe in used.values()])
-        analysis.validation = run_validation(loaded, analysis, seed=seed, n_examples=n_examples, probes=given,
-                                             batch_size=batch_size, progress=progress)
-        meta["timings"]["validate"] = round(time.perf_counter() - t, 3)
-        meta["timings"]["total"] = round(time.perf_counter() - started, 3)
-    return analysis
+        for name, table in run.findings[det.name].tables.items():
+            if name in tables:
+                raise HeadscopeError(f"detector {det.name!r} returns a table {name!r}, which the analysis already has")
+            tables[name] = table
+    return _Scored(scores, labels, tables, ov_skipped)
 
 
-def _meta(loaded, dets, probes, seed, timings, batch_size) -> dict:
+def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisMeta:
+    """What the run records (`AnalysisMeta`); `to_json()` is `Analysis.meta`."""
     import transformers  # heavy: imported when an analysis is made, not with headscope
 
     config = loaded.model.config
-    return {
-        "model": loaded.name, "family": loaded.family, "causal": loaded.causal,
-        "n_layers": loaded.n_layers, "n_heads": loaded.n_heads,
-        "n_kv_heads": getattr(config, "num_key_value_heads", None) or loaded.n_heads,
-        "parameters": sum(p.numel() for p in loaded.model.parameters()),
-        "device": str(loaded.device), "dtype": str(loaded.model.dtype).replace("torch.", ""),
-        "probes": {name: probe.meta() for name, probe in probes.items()},
-        "batch_size": batch_size, "seed": seed,
-        "versions": {"headscope": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
-        "timings": {k: round(v, 3) for k, v in timings.items()},
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "detectors": {d.name: d.describe() for d in dets},
-    }
+    used = run.used(plan)
+    probes = {name: probe.meta() for name, probe in used.items()}
+    for name in used:
+        probes[name]["patterns"] = run.how[name]
+    notes = [SINK_NOTE.format(n=len(run.sink_layers), total=loaded.n_layers)] if run.sink_layers else []
+    if ov and scored.ov_skipped:
+        notes.append(f"OV copying not computed: {scored.ov_skipped}")
+    return AnalysisMeta(
+        model=loaded.name, family=loaded.family, causal=loaded.causal,
+        n_layers=loaded.n_layers, n_heads=loaded.n_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or loaded.n_heads,
+        parameters=sum(p.numel() for p in loaded.model.parameters()),
+        device=str(loaded.device), dtype=str(loaded.model.dtype).replace("torch.", ""),
+        probes=probes, batch_size=batch_size, seed=seed,
+        versions={"headscope": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
+        timings=timings.rounded(),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        detectors={d.name: d.describe() for d in plan.detectors if d.name in run.findings},
+        control=plan.control,
+        ov={"n_tokens": OV_TOKENS, "copy_top1_of": list(OV_QUALIFIED), "fold_norms": True,
+            "copies_share": OV_COPIES_SHARE, "skipped": scored.ov_skipped},
+        skipped_detectors=run.skipped, notes=notes,
+        probe_entries={key: value for probe in plan.built.values() for key, value in probe.extra_meta.items()},
+        detector_entries={key: value for d in plan.detectors if d.name in run.findings
+                          for key, value in run.findings[d.name].meta.items()},
+    )

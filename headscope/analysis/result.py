@@ -1,27 +1,27 @@
-"""The result of `headscope.analyze`: per-head scores, labels, metadata and example patterns.
+"""The result of `headscope.analyze`: per-head scores, labels, metadata, tables and example patterns.
 
 - `Analysis`: `.scores` (layer, head, detector, score, ci_low, ci_high, n, control,
   control_max: the control model's score for the head and its best over heads), `.labels` (layer,
-  head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), `.syntax`
-  (per-relation scores, when the syntactic detector ran), `.retrieval` and `.needles` (per-length
-  retrieval scores and per-needle-example accuracy, when the retrieval detector ran) and `.validation` (what ablating each
-  label's heads did, when `headscope.validate` ran) and `.geometry` (a `GeometryResult`:
-  subspaces, pattern similarity, importance, pruning curve, when `headscope.add_geometry` ran;
-  `with_geometry(result)` attaches one; saved in the folder's `geometry/`) and `.ov` (every
-  head's OV copying and its control twin's, `headscope.head_geometry.ov_circuit.OV_COLUMNS`, when analyze
-  computed it; saved as ov.csv).
+  head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), `.tables` (name ->
+  DataFrame: every detector's `Finding.tables` and the OV circuit's `ov`, each saved as
+  `<name>.csv`; a table also reads as an attribute, `analysis.my_table`, and `.syntax`,
+  `.retrieval`, `.needles`, `.ov`, once fields, read as None when absent), `.validation` (what ablating each label's heads did, when
+  `headscope.validate` ran) and `.geometry` (a `GeometryResult`: subspaces, pattern similarity,
+  importance, pruning curve, when `headscope.add_geometry` ran; `with_geometry(result)` attaches
+  one; saved in the folder's `geometry/`).
 - `Analysis.save(dir)` / `Analysis.load(dir)`: a folder of CSV and JSON files, written
-  atomically (a temporary folder renamed into place).
+  atomically (a temporary folder renamed into place). Every other `<name>.csv` of the folder
+  is a table, so folders of any version load.
 - `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
   rounded) to keep reports small.
 - `atomic_dir` (from `headscope.atomic`): the temporary folder renamed into place.
-The validation table's CSV helpers are imported where used: `headscope.causal` needs torch,
-which `headscope report` (reading an analysis) should not load.
+Column lists and the validation table's CSV form come from `headscope.tables` (no torch).
 """
 from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -29,6 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..atomic import atomic_dir
+from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, read_csv, write_csv
 from ..errors import HeadscopeError
 from ..report.notebook import analysis_html, analysis_text
 from ..report.plotting import plot_head, plot_labels, plot_scores, plot_syntax
@@ -36,11 +37,12 @@ from ..head_geometry.tables import GEOMETRY_FOLDER, read_geometry_tables, write_
 
 __all__ = ["Analysis", "Example", "atomic_dir"]
 
-SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
-LABEL_COLUMNS = ["layer", "head", "label", "score", "labels"]
-SYNTAX_COLUMNS = ["layer", "head", "relation", "direction", "accuracy", "baseline", "n"]
-# Tables saved as `<attribute>.csv` when present: the detectors' (`Finding.tables`) and the OV circuit's (`ov`).
-TABLES = ("syntax", "retrieval", "needles", "ov")
+OWN_FILES = ("scores", "labels", "validation")  # <name>.csv files that are not tables
+# Tables that were fields of `Analysis` before it kept one mapping: they still read as None when absent
+# (`analysis.syntax is None`). Any other absent name raises AttributeError, so duck typing
+# (`hasattr(x, "best")`) still tells an analysis from other results. Saving and loading name no table.
+FORMER_FIELDS = ("syntax", "retrieval", "needles", "ov")
+TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a file stem and an attribute name
 
 
 @dataclass
@@ -82,20 +84,56 @@ class Example:
         return cls(probe, index, list(tokens), np.clip(np.rint(arr * 255.0), 0, 255).astype(np.uint8))
 
 
-@dataclass
+@dataclass(init=False)
 class Analysis:
-    """Scores, labels and metadata of one model's heads; see the module docstring."""
+    """Scores, labels, tables and metadata of one model's heads; see the module docstring.
+
+    `Analysis(scores, labels, meta, examples, tables={"syntax": frame})`; a table may also be
+    passed by name (`syntax=frame`) and set as an attribute (`analysis.syntax = frame`); None
+    leaves it out.
+    """
 
     scores: Any  # pandas.DataFrame
     labels: Any  # pandas.DataFrame
     meta: dict
     examples: list[Example] = field(default_factory=list)
-    syntax: Optional[Any] = None  # pandas.DataFrame or None
-    retrieval: Optional[Any] = None  # pandas.DataFrame (layer, head, length, score, n) or None
-    needles: Optional[Any] = None  # pandas.DataFrame (length, depth, needle, accuracy, counted) or None
+    tables: dict = field(default_factory=dict)  # name -> pandas.DataFrame, saved as <name>.csv
     validation: Optional[Any] = None  # pandas.DataFrame from headscope.validate, or None
     geometry: Optional[Any] = None  # headscope.head_geometry.tables.GeometryResult, or None
-    ov: Optional[Any] = None  # pandas.DataFrame of OV copying per head (headscope.head_geometry.ov_circuit.ov_table), or None
+
+    def __init__(self, scores, labels, meta, examples=None, tables=None, validation=None, geometry=None, **named):
+        self.scores, self.labels, self.meta = scores, labels, meta
+        self.examples = [] if examples is None else examples
+        self.tables = {}
+        for name, table in {**(tables or {}), **named}.items():
+            self._set_table(name, table)
+        self.validation, self.geometry = validation, geometry
+
+    def __getattr__(self, name: str):
+        """A table by name (`analysis.syntax`, `analysis.my_table`)."""
+        tables = self.__dict__.get("tables")  # absent while copy or pickle rebuilds the object
+        if tables is not None and name in tables:
+            return tables[name]
+        if name in FORMER_FIELDS:
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute or table {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name.startswith("_") or name in self.__dataclass_fields__:
+            object.__setattr__(self, name, value)
+        else:
+            self._set_table(name, value)
+
+    def _set_table(self, name: str, value) -> None:
+        if (not TABLE_NAME.match(name) or name in OWN_FILES or name in self.__dataclass_fields__
+                or hasattr(type(self), name)):
+            raise HeadscopeError(f"{name!r} cannot name a table: tables are saved as <name>.csv and read as "
+                                 f"attributes, so the name must be an identifier other than the analysis's own "
+                                 f"({', '.join(OWN_FILES)}, the fields and methods)")
+        if value is None:
+            self.tables.pop(name, None)
+        else:
+            self.tables[name] = value
 
     @property
     def n_layers(self) -> int:
@@ -154,8 +192,8 @@ class Analysis:
         return analysis_text(self)
 
     def save(self, directory, *, force: bool = False) -> Path:
-        """Write scores.csv, labels.csv, meta.json, examples.json (and syntax.csv, retrieval.csv,
-        needles.csv, ov.csv, validation.csv, geometry/) atomically.
+        """Write scores.csv, labels.csv, meta.json, examples.json, `<name>.csv` for each table
+        (and validation.csv, geometry/) atomically.
 
         Args:
             directory: target folder; must not exist unless `force`.
@@ -174,12 +212,9 @@ class Analysis:
         self.labels[LABEL_COLUMNS].to_csv(folder / "labels.csv", index=False)
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
         (folder / "examples.json").write_text(json.dumps([e.to_json() for e in self.examples]))
-        for name in TABLES:
-            if getattr(self, name) is not None:
-                getattr(self, name).to_csv(folder / f"{name}.csv", index=False)
+        for name, table in self.tables.items():
+            table.to_csv(folder / f"{name}.csv", index=False)
         if self.validation is not None:
-            from ..causal import write_csv
-
             write_csv(self.validation, folder / "validation.csv")
         if self.geometry is not None:
             write_geometry_tables(self.geometry, folder / GEOMETRY_FOLDER)
@@ -203,14 +238,13 @@ class Analysis:
             meta = json.loads((folder / "meta.json").read_text())
             examples_file = folder / "examples.json"
             examples = [Example.from_json(e) for e in json.loads(examples_file.read_text())] if examples_file.exists() else []
-            tables = {name: pd.read_csv(folder / f"{name}.csv") for name in TABLES if (folder / f"{name}.csv").exists()}
+            tables = {path.stem: pd.read_csv(path) for path in sorted(folder.glob("*.csv"))
+                      if path.stem not in OWN_FILES and TABLE_NAME.match(path.stem)}
             validation = None
             if (folder / "validation.csv").exists():
-                from ..causal import read_csv
-
                 validation = read_csv(folder / "validation.csv")
             geometry = read_geometry_tables(folder / GEOMETRY_FOLDER) if (folder / GEOMETRY_FOLDER).is_dir() else None
         except (ValueError, KeyError, OSError) as err:
             raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
-        return cls(scores=scores, labels=labels, meta=meta, examples=examples, validation=validation, geometry=geometry,
-                   **tables)
+        return cls(scores=scores, labels=labels, meta=meta, examples=examples, tables=tables, validation=validation,
+                   geometry=geometry)

@@ -6,21 +6,22 @@
   reducers return is kept (on the CPU). When every detector is `lazy` the layer runs the fused
   kernel and the reducers get a `LazyPattern`; otherwise each layer's map is computed, a group
   of heads at a time when it would exceed `MAP_BUDGET`.
+- `collect_with_control(loaded, twin, probe, detectors, batch_size, timings, ...)`: the same on
+  the model and on its control twin (None: no twin), each pass timed; what `analyze` and
+  `run_syntax` run.
 - Under torchrun the batches are dealt across processes and the results gathered in order.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from .distributed import gather, mine, rank_and_size
 from ..hf.capture import capture
-from ..detectors.protocol import Collected
+from ..detectors.protocol import Collected, Progress
 
-__all__ = ["collect", "Progress", "MAP_BUDGET"]
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
+__all__ = ["collect", "collect_with_control", "Progress", "MAP_BUDGET"]
 
 MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
 
@@ -95,3 +96,28 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     collected = {det.name: Collected(batches, [{layer: b[layer][det.name] for layer in b} for b in per_batch],
                                      loaded.n_layers, loaded.n_heads) for det in detectors}
     return collected, how, sink_layers
+
+
+def collect_with_control(loaded, twin, probe, detectors, batch_size: int, timings, progress: Optional[Progress] = None,
+                         lazy: bool = True, stage: Optional[str] = None, map_budget: int = MAP_BUDGET):
+    """`collect` on the model, then on the control twin.
+
+    Args:
+        loaded, probe, detectors, batch_size, progress, lazy, map_budget: as for `collect`.
+        twin: the control `Loaded`, or None.
+        timings: a `headscope.analysis.meta.Timings`; the passes count as "probe_NAME" and
+            "probe_NAME_control".
+        stage: the progress stage (default "probe NAME"; the twin's is "STAGE (control)").
+    Returns:
+        `(model values, twin values ({} without a twin), how, sink_layers)`, as from `collect`.
+    """
+    stage = stage or f"probe {probe.name}"
+    with timings.step(f"probe_{probe.name}"):
+        model, how, sinks = collect(loaded, probe, detectors, batch_size, progress, lazy, stage=stage,
+                                    map_budget=map_budget)
+    twin_values = {}
+    if twin is not None:
+        with timings.step(f"probe_{probe.name}_control"):
+            twin_values = collect(twin, probe, detectors, batch_size, progress, lazy, stage=f"{stage} (control)",
+                                  map_budget=map_budget)[0]
+    return model, twin_values, how, sinks

@@ -8,25 +8,25 @@ Offers:
 
 Each layer's pattern ``[batch, head, query, key]`` is reduced on the spot to the predicted
 partner word of every word, ``[batch, head, word]`` small integers; attention maps are never
-kept. `headscope.analyze` runs the same detector on the same probe in its loop.
+kept. `headscope.analyze` runs the same detector on the same probe in its loop, through the
+same `collect_with_control`; `run_syntax` then keeps the detector's full tables.
 """
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 from ..detectors.syntax.crossfit import THRESHOLD
 from ..detectors.syntax.detector import syntactic
 from ..detectors.syntax.scoring import MIN_ARCS
+from ..detectors.protocol import Progress
 from ..errors import HeadscopeError
 from ..probes.treebank import CAUSAL_NOTE, TreebankProbe
-from .runner import collect
+from .meta import Timings
+from .runner import collect_with_control
 
 __all__ = ["run_syntax", "SyntaxResult", "CAUSAL_NOTE"]
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 @dataclass
@@ -79,19 +79,18 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
         HeadscopeError: no sentences, invalid trees, bad arguments, every sentence longer
             than the context, or no relation with ``min_arcs`` arcs.
     """
-    started = time.perf_counter()
+    timings = Timings()
     if batch_size < 1 or min_arcs < 1:
         raise HeadscopeError(f"batch_size and min_arcs must be at least 1 (got {batch_size}, {min_arcs})")
     probe = TreebankProbe(sentences, max_sentences).build(loaded, seed)
     detector = dataclasses.replace(syntactic, min_arcs=min_arcs, threshold=threshold)
-    model = collect(loaded, probe, [detector], batch_size, progress, stage="syntax")[0][detector.name]
-    twin = None
-    if control is not None:
-        twin = collect(control, probe, [detector], batch_size, progress, stage="syntax (control)")[0][detector.name]
-    scored = detector.score_sentences(model, twin, probe, seed)
+    model, twin, _, _ = collect_with_control(loaded, control, probe, [detector], batch_size, timings, progress,
+                                             stage="syntax")
+    scored = detector.score_sentences(model[detector.name], twin.get(detector.name), probe, seed)
+    timings.total()
     meta = {"n_sentences": len(probe.sentences), "skipped": probe.skipped, "n_arcs": int(len(probe.arcs.sentence)),
             "causal": loaded.causal, "bos_added": probe.bos_added, "max_sentences": max_sentences,
             "min_arcs": min_arcs, "threshold": threshold, "seed": seed, "control": control is not None,
-            "seconds": round(time.perf_counter() - started, 3)}
+            "seconds": timings.rounded()["total"]}
     return SyntaxResult(table=scored["table"], best=scored["best"], head_scores=scored["heads"], notes=list(probe.notes),
                         meta=meta)

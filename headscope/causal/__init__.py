@@ -3,7 +3,8 @@
 - `validate(loaded, analysis, k=3, mode="mean", n_random=5, seed=0, n_examples=8, progress=None)`:
   per label, the damage of ablating its top-k heads (zero and mean) against k random heads
   from the same layers; a DataFrame (see `validate`'s docstring and docs/validation.md).
-- `write_csv(frame, path)`, `read_csv(path)`: save and load that frame without mangling it.
+- `write_csv(frame, path)`, `read_csv(path)`: save and load that frame without mangling it
+  (defined in `headscope.tables`, which needs no torch).
 - `ProbeRunner`, `EvalProbe`, `Measurement` and the probe builders (`headscope.causal.measure`):
   one probe's metric with any heads ablated.
 - `metric_for(loaded)`, `METRICS`; `icl_score`, `icl_positions` (Olsson et al. 2022).

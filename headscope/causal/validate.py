@@ -12,30 +12,24 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections import Counter
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 import numpy as np
 
 from ..errors import HeadscopeError
 from ..probes.kinds import PROBE_KINDS, TextProbe, probe_settings
-from ..detectors.registry import REGISTRY
-from ..detectors.registry import detector_spec
+from ..detectors.protocol import Progress
+from ..detectors.registry import REGISTRY, detector_spec
+from ..detectors.stats import random_head_draws
+from ..tables import VALIDATION_COLUMNS, read_csv, write_csv
 from .measure import METRICS, ProbeRunner, icl_positions, icl_score, masked_for_lm, metric_for
 
 __all__ = ["validate", "read_csv", "write_csv", "COLUMNS", "MODES", "ICL_LABEL", "SKIPPED", "probe_for"]
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
 MODES = ("zero", "mean")
 SKIPPED = frozenset({"none", "mixed"})
 ICL_LABEL = "icl_score"
-TEXT_COLUMNS = ("heads", "random_deltas", "random_heads")  # "10.10" must not come back as 10.1
-COLUMNS = [
-    "label", "mode", "primary", "metric", "probe", "heads", "n_heads", "baseline", "ablated", "delta",
-    "baseline_accuracy", "ablated_accuracy", "random_deltas", "random_mean", "random_max", "ratio",
-    "hurts_more", "random_heads",
-]
+COLUMNS = VALIDATION_COLUMNS
 
 
 def probe_for(label: str, meta: Optional[dict] = None) -> str:
@@ -246,19 +240,8 @@ def _random_draws(analysis, label, heads, n_random: int, seed: int) -> list[list
     """
     table = analysis.labels
     labelled = {(int(r.layer), int(r.head)) for r in table[table["label"] == label].itertuples(index=False)}
-    per_layer = Counter(layer for layer, _ in heads)
-    pools = {layer: [h for h in range(analysis.n_heads) if (layer, h) not in labelled] for layer in per_layer}
-    if any(len(pools[layer]) < count for layer, count in per_layer.items()):
-        return []
     rng = np.random.default_rng([seed, zlib.crc32(label.encode())])
-    draws = []
-    for _ in range(n_random):
-        draw = []
-        for layer in sorted(per_layer):
-            picked = rng.choice(pools[layer], size=per_layer[layer], replace=False)
-            draw += [(layer, int(h)) for h in sorted(picked)]
-        draws.append(draw)
-    return draws
+    return random_head_draws(heads, labelled, analysis.n_heads, n_random, rng) or []
 
 
 def _build_probe(loaded, name, settings, n_examples, icl_length, seed):
@@ -268,21 +251,3 @@ def _build_probe(loaded, name, settings, n_examples, icl_length, seed):
         return TextProbe(n_examples, icl_length).eval_probe(loaded, n_examples, seed, name="icl_text")
     kind = settings[name] if hasattr(settings[name], "eval_probe") else PROBE_KINDS[name]()
     return kind.eval_probe(loaded, n_examples, seed)
-
-
-def write_csv(frame, path) -> None:
-    """Write a `validate` frame as CSV (its `attrs` are not kept)."""
-    frame[COLUMNS].to_csv(path, index=False)
-
-
-def read_csv(path):
-    """Read a frame written by `write_csv`: head lists stay text ("10.10" is not the float 10.1),
-    `primary` and `hurts_more` are bools, the numbers floats (inf and NaN included)."""
-    import pandas as pd
-
-    frame = pd.read_csv(path, dtype={name: str for name in TEXT_COLUMNS}, keep_default_na=True)
-    for name in TEXT_COLUMNS:
-        frame[name] = frame[name].fillna("")
-    for name in ("primary", "hurts_more"):
-        frame[name] = frame[name].astype(str).str.lower().eq("true")
-    return frame[COLUMNS]

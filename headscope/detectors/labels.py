@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from ..tables import LABEL_COLUMNS
 from .registry import REGISTRY, detector_spec
 
 __all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "ov_qualified_labels", "ov_control_best",
@@ -170,4 +171,4 @@ def label_heads(scores, rules: dict, names: dict | None = None):
             label, score = candidates[0][1], candidates[0][2]
         rows.append({"layer": layer, "head": head, "label": label, "score": score,
                      "labels": ";".join(p[1] for p in passing)})
-    return pd.DataFrame(rows, columns=["layer", "head", "label", "score", "labels"])
+    return pd.DataFrame(rows, columns=LABEL_COLUMNS)

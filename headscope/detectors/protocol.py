@@ -45,6 +45,7 @@ import pandas as pd
 import torch
 
 from ..errors import HeadscopeError
+from ..tables import SCORE_COLUMNS
 from ..attention.pattern import Pattern, as_pattern
 from ..probes.base import ProbeBatch
 from .section import ReportSection
@@ -53,9 +54,9 @@ from .registry import REGISTRY, get, register
 from .variants import best_variant
 
 __all__ = ["Detector", "Collected", "Finding", "resolve", "masked_query_mean",
-           "score_patterns", "SCORE_COLUMNS"]
+           "score_patterns", "SCORE_COLUMNS", "Progress"]
 
-SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
+Progress = Callable[[str, int, int], None]  # fn(stage, done, total), called as forward passes finish
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..detectors import REGISTRY
+from ..detectors.registry import REGISTRY
 from ..errors import HeadscopeError
 from .data import detector_grids, label_grid
 from .geometry_data import geometry_data

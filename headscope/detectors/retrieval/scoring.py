@@ -39,7 +39,7 @@ handled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -52,15 +52,14 @@ from ...attention.kernel import expand_kv
 from ..labels import passes
 from ...probes.needle import NEEDLES, QUESTION, NeedleExample, needle_probe
 from ...probes.kinds import NeedleProbe
-from ..protocol import Detector, Finding
-from ..stats import bootstrap_mean_ci
+from ..protocol import Detector, Finding, Progress
+from ..stats import bootstrap_mean_ci, random_head_draws
 
 __all__ = ["RETRIEVAL", "THRESHOLD", "SUCCESS", "RetrievalResult", "retrieval_scores", "score_needles", "run_retrieval",
            "answer_rows", "copy_scores", "run_needle", "needle_copy_accuracy", "validate_retrieval"]
 
 THRESHOLD = 0.1  # Wu et al. 2024
 SUCCESS = 0.5  # share of answer tokens the model must predict for an example to count (their ROUGE > 50)
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 def answer_rows(q: torch.Tensor, k: torch.Tensor, queries: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
@@ -320,19 +319,9 @@ def validate_retrieval(loaded, result: RetrievalResult, k: int = 5, n_random: in
     import pandas as pd
 
     top = [(int(r.layer), int(r.head)) for r in result.top(k).itertuples(index=False)]
-    per_layer: dict[int, int] = {}
-    for layer, _ in top:
-        per_layer[layer] = per_layer.get(layer, 0) + 1
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(n_random):
-        draw = []
-        for layer in sorted(per_layer):
-            pool = [h for h in range(loaded.n_heads) if (layer, h) not in top]
-            if len(pool) < per_layer[layer]:
-                raise HeadscopeError(f"layer {layer} has too few other heads for a random draw")
-            draw += [(layer, int(h)) for h in sorted(rng.choice(pool, per_layer[layer], replace=False))]
-        draws.append(draw)
+    draws = random_head_draws(top, set(top), loaded.n_heads, n_random, np.random.default_rng(seed))
+    if draws is None:
+        raise HeadscopeError(f"a layer of the top {len(top)} heads has too few other heads for a random draw")
     examples = needle_probe(loaded.tokenizer, lengths, depths, n_needles, seed + 1)
     base = needle_copy_accuracy(loaded, examples)
     rows = [("none", [], base)]
