@@ -38,7 +38,7 @@ import math
 from typing import Optional
 
 from ..tables import LABEL_COLUMNS
-from .registry import REGISTRY, detector_spec
+from .registry import detector_specs
 
 __all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "ov_qualified_labels", "ov_control_best",
            "MIXED_MARGIN", "OV_COPIES_SHARE", "OV_QUALIFIED"]
@@ -51,13 +51,11 @@ def ov_qualified_labels(meta: Optional[dict] = None) -> tuple:
     """Names of the detectors whose labels claim a head copies what it attends to (`Detector.ov_qualified`).
 
     Args:
-        meta: an analysis's metadata: its recorded detectors first, then the other registered
-            ones; the registered description fills in what an older analysis did not record.
-            None: the registered detectors.
+        meta: an analysis's metadata: its recorded detectors (`registry.detector_specs`; the
+            registered description fills in what an older analysis did not record). None: the
+            registered detectors.
     """
-    meta = meta or {}
-    names = dict.fromkeys([*meta.get("detectors", {}), *REGISTRY])
-    return tuple(name for name in names if detector_spec(meta, name).get("ov_qualified"))
+    return tuple(name for name, spec in detector_specs(meta).items() if spec.get("ov_qualified"))
 
 
 def __getattr__(name: str):

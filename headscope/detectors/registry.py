@@ -5,36 +5,53 @@
 - `REGISTRY`: name -> `Detector`, a mapping that imports the built-ins the first time it is
   read (importing `headscope.detectors` registers nothing, and loads no torch).
 - `register(detector)`, `get(name)`, `names()`, `defaults(causal)`.
-- `detector_spec(meta, label)`: what an analysis recorded about a label's detector; the registry
-  is consulted only for what the analysis did not record, so a saved analysis is read without it.
+- `detector_spec(meta, label)`, `detector_specs(meta)`: what an analysis recorded about its
+  detectors; the registry is consulted only for what the analysis did not record, so a saved
+  analysis is read without it (and without torch).
+- `report_section(name)`: a detector's report section, a built-in's read without the detector.
 """
 from __future__ import annotations
 
 from collections.abc import MutableMapping
 from importlib import import_module
+from typing import NamedTuple, Optional
 
 from ..errors import HeadscopeError
 
-__all__ = ["BUILTINS", "REGISTRY", "SPEC_FIELDS", "register", "get", "names", "defaults", "detector_spec"]
+__all__ = ["BUILTINS", "Builtin", "REGISTRY", "SPEC_FIELDS", "register", "get", "names", "defaults", "detector_spec",
+           "detector_specs", "report_section"]
+
+class Builtin(NamedTuple):
+    """Where a built-in detector is defined: `module.attribute`, registered as `name`; `section`
+    ("module:attribute") is its report section (`Detector.report`), which the report reads
+    without importing the detector (and torch)."""
+
+    name: str
+    module: str
+    attribute: str
+    section: Optional[str] = None
+
 
 BUILTINS = (
-    ("headscope.detectors.patterns.induction", "induction"),
-    ("headscope.detectors.patterns.duplicate_token", "duplicate_token"),
-    ("headscope.detectors.patterns.previous_token", "previous_token"),
-    ("headscope.detectors.patterns.next_token", "next_token"),
-    ("headscope.detectors.patterns.positional", "positional"),
-    ("headscope.detectors.patterns.rare_word", "rare_word"),
-    ("headscope.detectors.patterns.self_token", "self_attention"),
-    ("headscope.detectors.patterns.sink", "sink"),
-    ("headscope.detectors.patterns.uniform", "uniform"),
-    ("headscope.detectors.syntax.detector", "syntactic"),  # after the pattern detectors: its rows follow theirs
-    ("headscope.detectors.retrieval.scoring", "RETRIEVAL"),  # opt-in; runs its own passes on the needle probe
+    Builtin("induction", "headscope.detectors.patterns.induction", "induction"),
+    Builtin("duplicate_token", "headscope.detectors.patterns.duplicate_token", "duplicate_token"),
+    Builtin("previous_token", "headscope.detectors.patterns.previous_token", "previous_token"),
+    Builtin("next_token", "headscope.detectors.patterns.next_token", "next_token"),
+    Builtin("positional", "headscope.detectors.patterns.positional", "positional"),
+    Builtin("rare_word", "headscope.detectors.patterns.rare_word", "rare_word"),
+    Builtin("self", "headscope.detectors.patterns.self_token", "self_attention"),
+    Builtin("sink", "headscope.detectors.patterns.sink", "sink"),
+    Builtin("uniform", "headscope.detectors.patterns.uniform", "uniform"),
+    # after the pattern detectors: its rows follow theirs
+    Builtin("syntactic", "headscope.detectors.syntax.detector", "syntactic", "headscope.detectors.syntax.report:SECTION"),
+    # opt-in; runs its own passes on the needle probe
+    Builtin("retrieval", "headscope.detectors.retrieval.scoring", "RETRIEVAL"),
 )
 
 # What `Detector.describe()` records in `meta["detectors"]`: an analysis that recorded all of
 # them for a detector is read without the registry.
 SPEC_FIELDS = ("formula", "threshold", "source", "probe", "learned", "outranks_resting", "gate", "quantity",
-               "variants", "colour", "short", "icl_check", "report_rule")
+               "variants", "colour", "short", "icl_check", "report_rule", "ov_qualified")
 
 
 class _Registry(MutableMapping):
@@ -49,11 +66,21 @@ class _Registry(MutableMapping):
             self._loaded = True
             added = dict(self._detectors)
             self._detectors.clear()
-            for module, attribute in BUILTINS:
-                detector = getattr(import_module(module), attribute)
+            for builtin in BUILTINS:
+                detector = getattr(import_module(builtin.module), builtin.attribute)
+                if detector.name != builtin.name:
+                    raise RuntimeError(f"BUILTINS names {builtin.name!r} but {builtin.module} defines {detector.name!r}")
                 self._detectors[detector.name] = detector
             self._detectors.update(added)
         return self._detectors
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def added(self) -> dict:
+        """What was registered so far, without loading the built-ins."""
+        return dict(self._detectors)
 
     def __getitem__(self, name):
         return self._load()[name]
@@ -108,8 +135,43 @@ def detector_spec(meta: dict, label: str) -> dict:
     analysis did not record; {} for a detector neither knows."""
     recorded = meta.get("detectors", {})
     name = label if label in recorded else label.split(":")[0]
-    if name in recorded and all(key in recorded[name] for key in SPEC_FIELDS):
-        return dict(recorded[name])
+    if _complete(recorded):  # a complete record describes the analysis alone
+        return dict(recorded.get(name, {}))
     name = label if label in recorded or label in REGISTRY else label.split(":")[0]
     known = REGISTRY[name].describe() if name in REGISTRY else {}
     return {**known, **recorded.get(name, {})}
+
+
+def _complete(recorded: dict) -> bool:
+    return bool(recorded) and all(all(key in spec for key in SPEC_FIELDS) for spec in recorded.values())
+
+
+def detector_specs(meta: Optional[dict] = None) -> dict:
+    """name -> spec (`Detector.describe()`) of the detectors an analysis knows, in registry order.
+
+    An analysis that recorded every field of every detector it ran (`meta["detectors"]`) is
+    described by that record alone: built-ins in `BUILTINS` order, then the others as recorded.
+    Otherwise (an older analysis, or `meta=None`) every registered detector, the record
+    overriding the registered description field by field.
+    """
+    recorded = (meta or {}).get("detectors", {})
+    if _complete(recorded):
+        order = {builtin.name: i for i, builtin in enumerate(BUILTINS)}
+        return {name: dict(recorded[name]) for name in sorted(recorded, key=lambda n: order.get(n, len(order)))}
+    return {name: detector_spec(meta or {}, name) for name in dict.fromkeys([*REGISTRY, *recorded])}
+
+
+def report_section(name: str):
+    """The report section of the detector registered as `name` (`Detector.report`), or None.
+    A built-in's is imported from where `BUILTINS` says, so the registry (and torch) stays
+    unloaded until something else needs it."""
+    added = REGISTRY.added()
+    if REGISTRY.loaded or name in added:
+        return REGISTRY[name].report if name in REGISTRY else None
+    for builtin in BUILTINS:
+        if builtin.name == name:
+            if builtin.section is None:
+                return None
+            module, attribute = builtin.section.split(":")
+            return getattr(import_module(module), attribute)
+    return None

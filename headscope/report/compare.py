@@ -103,8 +103,9 @@ def compare_data(a, b) -> CompareData:
         notes.append(f"Controls differ (a: {control_text(a.meta)}; b: {control_text(b.meta)}): learned-behaviour "
                      "labels were checked against an untrained twin in one analysis only, so label changes may come "
                      "from that alone.")
-    categories = label_categories(list(a.labels["label"].astype(str)) + list(b.labels["label"].astype(str)))
-    grid_a, grid_b = label_grid(a, categories), label_grid(b, categories)
+    both = {"detectors": {**a.meta.get("detectors", {}), **b.meta.get("detectors", {})}}
+    categories = label_categories(list(a.labels["label"].astype(str)) + list(b.labels["label"].astype(str)), both)
+    grid_a, grid_b = label_grid(a, categories, both), label_grid(b, categories, both)
 
     diffs, changed = (), ()
     if same_shape:

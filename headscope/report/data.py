@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from ..detectors.registry import REGISTRY  # the built-ins load when it is first read
+from ..detectors.registry import detector_specs
 from .geometry_data import GeometryData, geometry_data
 from .method import (
     HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, outranks_resting,
@@ -58,9 +58,11 @@ EXTRA_COLOURS = ("#2ca02c", "#e377c2", "#98df8a", "#ffbb78", "#aec7e8", "#c5b0d5
                  "#9edae5", "#dbdb8d", "#c49c94", "#ff9896", "#637939", "#7b4173", "#3182bd")
 
 
-def _fixed_colours() -> dict:
-    """label -> colour: registered detectors that have one (in registry order), then "mixed", "none"."""
-    return {**{name: d.colour for name, d in REGISTRY.items() if d.colour}, **OUTCOME_COLOURS}
+def _fixed_colours(meta: Optional[dict] = None) -> dict:
+    """label -> colour: the detectors that have one (in registry order; those an analysis recorded,
+    `registry.detector_specs`), then "mixed", "none"."""
+    return {**{name: spec["colour"] for name, spec in detector_specs(meta).items() if spec.get("colour")},
+            **OUTCOME_COLOURS}
 
 
 class LabelGrid(NamedTuple):
@@ -194,45 +196,49 @@ def report_data(analysis) -> ReportData:
     )
 
 
-def label_categories(labels) -> tuple:
-    """Order labels for the legend: headscope's detectors, other labels sorted, "mixed", "none"."""
+def label_categories(labels, meta: Optional[dict] = None) -> tuple:
+    """Order labels for the legend: headscope's detectors, other labels sorted, "mixed", "none"
+    (`meta`: the analysis's, whose recorded detectors are read instead of the registry)."""
     present = set(labels) - {""}
-    colours = _fixed_colours()
+    colours = _fixed_colours(meta)
     fixed = [label for label in colours if label in present and label not in OUTCOME_COLOURS]
     others = sorted(present - set(colours))
     return tuple(fixed + others + [label for label in ("mixed", "none") if label in present])
 
 
-def label_colour(label: str, categories: tuple) -> str:
+def label_colour(label: str, categories: tuple, meta: Optional[dict] = None) -> str:
     """A label's colour: its detector's own (`Detector.colour`), else by its rank among the other labels."""
-    colours = _fixed_colours()
+    colours = _fixed_colours(meta)
     if label in colours:
         return colours[label]
     others = [c for c in categories if c not in colours]
     return EXTRA_COLOURS[others.index(label) % len(EXTRA_COLOURS)]
 
 
-def short_label(label: str) -> str:
+def short_label(label: str, meta: Optional[dict] = None) -> str:
     """The abbreviation printed inside a label-map cell: the detector's own (`Detector.short`),
     else the part after a colon ("syntactic:obj" -> "obj") or the first five letters."""
     if label in _OUTCOME_SHORT:
         return _OUTCOME_SHORT[label]
-    detector = REGISTRY.get(label)
-    if detector is not None and detector.short:
-        return detector.short
+    spec = detector_specs(meta).get(label, {})
+    if spec.get("short"):
+        return spec["short"]
     return label.split(":", 1)[1][:6] if ":" in label else label[:5]
 
 
-def label_grid(analysis, categories: Optional[tuple] = None) -> LabelGrid:
+def label_grid(analysis, categories: Optional[tuple] = None, meta: Optional[dict] = None) -> LabelGrid:
     """The label map of an analysis.
 
     Args:
         analysis: a `headscope.analysis.Analysis`.
         categories: the legend's labels (default: those present); pass the union of two
             analyses' labels so both maps share colours.
+        meta: whose detectors' colours and abbreviations to use (default: the analysis's);
+            two analyses drawn side by side pass both analyses' detectors.
     Returns:
         A `LabelGrid`.
     """
+    meta = analysis.meta if meta is None else meta
     n_layers, n_heads = analysis.n_layers, analysis.n_heads
     labels = [["" for _ in range(n_heads)] for _ in range(n_layers)]
     passing = [["" for _ in range(n_heads)] for _ in range(n_layers)]
@@ -241,7 +247,7 @@ def label_grid(analysis, categories: Optional[tuple] = None) -> LabelGrid:
         labels[row.layer][row.head] = str(row.label)
         passing[row.layer][row.head] = "" if _missing(row.labels) else str(row.labels)
         scores[row.layer, row.head] = float(row.score)
-    categories = categories or label_categories(label for row in labels for label in row)
+    categories = categories or label_categories((label for row in labels for label in row), meta)
     index = np.array([[categories.index(label) if label else -1 for label in row] for row in labels], dtype=int)
     detector_lines = _detector_lines(analysis)
     ov = ov_lookup(analysis)
@@ -255,8 +261,8 @@ def label_grid(analysis, categories: Optional[tuple] = None) -> LabelGrid:
     )
     return LabelGrid(
         labels=tuple(map(tuple, labels)), passing=tuple(map(tuple, passing)), scores=scores, index=index,
-        categories=categories, colours=tuple(label_colour(c, categories) for c in categories),
-        short=tuple(tuple(short_label(label) for label in row) for row in labels), hover=hover,
+        categories=categories, colours=tuple(label_colour(c, categories, meta) for c in categories),
+        short=tuple(tuple(short_label(label, meta) for label in row) for row in labels), hover=hover,
         qualifiers=qualifiers,
     )
 
@@ -305,7 +311,7 @@ def top_heads(analysis, k: int = TOP_K) -> tuple:
     rows = []
     lookup = _score_rows(analysis)
     ov = ov_lookup(analysis)
-    for label in label_categories(analysis.labels["label"].astype(str)):
+    for label in label_categories(analysis.labels["label"].astype(str), analysis.meta):
         if label == "none":
             continue
         heads = analysis.labels[analysis.labels["label"] == label]

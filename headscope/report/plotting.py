@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..detectors.registry import REGISTRY
+from ..detectors.registry import report_section
 from ..errors import HeadscopeError
 from .data import detector_grids, label_grid
 from .geometry_data import geometry_data
@@ -150,10 +150,10 @@ def plot_section(source, detector: str):
     Raises:
         HeadscopeError: the detector has no report section, or `source` lacks its table.
     """
-    found = REGISTRY.get(detector)
-    if found is None or found.report is None:
+    section = report_section(detector)
+    if section is None:
         raise HeadscopeError(f"detector {detector!r} has no report section of its own")
-    return found.report.plot(source)
+    return section.plot(source)
 
 
 def plot_pattern(pattern, tokens, title: Optional[str] = None, head: Optional[int] = None):

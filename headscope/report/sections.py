@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..detectors.registry import REGISTRY  # the built-ins load when it is first read
+from ..detectors.registry import detector_specs, report_section
 from ..detectors.section import ReportSection, analysis_table
 
 __all__ = ["SectionData", "detector_sections", "section_data", "section_header", "section_warnings",
@@ -33,10 +33,10 @@ class SectionData:
 
 
 def detector_sections(meta: dict) -> tuple:
-    """`(name, ReportSection)` for the recorded detectors, then the other registered ones, that have a section."""
-    names = dict.fromkeys([*meta.get("detectors", {}), *REGISTRY])
-    return tuple((name, REGISTRY[name].report) for name in names
-                 if name in REGISTRY and REGISTRY[name].report is not None)
+    """`(name, ReportSection)` for the analysis's detectors that have a section, in registry order
+    (`registry.detector_specs`: the recorded ones, or every registered one for an older analysis)."""
+    found = ((name, report_section(name)) for name in detector_specs(meta))
+    return tuple((name, section) for name, section in found if section is not None)
 
 
 def section_data(analysis) -> tuple:

@@ -7,7 +7,7 @@ An ordinary `headscope.detectors.protocol.Detector` on the treebank probe:
         best position-only baseline and the control's best head, cross-fitted held-out margin
         with its 95% CI (``crossfit.score_arcs``); one row per head, label
         ``syntactic:<relation>`` when its CI lower bound is at least ``threshold`` (0.10).
-Its report section (tables, figure, treebank header) is ``report.SyntaxSection``. Formulas and
+Its report section (tables, figure, treebank header) is ``report.SECTION``. Formulas and
 sources in ``headscope.detectors.syntax`` and docs/syntax.md.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ...attention.pattern import as_pattern
 from ..protocol import Collected, Detector, Finding
 from .baselines import predictor_hits
 from .crossfit import THRESHOLD, score_arcs
-from .report import SyntaxSection
+from .report import SECTION
 from .scoring import MIN_ARCS, arc_hits, best_heads, predicted_partners, word_attention
 
 __all__ = ["SyntacticDetector", "syntactic", "predictions"]
@@ -98,5 +98,5 @@ syntactic = SyntacticDetector(
                  "of the treebank sentences and its margin over the best baseline is measured on the other half (both "
                  "halves, combined); the label needs that held-out margin's 95% CI lower bound ≥ {threshold:g}{control} "
                  "A head can be significant for several relations; its label names the clearest."),
-    report=SyntaxSection(),
+    report=SECTION,
 )

@@ -23,7 +23,7 @@ from ..section import (
     ReportSection, analysis_table, cell_flag, cell_number, cell_text, figure_style, plotly_text,
 )
 
-__all__ = ["SyntaxSection", "SyntaxData", "SyntaxBest", "SyntaxRelation", "syntax_best", "syntax_relations",
+__all__ = ["SECTION", "SyntaxSection", "SyntaxData", "SyntaxBest", "SyntaxRelation", "syntax_best", "syntax_relations",
            "syntax_figure", "treebank_text", "SYNTAX_ID", "SYNTAX_TABLE"]
 
 SYNTAX_ID = "hs-syntax"
@@ -225,3 +225,6 @@ class SyntaxSection(ReportSection):
             ]
         parts.append("</section>")
         return "\n".join(parts)
+
+
+SECTION = SyntaxSection()  # the syntactic detector's section (`Detector.report`, `registry.BUILTINS`)
