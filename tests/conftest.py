@@ -1,10 +1,7 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,9 +33,9 @@ def minilm():
 
 @pytest.fixture(scope="session")
 def planted_dir(tmp_path_factory) -> Path:
-    """The planted model of `tests/planted.py` saved once as a model folder, for what loads it
+    """The planted model of `tests/support/planted.py` saved once as a model folder, for what loads it
     by path (the command line, subprocesses, a test that needs its own copy to edit)."""
-    from planted import save_planted
+    from tests.support.planted import save_planted
 
     return save_planted(tmp_path_factory.mktemp("planted"))
 
@@ -71,7 +68,7 @@ def planted(planted_dir):
 
 @pytest.fixture(scope="session")
 def planted_positions(tmp_path_factory):
-    """The variant of `tests/planted_positions.py` (fixed-offset and rare-word heads), loaded once."""
-    from planted_positions import save_planted_positions
+    """The variant of `tests/support/planted_positions.py` (fixed-offset and rare-word heads), loaded once."""
+    from tests.support.planted_positions import save_planted_positions
 
     yield from _load_unchanged(save_planted_positions(tmp_path_factory.mktemp("planted-positions")))
