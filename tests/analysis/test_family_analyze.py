@@ -10,7 +10,7 @@ from headscope.analysis.analyze import SINK_NOTE, analyze
 from headscope.report import report_data, write_report
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from tests.support.planted import char_tokenizer
-from tests.support.tiny_families import tiny_model
+from tests.support.tiny import tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -22,7 +22,7 @@ SMALL = dict(detectors=PATTERN_DETECTORS, probes=[TextProbe(4, 24), RepeatedProb
 
 @pytest.mark.parametrize("family", ["gemma2", "qwen3", "phi3", "gpt_oss"])
 def test_analyze_labels_and_renders(family, tmp_path):
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     default = model.config._attn_implementation
     loaded = Loaded(model, char_tokenizer(), f"tiny-{family}", family, True)
     analysis = analyze(loaded, **SMALL)

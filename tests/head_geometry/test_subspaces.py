@@ -8,10 +8,10 @@ import torch
 from headscope.attention import MultiHeadAttention
 from headscope.hf.adapters import adapter_for, attention_blocks
 from headscope.head_geometry.subspaces import chance_overlap, effective_rank, subspace_overlap, subspace_tables
-from tests.support.tiny_families import FAMILIES, tiny_config, tiny_model
+from tests.support.tiny import INTERFACE_FAMILIES, tiny_config, tiny_model
 
 # Families whose adapter builds a MultiHeadAttention (MLA and t5 refuse from_hf by design).
-WITH_FROM_HF = [f for f in FAMILIES if not adapter_for(tiny_config(f)).no_from_hf]
+WITH_FROM_HF = [f for f in INTERFACE_FAMILIES if not adapter_for(tiny_config(f, kind="interface")).no_from_hf]
 
 
 def shared_heads(d_model=96, n_heads=3, seed=0):
@@ -89,7 +89,7 @@ def test_gqa_heads_of_one_group_share_keys_and_values():
 
 @pytest.mark.parametrize("family", WITH_FROM_HF)
 def test_every_family_through_from_hf(family):
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     modules = [MultiHeadAttention.from_hf(block, model.config) for _, block in attention_blocks(model)]
     pairs, heads = subspace_tables(modules)
     n = modules[0].config.n_heads

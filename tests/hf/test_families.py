@@ -1,5 +1,5 @@
-"""Every family on transformers' attention interface, as tiny random-init models (tiny_families.py):
-headscope inside the model changes nothing, its patterns are the model's eager ones, the lazy and
+"""Every family on transformers' attention interface, as tiny random-init models
+(tests/support/tiny.py, kind="interface"): headscope inside the model changes nothing, its patterns are the model's eager ones, the lazy and
 head-group paths score as the maps do, ablation acts and restores, and from_hf/verify agree with
 the model wherever the family table says they are available."""
 from pathlib import Path
@@ -16,12 +16,12 @@ from headscope.hf.families import OTHER, OUTSIDE_INTERFACE, family_markdown, fam
 from headscope.hf.from_hf import rotary_tables
 from headscope.hf.verify import _named_inputs
 from headscope.probes.base import ProbeBatch
-from tests.support.tiny_families import ENCODERS, FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
+from tests.support.tiny import ENCODERS, INTERFACE_FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
 from tests.support.contracts import assert_hook_contract
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-VERIFIED = [f for f in FAMILIES if not adapter_for(tiny_config(f)).no_from_hf]
+VERIFIED = [f for f in INTERFACE_FAMILIES if not adapter_for(tiny_config(f, kind="interface")).no_from_hf]
 
 
 def _eager_patterns(model, x):
@@ -33,10 +33,10 @@ def _eager_patterns(model, x):
         model.set_attn_implementation(default)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
 @torch.no_grad()
 def test_capture_keeps_outputs_and_patterns_match_eager(family):
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     x = tiny_inputs()
     valid = x["attention_mask"].bool()  # (B, T): padded positions carry no meaning
     default = model.config._attn_implementation
@@ -57,11 +57,11 @@ def _lazy_detectors(causal):
     return [d for d in detectors.REGISTRY.values() if d.lazy and not (causal and d.bidirectional_only)]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
 @torch.no_grad()
 def test_lazy_and_head_groups_score_as_the_maps(family):
     """analyze's two other paths: the fused/blockwise LazyPattern and head groups of 2."""
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     x = tiny_inputs(length=17)
     ids = x["input_ids"].clone()
     ids[:, 9:] = ids[:, 1:9]  # a repeat, so the copy detectors have targets
@@ -86,10 +86,10 @@ def test_lazy_and_head_groups_score_as_the_maps(family):
             torch.testing.assert_close(groups.results[layer][0][name], ref, atol=1e-5, rtol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
 @torch.no_grad()
 def test_ablate_changes_the_output_and_restores_it(family):
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     x = tiny_inputs()
     default = model.config._attn_implementation
     before = output_of(model(**x))
@@ -127,7 +127,7 @@ def _interface_inputs(model, x):
 @pytest.mark.parametrize("family", VERIFIED)
 @torch.no_grad()
 def test_verify_agrees_and_hook_q_k_are_what_the_model_attends_with(family):
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     x = tiny_inputs()
     table = headscope.verify(model, x)
     assert list(table.layer) == [0, 1]
@@ -161,9 +161,9 @@ def test_verify_agrees_and_hook_q_k_are_what_the_model_attends_with(family):
         torch.testing.assert_close(got["k"], key, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - set(VERIFIED)))
+@pytest.mark.parametrize("family", sorted(set(INTERFACE_FAMILIES) - set(VERIFIED)))
 def test_from_hf_and_verify_refuse_in_one_line(family):
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     _, block = attention_blocks(model)[0]
     calls = (lambda: MultiHeadAttention.from_hf(block, model.config), lambda: headscope.verify(model, tiny_inputs()))
     for call in calls:
@@ -175,7 +175,7 @@ def test_from_hf_and_verify_refuse_in_one_line(family):
 @pytest.mark.parametrize("family", VERIFIED)
 def test_from_hf_hooks_fire_once_with_declared_shapes(family):
     """Contract test of each adapter: every hook exists and fires once with its shape."""
-    assert_hook_contract(tiny_model(family))
+    assert_hook_contract(tiny_model(family, kind="interface"))
 
 
 @pytest.mark.parametrize("family, what", [("gemma2", "softcap"), ("gpt_oss", "sinks")])
@@ -183,7 +183,7 @@ def test_from_hf_hooks_fire_once_with_declared_shapes(family):
 def test_a_kernel_ignoring_softcap_or_sinks_would_fail(family, what, monkeypatch):
     """The matrix's soft-capping and sinks are strong enough to matter: dropping either from the
     kernel moves outputs and patterns far past the tolerances above."""
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     x = tiny_inputs()
     valid = x["attention_mask"].bool()
     before = output_of(model(**x))
@@ -203,7 +203,7 @@ def test_a_kernel_ignoring_softcap_or_sinks_would_fail(family, what, monkeypatch
 
 @torch.no_grad()
 def test_gpt_oss_pattern_rows_sum_to_less_than_one():
-    model = tiny_model("gpt_oss")
+    model = tiny_model("gpt_oss", kind="interface")
     x = tiny_inputs()
     with headscope.capture(model) as cap:
         model(**x)
@@ -212,11 +212,11 @@ def test_gpt_oss_pattern_rows_sum_to_less_than_one():
     assert cap.extras[0] == {"sinks"} and cap.extras[1] == {"sinks"}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
 def test_adapter_cores_are_the_modules_calling_the_interface(family):
     """Each adapter points at exactly the modules whose forward calls the attention interface
     (T5's adapter: the encoder's self-attention, the first of them)."""
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     mine = [core for _, core in core_modules(model)]
     found = discovered_cores(model)
     assert mine == found[:len(mine)] and len(mine) == model.config.num_hidden_layers
@@ -269,7 +269,7 @@ def test_t5_encoder_decoder_captures_encoder_self_attention():
     import transformers as tf
 
     torch.manual_seed(0)
-    model = tf.T5ForConditionalGeneration(tiny_config("t5")).eval()
+    model = tf.T5ForConditionalGeneration(tiny_config("t5", kind="interface")).eval()
     x = tiny_inputs()
     x["decoder_input_ids"] = x["input_ids"][:, :7]
     before = model(**x).logits
@@ -293,7 +293,7 @@ def test_family_table_is_the_matrix():
     row), the matrix covers at least 25 families, and README.md holds the table as generated."""
     rows = family_table()
     working = {r.model_type for r in rows if r.capture} - {OTHER}
-    assert working == set(FAMILIES) and len(FAMILIES) >= 25
+    assert working == set(INTERFACE_FAMILIES) and len(INTERFACE_FAMILIES) >= 25
     assert {r.model_type for r in rows if r.verify} == set(VERIFIED)
     assert {r.model_type for r in rows if not r.capture} == set(OUTSIDE_INTERFACE)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()

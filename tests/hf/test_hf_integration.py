@@ -5,7 +5,7 @@ import torch
 import headscope
 from headscope.attention import MultiHeadAttention
 from headscope.hf.adapters import attention_blocks
-from tests.support.tiny import FAMILIES, tiny_inputs, tiny_model
+from tests.support.tiny import ODD_FAMILIES, tiny_inputs, tiny_model
 from tests.support.contracts import assert_hook_contract
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -19,7 +19,7 @@ def _valid_positions(x):
     return x["attention_mask"].bool()  # (B, T): padded positions carry no meaning
 
 
-@pytest.fixture(params=FAMILIES)
+@pytest.fixture(params=ODD_FAMILIES)
 def family(request):
     return request.param
 

@@ -11,11 +11,11 @@ from headscope.hf.adapters import adapter_for, attention_blocks, core_modules
 from headscope.hf.from_hf import rotary_tables
 from headscope.hf.hooks import POINTS
 from headscope.hf.verify import _named_inputs
-from tests.support.tiny_families import FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
+from tests.support.tiny import INTERFACE_FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-VERIFIED = [f for f in FAMILIES if not adapter_for(tiny_config(f)).no_from_hf]
+VERIFIED = [f for f in INTERFACE_FAMILIES if not adapter_for(tiny_config(f, kind="interface")).no_from_hf]
 
 
 def _recorder(seen):
@@ -27,7 +27,7 @@ def _recorder(seen):
 @pytest.mark.parametrize("family", VERIFIED)
 @torch.no_grad()
 def test_inside_equals_alongside_hook_by_hook(family):
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     x = tiny_inputs()
     default = model.config._attn_implementation
     received, inside = {}, {}
@@ -70,7 +70,7 @@ def _logits(model, x):
 
 @torch.no_grad()
 def test_pattern_replaced_by_itself_is_bit_identical_and_uniform_changes_it():
-    model = tiny_model("llama")
+    model = tiny_model("llama", kind="interface")
     x = tiny_inputs()
     with headscope.model_hooks(model, {"layers.1.attn.hook_pattern": lambda p, h: None}):
         read_only = _logits(model, x)
@@ -94,7 +94,7 @@ def test_pattern_replaced_by_itself_is_bit_identical_and_uniform_changes_it():
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
 @torch.no_grad()
 def test_editing_z_equals_ablate(family):
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     x = tiny_inputs()
 
     def zero_head(z, hook):
@@ -113,7 +113,7 @@ def test_editing_z_equals_ablate(family):
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
 @torch.no_grad()
 def test_result_sums_to_the_output_and_edits_act(family):
-    model = tiny_model(family)
+    model = tiny_model(family, kind="interface")
     x = tiny_inputs()
     before = _logits(model, x)
     with headscope.model_hooks(model, {"layers.0.attn.hook_result": lambda r, h: r * 1.0}):
@@ -134,7 +134,7 @@ def test_result_sums_to_the_output_and_edits_act(family):
 
 @torch.no_grad()
 def test_filter_functions_wildcards_and_cleanup_on_exceptions():
-    model = tiny_model("gpt2")  # shared (functools.cache): earlier tests may have left transformers' own hooks
+    model = tiny_model("gpt2", kind="interface")  # shared (functools.cache): earlier tests may have left transformers' own hooks
     x = tiny_inputs()
     default = model.config._attn_implementation
     before = {name: dict(m._forward_hooks) for name, m in model.named_modules()}
@@ -155,7 +155,7 @@ def test_filter_functions_wildcards_and_cleanup_on_exceptions():
 
 @torch.no_grad()
 def test_cache_keeps_only_the_named_values_as_the_hooks_see_them():
-    model = tiny_model("qwen2")
+    model = tiny_model("qwen2", kind="interface")
     x = tiny_inputs()
     names = ["layers.1.attn.hook_pattern", "layers.*.attn.hook_z"]
     seen = {}

@@ -18,7 +18,7 @@ from headscope.loading.loader import Loaded
 from headscope.analysis.analyze import analyze
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import FAMILIES, tiny_model
+from tests.support.tiny import ODD_FAMILIES, tiny_model
 
 UD = Path(__file__).resolve().parents[3] / "shared" / "ud" / "en_ewt-ud-dev-1000.conllu"
 LEARNED = sorted(name for name, d in detectors.REGISTRY.items() if d.learned)
@@ -84,7 +84,7 @@ def test_control_columns_are_the_twins_scores():
 
 
 # gpt2 in the quick loop; each other family takes 20-200 s on 2 shared cores (slow, CI runs them).
-@pytest.mark.parametrize("family", [f if f == "gpt2" else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES])
+@pytest.mark.parametrize("family", [f if f == "gpt2" else pytest.param(f, marks=pytest.mark.slow) for f in ODD_FAMILIES])
 def test_random_model_earns_no_learned_label(family):
     loaded = _random(family)
     # The default analysis on the bundled treebank: every detector, 300 sentences.
