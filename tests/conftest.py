@@ -1,3 +1,6 @@
+"""Session fixtures shared by every test folder: the load cache, the two bundled models, and the
+planted models of `tests/support/` (each saved once by its factory, `save_planted` and
+`save_planted_positions`, and loaded once: `planted`, `planted_positions`)."""
 import os
 from pathlib import Path
 
@@ -40,6 +43,12 @@ def planted_dir(tmp_path_factory) -> Path:
     return save_planted(tmp_path_factory.mktemp("planted"))
 
 
+@pytest.fixture(scope="session")
+def planted_path(planted_dir) -> str:
+    """`planted_dir` as the string a command line takes."""
+    return str(planted_dir)
+
+
 def _load_unchanged(folder: Path):
     """Load a model folder for the whole session and, at its end, check that no test changed
     the shared model: weights, attention implementation and hooks as loaded."""
@@ -67,8 +76,15 @@ def planted(planted_dir):
 
 
 @pytest.fixture(scope="session")
-def planted_positions(tmp_path_factory):
-    """The variant of `tests/support/planted_positions.py` (fixed-offset and rare-word heads), loaded once."""
+def planted_positions_dir(tmp_path_factory) -> Path:
+    """The variant of `tests/support/planted_positions.py` (fixed-offset and rare-word heads) saved
+    once as a model folder, for what loads it by path."""
     from tests.support.planted_positions import save_planted_positions
 
-    yield from _load_unchanged(save_planted_positions(tmp_path_factory.mktemp("planted-positions")))
+    return save_planted_positions(tmp_path_factory.mktemp("planted-positions"))
+
+
+@pytest.fixture(scope="session")
+def planted_positions(planted_positions_dir):
+    """The variant loaded once for the session; tests read it and never change it."""
+    yield from _load_unchanged(planted_positions_dir)

@@ -21,7 +21,7 @@ SMALL = dict(detectors=["previous_token", "induction", "duplicate_token"],
 
 
 @pytest.fixture(scope="module")
-def analysis(planted):
+def planted_ov_analysis(planted):
     return analyze(planted, **SMALL)
 
 
@@ -34,47 +34,47 @@ def test_ov_qualifier_rule():
     assert ov_qualifier("induction", math.nan) == ""
 
 
-def test_planted_induction_head_copies_and_duplicate_token_head_does_not(analysis):
+def test_planted_induction_head_copies_and_duplicate_token_head_does_not(planted_ov_analysis):
     # Ground truth (tests/support/planted.py): 1.0's OV circuit writes the attended character back to its
     # own logit (eigenvalues 1 and 0); 1.1 writes into a block W_U does not read.
-    labels = analysis.labels.set_index(["layer", "head"]).label
+    labels = planted_ov_analysis.labels.set_index(["layer", "head"]).label
     assert labels[(1, 0)] == "induction" and labels[(1, 1)] == "duplicate_token"
-    ov = analysis.ov.set_index(["layer", "head"])
-    assert list(analysis.ov.columns) == OV_COLUMNS and len(ov) == 8
+    ov = planted_ov_analysis.ov.set_index(["layer", "head"])
+    assert list(planted_ov_analysis.ov.columns) == OV_COLUMNS and len(ov) == 8
     assert ov.positive_eig_share[(1, 0)] == pytest.approx(1.0) and ov.copy_top1[(1, 0)] == 1.0
-    assert analysis.ov.control_positive_eig_share.between(0.0, 0.9).all()  # the random twin does not copy
-    assert ov_qualifiers(analysis.labels, analysis.ov) == {(1, 0): "copies", (1, 1): "no OV copying"}
-    meta = analysis.meta["ov"]
+    assert planted_ov_analysis.ov.control_positive_eig_share.between(0.0, 0.9).all()  # the random twin does not copy
+    assert ov_qualifiers(planted_ov_analysis.labels, planted_ov_analysis.ov) == {(1, 0): "copies", (1, 1): "no OV copying"}
+    meta = planted_ov_analysis.meta["ov"]
     assert meta == {"n_tokens": 512, "copy_top1_of": ["induction", "duplicate_token"], "fold_norms": True,
                     "copies_share": OV_COPIES_SHARE, "skipped": None}
     # copy_top1 only of the heads the qualifier reads (its cost); the eigenvalue share of every head
     assert set(ov.copy_top1.dropna().index) == {(1, 0), (1, 1)} and ov.positive_eig_share.notna().all()
-    assert analysis.meta["timings"]["ov"] > 0 and "notes" not in analysis.meta
+    assert planted_ov_analysis.meta["timings"]["ov"] > 0 and "notes" not in planted_ov_analysis.meta
 
 
-def test_ov_leaves_scores_and_labels_as_they_were(planted, analysis):
+def test_ov_leaves_scores_and_labels_as_they_were(planted, planted_ov_analysis):
     without = analyze(planted, **SMALL, ov=False)
     assert without.ov is None and without.meta["ov"]["skipped"] == "not asked for (ov=False)"
-    pd.testing.assert_frame_equal(without.scores, analysis.scores)
-    pd.testing.assert_frame_equal(without.labels, analysis.labels)
+    pd.testing.assert_frame_equal(without.scores, planted_ov_analysis.scores)
+    pd.testing.assert_frame_equal(without.labels, planted_ov_analysis.labels)
     assert report_data(without).ov is None and report_data(without).label_grid.qualifiers == ()
 
 
-def test_ov_table_round_trips(analysis, tmp_path):
-    analysis.save(tmp_path / "a")
+def test_ov_table_round_trips(planted_ov_analysis, tmp_path):
+    planted_ov_analysis.save(tmp_path / "a")
     assert (tmp_path / "a" / "ov.csv").is_file()
     again = Analysis.load(tmp_path / "a")
-    pd.testing.assert_frame_equal(again.ov, analysis.ov, check_dtype=False)
-    assert again.meta["ov"] == analysis.meta["ov"]
+    pd.testing.assert_frame_equal(again.ov, planted_ov_analysis.ov, check_dtype=False)
+    assert again.meta["ov"] == planted_ov_analysis.meta["ov"]
 
 
-def test_report_data_carries_the_ov_column_and_qualifier(analysis, tmp_path):
-    data = report_data(analysis)
+def test_report_data_carries_the_ov_column_and_qualifier(planted_ov_analysis, tmp_path):
+    data = report_data(planted_ov_analysis)
     rows = {(r.layer, r.head): r for r in data.ov}
     assert set(rows) == {(1, 0), (1, 1)}  # the heads labelled induction or duplicate-token
     induction = rows[(1, 0)]
     assert induction.qualifier == "copies" and induction.positive_eig_share == pytest.approx(1.0)
-    best = analysis.ov.control_positive_eig_share.max()
+    best = planted_ov_analysis.ov.control_positive_eig_share.max()
     assert induction.control_best_share == best and not math.isnan(induction.control_share)
     assert rows[(1, 1)].qualifier == "no OV copying"
     grid = data.label_grid
@@ -89,15 +89,15 @@ def test_report_data_carries_the_ov_column_and_qualifier(analysis, tmp_path):
     assert next(t for t in data.top_heads if t.label == "previous_token").ov_text() == ""
     rule = [n.text for n in data.rules if n.topic == "ov"]
     assert len(rule) == 1 and f"at least {OV_COPIES_SHARE:g} and above the control's best head" in rule[0]
-    write_report(analysis, tmp_path / "report")
+    write_report(planted_ov_analysis, tmp_path / "report")
     page = (tmp_path / "report" / "index.html").read_text()
     assert "<section id=\"ov\">" in page and "no OV copying" in page
 
 
-def test_cli_summary_shows_the_qualifier(analysis, capsys, tmp_path):
+def test_cli_summary_shows_the_qualifier(planted_ov_analysis, capsys, tmp_path):
     from headscope.cli import _summary
 
-    _summary(analysis, tmp_path)
+    _summary(planted_ov_analysis, tmp_path)
     lines = capsys.readouterr().out.splitlines()
     induction = next(line for line in lines if line.strip().startswith("induction"))
     duplicate = next(line for line in lines if line.strip().startswith("duplicate_token"))
@@ -106,10 +106,10 @@ def test_cli_summary_shows_the_qualifier(analysis, capsys, tmp_path):
     assert "OV" not in next(line for line in lines if line.strip().startswith("previous_token"))
 
 
-def test_notebook_display_shows_the_qualifier(analysis):
+def test_notebook_display_shows_the_qualifier(planted_ov_analysis):
     from headscope.report.notebook import analysis_html
 
-    shown = analysis_html(analysis)
+    shown = analysis_html(planted_ov_analysis)
     assert "L1 H0 1.000" in shown and ", copies (eig share 1.00" in shown and ", no OV copying (eig share 0.00" in shown
 
 

@@ -22,11 +22,6 @@ SPLIT = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.h.0": 
          "transformer.ln_f": "cpu", "lm_head": "cpu"}
 
 
-@pytest.fixture(scope="module")
-def model_dir(planted_dir):
-    return str(planted_dir)
-
-
 def _torchrun(*args, **kwargs):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
@@ -34,10 +29,10 @@ def _torchrun(*args, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
 
 
-def test_two_gloo_processes_match_one(model_dir, tmp_path):
-    single = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "one"), *ARGS])
+def test_two_gloo_processes_match_one(planted_path, tmp_path):
+    single = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(tmp_path / "one"), *ARGS])
     assert single.exit_code == 0, single.output
-    proc = _torchrun(model_dir, "--out", str(tmp_path / "two"), *ARGS)
+    proc = _torchrun(planted_path, "--out", str(tmp_path / "two"), *ARGS)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     for name in ("scores.csv", "labels.csv"):
@@ -62,9 +57,9 @@ def _rank_pids(parent: int, rank: int) -> list[int]:
     return pids
 
 
-def test_a_dying_rank_leaves_no_report_and_is_named(model_dir, tmp_path):
+def test_a_dying_rank_leaves_no_report_and_is_named(planted_path, tmp_path):
     out = tmp_path / "died"
-    proc = _torchrun(model_dir, "--out", str(out), *ARGS[:-2], "--n-examples", "600", "--batch-size", "1",
+    proc = _torchrun(planted_path, "--out", str(out), *ARGS[:-2], "--n-examples", "600", "--batch-size", "1",
                      "--device", "cpu")
     deadline = time.time() + 120
     victims = []
@@ -82,10 +77,10 @@ def test_a_dying_rank_leaves_no_report_and_is_named(model_dir, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == []
 
 
-def test_device_map_split_gives_the_same_scores(model_dir, tmp_path):
+def test_device_map_split_gives_the_same_scores(planted_path, tmp_path):
     kw = dict(probes=[TextProbe(4, 40), RepeatedProbe(4, 10, 4)])
-    whole = analyze(headscope.load(model_dir, device="cpu"), **kw, control=None)
-    split = headscope.load(model_dir, device_map=SPLIT, offload_folder=str(tmp_path / "offload"))
+    whole = analyze(headscope.load(planted_path, device="cpu"), **kw, control=None)
+    split = headscope.load(planted_path, device_map=SPLIT, offload_folder=str(tmp_path / "offload"))
     assert split.model.hf_device_map["transformer.h.1"] == "disk"
     # A model spread over devices gets no random twin by default (it would need as much memory).
     assert "spread over devices" in analyze(split, **kw, detectors=["sink"]).meta["control"]["note"]
@@ -94,9 +89,9 @@ def test_device_map_split_gives_the_same_scores(model_dir, tmp_path):
     pd.testing.assert_frame_equal(whole.labels, parted.labels)
 
 
-def test_cli_device_map_and_bad_value(model_dir, tmp_path):
-    good = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "dm"), *ARGS[:-2],
+def test_cli_device_map_and_bad_value(planted_path, tmp_path):
+    good = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(tmp_path / "dm"), *ARGS[:-2],
                                     "--device-map", json.dumps(SPLIT)])
     assert good.exit_code == 0, good.output
-    bad = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "bad"), "--device-map", "everywhere"])
+    bad = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(tmp_path / "bad"), "--device-map", "everywhere"])
     assert bad.exit_code == 1 and "--device-map must be" in bad.output

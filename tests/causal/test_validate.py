@@ -28,13 +28,13 @@ PROBES = dict(probes=[TextProbe(seq_len=40), RepeatedProbe(repeat_len=10, repeat
 
 
 @pytest.fixture(scope="module")
-def planted_analysis(planted):
+def planted_analysis_to_validate(planted):
     return analyze(planted, explorer_examples=0, **SMALL)
 
 
 @pytest.fixture(scope="module")
-def planted_validation(planted, planted_analysis):
-    return validate(planted, planted_analysis, n_examples=4, n_random=3, **PROBES)
+def planted_validation(planted, planted_analysis_to_validate):
+    return validate(planted, planted_analysis_to_validate, n_examples=4, n_random=3, **PROBES)
 
 
 def _rows(frame, label):
@@ -112,11 +112,11 @@ def test_icl_score_and_positions_by_hand():
         icl_score(per_token, 300, 500)
 
 
-def test_validate_reports_progress_and_is_reproducible(planted, planted_analysis):
+def test_validate_reports_progress_and_is_reproducible(planted, planted_analysis_to_validate):
     seen = []
     kwargs = dict(labels=["previous_token"], icl=False, n_examples=2, n_random=2, **PROBES)
-    a = validate(planted, planted_analysis, progress=lambda *s: seen.append(s), **kwargs)
-    b = validate(planted, planted_analysis, **kwargs)
+    a = validate(planted, planted_analysis_to_validate, progress=lambda *s: seen.append(s), **kwargs)
+    b = validate(planted, planted_analysis_to_validate, **kwargs)
     pd.testing.assert_frame_equal(a, b)
     total = 1 + 2 * 3  # the text probe, then 2 modes x (the heads + 2 draws)
     assert seen[0] == ("validate", 0, total) and seen[-1] == ("validate", total, total)
@@ -261,9 +261,9 @@ def test_encoder_with_lm_head_reports_masked_token_loss(tmp_path):
     (dict(probes=[TextProbe(seq_len=40), RepeatedProbe(repeat_len=12, repeats=4)]),
      "the repeated probe needs 49 tokens"),  # measured: 48 + the BOS
 ])
-def test_bad_input(planted, planted_analysis, kwargs, message):
+def test_bad_input(planted, planted_analysis_to_validate, kwargs, message):
     with pytest.raises(headscope.HeadscopeError, match=message) as err:
-        validate(planted, planted_analysis, **{**PROBES, **kwargs})
+        validate(planted, planted_analysis_to_validate, **{**PROBES, **kwargs})
     assert "\n" not in str(err.value)
 
 

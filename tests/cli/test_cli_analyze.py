@@ -18,14 +18,9 @@ ARGS = ["--n-examples", "4", "--seq-len", "40", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(planted_dir):
-    return str(planted_dir)
-
-
-@pytest.fixture(scope="module")
-def analyzed(model_dir, tmp_path_factory):
+def analyzed(planted_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "planted"
-    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS,
+    result = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(out), *ARGS,
                                       "--detectors", "previous_token,sink,uniform,self"])
     assert result.exit_code == 0, result.output
     return out, result
@@ -84,18 +79,18 @@ def test_summary_names_each_labels_quantity_and_the_control(capsys, tmp_path):
     assert "clearest detector's score: " in lines["mixed"] and "warning" not in "".join(lines.values())
 
 
-def test_existing_output_needs_force(analyzed, model_dir):
+def test_existing_output_needs_force(analyzed, planted_path):
     out, _ = analyzed
     before = (out / "scores.csv").read_text()
-    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS])
+    result = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(out), *ARGS])
     assert result.exit_code == 1 and "already exists; pass --force" in result.output
     assert (out / "scores.csv").read_text() == before
 
 
-def test_force_replaces(analyzed, model_dir, tmp_path):
+def test_force_replaces(analyzed, planted_path, tmp_path):
     out = tmp_path / "again"
     for _ in range(2):
-        result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--force",
+        result = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(out), *ARGS, "--force",
                                           "--detectors", "sink", "--plotlyjs", "cdn"])
         assert result.exit_code == 0, result.output
     assert (out / "index.html").stat().st_size < 3_000_000 and _leftovers(out) == []
@@ -108,15 +103,15 @@ def test_force_replaces(analyzed, model_dir, tmp_path):
     (["--device", "tpu"], "unknown device"),
     (["--plotlyjs", "inline"], "--plotlyjs must be embed or cdn"),
 ])
-def test_bad_input_is_one_line_and_writes_nothing(model_dir, tmp_path, extra, message):
+def test_bad_input_is_one_line_and_writes_nothing(planted_path, tmp_path, extra, message):
     out = tmp_path / "never"
-    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, *extra])
+    result = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(out), *ARGS, *extra])
     assert result.exit_code == 1
     assert message in result.output and "Traceback" not in result.output
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_interrupt_while_writing_leaves_nothing(model_dir, tmp_path, monkeypatch):
+def test_interrupt_while_writing_leaves_nothing(planted_path, tmp_path, monkeypatch):
     import headscope.report as report
 
     def interrupted(*args, **kwargs):
@@ -124,15 +119,15 @@ def test_interrupt_while_writing_leaves_nothing(model_dir, tmp_path, monkeypatch
 
     monkeypatch.setattr(report, "write_report_into", interrupted)
     out = tmp_path / "half"
-    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--detectors", "sink"])
+    result = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(out), *ARGS, "--detectors", "sink"])
     assert result.exit_code == 130 and "interrupted" in result.output
     assert list(tmp_path.iterdir()) == []
 
 
-def test_ctrl_c_in_a_real_process(model_dir, tmp_path):
+def test_ctrl_c_in_a_real_process(planted_path, tmp_path):
     out = tmp_path / "sigint"
     # 40 examples of every probe and the control's: many seconds of batches to interrupt
-    proc = subprocess.Popen([sys.executable, "-m", "headscope", "analyze", model_dir, "--out", str(out), *ARGS,
+    proc = subprocess.Popen([sys.executable, "-m", "headscope", "analyze", planted_path, "--out", str(out), *ARGS,
                              "--n-examples", "40", "--repeat-len", "10"], stderr=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     computing, seen = threading.Event(), []
@@ -170,10 +165,10 @@ def test_report_rerenders_without_a_model(analyzed, tmp_path):
     assert bad.exit_code == 1 and "is not a headscope analysis" in bad.output
 
 
-def test_compare_and_detectors(analyzed, model_dir, tmp_path):
+def test_compare_and_detectors(analyzed, planted_path, tmp_path):
     out, _ = analyzed
     other = tmp_path / "other"
-    assert CliRunner().invoke(app, ["analyze", model_dir, "--out", str(other), *ARGS, "--seed", "1",
+    assert CliRunner().invoke(app, ["analyze", planted_path, "--out", str(other), *ARGS, "--seed", "1",
                                     "--detectors", "previous_token,sink,uniform,self"]).exit_code == 0
     result = CliRunner().invoke(app, ["compare", str(out), str(other), "--out", str(tmp_path / "cmp")])
     assert result.exit_code == 0, result.output
@@ -193,7 +188,7 @@ def test_help_is_fast_and_lists_commands():
         assert command in out.stdout
 
 
-def test_treebank_option_and_bad_treebank(model_dir, tmp_path, monkeypatch):
+def test_treebank_option_and_bad_treebank(planted_path, tmp_path, monkeypatch):
     import headscope.probes.treebank
     import headscope.probes.conllu
     from headscope.probes.conllu import read_conllu
@@ -216,7 +211,7 @@ def test_treebank_option_and_bad_treebank(model_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(headscope.probes.conllu, "read_conllu", counted)
     monkeypatch.setattr(headscope.probes.treebank, "read_conllu", counted)
-    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--repeat-len", "10",
+    result = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(out), *ARGS, "--repeat-len", "10",
                                       "--treebank", str(sample), "--n-sentences", "0"])
     assert result.exit_code == 0, result.output
     assert reads == [sample]  # read once, before the model loads
@@ -225,14 +220,14 @@ def test_treebank_option_and_bad_treebank(model_dir, tmp_path, monkeypatch):
     assert analysis.meta["treebank"]["source"] == str(sample)
     broken = tmp_path / "broken.conllu"
     broken.write_text("# sent_id = x\n1\tThe\tthe\tDET\n")
-    bad = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "never"), "--treebank", str(broken)])
+    bad = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(tmp_path / "never"), "--treebank", str(broken)])
     assert bad.exit_code == 1 and "broken.conllu" in bad.output and "line 2" in bad.output
     assert not (tmp_path / "never").exists()
 
 
-def test_validate_flag_writes_the_causal_check(model_dir, tmp_path):
+def test_validate_flag_writes_the_causal_check(planted_path, tmp_path):
     out = tmp_path / "validated"
-    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--repeat-len", "10",
+    result = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(out), *ARGS, "--repeat-len", "10",
                                       "--detectors", "previous_token,induction,sink", "--validate"])
     assert result.exit_code == 0, result.output
     analysis = Analysis.load(out)
@@ -255,14 +250,14 @@ def test_open_flag_opens_the_report(analyzed, monkeypatch):
     assert opened == [(out / "index.html").resolve().as_uri()]
 
 
-def test_control_option(model_dir, tmp_path):
+def test_control_option(planted_path, tmp_path):
     out = tmp_path / "nocontrol"
-    result = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(out), *ARGS, "--repeat-len", "10",
+    result = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(out), *ARGS, "--repeat-len", "10",
                                       "--detectors", "previous_token", "--control", "none"])
     assert result.exit_code == 0, result.output
     analysis = Analysis.load(out)
     assert analysis.meta["control"]["kind"] == "none" and analysis.scores.control.isna().all()
     assert "control: none" in result.output
-    bad = CliRunner().invoke(app, ["analyze", model_dir, "--out", str(tmp_path / "bad"), "--control", "shuffled"])
+    bad = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(tmp_path / "bad"), "--control", "shuffled"])
     assert bad.exit_code == 1 and "--control must be one of random-init, none" in bad.output
     assert not (tmp_path / "bad").exists()

@@ -16,7 +16,7 @@ SMALL = dict(probes=[TextProbe(n_examples=8, seq_len=40)], explorer_examples=0)
 
 
 @pytest.fixture(scope="module")
-def planted_analysis(planted_positions):
+def planted_positions_analysis(planted_positions):
     return analyze(planted_positions, detectors=["positional", "rare_word", "previous_token", "self", "sink"], **SMALL)
 
 
@@ -35,16 +35,16 @@ def _pointing(keys):
     return p
 
 
-def test_planted_heads_get_their_labels_and_no_other_head_does(planted_analysis):
-    labels = planted_analysis.labels.set_index(["layer", "head"])
+def test_planted_heads_get_their_labels_and_no_other_head_does(planted_positions_analysis):
+    labels = planted_positions_analysis.labels.set_index(["layer", "head"])
     for head, label in PLANTED.items():
         assert labels.label[head] == label
         assert [h for h, l in labels.label.items() if l == label and h != head] == []
     assert labels.label[(0, 3)] == "none"
     assert "positional" not in labels.labels[(0, 2)]  # offset -1 is previous_token's alone
-    scores = planted_analysis.scores.set_index(["layer", "head", "detector"]).score
+    scores = planted_positions_analysis.scores.set_index(["layer", "head", "detector"]).score
     assert scores[(0, 0, "positional")] > 0.99 and scores[(0, 1, "rare_word")] > 0.99
-    assert planted_analysis.meta["probes"]["text"]["patterns"].startswith("maps")  # argmax needs whole rows
+    assert planted_positions_analysis.meta["probes"]["text"]["patterns"].startswith("maps")  # argmax needs whole rows
 
 
 def test_offset_share_on_hand_worked_patterns():

@@ -19,7 +19,7 @@ SMALL = dict(probes=[TextProbe(n_examples=8, seq_len=40), RepeatedProbe(n_exampl
 
 
 @pytest.fixture(scope="module")
-def planted_analysis(planted):
+def planted_default_analysis(planted):
     return analyze(planted, **SMALL)
 
 
@@ -37,20 +37,20 @@ def _offset_pattern(t, offset):
     return p
 
 
-def test_planted_heads_get_their_labels_and_no_other_head_does(planted_analysis):
-    labels = planted_analysis.labels.set_index(["layer", "head"]).label
+def test_planted_heads_get_their_labels_and_no_other_head_does(planted_default_analysis):
+    labels = planted_default_analysis.labels.set_index(["layer", "head"]).label
     for head, label in PLANTED.items():
         assert labels[head] == label
         others = [h for h, l in labels.items() if l == label and h != head]
         assert others == [], f"{label} also given to {others}"
     assert labels[(1, 2)] == "none" and labels[(1, 3)] == "none"
-    scores = planted_analysis.scores.set_index(["layer", "head", "detector"]).score
+    scores = planted_default_analysis.scores.set_index(["layer", "head", "detector"]).score
     for head, label in PLANTED.items():
         assert scores[(*head, label)] > 0.99
 
 
-def test_confidence_intervals_bracket_scores(planted_analysis):
-    s = planted_analysis.scores
+def test_confidence_intervals_bracket_scores(planted_default_analysis):
+    s = planted_default_analysis.scores
     assert (s.ci_low <= s.score + 1e-12).all() and (s.score <= s.ci_high + 1e-12).all()
     # syntactic counts arcs, not examples; rare_word leaves out examples whose rarest token is only at position 0
     assert (s[~s.detector.isin(["syntactic", "rare_word"])].n == 8).all()
@@ -190,29 +190,29 @@ def test_random_init_model_has_no_induction_head(tmp_path):
     assert analysis.scores[analysis.scores.detector == "induction"].score.max() < 0.2
 
 
-def test_analysis_round_trip(planted_analysis, tmp_path):
-    planted_analysis.save(tmp_path / "a")
+def test_analysis_round_trip(planted_default_analysis, tmp_path):
+    planted_default_analysis.save(tmp_path / "a")
     again = Analysis.load(tmp_path / "a")
-    pd.testing.assert_frame_equal(again.scores, planted_analysis.scores, check_dtype=False)
-    pd.testing.assert_frame_equal(again.labels, planted_analysis.labels, check_dtype=False)
-    assert again.meta == planted_analysis.meta
-    assert len(again.examples) == len(planted_analysis.examples) == 4
-    ex, orig = again.examples[0], planted_analysis.examples[0]
+    pd.testing.assert_frame_equal(again.scores, planted_default_analysis.scores, check_dtype=False)
+    pd.testing.assert_frame_equal(again.labels, planted_default_analysis.labels, check_dtype=False)
+    assert again.meta == planted_default_analysis.meta
+    assert len(again.examples) == len(planted_default_analysis.examples) == 4
+    ex, orig = again.examples[0], planted_default_analysis.examples[0]
     assert ex.tokens == orig.tokens and (ex.patterns == orig.patterns).all()
     with pytest.raises(headscope.HeadscopeError, match="already exists"):
-        planted_analysis.save(tmp_path / "a")
+        planted_default_analysis.save(tmp_path / "a")
 
 
-def test_explorer_examples_hold_real_patterns(planted_analysis):
-    ex = [e for e in planted_analysis.examples if e.probe == "repeated"][0]
+def test_explorer_examples_hold_real_patterns(planted_default_analysis):
+    ex = [e for e in planted_default_analysis.examples if e.probe == "repeated"][0]
     assert ex.patterns.shape[:2] == (2, 4)
     prev = ex.pattern(0, 0)  # planted previous-token head
     assert prev[5, 4] == pytest.approx(1.0, abs=1 / 255)
     assert ex.tokens[0] == "[BOS]"
 
 
-def test_meta_records_what_was_run(planted_analysis):
-    meta = planted_analysis.meta
+def test_meta_records_what_was_run(planted_default_analysis):
+    meta = planted_default_analysis.meta
     assert meta["n_layers"] == 2 and meta["n_heads"] == 4 and meta["causal"] is True
     # 48 positions: enough of the bundled treebank's short sentences fit for 30 arcs per half
     assert set(meta["detectors"]) == set(detectors.defaults(causal=True))

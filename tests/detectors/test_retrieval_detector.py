@@ -25,35 +25,35 @@ PROBE = NeedleProbe(**SHORT)
 
 
 @pytest.fixture(scope="module")
-def analysis(planted):
+def planted_retrieval_analysis(planted):
     return headscope.analyze(planted, detectors=["retrieval"], probes=[PROBE], explorer_examples=0)
 
 
-def test_planted_induction_head_is_a_retrieval_head(planted, analysis):
-    labels = analysis.labels.set_index(["layer", "head"])
+def test_planted_induction_head_is_a_retrieval_head(planted, planted_retrieval_analysis):
+    labels = planted_retrieval_analysis.labels.set_index(["layer", "head"])
     assert labels.loc[(1, 0), "label"] == "retrieval"
     assert "retrieval" not in labels.loc[(1, 1), "labels"]  # duplicate-token lands on the needle's previous token
-    assert (analysis.labels.label == "retrieval").sum() == 1
+    assert (planted_retrieval_analysis.labels.label == "retrieval").sum() == 1
     # Ground truth: the induction head copies every answer token the model predicts (it is what
     # makes the model predict them), so its score is the share predicted, over |needle|.
     expected = []
     for example in PROBE.build(planted, 0).examples:
         _, predicted, _ = run_needle(planted, example)
         expected.append(int(predicted.sum()) / len(predicted))
-    score = analysis.scores.set_index(["layer", "head"]).loc[(1, 0), "score"]
+    score = planted_retrieval_analysis.scores.set_index(["layer", "head"]).loc[(1, 0), "score"]
     assert score == pytest.approx(sum(expected) / len(expected)) and score >= THRESHOLD
-    assert list(analysis.scores.columns) == SCORE_COLUMNS
-    assert set(analysis.retrieval.columns) == {"layer", "head", "length", "score", "n"}
-    assert analysis.needles.counted.all() and len(analysis.needles) == 3
-    assert analysis.meta["probes"]["needle"]["lengths"] == [POSITIONS]
+    assert list(planted_retrieval_analysis.scores.columns) == SCORE_COLUMNS
+    assert set(planted_retrieval_analysis.retrieval.columns) == {"layer", "head", "length", "score", "n"}
+    assert planted_retrieval_analysis.needles.counted.all() and len(planted_retrieval_analysis.needles) == 3
+    assert planted_retrieval_analysis.meta["probes"]["needle"]["lengths"] == [POSITIONS]
 
 
-def test_analyze_gives_the_scores_of_retrieval_scores(planted, analysis):
+def test_analyze_gives_the_scores_of_retrieval_scores(planted, planted_retrieval_analysis):
     result = retrieval_scores(planted, **SHORT)
-    pd.testing.assert_frame_equal(analysis.scores[SCORE_COLUMNS], result.scores[SCORE_COLUMNS])
-    pd.testing.assert_frame_equal(analysis.retrieval, result.by_length)
-    pd.testing.assert_frame_equal(analysis.needles, result.examples)
-    labelled = analysis.labels.label == "retrieval"
+    pd.testing.assert_frame_equal(planted_retrieval_analysis.scores[SCORE_COLUMNS], result.scores[SCORE_COLUMNS])
+    pd.testing.assert_frame_equal(planted_retrieval_analysis.retrieval, result.by_length)
+    pd.testing.assert_frame_equal(planted_retrieval_analysis.needles, result.examples)
+    labelled = planted_retrieval_analysis.labels.label == "retrieval"
     assert labelled.tolist() == result.scores.retrieval.tolist()
 
 
@@ -89,29 +89,29 @@ def test_random_init_model_gets_no_retrieval_label(family):
     assert result.scores.control_max.iloc[0] < THRESHOLD
 
 
-def test_save_and_load_keep_the_retrieval_tables(analysis, tmp_path):
-    back = Analysis.load(analysis.save(tmp_path / "a"))
+def test_save_and_load_keep_the_retrieval_tables(planted_retrieval_analysis, tmp_path):
+    back = Analysis.load(planted_retrieval_analysis.save(tmp_path / "a"))
     assert (tmp_path / "a" / "retrieval.csv").is_file() and (tmp_path / "a" / "needles.csv").is_file()
-    pd.testing.assert_frame_equal(back.retrieval, analysis.retrieval)
-    pd.testing.assert_frame_equal(back.needles, analysis.needles)
-    pd.testing.assert_frame_equal(back.scores, analysis.scores, check_dtype=False)
-    assert back.labels.label.tolist() == analysis.labels.label.tolist()
+    pd.testing.assert_frame_equal(back.retrieval, planted_retrieval_analysis.retrieval)
+    pd.testing.assert_frame_equal(back.needles, planted_retrieval_analysis.needles)
+    pd.testing.assert_frame_equal(back.scores, planted_retrieval_analysis.scores, check_dtype=False)
+    assert back.labels.label.tolist() == planted_retrieval_analysis.labels.label.tolist()
 
 
-def test_report_and_notebook_show_retrieval(analysis):
-    data = report_data(analysis)
+def test_report_and_notebook_show_retrieval(planted_retrieval_analysis):
+    data = report_data(planted_retrieval_analysis)
     grid = {g.detector: g for g in data.detector_grids}["retrieval"]
-    assert grid.score[1, 0] == pytest.approx(analysis.score_grid("retrieval")[1, 0])
+    assert grid.score[1, 0] == pytest.approx(planted_retrieval_analysis.score_grid("retrieval")[1, 0])
     assert grid.threshold == THRESHOLD
     assert "retrieval" in data.label_grid.categories
     colour = data.label_grid.colours[data.label_grid.categories.index("retrieval")]
     assert colour == REGISTRY["retrieval"].colour
     assert data.label_grid.short[1][0] == REGISTRY["retrieval"].short
-    assert "retrieval" in analysis._repr_html_()
+    assert "retrieval" in planted_retrieval_analysis._repr_html_()
 
 
-def test_validate_ablates_retrieval_heads_on_the_needle_probe(planted, analysis):
-    frame = headscope.validate(planted, analysis, k=1, n_random=3, n_examples=3, probes=[PROBE])
+def test_validate_ablates_retrieval_heads_on_the_needle_probe(planted, planted_retrieval_analysis):
+    frame = headscope.validate(planted, planted_retrieval_analysis, k=1, n_random=3, n_examples=3, probes=[PROBE])
     rows = frame[frame.label == "retrieval"]
     assert set(rows.probe) == {"needle"} and set(rows.heads) == {"1.0"}
     primary = rows[rows.primary].iloc[0]

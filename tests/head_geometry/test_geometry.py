@@ -93,15 +93,15 @@ def duplicate_head(model, layer, source, target):
 
 
 @pytest.fixture(scope="module")
-def planted_geometry(planted_dir):
+def planted_duplicate_head_geometry(planted_dir):
     loaded = headscope.load(str(planted_dir), device="cpu")  # its own copy: a head is edited
     duplicate_head(loaded.model, 1, 1, 3)  # 1.3 becomes a copy of the duplicate-token head 1.1
     return geometry(loaded, n_examples=8, seq_len=48, importance=True, pruning_steps=4, seeds=(0, 1))
 
 
-@pytest.mark.slow  # planted_geometry (importance, pruning curve, two seeds) takes 25-35 s
-def test_planted_heads_land_in_different_clusters(planted_geometry):
-    heads = planted_geometry.heads.set_index(["layer", "head"])
+@pytest.mark.slow  # planted_duplicate_head_geometry (importance, pruning curve, two seeds) takes 25-35 s
+def test_planted_heads_land_in_different_clusters(planted_duplicate_head_geometry):
+    heads = planted_duplicate_head_geometry.heads.set_index(["layer", "head"])
     clusters = [heads.cluster[h] for h in PLANTED if h != (1, 1)]  # 1.1's copy 1.3 shares its cluster
     assert len(set(clusters)) == len(clusters)
     assert heads.cluster[(1, 1)] == heads.cluster[(1, 3)]
@@ -109,26 +109,26 @@ def test_planted_heads_land_in_different_clusters(planted_geometry):
 
 
 @pytest.mark.slow
-def test_duplicated_head_is_the_only_redundant_pair(planted_geometry):
-    red = planted_geometry.redundant
+def test_duplicated_head_is_the_only_redundant_pair(planted_duplicate_head_geometry):
+    red = planted_duplicate_head_geometry.redundant
     assert [(r.layer, r.head_a, r.head_b) for r in red.itertuples()] == [(1, 1, 3)]
     assert red.js[0] < 1e-6 and red.overlap[0] == pytest.approx(1.0)
 
 
 @pytest.mark.slow
-def test_planted_importance_and_pruning_curve(planted_geometry):
-    heads = planted_geometry.heads.set_index(["layer", "head"])
+def test_planted_importance_and_pruning_curve(planted_duplicate_head_geometry):
+    heads = planted_duplicate_head_geometry.heads.set_index(["layer", "head"])
     # only 0.0 and 1.0 write anything (the other planted heads have W_V = 0, so their gate has no effect)
     writers = {(0, 0), (1, 0)}
     assert all(heads.importance[h] > 0 for h in writers)
     assert all(heads.importance[h] == 0 for h in heads.index if h not in writers)
-    curve = planted_geometry.curve
+    curve = planted_duplicate_head_geometry.curve
     assert set(curve.order) == {"importance", "random"}
     assert curve.groupby(["order", "seed"]).removed.max().eq(8).all()
     by_importance = curve[curve.order == "importance"].set_index("removed").loss
     assert by_importance[6] == pytest.approx(by_importance[0], abs=1e-5)  # the six silent heads go first
     assert by_importance[8] > by_importance[0]
-    fig = plot_geometry(planted_geometry)
+    fig = plot_geometry(planted_duplicate_head_geometry)
     assert len(fig.data[0].x) == 8
 
 

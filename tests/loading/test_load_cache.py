@@ -10,13 +10,6 @@ from headscope.cli import app
 
 
 @pytest.fixture
-def own_cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("HEADSCOPE_CACHE", str(root))
-    return root
-
-
-@pytest.fixture
 def source(tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(bytes(range(256)) * (3 * 2**12))  # 3 MiB: a head, a middle and a tail

@@ -30,12 +30,6 @@ def _logits(loaded):
 
 
 @pytest.fixture
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture
 def gguf_copy(tmp_path):
     path = tmp_path / "copy" / "SmolLM2.gguf"
     path.parent.mkdir()

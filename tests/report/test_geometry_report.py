@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from tests.support.fake_analysis import fake_analysis
-from tests.support.geometry_fixture import planted_analysis, planted_geometry
+from tests.support.geometry_fixture import fake_analysis_with_geometry
 from headscope.analysis import Analysis
 from headscope.errors import HeadscopeError
 from headscope.head_geometry.importance import normalize_per_layer, probe_loss, pruning_curve, removable_heads
@@ -22,13 +22,8 @@ WRITERS = {(0, 0), (1, 0)}  # the planted heads with W_V != 0: the only ones who
 
 
 @pytest.fixture(scope="module")
-def planted():
-    return planted_geometry()
-
-
-@pytest.fixture(scope="module")
-def analysis(planted):
-    return planted_analysis(planted[1])
+def geometry_analysis(planted_geometry_result):
+    return fake_analysis_with_geometry(planted_geometry_result[1])
 
 
 def test_normalize_per_layer_divides_each_layer_by_its_l2_norm():
@@ -41,8 +36,8 @@ def test_normalize_per_layer_divides_each_layer_by_its_l2_norm():
     assert scores[0, 0] == 3.0  # input untouched
 
 
-def test_planted_normalized_importance(planted):
-    heads = planted[1].heads.set_index(["layer", "head"])
+def test_planted_normalized_importance(planted_geometry_result):
+    heads = planted_geometry_result[1].heads.set_index(["layer", "head"])
     grid = heads.importance.to_numpy().reshape(2, 4)
     assert heads.importance_normalized.to_numpy().reshape(2, 4) == pytest.approx(normalize_per_layer(grid))
     # One writer per layer, so each gets 1 and every silent head 0, although the raw scores differ.
@@ -50,8 +45,8 @@ def test_planted_normalized_importance(planted):
     assert all(heads.importance_normalized[h] == pytest.approx(1.0 if h in WRITERS else 0.0) for h in heads.index)
 
 
-def test_pruning_follows_the_normalized_order(planted):
-    loaded, result = planted
+def test_pruning_follows_the_normalized_order(planted_geometry_result):
+    loaded, result = planted_geometry_result
     raw = result.heads.importance.to_numpy().reshape(2, 4)
     probe = text_probe(loaded.tokenizer, 4, 32)
     everything = [(layer, head) for layer in range(2) for head in range(4)]
@@ -66,11 +61,11 @@ def test_pruning_follows_the_normalized_order(planted):
     assert kept["raw"] != kept["normalized"]
 
 
-def test_report_data_is_the_geometry(analysis, planted):
-    result = planted[1]
-    data = report_data(analysis).geometry
+def test_report_data_is_the_geometry(geometry_analysis, planted_geometry_result):
+    result = planted_geometry_result[1]
+    data = report_data(geometry_analysis).geometry
     heads = result.heads.set_index(["layer", "head"])
-    labels = analysis.labels.set_index(["layer", "head"]).label
+    labels = geometry_analysis.labels.set_index(["layer", "head"]).label
     assert [(p.layer, p.head) for p in data.points] == list(heads.index)
     for p in data.points:
         assert (p.x, p.y) == (heads.mds_x[(p.layer, p.head)], heads.mds_y[(p.layer, p.head)])
@@ -96,9 +91,9 @@ def test_report_data_is_the_geometry(analysis, planted):
         [(r.layer, r.head_a, r.head_b) for r in result.redundant.itertuples()]
 
 
-def test_report_data_pruning_lines(analysis, planted):
-    curve = planted[1].curve
-    data = report_data(analysis).geometry
+def test_report_data_pruning_lines(geometry_analysis, planted_geometry_result):
+    curve = planted_geometry_result[1].curve
+    data = report_data(geometry_analysis).geometry
     assert [(line.order, line.seed) for line in data.curve] == [("importance", -1), ("random", 0), ("random", 1)]
     removable = removable_heads(curve, LOSS_RISE)
     for line in data.curve:
@@ -111,8 +106,8 @@ def test_report_data_pruning_lines(analysis, planted):
     assert data.curve[0].removable == 6
 
 
-def test_figures_carry_every_head_for_the_explorer(analysis):
-    data = report_data(analysis)
+def test_figures_carry_every_head_for_the_explorer(geometry_analysis):
+    data = report_data(geometry_analysis)
     g = data.geometry
     fig = geometry_map_figure(g, data.label_grid)
     clicked = [tuple(c) for trace in fig.data for c in trace.customdata]
@@ -134,31 +129,31 @@ def test_figures_carry_every_head_for_the_explorer(analysis):
     assert [fig_id for fig_id, _ in geometry_figures(g, grid)] == [GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID]
 
 
-def test_no_geometry_no_section_and_no_importance_no_figures(planted):
+def test_no_geometry_no_section_and_no_importance_no_figures(planted_geometry_result):
     assert report_data(fake_analysis(2, 4, seed=1)).geometry is None
-    result = planted[1]
+    result = planted_geometry_result[1]
     silent = result.heads.assign(importance=np.nan, importance_normalized=np.nan)
     from headscope.head_geometry.tables import GeometryResult
 
     bare = GeometryResult(silent, result.pairs, result.divergence, result.approximation_error, None, result.settings)
-    data = report_data(planted_analysis(bare))
+    data = report_data(fake_analysis_with_geometry(bare))
     g = data.geometry
     assert g.importance is None and g.ranking == () and g.label_ranks == () and g.curve == ()
     assert {p.rank for p in g.points} == {0}
     assert [fig_id for fig_id, _ in geometry_figures(g, data.label_grid)] == [GEOMETRY_MAP_ID]
 
 
-def test_shape_mismatch_is_refused(planted):
+def test_shape_mismatch_is_refused(planted_geometry_result):
     with pytest.raises(HeadscopeError, match="2 x 4 model"):
-        fake_analysis(3, 4).with_geometry(planted[1])
+        fake_analysis(3, 4).with_geometry(planted_geometry_result[1])
 
 
-def test_save_and_load_keep_the_geometry(analysis, tmp_path):
-    analysis.save(tmp_path / "a")
+def test_save_and_load_keep_the_geometry(geometry_analysis, tmp_path):
+    geometry_analysis.save(tmp_path / "a")
     assert sorted(p.name for p in (tmp_path / "a" / "geometry").iterdir()) == [
         "heads.csv", "pairs.csv", "pruning.csv", "settings.json", "similarity.csv"]
     back = Analysis.load(tmp_path / "a").geometry
-    g = analysis.geometry
+    g = geometry_analysis.geometry
     pd.testing.assert_frame_equal(back.heads, g.heads, check_exact=False, rtol=1e-12)
     pd.testing.assert_frame_equal(back.pairs, g.pairs, check_exact=False, rtol=1e-12)
     pd.testing.assert_frame_equal(back.curve, g.curve, check_exact=False, rtol=1e-12)
@@ -166,20 +161,18 @@ def test_save_and_load_keep_the_geometry(analysis, tmp_path):
     assert back.divergence[off] == pytest.approx(g.divergence[off], rel=1e-12, abs=1e-15)
     assert np.abs(np.diag(g.divergence)).max() < 1e-6 and (np.diag(back.divergence) == 0).all()
     assert back.approximation_error == g.approximation_error and back.settings == g.settings
-    assert report_data(Analysis.load(tmp_path / "a")).geometry.curve == report_data(analysis).geometry.curve
+    assert report_data(Analysis.load(tmp_path / "a")).geometry.curve == report_data(geometry_analysis).geometry.curve
     bare = fake_analysis(2, 4, seed=1)
     assert bare.with_geometry(g).geometry is g and bare.geometry is None  # a copy; the original is unchanged
     bare.save(tmp_path / "b")
     assert not (tmp_path / "b" / "geometry").exists() and Analysis.load(tmp_path / "b").geometry is None
 
 
-def test_geometry_into_an_analysis_folder(tmp_path):
+def test_geometry_into_an_analysis_folder(planted_path, tmp_path):
     from typer.testing import CliRunner
 
     from headscope.cli import app
-    from tests.support.planted import save_planted
-
-    model = str(save_planted(tmp_path / "model"))
+    model = planted_path
     out = tmp_path / "runs" / "planted"
     analyzed = CliRunner().invoke(app, ["analyze", model, "--out", str(out), "--n-examples", "4", "--seq-len", "40",
                                         "--device", "cpu", "--detectors", "previous_token,sink,uniform,self"])
@@ -208,13 +201,11 @@ def test_geometry_into_an_analysis_folder(tmp_path):
     assert rerendered.exit_code == 0 and page == (out / "index.html").read_bytes()
 
 
-def test_geometry_into_refuses_a_mismatch_and_leaves_the_folder(tmp_path):
+def test_geometry_into_refuses_a_mismatch_and_leaves_the_folder(planted_path, tmp_path):
     from typer.testing import CliRunner
 
     from headscope.cli import app
-    from tests.support.planted import save_planted
-
-    model = str(save_planted(tmp_path / "model"))
+    model = planted_path
     other = tmp_path / "other"
     fake_analysis(3, 5).save(other)
     files = {p.name: p.read_bytes() for p in other.iterdir()}
@@ -223,16 +214,16 @@ def test_geometry_into_refuses_a_mismatch_and_leaves_the_folder(tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "has 2 x 4 heads, the analysis (fake/tiny-3x5) 3 x 5" in result.output.strip().splitlines()[-1]
     assert {p.name: p.read_bytes() for p in other.iterdir()} == files
-    missing = CliRunner().invoke(app, ["geometry", model, "--into", str(tmp_path / "model"), "--no-importance"])
+    missing = CliRunner().invoke(app, ["geometry", model, "--into", model, "--no-importance"])
     assert missing.exit_code == 1 and "is not a headscope analysis" in missing.output
 
 
-def test_notebook_helpers_are_the_report_figures(analysis):
+def test_notebook_helpers_are_the_report_figures(geometry_analysis):
     from headscope.report.plotting import plot_geometry_map, plot_pruning
 
-    data = report_data(analysis)
-    assert plot_geometry_map(analysis).to_plotly_json() == geometry_map_figure(data.geometry, data.label_grid).to_plotly_json()
-    assert plot_pruning(analysis).to_plotly_json() == pruning_figure(data.geometry).to_plotly_json()
+    data = report_data(geometry_analysis)
+    assert plot_geometry_map(geometry_analysis).to_plotly_json() == geometry_map_figure(data.geometry, data.label_grid).to_plotly_json()
+    assert plot_pruning(geometry_analysis).to_plotly_json() == pruning_figure(data.geometry).to_plotly_json()
     with pytest.raises(HeadscopeError, match="holds no geometry"):
         plot_geometry_map(fake_analysis(2, 4))
 

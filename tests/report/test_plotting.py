@@ -26,13 +26,13 @@ PLOTLYJS_MARK = "* plotly.js v"  # the bundle's banner comment
 
 
 @pytest.fixture(scope="module")
-def analysis():
+def plotting_analysis():
     return fake_analysis(5, 4, seed=2, n_examples=3, seq_len=16)
 
 
 @pytest.fixture(scope="module")
-def data(analysis):
-    return report_data(analysis)
+def plotting_report_data(plotting_analysis):
+    return report_data(plotting_analysis)
 
 
 @pytest.fixture(autouse=True)
@@ -60,43 +60,43 @@ def _label_z(grid) -> list:
 
 # --- figures: the report's numbers ------------------------------------------------------------
 
-def test_plot_labels_is_the_report_label_map(analysis, data):
-    fig = analysis.plot_labels()
+def test_plot_labels_is_the_report_label_map(plotting_analysis, plotting_report_data):
+    fig = plotting_analysis.plot_labels()
     heatmap = fig.data[0]
-    assert [list(row) for row in heatmap.z] == _label_z(data.label_grid)
-    assert [list(row) for row in heatmap.customdata] == [list(row) for row in data.label_grid.hover]
-    report = figures.label_map_figure(data.label_grid)
+    assert [list(row) for row in heatmap.z] == _label_z(plotting_report_data.label_grid)
+    assert [list(row) for row in heatmap.customdata] == [list(row) for row in plotting_report_data.label_grid.hover]
+    report = figures.label_map_figure(plotting_report_data.label_grid)
     assert heatmap.colorscale == report.data[0].colorscale
     assert list(heatmap.colorbar.ticktext) == list(report.data[0].colorbar.ticktext)
-    assert fig.layout.title.text == analysis.meta["model"]
-    assert plot_labels(analysis).to_plotly_json() == fig.to_plotly_json()
+    assert fig.layout.title.text == plotting_analysis.meta["model"]
+    assert plot_labels(plotting_analysis).to_plotly_json() == fig.to_plotly_json()
 
 
-def test_plot_scores_is_the_report_detector_heatmap(analysis, data):
-    for grid in data.detector_grids:
-        heatmap = analysis.plot_scores(grid.detector).data[0]
+def test_plot_scores_is_the_report_detector_heatmap(plotting_analysis, plotting_report_data):
+    for grid in plotting_report_data.detector_grids:
+        heatmap = plotting_analysis.plot_scores(grid.detector).data[0]
         expected = [[None if np.isnan(v) else round(float(v), 4) for v in row] for row in grid.score]
         assert [list(row) for row in heatmap.z] == expected
         assert [list(row) for row in heatmap.customdata] == [list(row) for row in grid.hover]
     # and against the scores table itself
-    row = analysis.scores[analysis.scores.detector == "induction"].iloc[5]
-    z = plot_scores(analysis, "induction").data[0].z
+    row = plotting_analysis.scores[plotting_analysis.scores.detector == "induction"].iloc[5]
+    z = plot_scores(plotting_analysis, "induction").data[0].z
     assert z[int(row.layer)][int(row["head"])] == pytest.approx(row.score, abs=1e-4)
 
 
-def test_plot_scores_names_the_detectors_it_has(analysis):
+def test_plot_scores_names_the_detectors_it_has(plotting_analysis):
     with pytest.raises(HeadscopeError, match="no scores for 'nope'.*induction"):
-        analysis.plot_scores("nope")
+        plotting_analysis.plot_scores("nope")
 
 
-def test_plot_head_is_the_report_explorer(analysis, data):
-    payload = _explorer_payload(analysis)
-    n_layers, n_heads = analysis.n_layers, analysis.n_heads
-    for i, example in enumerate(analysis.examples):
+def test_plot_head_is_the_report_explorer(plotting_analysis, plotting_report_data):
+    payload = _explorer_payload(plotting_analysis)
+    n_layers, n_heads = plotting_analysis.n_layers, plotting_analysis.n_heads
+    for i, example in enumerate(plotting_analysis.examples):
         shown = payload["examples"][i]
         raw = np.frombuffer(zlib.decompress(base64.b64decode(shown["data"])), dtype=np.uint8)
         patterns = raw.reshape(n_layers, n_heads, shown["n"], shown["n"])  # what the page decodes
-        fig = analysis.plot_head(3, 2, probe=example.probe, example=sum(e.probe == example.probe for e in analysis.examples[:i]))
+        fig = plotting_analysis.plot_head(3, 2, probe=example.probe, example=sum(e.probe == example.probe for e in plotting_analysis.examples[:i]))
         heatmap = fig.data[0]
         np.testing.assert_allclose(np.array(heatmap.z, dtype=float), patterns[3, 2] / 255.0, atol=1e-4)
         assert list(heatmap.x) == list(range(shown["n"])) == list(heatmap.y)
@@ -104,28 +104,28 @@ def test_plot_head_is_the_report_explorer(analysis, data):
         ticks = list(fig.layout.xaxis.tickvals)
         assert list(fig.layout.xaxis.ticktext) == [shown["ticks"][t] for t in ticks] == list(fig.layout.yaxis.ticktext)
         assert fig.layout.yaxis.autorange == "reversed"  # query 0 on top, as in the explorer
-    label = data.label_grid.labels[3][2]
+    label = plotting_report_data.label_grid.labels[3][2]
     assert fig.layout.title.text.startswith(f"layer 3 head 2 — {label}")
 
 
-def test_plot_head_default_is_the_first_stored_example(analysis):
-    first = analysis.examples[0]
-    z = np.array(plot_head(analysis, 1, 1).data[0].z, dtype=float)
+def test_plot_head_default_is_the_first_stored_example(plotting_analysis):
+    first = plotting_analysis.examples[0]
+    z = np.array(plot_head(plotting_analysis, 1, 1).data[0].z, dtype=float)
     np.testing.assert_allclose(z, first.pattern(1, 1), atol=1e-4)
-    assert plot_head(analysis, 1, 1).layout.title.text.endswith(f"{first.probe} #{first.index}")
+    assert plot_head(plotting_analysis, 1, 1).layout.title.text.endswith(f"{first.probe} #{first.index}")
 
 
-def test_plot_head_errors_name_what_exists(analysis):
+def test_plot_head_errors_name_what_exists(plotting_analysis):
     with pytest.raises(HeadscopeError, match="no head 5.0"):
-        analysis.plot_head(5, 0)
+        plotting_analysis.plot_head(5, 0)
     with pytest.raises(HeadscopeError, match="no example 2 of probe repeated.*1 such.*repeated, text"):
-        analysis.plot_head(0, 0, probe="repeated", example=2)
+        plotting_analysis.plot_head(0, 0, probe="repeated", example=2)
     with pytest.raises(HeadscopeError, match="probe syntax"):
-        analysis.plot_head(0, 0, probe="syntax")
+        plotting_analysis.plot_head(0, 0, probe="syntax")
 
 
-def test_tokens_are_escaped_for_plotly(analysis):
-    fig = analysis.plot_head(0, 0)
+def test_tokens_are_escaped_for_plotly(plotting_analysis):
+    fig = plotting_analysis.plot_head(0, 0)
     text = json.dumps(fig.to_plotly_json()["data"][0]["text"]) + json.dumps(list(fig.layout.xaxis.ticktext))
     for token in NASTY_TOKENS:
         if "<" in token:
@@ -133,15 +133,15 @@ def test_tokens_are_escaped_for_plotly(analysis):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
 
 
-def test_plot_syntax_from_analysis_and_from_run_syntax_result(analysis, data):
+def test_plot_syntax_from_analysis_and_from_run_syntax_result(plotting_analysis, plotting_report_data):
     import pandas as pd
 
-    bars = analysis.plot_syntax().data
-    report = figures.syntax_figure(data.syntax_best)
-    assert list(bars[0].y) == list(report.data[0].y) == [round(r.accuracy, 4) for r in data.syntax_best]
-    assert list(bars[1].y) == [round(r.baseline_accuracy, 4) for r in data.syntax_best]
-    result = SyntaxResult(table=analysis.syntax, best=pd.DataFrame(analysis.meta["syntax_best"]), head_scores=None)
-    assert plot_syntax(result).to_plotly_json() == analysis.plot_syntax().to_plotly_json()
+    bars = plotting_analysis.plot_syntax().data
+    report = figures.syntax_figure(plotting_report_data.syntax_best)
+    assert list(bars[0].y) == list(report.data[0].y) == [round(r.accuracy, 4) for r in plotting_report_data.syntax_best]
+    assert list(bars[1].y) == [round(r.baseline_accuracy, 4) for r in plotting_report_data.syntax_best]
+    result = SyntaxResult(table=plotting_analysis.syntax, best=pd.DataFrame(plotting_analysis.meta["syntax_best"]), head_scores=None)
+    assert plot_syntax(result).to_plotly_json() == plotting_analysis.plot_syntax().to_plotly_json()
     with pytest.raises(HeadscopeError, match="no syntax scores"):
         fake_analysis(with_syntax=False).plot_syntax()
 
@@ -189,51 +189,51 @@ def test_plot_pattern_of_a_captured_planted_head(planted):
 
 # --- rich display -------------------------------------------------------------------------------
 
-def test_repr_html_holds_summary_and_label_map(analysis, data):
-    page = analysis._repr_html_()
+def test_repr_html_holds_summary_and_label_map(plotting_analysis, plotting_report_data):
+    page = plotting_analysis._repr_html_()
     blocks = _figure_blocks(page)
     assert len(blocks) == 1
     label_map = blocks[0]["data"][0]
-    assert label_map["z"] == _label_z(data.label_grid)
-    assert label_map["customdata"][1][2] == data.label_grid.hover[1][2]
+    assert label_map["z"] == _label_z(plotting_report_data.label_grid)
+    assert label_map["customdata"][1][2] == plotting_report_data.label_grid.hover[1][2]
     assert "layer 1 head 2" in label_map["customdata"][1][2]
-    assert f"<code>{analysis.meta['model']}</code>" in page
-    assert f"{analysis.n_layers} layers × {analysis.n_heads} heads" in page
-    for label in data.label_grid.categories:
-        count = sum(row.count(label) for row in data.label_grid.labels)
+    assert f"<code>{plotting_analysis.meta['model']}</code>" in page
+    assert f"{plotting_analysis.n_layers} layers × {plotting_analysis.n_heads} heads" in page
+    for label in plotting_report_data.label_grid.categories:
+        count = sum(row.count(label) for row in plotting_report_data.label_grid.labels)
         assert re.search(rf"</span>{re.escape(label)}</td><td class=\"num\">{count}</td>", page), label
-    top = data.top_heads[0]
+    top = plotting_report_data.top_heads[0]
     assert f"<td>{top.quantity}</td><td>L{top.layer} H{top.head} {top.score:.3f} (control {top.control:.3f})" in page
     assert "<b>Warning:</b>" not in page
     warned = fake_analysis(control=False)._repr_html_()
     assert "<b>Warning:</b> No control model (none was asked for)" in warned and "(control " not in warned
 
 
-def test_plotlyjs_is_embedded_once_per_session(analysis, monkeypatch):
-    first, second = analysis._repr_html_(), analysis._repr_html_()
+def test_plotlyjs_is_embedded_once_per_session(plotting_analysis, monkeypatch):
+    first, second = plotting_analysis._repr_html_(), plotting_analysis._repr_html_()
     assert first.count(PLOTLYJS_MARK) == 1 and PLOTLYJS_MARK not in second
     assert "<script src" not in first + second  # offline: nothing loaded from elsewhere
     ids = re.findall(r'<div id="(hs-nb-[0-9a-f]+)"', first + second)
     assert len(set(ids)) == 2  # two displays of one analysis never share a div id
     notebook.reset()
-    assert PLOTLYJS_MARK in analysis._repr_html_()
+    assert PLOTLYJS_MARK in plotting_analysis._repr_html_()
     monkeypatch.setitem(sys.modules, "google.colab", object())  # Colab: one frame per output
-    assert PLOTLYJS_MARK in analysis._repr_html_() and PLOTLYJS_MARK in analysis._repr_html_()
+    assert PLOTLYJS_MARK in plotting_analysis._repr_html_() and PLOTLYJS_MARK in plotting_analysis._repr_html_()
 
 
-def test_display_escapes_text_from_the_analysis(analysis):
-    nasty = copy.copy(analysis)
-    nasty.meta = dict(analysis.meta, model="</script><script>alert(1)</script>", family="<b>&")
+def test_display_escapes_text_from_the_analysis(plotting_analysis):
+    nasty = copy.copy(plotting_analysis)
+    nasty.meta = dict(plotting_analysis.meta, model="</script><script>alert(1)</script>", family="<b>&")
     page = nasty._repr_html_()
     assert "<script>alert(1)" not in page and "<b>&" not in page
     assert "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert _figure_blocks(page)[0]["layout"]["title"]["text"] == "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"
 
 
-def test_repr_is_one_line(analysis):
-    text = repr(analysis)
-    assert "\n" not in text and text.startswith(f"Analysis(model={analysis.meta['model']!r}, 5 layers x 4 heads")
-    counts = analysis.labels["label"].value_counts()
+def test_repr_is_one_line(plotting_analysis):
+    text = repr(plotting_analysis)
+    assert "\n" not in text and text.startswith(f"Analysis(model={plotting_analysis.meta['model']!r}, 5 layers x 4 heads")
+    counts = plotting_analysis.labels["label"].value_counts()
     assert f"{counts.index[0]}: {counts.iloc[0]}" in text
 
 
@@ -242,7 +242,7 @@ def test_repr_is_one_line(analysis):
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 
 
-def test_figures_draw_offline_in_any_output_order(analysis, tmp_path):
+def test_figures_draw_offline_in_any_output_order(plotting_analysis, tmp_path):
     """Outputs as nbconvert lays them out, with the output that carries plotly.js last."""
     try:
         from playwright.sync_api import sync_playwright
@@ -252,7 +252,7 @@ def test_figures_draw_offline_in_any_output_order(analysis, tmp_path):
         if os.environ.get("CI"):
             pytest.fail("playwright and a system chromium are needed (.ci/run installs them)", pytrace=False)
         pytest.skip("needs playwright and a system chromium")
-    first, second = analysis._repr_html_(), analysis._repr_html_()  # first embeds plotly.js
+    first, second = plotting_analysis._repr_html_(), plotting_analysis._repr_html_()  # first embeds plotly.js
     page_file = tmp_path / "outputs.html"
     page_file.write_text(f"<!DOCTYPE html><html><body><div>{second}</div><div>{first}</div></body></html>", encoding="utf-8")
     with sync_playwright() as p:
@@ -268,4 +268,4 @@ def test_figures_draw_offline_in_any_output_order(analysis, tmp_path):
                               "d => d._fullData[0].z.flat().filter(v => v !== null).length)")
         browser.close()
     assert errors == [] and requests == []
-    assert cells == [analysis.n_layers * analysis.n_heads] * 2
+    assert cells == [plotting_analysis.n_layers * plotting_analysis.n_heads] * 2

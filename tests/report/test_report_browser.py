@@ -38,7 +38,7 @@ N_LAYERS, N_HEADS = 6, 5
 
 
 @pytest.fixture(scope="module")
-def analysis():
+def browser_analysis():
     return fake_analysis(N_LAYERS, N_HEADS, seed=1, n_examples=3, seq_len=18)
 
 
@@ -62,9 +62,9 @@ def _open(browser, path: Path, ready: str):
 
 
 @pytest.fixture(scope="module")
-def browser_page(browser, analysis, tmp_path_factory):
+def browser_page(browser, browser_analysis, tmp_path_factory):
     """The report page after the explorer's first draw, and its console/page errors."""
-    path = write_report(analysis, tmp_path_factory.mktemp("browser") / "report")
+    path = write_report(browser_analysis, tmp_path_factory.mktemp("browser") / "report")
     page, errors = _open(browser, path, "ready")
     yield page, errors
     page.close()
@@ -100,9 +100,9 @@ def _label(analysis, layer: int, head: int) -> str:
     return labels[(labels["layer"] == layer) & (labels["head"] == head)]["label"].iloc[0]
 
 
-def test_page_loads_without_errors_and_draws_every_figure(browser_page, analysis):
+def test_page_loads_without_errors_and_draws_every_figure(browser_page, browser_analysis):
     page, errors = browser_page
-    expected = 1 + len(analysis.detectors) + 1 + 1  # label map, detectors, syntax, explorer
+    expected = 1 + len(browser_analysis.detectors) + 1 + 1  # label map, detectors, syntax, explorer
     assert page.locator(".js-plotly-plot").count() == expected
     drawn = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => d.querySelectorAll('svg.main-svg').length > 0)")
     assert drawn == [True] * expected
@@ -112,15 +112,15 @@ def test_page_loads_without_errors_and_draws_every_figure(browser_page, analysis
     assert errors == []
 
 
-def test_clicking_the_label_map_opens_the_head(browser_page, analysis):
+def test_clicking_the_label_map_opens_the_head(browser_page, browser_analysis):
     page, errors = browser_page
     before = page.inner_text("#hs-explorer-title")
     layer, head = N_LAYERS - 2, N_HEADS - 2
     assert not before.startswith(f"layer {layer} head {head} ")
     _click_cell(page, figures.LABEL_MAP_ID, layer, head)
     title = page.inner_text("#hs-explorer-title")
-    assert title.startswith(f"layer {layer} head {head} — {_label(analysis, layer, head)}")
-    example = analysis.examples[0]
+    assert title.startswith(f"layer {layer} head {head} — {_label(browser_analysis, layer, head)}")
+    example = browser_analysis.examples[0]
     z = _explorer_z(page)
     assert z.shape == (len(example.tokens),) * 2
     np.testing.assert_allclose(z, example.pattern(layer, head), atol=1e-6)
@@ -131,7 +131,7 @@ def test_clicking_the_label_map_opens_the_head(browser_page, analysis):
     assert errors == []
 
 
-def test_detector_heatmap_click_and_example_select(browser_page, analysis):
+def test_detector_heatmap_click_and_example_select(browser_page, browser_analysis):
     page, errors = browser_page
     layer, head = 1, N_HEADS - 1
     _click_cell(page, figures.detector_id(2), layer, head)
@@ -139,18 +139,18 @@ def test_detector_heatmap_click_and_example_select(browser_page, analysis):
     page.locator("#hs-explorer").scroll_into_view_if_needed()
     page.select_option("#hs-example", "2")
     page.wait_for_function("document.getElementById('hs-explorer').dataset.example === '2'", timeout=5_000)
-    np.testing.assert_allclose(_explorer_z(page), analysis.examples[2].pattern(layer, head), atol=1e-6)
+    np.testing.assert_allclose(_explorer_z(page), browser_analysis.examples[2].pattern(layer, head), atol=1e-6)
     assert errors == []
 
 
-def test_table_buttons_and_syntax_bars_open_heads(browser_page, analysis):
+def test_table_buttons_and_syntax_bars_open_heads(browser_page, browser_analysis):
     page, errors = browser_page
-    top = analysis.labels.sort_values("score").iloc[-1]
+    top = browser_analysis.labels.sort_values("score").iloc[-1]
     button = page.locator(f'#top-heads button[data-layer="{top["layer"]}"][data-head="{top["head"]}"]')
     button.click()
     page.wait_for_function("(want) => document.getElementById('hs-explorer').dataset.head === want",
                            arg=f'{top["layer"]},{top["head"]}', timeout=5_000)
-    best = analysis.meta["syntax_best"][0]
+    best = browser_analysis.meta["syntax_best"][0]
     bar = page.locator(f"#{figures.SYNTAX_ID} .trace.bars").first.locator(".point path").first
     bar.scroll_into_view_if_needed()
     box = bar.bounding_box()  # plotly's drag layer sits on top, so click the pixel, not the element

@@ -42,7 +42,7 @@ def _validation() -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def analysis():
+def analysis_with_checks():
     with_checks = copy.copy(fake_analysis())
     with_checks.validation = _validation()
     return with_checks
@@ -53,9 +53,9 @@ def _figures(page):
     return dict((fig_id, fig) for fig_id, fig in json.loads(block))
 
 
-def test_validation_rows_follow_the_frame(analysis):
-    rows = report_data(analysis).validation
-    frame = analysis.validation
+def test_validation_rows_follow_the_frame(analysis_with_checks):
+    rows = report_data(analysis_with_checks).validation
+    frame = analysis_with_checks.validation
     assert [r.label for r in rows] == list(frame["label"]) and [r.mode for r in rows] == list(frame["mode"])
     first = rows[0]
     assert first.heads == ((2, 1), (3, 0)) and first.random_deltas == (0.1, 0.2) and not first.primary
@@ -64,11 +64,11 @@ def test_validation_rows_follow_the_frame(analysis):
     assert math.isnan(rows[2].baseline_accuracy)
 
 
-def test_validation_rows_survive_a_csv_round_trip(analysis, tmp_path):
-    write_csv(analysis.validation, tmp_path / "validation.csv")
-    again = copy.copy(analysis)
+def test_validation_rows_survive_a_csv_round_trip(analysis_with_checks, tmp_path):
+    write_csv(analysis_with_checks.validation, tmp_path / "validation.csv")
+    again = copy.copy(analysis_with_checks)
     again.validation = read_csv(tmp_path / "validation.csv")
-    before, after = report_data(analysis).validation, report_data(again).validation
+    before, after = report_data(analysis_with_checks).validation, report_data(again).validation
     assert len(before) == len(after)
     for a, b in zip(before, after):
         for name, value in a._asdict().items():
@@ -88,8 +88,8 @@ def test_no_validation_no_section():
     assert report_data(unset).validation is None
 
 
-def test_section_figure_and_table(analysis):
-    page = render_html(analysis, plotlyjs="cdn")
+def test_section_figure_and_table(analysis_with_checks):
+    page = render_html(analysis_with_checks, plotlyjs="cdn")
     assert page.count('<section id="validation">') == 1 and "What breaks when these heads are removed" in page
     assert page.count(f'<div id="{figures.VALIDATION_ID}" class="figure">') == 1
     figs = _figures(page)
@@ -98,7 +98,7 @@ def test_section_figure_and_table(analysis):
     explorer = json.loads(re.search(r'id="hs-explorer-data">(.*?)</script>', page, re.S).group(1))
     assert figures.VALIDATION_ID not in explorer["clickable"]
     bars, draws = figs[figures.VALIDATION_ID]["data"]
-    primary = [r for r in report_data(analysis).validation if r.primary]  # the chart shows mean ablation only
+    primary = [r for r in report_data(analysis_with_checks).validation if r.primary]  # the chart shows mean ablation only
     assert bars["y"] == [r.delta for r in primary] and len(bars["x"]) == 4
     assert draws["y"] == [0.05, 0.3, 0.02, 0.01, 0.05, 0.02]
     assert "syntactic:&lt;b&gt;obj" in bars["x"] and "<b>obj" not in page
