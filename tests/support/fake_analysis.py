@@ -6,37 +6,22 @@
   (detector quantities, `control`, `treebank`), example patterns whose heads do what their label says, and tokens with
   HTML nasties (`<script>alert(1)</script>`, `&amp;`, `<b>&`, `</script>`).
 - `NASTY_TOKENS`: those tokens, for escaping tests.
+- `DETECTORS`: the detectors it scores (plus "syntactic" with syntax). What each one is (threshold,
+  formula, source, probe, learned, gate, quantity, ...) is read from the registered `Detector`
+  (`headscope.detectors.REGISTRY`), as `headscope.analyze` records it, so the fake cannot drift
+  from the registry.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from headscope.analysis import Analysis, Example
+from headscope.detectors import REGISTRY
 
-__all__ = ["fake_analysis", "NASTY_TOKENS", "THRESHOLDS"]
+__all__ = ["fake_analysis", "NASTY_TOKENS", "DETECTORS"]
 
 NASTY_TOKENS = ["<script>alert(1)</script>", "&amp;", "<b>&", "</script>"]
-THRESHOLDS = {
-    "previous_token": 0.4, "induction": 0.3, "duplicate_token": 0.3, "self": 0.3,
-    "next_token": 0.3, "sink": 0.5, "uniform": 0.7,
-}
-FORMULAS = {
-    "previous_token": "mean_i A[i, i-1]",
-    "induction": "mean_i A[i, j+1] over earlier copies j of token i (i > j)",
-    "duplicate_token": "mean_i sum_{j<i, t_j = t_i} A[i, j]",
-    "self": "mean_i A[i, i]",
-    "next_token": "mean_i A[i, i+1]",
-    "sink": "mean_i A[i, 0]",
-    "uniform": "1 - mean_i JS(A[i, :], uniform over allowed keys)",
-    "syntactic": "accuracy of argmax_j A[i, j] == syntactic head of word i (best relation)",
-}
-SOURCES = {
-    "previous_token": "Elhage et al. 2021", "induction": "Olsson et al. 2022",
-    "duplicate_token": "Wang et al. 2022", "self": "Clark et al. 2019",
-    "next_token": "Clark et al. 2019", "sink": "Xiao et al. 2023",
-    "uniform": "Clark et al. 2019", "syntactic": "Clark et al. 2019",
-}
-QUANTITIES = {"uniform": "normalised entropy", "syntactic": "held-out margin over the baseline"}
+DETECTORS = ("previous_token", "induction", "duplicate_token", "self", "next_token", "sink", "uniform")
 RELATIONS = ["nsubj", "obj", "det", "amod", "advmod"]
 _PLAN = ["previous_token", "induction", "sink", "mixed", "none", "uniform", "duplicate_token",
          "syntactic:obj", "self", "none", "previous_token", "sink", "mixed", "induction"]
@@ -63,8 +48,8 @@ def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_synta
     import pandas as pd
 
     rng = np.random.default_rng(seed)
-    detectors = list(THRESHOLDS) + (["syntactic"] if with_syntax else [])
-    thresholds = dict(THRESHOLDS, **({"syntactic": 0.1} if with_syntax else {}))
+    detectors = list(DETECTORS) + (["syntactic"] if with_syntax else [])
+    thresholds = {det: REGISTRY[det].threshold for det in detectors}
     plan = [[_PLAN[(layer * n_heads + head * 4 + seed) % len(_PLAN)] for head in range(n_heads)]
             for layer in range(n_layers)]
     if not with_syntax:
@@ -97,7 +82,7 @@ def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_synta
     labels_df = pd.DataFrame(label_rows, columns=["layer", "head", "label", "score", "labels"])
 
     examples = [_example(rng, plan, i, max(8, seq_len)) for i in range(n_examples)]
-    meta = _meta(n_layers, n_heads, seed, detectors, thresholds, seq_len, n_examples, created)
+    meta = _meta(n_layers, n_heads, seed, detectors, seq_len, n_examples, created)
     meta["control"] = (
         {"kind": "random-init", "seed": seed + 1_000_003, "name": f"{meta['model']} (random-init control)",
          "note": "a twin with the same config and tokenizer and seeded random weights"} if control else
@@ -154,7 +139,7 @@ def _pattern(rng, kind: str, tokens: list[str]) -> np.ndarray:
     return 0.8 * target + 0.2 * noise
 
 
-def _meta(n_layers, n_heads, seed, detectors, thresholds, seq_len, n_examples, created) -> dict:
+def _meta(n_layers, n_heads, seed, detectors, seq_len, n_examples, created) -> dict:
     probes = {
         "text": {"n_examples": 24, "seq_len": seq_len, "description": "natural text"},
         "repeated": {"n_examples": 24, "seq_len": seq_len, "description": "random tokens, repeated once"},
@@ -168,13 +153,7 @@ def _meta(n_layers, n_heads, seed, detectors, thresholds, seq_len, n_examples, c
         "versions": {"headscope": "0.1.0", "torch": "2.13.0", "transformers": "5.0.0"},
         "timings": {"capture": 1.25, "detect": 0.5, "total": 1.75 + n_examples * 0.01},
         "created": created,
-        "detectors": {
-            det: {"formula": FORMULAS[det], "threshold": thresholds[det], "source": SOURCES[det],
-                  "probe": "treebank" if det == "syntactic" else ("repeated" if det in ("induction", "duplicate_token") else "text"),
-                  "learned": det not in ("sink", "uniform"), "gate": "ci_low" if det == "syntactic" else "score",
-                  "quantity": QUANTITIES.get(det, "attention mass")}
-            for det in detectors
-        },
+        "detectors": {det: REGISTRY[det].describe() for det in detectors},  # as headscope.analyze records them
     }
 
 
