@@ -4,8 +4,8 @@
 template=fn, ...)`, where `fn(tokens) -> [query, key]` is the ideal pattern. Nothing outside
 this file names it, yet it is scored by `analyze`, labels heads, shows in the HTML report, the
 notebook display and `headscope detectors`, runs from `headscope analyze --detectors
-test_custom_detector:two_back` and is checked by `validate`. The planted one-layer model
-(tests/support/planted_positions.py) has one head that attends two tokens back (0.0) and a
+tests.detectors.test_custom_detector:two_back` and is checked by `validate`. The planted
+one-layer model (tests/support/planted_positions.py) has one head that attends two tokens back (0.0) and a
 previous-token head (0.2).
 """
 import pytest
@@ -80,13 +80,13 @@ def test_cli_lists_it_and_analyze_finds_it_by_module(planted_positions_path, tmp
     assert listed.exit_code == 0 and "two_back" in listed.output and two_back.formula in listed.output
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["analyze", planted_positions_path, "--out", str(out), "--device", "cpu", "--control", "none",
-                                      "--detectors", "test_custom_detector:two_back,previous_token",
+                                      "--detectors", "tests.detectors.test_custom_detector:two_back,previous_token",
                                       "--n-examples", "4", "--seq-len", "40"])
     assert result.exit_code == 0, result.output
     labels = headscope.Analysis.load(out).labels.set_index("head").label
     assert labels[0] == "two_back"
     bad = CliRunner().invoke(app, ["analyze", planted_positions_path, "--out", str(tmp_path / "bad"), "--detectors",
-                                   "test_custom_detector:two_tokens_back"])
+                                   "tests.detectors.test_custom_detector:two_tokens_back"])
     assert bad.exit_code == 1 and "is not a detector" in bad.output
 
 
