@@ -1,10 +1,10 @@
+"""Session fixtures shared by every test folder: the load cache, the two bundled models, and the
+planted models of `tests/support/` (each saved once by its factory, `save_planted` and
+`save_planted_positions`, and loaded once: `planted`, `planted_positions`)."""
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,11 +36,17 @@ def minilm():
 
 @pytest.fixture(scope="session")
 def planted_dir(tmp_path_factory) -> Path:
-    """The planted model of `tests/planted.py` saved once as a model folder, for what loads it
+    """The planted model of `tests/support/planted.py` saved once as a model folder, for what loads it
     by path (the command line, subprocesses, a test that needs its own copy to edit)."""
-    from planted import save_planted
+    from tests.support.planted import save_planted
 
     return save_planted(tmp_path_factory.mktemp("planted"))
+
+
+@pytest.fixture(scope="session")
+def planted_path(planted_dir) -> str:
+    """`planted_dir` as the string a command line takes."""
+    return str(planted_dir)
 
 
 def _load_unchanged(folder: Path):
@@ -70,8 +76,15 @@ def planted(planted_dir):
 
 
 @pytest.fixture(scope="session")
-def planted_positions(tmp_path_factory):
-    """The variant of `tests/planted_positions.py` (fixed-offset and rare-word heads), loaded once."""
-    from planted_positions import save_planted_positions
+def planted_positions_dir(tmp_path_factory) -> Path:
+    """The variant of `tests/support/planted_positions.py` (fixed-offset and rare-word heads) saved
+    once as a model folder, for what loads it by path."""
+    from tests.support.planted_positions import save_planted_positions
 
-    yield from _load_unchanged(save_planted_positions(tmp_path_factory.mktemp("planted-positions")))
+    return save_planted_positions(tmp_path_factory.mktemp("planted-positions"))
+
+
+@pytest.fixture(scope="session")
+def planted_positions(planted_positions_dir):
+    """The variant loaded once for the session; tests read it and never change it."""
+    yield from _load_unchanged(planted_positions_dir)

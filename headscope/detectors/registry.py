@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 from ..errors import HeadscopeError
 
 __all__ = ["BUILTINS", "Builtin", "REGISTRY", "SPEC_FIELDS", "register", "get", "names", "defaults", "detector_spec",
-           "detector_specs", "report_section"]
+           "detector_specs", "registry_order", "report_section"]
 
 class Builtin(NamedTuple):
     """Where a built-in detector is defined: `module.attribute`, registered as `name`; `section`
@@ -78,8 +78,8 @@ class _Registry(MutableMapping):
     def loaded(self) -> bool:
         return self._loaded
 
-    def added(self) -> dict:
-        """What was registered so far, without loading the built-ins."""
+    def so_far(self) -> dict:
+        """What is registered now (the built-ins only once loaded), without loading them."""
         return dict(self._detectors)
 
     def __getitem__(self, name):
@@ -147,26 +147,33 @@ def _complete(recorded: dict) -> bool:
 
 
 def detector_specs(meta: Optional[dict] = None) -> dict:
-    """name -> spec (`Detector.describe()`) of the detectors an analysis knows, in registry order.
+    """name -> spec (`Detector.describe()`) of the detectors an analysis knows.
 
     An analysis that recorded every field of every detector it ran (`meta["detectors"]`) is
-    described by that record alone: built-ins in `BUILTINS` order, then the others as recorded.
-    Otherwise (an older analysis, or `meta=None`) every registered detector, the record
-    overriding the registered description field by field.
+    described by that record, in its order, followed by the other detectors registered so far
+    (none in a process that has not loaded the registry: reading a saved analysis loads no
+    detector and no torch). Otherwise (an older analysis, or `meta=None`) the recorded
+    detectors and then every other registered one, the record overriding the registered
+    description field by field.
     """
     recorded = (meta or {}).get("detectors", {})
-    if _complete(recorded):
-        order = {builtin.name: i for i, builtin in enumerate(BUILTINS)}
-        return {name: dict(recorded[name]) for name in sorted(recorded, key=lambda n: order.get(n, len(order)))}
-    return {name: detector_spec(meta or {}, name) for name in dict.fromkeys([*REGISTRY, *recorded])}
+    if _complete(recorded):  # then the registered ones, as far as they are loaded already
+        others = {name: detector.describe() for name, detector in REGISTRY.so_far().items() if name not in recorded}
+        return {**{name: dict(spec) for name, spec in recorded.items()}, **others}
+    return {name: detector_spec(meta or {}, name) for name in dict.fromkeys([*recorded, *REGISTRY])}
+
+
+def registry_order(names) -> list:
+    """`names` in registry order: built-ins as `BUILTINS` lists them, then the others as given."""
+    order = {builtin.name: i for i, builtin in enumerate(BUILTINS)}
+    return sorted(names, key=lambda name: order.get(name, len(order)))
 
 
 def report_section(name: str):
     """The report section of the detector registered as `name` (`Detector.report`), or None.
     A built-in's is imported from where `BUILTINS` says, so the registry (and torch) stays
     unloaded until something else needs it."""
-    added = REGISTRY.added()
-    if REGISTRY.loaded or name in added:
+    if REGISTRY.loaded or name in REGISTRY.so_far():
         return REGISTRY[name].report if name in REGISTRY else None
     for builtin in BUILTINS:
         if builtin.name == name:

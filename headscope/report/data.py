@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from ..detectors.registry import detector_specs
+from ..detectors.registry import detector_specs, registry_order
 from .geometry_data import GeometryData, geometry_data
 from .method import (
     HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, outranks_resting,
@@ -61,7 +61,8 @@ EXTRA_COLOURS = ("#2ca02c", "#e377c2", "#98df8a", "#ffbb78", "#aec7e8", "#c5b0d5
 def _fixed_colours(meta: Optional[dict] = None) -> dict:
     """label -> colour: the detectors that have one (in registry order; those an analysis recorded,
     `registry.detector_specs`), then "mixed", "none"."""
-    return {**{name: spec["colour"] for name, spec in detector_specs(meta).items() if spec.get("colour")},
+    specs = detector_specs(meta)
+    return {**{name: specs[name]["colour"] for name in registry_order(specs) if specs[name].get("colour")},
             **OUTCOME_COLOURS}
 
 

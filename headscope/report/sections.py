@@ -33,8 +33,8 @@ class SectionData:
 
 
 def detector_sections(meta: dict) -> tuple:
-    """`(name, ReportSection)` for the analysis's detectors that have a section, in registry order
-    (`registry.detector_specs`: the recorded ones, or every registered one for an older analysis)."""
+    """`(name, ReportSection)` for the analysis's detectors that have a section (`registry.detector_specs`:
+    the recorded ones, then, for an older analysis, the other registered ones)."""
     found = ((name, report_section(name)) for name in detector_specs(meta))
     return tuple((name, section) for name, section in found if section is not None)
 

@@ -1,0 +1,218 @@
+"""LazyPattern: entries and row statistics from the fused kernel's log-sum-exp equal the same
+reductions of the full pattern, on the fused (CPU flash) and blockwise paths, and analyze's lazy
+path gives the maps path's scores without computing a map."""
+import pytest
+import torch
+
+import headscope
+import headscope.attention.lazy as lazy_module
+from headscope import detectors
+from headscope.attention.kernel import attention
+from headscope.attention.lazy import lazy_attention
+from headscope.analysis.analyze import analyze
+from headscope.probes.base import ProbeBatch
+from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
+from tests.support.tiny import ODD_FAMILIES, tiny_inputs, tiny_model
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+FP32 = dict(atol=1e-5, rtol=0)  # fp32: the fused kernel and the explicit path round differently
+
+
+@pytest.fixture(params=["fused", "blockwise"])
+def path(request):
+    """`lazy_attention` keywords of each path: the fused CPU kernel, or query blocks."""
+    if request.param == "blockwise":
+        return dict(fused=False, block_bytes=4 * 2 * 6 * 40 * 7)  # 7 query rows per block of _qkv()'s shape
+    assert lazy_module.fused_lse_available(torch.device("cpu"))
+    return {}
+
+
+def _qkv(seed=0, batch=2, heads=6, kv_heads=2, length=40, d_head=16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, length, d_head, generator=g) * 2  # sharp enough to matter
+    k = torch.randn(batch, kv_heads, length, d_head, generator=g) * 2
+    v = torch.randn(batch, kv_heads, length, d_head, generator=g)
+    return q, k, v
+
+
+def _padded_causal(batch, length, n_pad=5):
+    real = torch.ones(batch, length, dtype=torch.bool)
+    real[1, :n_pad] = False  # left padding: the first rows of example 1 see no real key
+    mask = real[:, None, None, :] & torch.ones(length, length, dtype=torch.bool).tril()
+    return real, mask
+
+
+def _alibi(heads, length):
+    """An additive bias that is neither 0 nor hidden (slopes per head), plus the causal mask."""
+    distance = (torch.arange(length)[None, :] - torch.arange(length)[:, None]).float()
+    bias = distance[None] * torch.tensor([2.0 ** -(h + 1) for h in range(heads)])[:, None, None]
+    return bias.masked_fill(distance > 0, float("-inf"))[None]  # (1, H, T, T)
+
+
+MASKS = {
+    "causal": lambda b, h, t: (None, True, torch.ones(b, t, dtype=torch.bool)),
+    "padded bool": lambda b, h, t: (_padded_causal(b, t)[1], False, _padded_causal(b, t)[0]),
+    "padding and causal flag": lambda b, h, t: (_padded_causal(b, t)[0][:, None, None, :], True, _padded_causal(b, t)[0]),
+    "additive bias": lambda b, h, t: (_alibi(h, t), False, torch.ones(b, t, dtype=torch.bool)),
+    "bidirectional": lambda b, h, t: (None, False, torch.ones(b, t, dtype=torch.bool)),
+}
+
+
+@pytest.mark.parametrize("mask_kind", list(MASKS))
+def test_lazy_entries_equal_the_full_pattern(path, mask_kind):
+    q, k, v = _qkv()
+    b, h, t, _ = q.shape
+    mask, is_causal, real = MASKS[mask_kind](b, h, t)
+    z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **path)
+    z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True)
+    rows = real  # (B, T): rows of queries that see at least one real key (padded rows carry no meaning)
+    assert lazy.shape == tuple(pattern.shape)
+    torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **FP32)
+    for offset in (-3, -1, 0, 1, 2):
+        ours, ref = lazy.diagonal(offset), pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
+        first = max(0, -offset)
+        keep = rows[:, first:first + ref.shape[-1]]
+        torch.testing.assert_close(ours.transpose(1, 2)[keep], ref.transpose(1, 2)[keep], **FP32)
+    for key in (0, 7):
+        torch.testing.assert_close(lazy.column(key).transpose(1, 2)[rows], pattern[..., key].transpose(1, 2)[rows], **FP32)
+    g = torch.Generator().manual_seed(3)
+    targets = (torch.rand(b, t, t, generator=g) < 0.15) & rows[:, :, None]
+    mass = (pattern * targets[:, None]).sum(-1)
+    torch.testing.assert_close(lazy.mass(targets), mass, **FP32)
+    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)
+    torch.testing.assert_close(lazy.entropy().transpose(1, 2)[rows], entropy.transpose(1, 2)[rows], **FP32)
+    assert lazy.mass(targets).sum() > 1.0  # the targets hold real attention, not only zeros
+
+
+EXTRAS = {
+    "softcap": dict(softcap=1.5),
+    "sinks": dict(sinks=torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0])),
+    "softcap and sinks": dict(softcap=1.5, sinks=torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0])),
+}
+
+
+@pytest.mark.parametrize("extra", list(EXTRAS))
+@pytest.mark.parametrize("mask_kind", ["causal", "padded bool", "additive bias"])
+def test_lazy_entries_with_softcap_and_sinks(path, mask_kind, extra):
+    """Soft-capped scores (computed in query blocks) and sink logits (in the row lse, dropped from
+    the pattern): z, entries and entropy equal the explicit path's, rows sum to less than 1."""
+    q, k, v = _qkv()
+    b, h, t, _ = q.shape
+    mask, is_causal, rows = MASKS[mask_kind](b, h, t)
+    z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **EXTRAS[extra], **path)
+    z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True, **EXTRAS[extra])
+    _, plain = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True)
+    assert (pattern - plain).abs().max() > 0.1  # the extra changes the pattern a lot
+    torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **FP32)
+    for offset in (-1, 0):
+        ref = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
+        keep = rows[:, max(0, -offset):max(0, -offset) + ref.shape[-1]]
+        torch.testing.assert_close(lazy.diagonal(offset).transpose(1, 2)[keep], ref.transpose(1, 2)[keep], **FP32)
+    torch.testing.assert_close(lazy.column(0).transpose(1, 2)[rows], pattern[..., 0].transpose(1, 2)[rows], **FP32)
+    g = torch.Generator().manual_seed(3)
+    targets = (torch.rand(b, t, t, generator=g) < 0.15) & rows[:, :, None]
+    torch.testing.assert_close(lazy.mass(targets), (pattern * targets[:, None]).sum(-1), **FP32)
+    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)
+    torch.testing.assert_close(lazy.entropy().transpose(1, 2)[rows], entropy.transpose(1, 2)[rows], **FP32)
+    sinks = EXTRAS[extra].get("sinks")
+    sink_share = (sinks.view(1, -1, 1) - lazy.lse).exp() if sinks is not None else torch.zeros_like(lazy.lse)  # (B, H, Tq)
+    missing = (1 - pattern.sum(-1)).transpose(1, 2)[rows]  # (n rows, H): what the keys did not get
+    torch.testing.assert_close(missing, sink_share.transpose(1, 2)[rows], **FP32)
+    if sinks is not None:
+        assert missing.max() > 0.1  # the sinks take real mass
+
+
+def test_keywords_choose_the_path_and_the_block_size(monkeypatch):
+    """fused=False computes the row log-sum-exp in query blocks of `block_bytes`; the default
+    takes the fused kernel and no block at all."""
+    q, k, v = _qkv()  # 40 queries
+    blocks = []
+    original = torch.logsumexp
+    monkeypatch.setattr(torch, "logsumexp", lambda x, *a, **kw: blocks.append(x.shape[2]) or original(x, *a, **kw))
+    _, fused = lazy_attention(q, k, v, is_causal=True)
+    assert blocks == []
+    _, blockwise = lazy_attention(q, k, v, is_causal=True, fused=False, block_bytes=4 * 2 * 6 * 40 * 7)
+    assert blocks == [7, 7, 7, 7, 7, 5]
+    torch.testing.assert_close(blockwise.lse, fused.lse, **FP32)
+
+
+def test_fused_entropy_falls_back_for_an_additive_bias(monkeypatch):
+    """The keys-as-values identity needs a mask of 0 or hidden; a bias takes the exact blockwise path."""
+    q, k, v = _qkv()
+    mask = _alibi(q.shape[1], q.shape[2])
+    _, lazy = lazy_attention(q, k, v, mask=mask)
+    calls = []
+    original = lazy_module._blockwise_stats
+    monkeypatch.setattr(lazy_module, "_blockwise_stats", lambda *a, **kw: calls.append(kw) or original(*a, **kw))
+    lazy.entropy()
+    assert calls == [{"entropy": True}]
+
+
+def _lazy_detectors(causal):
+    return [d for d in detectors.REGISTRY.values() if d.lazy and not (causal and d.bidirectional_only)]
+
+
+@pytest.mark.parametrize("family", ODD_FAMILIES)
+@torch.no_grad()
+def test_every_lazy_detector_scores_a_model_as_on_its_maps(family):
+    """Inside each tiny model (GQA, rotary, fused qkv, padding): per-example scores of every
+    lazy detector from the LazyPattern equal those from the full pattern."""
+    model = tiny_model(family)
+    x = tiny_inputs(batch=3, length=23)
+    ids = x["input_ids"].clone()
+    ids[:, 12:] = ids[:, 1:12]  # a repeat, so the copy detectors have targets
+    x["input_ids"] = ids
+    causal = family != "bert"
+    batch = ProbeBatch(ids, x["attention_mask"].bool(), causal, 1)
+    dets = _lazy_detectors(causal)
+    reduce = lambda layer, pattern, mask: {d.name: d.score(pattern, batch) for d in dets}
+    with headscope.capture(model, reduce=reduce) as maps:
+        model(**x)
+    with headscope.capture(model, reduce=reduce, lazy=True) as lazy:
+        model(**x)
+    for layer, results in maps.results.items():
+        for name, ref in results[0].items():
+            torch.testing.assert_close(lazy.results[layer][0][name], ref, atol=1e-5, rtol=0, equal_nan=True)
+            assert not ref.isnan().all()
+
+
+def test_lazy_capture_needs_a_reducer():
+    model = tiny_model("gpt2")
+    with pytest.raises(headscope.HeadscopeError, match="lazy=True needs a reducer"):
+        with headscope.capture(model, lazy=True):
+            pass
+
+
+def test_analyze_lazy_equals_maps_and_computes_no_map(planted, monkeypatch):
+    names = [d.name for d in _lazy_detectors(causal=True)]
+    small = dict(detectors=names, probes=[TextProbe(8, 40), RepeatedProbe(8, 10, 4)], explorer_examples=0)
+    maps = analyze(planted, lazy=False, **small)
+
+    def no_map(*args, **kwargs):
+        raise AssertionError("the lazy path computed a map")
+
+    monkeypatch.setattr("headscope.hf.route.attention", no_map)
+    lazy = analyze(planted, **small)
+    torch.testing.assert_close(torch.tensor(lazy.scores.score.values), torch.tensor(maps.scores.score.values), atol=1e-5, rtol=0)
+    for column in ("ci_low", "ci_high"):
+        torch.testing.assert_close(torch.tensor(lazy.scores[column].values), torch.tensor(maps.scores[column].values),
+                                   atol=1e-5, rtol=0)
+    assert lazy.labels.label.tolist() == maps.labels.label.tolist()
+    assert {p["patterns"] for p in lazy.meta["probes"].values()} == {"lazy"}
+    assert {p["patterns"] for p in maps.meta["probes"].values()} == {"maps"}
+    assert (lazy.labels.label != "none").sum() >= 6  # the planted heads are found on this path too
+
+
+def test_bf16_entries_stay_within_bf16_rounding(path):
+    """In bf16 the kernel's log-sum-exp comes from bf16 products; entries and entropy must still
+    match the explicit path (fp32 softmax of the same bf16 q, k) to bf16's resolution."""
+    q, k, v = (x.to(torch.bfloat16) for x in _qkv())
+    z, lazy = lazy_attention(q, k, v, is_causal=True, **path)
+    _, pattern = attention(q, k, v, is_causal=True, need_pattern=True)
+    # The kernel's fp32 lse from bf16 products differs from an fp32 softmax by accumulation order
+    # only (measured 5e-5 on the entries, 6e-7 on the entropy); 1e-3 is far below bf16's own 4e-3.
+    bf16 = dict(atol=1e-3, rtol=0)
+    torch.testing.assert_close(lazy.diagonal(-1), pattern.diagonal(offset=-1, dim1=-2, dim2=-1), **bf16)
+    torch.testing.assert_close(lazy.column(0), pattern[..., 0], **bf16)
+    torch.testing.assert_close(lazy.entropy(), -torch.special.xlogy(pattern, pattern).sum(-1), **bf16)

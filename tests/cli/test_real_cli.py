@@ -1,0 +1,48 @@
+"""`headscope analyze` end to end on the bundled SmolLM2-135M, and its report in Chromium (slow)."""
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from headscope.analysis import Analysis
+from headscope.cli import app
+
+pytestmark = pytest.mark.slow
+
+
+def test_analyze_smollm2_end_to_end(tmp_path):
+    out = tmp_path / "smollm2"
+    result = CliRunner().invoke(app, ["analyze", "--out", str(out), "--n-examples", "6", "--seq-len", "96",
+                                      "--n-sentences", "40", "--device", "cpu"])
+    assert result.exit_code == 0, result.output[-3000:]
+    analysis = Analysis.load(out)
+    assert (analysis.n_layers, analysis.n_heads) == (30, 9)
+    labels = set(analysis.labels.label)
+    assert {"induction", "sink"} <= labels
+    assert "smollm2-135m: 30 layers x 9 heads" in result.stdout
+    page = out / "index.html"
+    assert page.stat().st_size < 15 * 2**20
+    chromium = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    if chromium is None or sync_playwright is None:
+        pytest.skip("no Chromium/playwright for the browser half")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",
+                                                                    "--disable-background-networking"])
+        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors = []
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        tab.goto(page.as_uri())
+        tab.wait_for_function("document.documentElement.dataset.headscope === 'ready'", timeout=30_000)
+        drawn = tab.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length")
+        artifacts = Path(__file__).resolve().parents[2] / "test-artifacts"
+        artifacts.mkdir(exist_ok=True)
+        tab.screenshot(path=str(artifacts / "smollm2-report.png"), full_page=True)
+        browser.close()
+    assert errors == []
+    assert drawn >= 8  # label map, 6 detector heatmaps, explorer

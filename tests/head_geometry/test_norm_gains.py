@@ -1,0 +1,53 @@
+"""Norm gains found by what the norms do, and folded into the OV circuit."""
+import pytest
+import torch
+
+from headscope.loading.loader import Loaded
+from headscope.head_geometry.norm_gains import norm_gains
+from headscope.head_geometry.ov_circuit import ov_copying, ov_scores
+from tests.support.tiny import tiny_model
+
+NORMS = {  # where each family keeps them (the test may name them; the library does not)
+    "llama": (lambda m, i: m.model.layers[i].input_layernorm, lambda m: m.model.norm),
+    "gpt2": (lambda m, i: m.transformer.h[i].ln_1, lambda m: m.transformer.ln_f),
+}
+
+
+def _with_random_gains(family):
+    model = tiny_model(family)
+    layer_norm, final_norm = NORMS[family]
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for norm in [layer_norm(model, i) for i in range(2)] + [final_norm(model)]:
+            norm.weight.copy_(0.5 + torch.rand(norm.weight.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_norm_gains_are_the_attention_input_and_final_norms(family):
+    model = _with_random_gains(family)
+    layer_norm, final_norm = NORMS[family]
+    gains, final = norm_gains(model)
+    for layer in range(2):
+        assert torch.equal(gains[layer], layer_norm(model, layer).weight)
+    assert torch.equal(final, final_norm(model).weight)
+
+
+def test_folded_ov_circuit_equals_the_hand_folded_matrices():
+    model = _with_random_gains("llama")  # GQA: 6 query heads, 2 key/value heads, d_head 10
+    loaded = Loaded(model=model, tokenizer=None, name="tiny llama", family="llama", causal=True)
+    folded = ov_copying(loaded, fold_norms=True)
+    plain = ov_copying(loaded)
+    assert folded.attrs["folded"] == {"layers": 2, "final": True}
+    W_E = model.get_input_embeddings().weight.detach().float()
+    W_U = (model.model.norm.weight[:, None] * model.lm_head.weight.T).detach().float()
+    for layer in range(2):
+        attn = model.model.layers[layer].self_attn
+        W_V = (model.model.layers[layer].input_layernorm.weight[:, None] * attn.v_proj.weight.T).detach().float()
+        W_O = attn.o_proj.weight.T.detach().float()
+        for head in range(6):
+            kv = head // 3
+            expected = ov_scores(W_E, W_V[:, kv * 10:(kv + 1) * 10], W_O[head * 10:(head + 1) * 10], W_U)
+            row = folded[(folded.layer == layer) & (folded["head"] == head)].iloc[0]
+            assert (row.copy_top1, row.positive_eig_share) == pytest.approx(expected, abs=1e-6)
+    assert not plain.positive_eig_share.equals(folded.positive_eig_share)  # the gains do change the circuit

@@ -1,0 +1,316 @@
+"""Every family on transformers' attention interface, as tiny random-init models
+(tests/support/tiny.py, kind="interface"): headscope inside the model changes nothing, its patterns are the model's eager ones, the lazy and
+head-group paths score as the maps do, ablation acts and restores, and from_hf/verify agree with
+the model wherever the family table says they are available."""
+from pathlib import Path
+
+import pytest
+import torch
+
+import headscope
+from headscope import detectors
+from headscope.attention import MultiHeadAttention
+from headscope.hf import route
+from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
+from headscope.hf.families import OTHER, OUTSIDE_INTERFACE, family_markdown, family_table
+from headscope.hf.from_hf import rotary_tables
+from headscope.hf.verify import _named_inputs
+from headscope.probes.base import ProbeBatch
+from tests.support.tiny import ENCODERS, INTERFACE_FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
+from tests.support.contracts import assert_hook_contract
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+VERIFIED = [f for f in INTERFACE_FAMILIES if not adapter_for(tiny_config(f, kind="interface")).no_from_hf]
+
+
+def _eager_patterns(model, x):
+    default = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        return model(**x, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation(default)
+
+
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
+@torch.no_grad()
+def test_capture_keeps_outputs_and_patterns_match_eager(family):
+    model = tiny_model(family, kind="interface")
+    x = tiny_inputs()
+    valid = x["attention_mask"].bool()  # (B, T): padded positions carry no meaning
+    default = model.config._attn_implementation
+    before = output_of(model(**x))
+    with headscope.capture(model) as cap:
+        captured = output_of(model(**x))
+    assert model.config._attn_implementation == default  # eager for gemma2 and gpt_oss, sdpa elsewhere
+    assert (before - captured).abs()[valid].max() <= 1e-4
+    eager = _eager_patterns(model, x)
+    assert len(cap.patterns) == len(eager) == 2
+    for layer, theirs in enumerate(eager):
+        mine = cap.patterns[layer]
+        assert mine.shape == theirs.shape == (2, 4, 11, 11)
+        assert (mine - theirs).abs().permute(0, 2, 1, 3)[valid].max() <= 1e-5  # real query rows
+
+
+def _lazy_detectors(causal):
+    return [d for d in detectors.REGISTRY.values() if d.lazy and not (causal and d.bidirectional_only)]
+
+
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
+@torch.no_grad()
+def test_lazy_and_head_groups_score_as_the_maps(family):
+    """analyze's two other paths: the fused/blockwise LazyPattern and head groups of 2."""
+    model = tiny_model(family, kind="interface")
+    x = tiny_inputs(length=17)
+    ids = x["input_ids"].clone()
+    ids[:, 9:] = ids[:, 1:9]  # a repeat, so the copy detectors have targets
+    x["input_ids"] = ids
+    causal = family not in ENCODERS
+    batch = ProbeBatch(ids, x["attention_mask"].bool(), causal, 1)
+    dets = _lazy_detectors(causal)
+    reduce = lambda layer, pattern, mask: {d.name: d.score(pattern, batch) for d in dets}  # {name: (B, H)}
+    with headscope.capture(model, reduce=reduce) as maps:
+        whole = output_of(model(**x))
+    with headscope.capture(model, reduce=reduce, lazy=True) as lazy:
+        lazy_out = output_of(model(**x))
+    with headscope.capture(model, reduce=reduce, chunk_heads=2) as groups:
+        group_out = output_of(model(**x))
+    valid = x["attention_mask"].bool()
+    assert (whole - lazy_out).abs()[valid].max() <= 1e-4
+    assert (whole - group_out).abs()[valid].max() <= 1e-5
+    for layer, results in maps.results.items():
+        for name, ref in results[0].items():
+            assert not ref.isnan().all()
+            torch.testing.assert_close(lazy.results[layer][0][name], ref, atol=1e-5, rtol=0, equal_nan=True)
+            torch.testing.assert_close(groups.results[layer][0][name], ref, atol=1e-5, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
+@torch.no_grad()
+def test_ablate_changes_the_output_and_restores_it(family):
+    model = tiny_model(family, kind="interface")
+    x = tiny_inputs()
+    default = model.config._attn_implementation
+    before = output_of(model(**x))
+    with headscope.ablate(model, heads=[(0, 1), (1, 2)]):
+        ablated = output_of(model(**x))
+    assert (ablated - before).abs().max() > 1e-3
+    assert torch.equal(before, output_of(model(**x)))
+    assert model.config._attn_implementation == default
+    assert not route.routed_models()
+
+
+def _interface_inputs(model, x):
+    """What each core module hands the attention function: {id(core): (query, key)} after the
+    model's own q/k norm and rotary; recorded by a registered attention function."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    seen = {}
+
+    def record(module, query, key, value, mask, **kwargs):  # then headscope's kernel (it knows softcap, sinks)
+        seen[id(module)] = (query, key)
+        return route._headscope_attention(module, query, key, value, mask, **kwargs)
+
+    AttentionInterface.register("headscope-test-record", record)
+    AttentionMaskInterface.register("headscope-test-record", sdpa_mask)
+    default = model.config._attn_implementation
+    model.set_attn_implementation("headscope-test-record")
+    try:
+        model(**x)
+    finally:
+        model.set_attn_implementation(default)
+    return seen
+
+
+@pytest.mark.parametrize("family", VERIFIED)
+@torch.no_grad()
+def test_verify_agrees_and_hook_q_k_are_what_the_model_attends_with(family):
+    model = tiny_model(family, kind="interface")
+    x = tiny_inputs()
+    table = headscope.verify(model, x)
+    assert list(table.layer) == [0, 1]
+    assert table.max_abs_diff_output.max() <= 1e-4
+    assert table.max_abs_diff_pattern.max() <= 1e-5
+    # hook_q / hook_k equal the q and k the model hands its attention function (after norms, rotary).
+    seen = _interface_inputs(model, x)
+    received = {}
+    cores = dict(core_modules(model))
+
+    def keep(layer):
+        def hook(module, args, kwargs):
+            received[layer] = _named_inputs(module, args, kwargs)
+        return hook
+
+    hooks = [core.register_forward_pre_hook(keep(layer), with_kwargs=True) for layer, core in cores.items()]
+    try:
+        model(**x)
+    finally:
+        for h in hooks:
+            h.remove()
+    for layer, block in attention_blocks(model):
+        mine = MultiHeadAttention.from_hf(block, model.config)
+        got_in = received[layer]
+        tables = rotary_tables(mine, model.config, got_in.get("position_embeddings"))
+        got = {}
+        with mine.hooks({"hook_q": lambda t, h: got.setdefault("q", t), "hook_k": lambda t, h: got.setdefault("k", t)}):
+            mine(got_in["hidden_states"], rotary=tables)
+        query, key = seen[id(cores[layer])]
+        torch.testing.assert_close(got["q"], query, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got["k"], key, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", sorted(set(INTERFACE_FAMILIES) - set(VERIFIED)))
+def test_from_hf_and_verify_refuse_in_one_line(family):
+    model = tiny_model(family, kind="interface")
+    _, block = attention_blocks(model)[0]
+    calls = (lambda: MultiHeadAttention.from_hf(block, model.config), lambda: headscope.verify(model, tiny_inputs()))
+    for call in calls:
+        with pytest.raises(headscope.HeadscopeError, match="not available for .*capture.* work") as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family", VERIFIED)
+def test_from_hf_hooks_fire_once_with_declared_shapes(family):
+    """Contract test of each adapter: every hook exists and fires once with its shape."""
+    assert_hook_contract(tiny_model(family, kind="interface"))
+
+
+@pytest.mark.parametrize("family, what", [("gemma2", "softcap"), ("gpt_oss", "sinks")])
+@torch.no_grad()
+def test_a_kernel_ignoring_softcap_or_sinks_would_fail(family, what, monkeypatch):
+    """The matrix's soft-capping and sinks are strong enough to matter: dropping either from the
+    kernel moves outputs and patterns far past the tolerances above."""
+    model = tiny_model(family, kind="interface")
+    x = tiny_inputs()
+    valid = x["attention_mask"].bool()
+    before = output_of(model(**x))
+    original = route._extras
+
+    def without(module, kwargs):
+        softcap, sinks, bias = original(module, kwargs)
+        return (None, sinks, bias) if what == "softcap" else (softcap, None, bias)
+
+    monkeypatch.setattr(route, "_extras", without)
+    with headscope.capture(model) as cap:
+        ignored = output_of(model(**x))
+    eager = _eager_patterns(model, x)
+    assert (before - ignored).abs()[valid].max() > 1e-2
+    assert max((cap.patterns[l] - e).abs().max() for l, e in enumerate(eager)) > 1e-2
+
+
+@torch.no_grad()
+def test_gpt_oss_pattern_rows_sum_to_less_than_one():
+    model = tiny_model("gpt_oss", kind="interface")
+    x = tiny_inputs()
+    with headscope.capture(model) as cap:
+        model(**x)
+    sums = cap.patterns[0].sum(-1)[0]  # (H, T), first example (no padding)
+    assert (sums < 0.999).all() and (sums > 0).all()
+    assert cap.extras[0] == {"sinks"} and cap.extras[1] == {"sinks"}
+
+
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
+def test_adapter_cores_are_the_modules_calling_the_interface(family):
+    """Each adapter points at exactly the modules whose forward calls the attention interface
+    (T5's adapter: the encoder's self-attention, the first of them)."""
+    model = tiny_model(family, kind="interface")
+    mine = [core for _, core in core_modules(model)]
+    found = discovered_cores(model)
+    assert mine == found[:len(mine)] and len(mine) == model.config.num_hidden_layers
+    assert len(found) == len(mine)  # the T5 matrix model is the encoder alone
+
+
+@torch.no_grad()
+def test_a_family_without_adapter_is_captured_by_discovery():
+    """helium has no adapter: capture finds its attention modules; from_hf says it needs an adapter."""
+    import transformers as tf
+
+    config = tf.AutoConfig.for_model("helium", vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, intermediate_size=48, pad_token_id=0,
+                                     bos_token_id=1, eos_token_id=2)
+    assert adapter_for(config) is None
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    x = tiny_inputs()
+    before = model(**x).logits
+    with headscope.capture(model) as cap:
+        captured = model(**x).logits
+    valid = x["attention_mask"].bool()
+    assert (before - captured).abs()[valid].max() <= 1e-4
+    eager = _eager_patterns(model, x)
+    assert max((cap.patterns[l] - e).abs().permute(0, 2, 1, 3)[valid].max() for l, e in enumerate(eager)) <= 1e-5
+    with pytest.raises(headscope.HeadscopeError, match="'helium' has no headscope adapter.*capture, ablate and analyze"):
+        headscope.verify(model, x)
+
+
+@pytest.mark.parametrize("family", OUTSIDE_INTERFACE)
+def test_models_outside_the_interface_are_refused_naming_why(family):
+    import transformers as tf
+
+    extra = {"gpt_neo": dict(attention_types=[[["global"], 2]], num_layers=2, num_heads=4)}.get(family, {})
+    config = tf.AutoConfig.for_model(family, vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     **extra)
+    model = tf.AutoModel.from_config(config)
+    why = r"does not send attention through .*_can_set_attn_implementation\(\) is False"
+    with pytest.raises(headscope.HeadscopeError, match=why) as err:
+        with headscope.capture(model):
+            pass
+    assert "\n" not in str(err.value)
+    assert model.config._attn_implementation != route.IMPLEMENTATION
+
+
+@torch.no_grad()
+def test_t5_encoder_decoder_captures_encoder_self_attention():
+    """Full T5: layers are the encoder's self-attention; decoder self- and cross-attention run
+    through the kernel (with their position bias) uncaptured, and the logits do not move."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.T5ForConditionalGeneration(tiny_config("t5", kind="interface")).eval()
+    x = tiny_inputs()
+    x["decoder_input_ids"] = x["input_ids"][:, :7]
+    before = model(**x).logits
+    with headscope.capture(model) as cap:
+        captured = model(**x).logits
+    assert (before - captured).abs().max() <= 1e-4
+    assert sorted(cap.patterns) == [0, 1]
+    valid = x["attention_mask"].bool()
+    model.set_attn_implementation("eager")
+    encoder = model(**x, output_attentions=True).encoder_attentions
+    model.set_attn_implementation("sdpa")
+    assert len(encoder) == 2
+    for layer, theirs in enumerate(encoder):
+        assert (cap.patterns[layer] - theirs).abs().permute(0, 2, 1, 3)[valid].max() <= 1e-5
+    with headscope.ablate(model, heads=[(0, 0)]):
+        assert (model(**x).logits - before).abs().max() > 1e-4
+
+
+def test_family_table_is_the_matrix():
+    """Every model type the table says works is in this file's matrix (or is the discovery
+    row), the matrix covers at least 25 families, and README.md holds the table as generated."""
+    rows = family_table()
+    working = {r.model_type for r in rows if r.capture} - {OTHER}
+    assert working == set(INTERFACE_FAMILIES) and len(INTERFACE_FAMILIES) >= 25
+    assert {r.model_type for r in rows if r.verify} == set(VERIFIED)
+    assert {r.model_type for r in rows if not r.capture} == set(OUTSIDE_INTERFACE)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert family_markdown() in readme
+
+
+def test_models_families_command_prints_the_table():
+    from typer.testing import CliRunner
+
+    from headscope.cli import app
+
+    result = CliRunner().invoke(app, ["models", "--families"])
+    assert result.exit_code == 0
+    lines = result.output.strip().splitlines()[1:]
+    rows = family_table()
+    assert len(lines) == len(rows)
+    for line, row in zip(lines, rows):
+        assert line.startswith(row.model_type)
+        assert line[len(row.model_type):].split()[:2] == ["yes" if row.capture else "no", "yes" if row.verify else "no"]
+        assert line.endswith(row.notes)

@@ -1,0 +1,109 @@
+"""The load cache: keys, atomic entries, damage, the `headscope cache` command (fast, no model)."""
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from headscope.loading import load_cache as cache
+from headscope.cli import app
+
+
+@pytest.fixture
+def source(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(bytes(range(256)) * (3 * 2**12))  # 3 MiB: a head, a middle and a tail
+    return path
+
+
+def _write_files(folder):
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\x01" * 1000)
+
+
+def test_cache_root_follows_the_environment(own_cache, monkeypatch, tmp_path):
+    assert cache.cache_root() == own_cache
+    monkeypatch.delenv("HEADSCOPE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_root() == tmp_path / "xdg" / "headscope"
+
+
+def test_key_changes_with_the_file_and_the_dtype(source, own_cache):
+    key = cache.source_key(source, None)
+    assert cache.source_key(source, None) == key
+    assert cache.source_key(source, "torch.bfloat16").digest != key.digest
+    stat = source.stat()
+    for where in (0, stat.st_size - 1):  # first and last MiB, size and mtime put back
+        data = bytearray(source.read_bytes())
+        data[where] ^= 0xFF
+        source.write_bytes(bytes(data))
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert cache.source_key(source, None).digest != key.digest
+        data[where] ^= 0xFF
+        source.write_bytes(bytes(data))
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert cache.source_key(source, None).digest == key.digest
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert cache.source_key(source, None).digest != key.digest
+    with open(source, "ab") as fh:
+        fh.write(b"\x00")
+    assert cache.source_key(source, None).size == stat.st_size + 1
+
+
+def test_store_and_lookup(source, own_cache):
+    key = cache.source_key(source, None)
+    assert cache.lookup(key) is None
+    folder = cache.store(key, _write_files)
+    assert cache.lookup(key) == folder
+    manifest = json.loads((folder / cache.MANIFEST).read_text())
+    assert manifest["files"] == {"config.json": 2, "model.safetensors": 1000}
+    assert manifest["key"]["source"] == str(source.resolve())
+
+
+def test_a_failed_write_leaves_nothing(source, own_cache):
+    def broken(folder):
+        _write_files(folder)
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        cache.store(cache.source_key(source, None), broken)
+    assert list((own_cache / "models").iterdir()) == []
+
+
+def test_a_second_writer_of_the_same_entry_keeps_the_first(source, own_cache):
+    key = cache.source_key(source, None)
+    first = cache.store(key, _write_files)
+    again = cache.store(key, lambda folder: (folder / "model.safetensors").write_bytes(b"\x02" * 7))
+    assert again == first
+    assert (first / "model.safetensors").read_bytes() == b"\x01" * 1000
+    assert [p.name for p in (own_cache / "models").iterdir()] == [first.name]
+
+
+def test_a_changed_file_replaces_its_older_entry(source, own_cache):
+    old = cache.store(cache.source_key(source, None), _write_files)
+    with open(source, "ab") as fh:
+        fh.write(b"\x00")
+    new = cache.store(cache.source_key(source, None), _write_files)
+    assert new != old and not old.exists() and new.exists()
+
+
+def test_a_truncated_entry_is_reported_in_one_line_and_removed(source, own_cache, capfd):
+    key = cache.source_key(source, None)
+    folder = cache.store(key, _write_files)
+    with open(folder / "model.safetensors", "r+b") as fh:
+        fh.truncate(10)
+    assert cache.lookup(key) is None
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 1 and "damaged" in lines[0] and "model.safetensors has 10 of 1000 bytes" in lines[0]
+    assert not folder.exists()
+
+
+def test_cache_command_shows_and_clears(source, own_cache):
+    cache.store(cache.source_key(source, None), _write_files)
+    shown = CliRunner().invoke(app, ["cache"])
+    assert shown.exit_code == 0, shown.output
+    assert str(own_cache) in shown.output and "1 entries" in shown.output
+    cleared = CliRunner().invoke(app, ["cache", "--clear"])
+    assert cleared.exit_code == 0 and "removed" in cleared.output
+    assert list((own_cache / "models").iterdir()) == []
+    assert "0 entries, 0.0 MiB" in CliRunner().invoke(app, ["cache"]).output

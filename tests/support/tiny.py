@@ -1,0 +1,167 @@
+"""Tiny random-init Hugging Face models, the one factory of them for every test (no network).
+
+Two kinds, each a table of configs:
+
+- `kind="odd"` (`ODD_FAMILIES`: gpt2, bert, llama, qwen2, gpt_neox): odd sizes (vocab 99,
+  hidden 36, 2 layers, 3 heads; llama 6 query heads sharing 2 key/value heads with head_dim 10,
+  qwen2 MQA with q/k/v biases, gpt_neox fused qkv and partial rotary). Built fresh on every call.
+- `kind="interface"` (`INTERFACE_FAMILIES`: every family on transformers' attention interface):
+  2 layers, hidden 64, 4 query heads sharing 2 key/value heads where the family has GQA, head
+  size 16, vocab 99, and sliding windows of 4 (shorter than the test sequences) where the family
+  has windows. Gemma 2 gets strong soft-capping (cap 1.0, large init) and gpt-oss non-zero sink
+  logits, so that a kernel ignoring either fails the tests. Built once per process and shared
+  (`functools.cache`): tests never change them.
+
+- `tiny_config(family, kind, positions)`, `tiny_model(family, seed, kind, positions)`.
+- `tiny_inputs(batch, length, seed, pad)`: random ids in [3, 99) with right padding on the
+  second example; `output_of(out)`: logits for decoders, the last hidden state for encoders.
+"""
+import functools
+
+import torch
+
+__all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "tiny_config", "tiny_model", "tiny_inputs",
+           "output_of"]
+
+VOCAB = 99
+ODD_FAMILIES = ("gpt2", "bert", "llama", "qwen2", "gpt_neox")
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, intermediate_size=48, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+              eos_token_id=2, attention_dropout=0.0)
+WINDOW = dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+ENCODER = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+EXTRA = {
+    "llama": {},
+    "mistral": dict(sliding_window=4),
+    "mixtral": dict(sliding_window=4, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
+    "qwen2_moe": dict(MOE, shared_expert_intermediate_size=16),
+    "qwen3": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
+    "qwen3_moe": dict(MOE),
+    "gemma": {},
+    "gemma2": dict(WINDOW, attn_logit_softcapping=1.0, final_logit_softcapping=None, query_pre_attn_scalar=24,
+                   initializer_range=0.5),
+    "gemma3_text": dict(WINDOW, query_pre_attn_scalar=24),
+    "phi": dict(partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0),
+    "phi3": dict(sliding_window=4, resid_pdrop=0.0, embd_pdrop=0.0),
+    "olmo": dict(clip_qkv=0.1),
+    "olmo2": {},
+    "granite": dict(attention_multiplier=0.3),
+    "stablelm": dict(partial_rotary_factor=0.25, hidden_dropout=0.0),
+    "starcoder2": dict(sliding_window=4, residual_dropout=0.0, embedding_dropout=0.0),
+    "cohere": dict(use_qk_norm=True),
+    "gptj": dict(rotary_dim=8, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "gpt_neox": dict(rotary_pct=0.5, hidden_dropout=0.0),
+    "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "gpt_oss": dict(WINDOW, num_local_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(head_dim=None, num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                        kv_lora_rank=16, q_lora_rank=24, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                        moe_intermediate_size=16, first_k_dense_replace=1),
+    "smollm3": dict(no_rope_layers=[1, 0], sliding_window=4),
+    "opt": dict(word_embed_proj_dim=64, ffn_dim=48, dropout=0.0, enable_bias=True),
+    "bert": dict(ENCODER),
+    "roberta": dict(ENCODER),
+    "electra": dict(ENCODER, embedding_size=64),
+    "distilbert": dict(dropout=0.0),
+    "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, embedding_dropout=0.0, mlp_dropout=0.0),
+    "t5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=48, num_layers=2, dropout_rate=0.0),
+}
+INTERFACE_FAMILIES = tuple(EXTRA)
+ENCODERS = ("bert", "roberta", "electra", "distilbert", "modernbert", "t5")
+
+
+def tiny_config(family: str, kind: str = "odd", positions: int = 64):
+    """The family's config of the given kind (`positions`: the odd kind's position table only)."""
+    if kind == "interface":
+        return _interface_config(family)
+    if kind != "odd":
+        raise ValueError(kind)
+    return _odd_config(family, positions)
+
+
+def tiny_model(family: str, seed: int = 0, kind: str = "odd", positions: int = 64):
+    """The family's model in eval mode with its default attention (SDPA where it has one).
+
+    Args:
+        family: a name of `ODD_FAMILIES` or `INTERFACE_FAMILIES` (by `kind`).
+        seed: torch seed of the random init.
+        kind: "odd" (a fresh model each call; bert is a `BertModel`, the rest causal LMs) or
+            "interface" (shared, see the module docstring; encoders as base models, T5 its
+            encoder alone).
+        positions: the odd kind's position table.
+    """
+    if kind == "interface":
+        return _interface_model(family, seed)
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    config = tiny_config(family, kind, positions)
+    cls = tf.BertModel if family == "bert" else tf.AutoModelForCausalLM
+    model = cls.from_config(config) if cls is tf.AutoModelForCausalLM else cls(config)
+    return model.eval()
+
+
+def tiny_inputs(batch: int = 2, length: int = 11, seed: int = 1, pad: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if pad and batch > 1:
+        mask[1, -3:] = 0  # right padding on the second example
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def output_of(out):
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _odd_config(family: str, positions: int):
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
+                  intermediate_size=37, max_position_embeddings=positions)
+    if family == "gpt2":
+        return tf.GPT2Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, n_embd=36, n_layer=2, n_head=3,
+                             n_positions=positions,
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    if family == "bert":
+        return tf.BertConfig(**common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    if family == "llama":  # GQA: 6 query heads share 2 key/value heads; head_dim untied
+        return tf.LlamaConfig(**{**common, "num_attention_heads": 6}, num_key_value_heads=2, head_dim=10)
+    if family == "qwen2":  # biases on q/k/v, MQA
+        return tf.Qwen2Config(**common, num_key_value_heads=1)
+    if family == "gpt_neox":  # fused interleaved qkv, partial rotary
+        return tf.GPTNeoXConfig(**common, rotary_pct=0.5, hidden_dropout=0.0, attention_dropout=0.0)
+    raise ValueError(family)
+
+
+def _interface_config(family: str):
+    """The family's config with COMMON's sizes where the family has them (GPT-2 has no KV heads)."""
+    from transformers import AutoConfig
+
+    known = AutoConfig.for_model(family)
+    common = {k: v for k, v in COMMON.items() if hasattr(known, k)}
+    kwargs = {k: v for k, v in {**common, **EXTRA[family]}.items() if v is not None}
+    return AutoConfig.for_model(family, **kwargs)
+
+
+@functools.cache
+def _interface_model(family: str, seed: int = 0):
+    """Logits for decoders, the last hidden state for encoders (T5: its encoder alone)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    config = _interface_config(family)
+    if family == "t5":
+        model = tf.T5EncoderModel(config)
+    elif family in ENCODERS:
+        model = tf.AutoModel.from_config(config)
+    else:
+        model = tf.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(getattr(module, "sinks", None), torch.nn.Parameter):
+                module.sinks.copy_(torch.randn(module.sinks.shape) * 2)  # sinks that take real mass
+    return model.eval()
