@@ -12,7 +12,7 @@ The design, fixed before measuring (see docs/hooks.md for the reasons):
 - primary variant: denoising (clean -> corrupted) of hook_z, every head; the others are reported
   beside it, not chosen from.
 The detector's top-5 is taken twice: from the golden `headscope analyze` of the model
-(tests/golden, 16 x 25 x 4 repeated tokens) and from the induction detector run on the clean
+(tests/support/golden, 16 x 25 x 4 repeated tokens) and from the induction detector run on the clean
 prompts of this script. One JSON line per run is appended to --out.
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ from ..loading.control import resolve_control
 from ..detectors.registry import defaults, get
 from ..errors import CannotScore, HeadscopeError
 from ..hf.capture import capture
-from ..detectors.labels import OV_COPIES_SHARE, OV_QUALIFIED, label_heads
+from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
 from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
 from ..probes.kinds import probe_settings
 from ..detectors.protocol import SCORE_COLUMNS
@@ -241,7 +241,7 @@ def _score(loaded, plan, run, seed, ov, timings) -> _Scored:
     ov_frame, ov_skipped = None, "not asked for (ov=False)"
     if ov:
         with timings.step("ov"):
-            qualified = labels[labels.label.isin(OV_QUALIFIED)]  # copy_top1 only where it qualifies a label: cost
+            qualified = labels[labels.label.isin(ov_qualified_labels())]  # copy_top1 only where it qualifies a label: cost
             heads = {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])}
             ov_frame, ov_skipped = ov_table(loaded, plan.twin, heads, seed=seed)
     tables = {"ov": ov_frame} if ov_frame is not None else {}
@@ -277,7 +277,7 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         detectors={d.name: d.describe() for d in plan.detectors if d.name in run.findings},
         control=plan.control,
-        ov={"n_tokens": OV_TOKENS, "copy_top1_of": list(OV_QUALIFIED), "fold_norms": True,
+        ov={"n_tokens": OV_TOKENS, "copy_top1_of": list(ov_qualified_labels()), "fold_norms": True,
             "copies_share": OV_COPIES_SHARE, "skipped": scored.ov_skipped},
         skipped_detectors=run.skipped, notes=notes,
         probe_entries={key: value for probe in plan.built.values() for key, value in probe.extra_meta.items()},

@@ -8,7 +8,7 @@
 - `as_pattern(x)`: a tensor wrapped as a `DensePattern`; a `Pattern` unchanged. The one place
   that asks which kind a pattern is.
 
-Both implementations give the same numbers to float rounding (tests/test_lazy.py).
+Both implementations give the same numbers to float rounding (tests/attention/test_lazy.py).
 """
 from __future__ import annotations
 

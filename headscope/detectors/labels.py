@@ -41,7 +41,7 @@ from ..tables import LABEL_COLUMNS
 from .registry import detector_specs
 
 __all__ = ["label_heads", "passes", "ov_qualifier", "ov_qualifiers", "ov_qualified_labels", "ov_control_best",
-           "MIXED_MARGIN", "OV_COPIES_SHARE", "OV_QUALIFIED"]
+           "MIXED_MARGIN", "OV_COPIES_SHARE"]
 
 MIXED_MARGIN = 0.05
 OV_COPIES_SHARE = 0.9  # positive eigenvalue share a copying head reaches (random circuits: 0.3-0.5)
@@ -56,12 +56,6 @@ def ov_qualified_labels(meta: Optional[dict] = None) -> tuple:
             registered detectors.
     """
     return tuple(name for name, spec in detector_specs(meta).items() if spec.get("ov_qualified"))
-
-
-def __getattr__(name: str):
-    if name == "OV_QUALIFIED":  # the registered detectors' names, read when asked for (kept for older callers)
-        return ov_qualified_labels()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def ov_qualifier(label: str, share: float, control_best: float = float("nan"), qualified=None) -> str:

@@ -149,7 +149,7 @@ def ov_table(loaded, control=None, heads: Optional[set] = None, n_tokens: int = 
     The eigenvalue share of every head of both; copy_top1 only of the model's `heads` (analyze
     passes those the qualifier applies to): each head's `[d_head, vocab]` W_O W_U is most of the
     cost (about 3 GFLOP per SmolLM2 head), and the control's copy_top1 is at chance (1/vocab on
-    random-init models, tests/test_ov_circuit.py).
+    random-init models, tests/head_geometry/test_ov_circuit.py).
 
     The norm gains are folded in (`fold_norms=True`): they are part of the map the model applies to
     a head's input and to the logits, and leaving them out scores a circuit the model does not run

@@ -3,7 +3,7 @@
 `family_table()` lists one `FamilyRow` per `config.model_type` with an adapter (read from
 `headscope.hf.adapters.ADAPTERS`), one for any other model on transformers' attention interface,
 and the families known to bypass the interface. `headscope models --families` prints it,
-README.md holds it as `family_markdown()`, and tests/test_families.py checks every row against
+README.md holds it as `family_markdown()`, and tests/hf/test_families.py checks every row against
 tiny models of each family (capture, ablate, lazy analyze, verify).
 """
 from __future__ import annotations

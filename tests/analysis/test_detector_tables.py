@@ -4,7 +4,7 @@
 adds a per-example table, `previous_mass_examples`. Nothing in headscope names it, yet its table
 is `analysis.tables["previous_mass_examples"]` (and `analysis.previous_mass_examples`), is saved
 as `previous_mass_examples.csv`, comes back from `Analysis.load` and survives `headscope report`.
-The planted model (tests/planted.py) has its previous-token head at 0.0.
+The planted model (tests/support/planted.py) has its previous-token head at 0.0.
 """
 from dataclasses import dataclass, replace
 
