@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import headscope  # noqa: E402
 from headscope.loading.control import CONTROL_SEED_OFFSET, random_twin  # noqa: E402
-from headscope.analysis.runner import collect  # noqa: E402
+from headscope.detectors.runner import collect  # noqa: E402
 from headscope.detectors.syntax.baselines import predictor_hits  # noqa: E402
 from headscope.detectors.syntax.crossfit import score_arcs  # noqa: E402
 from headscope.detectors.syntax.detector import predictions, syntactic  # noqa: E402

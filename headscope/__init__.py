@@ -47,7 +47,7 @@ _EXPORTS = {
     "validate": "headscope.causal",
     "ov_copying": "headscope.head_geometry.ov_circuit",
     "retrieval_scores": "headscope.detectors.retrieval.scoring",
-    "run_syntax": "headscope.analysis.standalone",
+    "run_syntax": "headscope.detectors.syntax.standalone",
     "analyze": "headscope.analysis.analyze",
     "detector": "headscope.detectors.templates",
     "TextProbe": "headscope.probes.kinds",

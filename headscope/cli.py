@@ -17,7 +17,7 @@ import typer
 import headscope  # the public API, re-exported lazily: a command loads only what it runs
 
 from . import detectors  # lazy too: its registry imports the built-in detectors when first read
-from .analysis import distributed
+from .loading import distributed
 from .analysis.result import Analysis
 from .atomic import atomic_dir
 from .errors import HeadscopeError
@@ -25,7 +25,6 @@ from .hf.families import family_table
 from .loading.control import CONTROL_KINDS
 from .loading.load_cache import cache_usage, clear_cache
 from .loading import loader
-from .probes import conllu
 from . import report  # module references, not names: what a test replaces on the module is what runs
 from .report.data import report_warnings, top_heads
 from .report.method import control_text
@@ -225,21 +224,17 @@ def analyze_command(
         raise HeadscopeError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
     out = out or _default_out(model)
     names = _detector_names(detectors)
-    lengths = _lengths(needle_lengths)
+    from .probes.kinds import command_line_probes  # torch: only when analysing
+
+    # A bad option or treebank file fails here, before the model loads (the file is read once).
+    probes = command_line_probes(n_examples, seq_len, repeat_len, repeats, needle_lengths, treebank, n_sentences)
     rank, world = distributed.init_from_env(device)
     guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
-    sentences = None
-    if treebank is not None:
-        sentences = conllu.read_conllu(treebank)  # read once: a bad file fails here, before the model loads
     if rank == 0:
         typer.echo(f"loading {model} ...", err=True)
     placement = _parse_device_map(device_map)
     loaded = loader.load(model, device=device if placement else distributed.process_device(device), dtype=dtype, device_map=placement,
                   cache=not no_cache)
-    probes = [headscope.TextProbe(n_examples, seq_len), headscope.RepeatedProbe(n_examples, repeat_len, repeats),
-              headscope.NeedleProbe(lengths)]
-    if treebank is not None or n_sentences:  # asked for: a syntactic detector that cannot run says why
-        probes.append(headscope.TreebankProbe(sentences, n_sentences or None, source=None if treebank is None else str(treebank)))
     analysis = headscope.analyze(loaded, names, probes, batch_size=batch_size, seed=seed, validate=validate,
                        progress=_Bars(), control=control)
     if rank != 0:
@@ -263,17 +258,6 @@ def _detector_names(value: Optional[str]) -> Optional[list[str]]:
     if not value:
         return None
     return [detectors.resolve(spec.strip()).name for spec in value.split(",") if spec.strip()]
-
-
-def _lengths(value: str) -> tuple[int, ...]:
-    """`--needle-lengths` ("1024,2048") as positive ints."""
-    try:
-        lengths = tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        lengths = ()
-    if not lengths or min(lengths) < 1:
-        raise HeadscopeError(f"--needle-lengths takes comma-separated token counts such as 1024,2048; got {value!r}")
-    return lengths
 
 
 def _parse_device_map(value: Optional[str]):

@@ -3,7 +3,7 @@
 `analyze` is a loop over `(probe, detectors)`: each probe the chosen detectors read is built
 from its settings (`headscope.probes.kinds`), its batches run through the model inside
 `capture(reduce=...)` with every detector of the probe reducing each layer as soon as it is
-computed (`headscope.analysis.runner`), and each detector's `finalize` turns what the batches left into
+computed (`headscope.detectors.runner`), and each detector's `finalize` turns what the batches left into
 rows of the scores table (`headscope.detectors.protocol`). When every detector of a probe reads the
 pattern only through a `LazyPattern`'s entries and row statistics (all built-in mass and
 entropy detectors do), the layer runs the fused kernel and the map is never computed
@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from .. import __version__
-from .meta import AnalysisMeta, Timings
+from .meta import AnalysisMeta
 from .result import Analysis, Example
 from ..loading.control import resolve_control
 from ..detectors.registry import defaults, get
@@ -39,7 +39,7 @@ from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
 from ..probes.kinds import probe_settings
 from ..detectors.protocol import SCORE_COLUMNS
 from ..detectors.protocol import Progress
-from .runner import MAP_BUDGET, collect_with_control
+from ..detectors.runner import MAP_BUDGET, Timings, collect_with_control
 from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
 

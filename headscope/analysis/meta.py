@@ -1,42 +1,16 @@
-"""What `headscope.analyze` records about a run: `AnalysisMeta`, and `Timings`.
+"""What `headscope.analyze` records about a run: `AnalysisMeta`.
 
 - `AnalysisMeta`: the model, probes, detectors, control, OV settings, versions and timings of
   one analysis, typed. `to_json()` is the mapping `Analysis.meta` holds and meta.json saves
   (the keys every version of headscope wrote; readers index it as a dict);
   `AnalysisMeta.from_json(meta)` reads one back, keys it does not know kept in `detector_entries`.
-- `Timings`: seconds per step, `with timings.step("ov"): ...`, one place for the clock.
 No torch: a saved analysis is read without it.
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 
-__all__ = ["AnalysisMeta", "Timings"]
-
-
-class Timings:
-    """Seconds spent per named step, since the clock started (`total()`)."""
-
-    def __init__(self):
-        self.started = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def step(self, name: str):
-        """Time the block and add it to `name` (a step timed twice accumulates); a block that
-        raises is not counted."""
-        start = time.perf_counter()
-        yield
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-    def total(self) -> None:
-        """Set "total" to the seconds since the clock started (again after a later step)."""
-        self.seconds["total"] = time.perf_counter() - self.started
-
-    def rounded(self) -> dict[str, float]:
-        return {name: round(value, 3) for name, value in self.seconds.items()}
+__all__ = ["AnalysisMeta"]
 
 
 @dataclass

@@ -5,7 +5,8 @@
   from the same layers; a DataFrame (see `validate`'s docstring and docs/validation.md).
 - `write_csv(frame, path)`, `read_csv(path)`: save and load that frame without mangling it
   (defined in `headscope.tables`, which needs no torch).
-- `ProbeRunner`, `EvalProbe`, `Measurement` and the probe builders (`headscope.causal.measure`):
+- `ProbeRunner`, `EvalProbe`, `Measurement` (`headscope.causal.measure`; each probe kind builds its
+  own `EvalProbe`, `headscope.probes.kinds`):
   one probe's metric with any heads ablated.
 - `metric_for(loaded)`, `METRICS`; `icl_score`, `icl_positions` (Olsson et al. 2022).
 
@@ -14,13 +15,11 @@ The top-level name is `headscope.validate` (the function). The package is not ca
 module, shadowing the function.
 """
 from .measure import (
-    METRICS, EvalProbe, Measurement, ProbeRunner, icl_positions, icl_score, metric_for, repeated_eval_probe,
-    text_eval_probe, treebank_eval_probe,
+    METRICS, EvalProbe, Measurement, ProbeRunner, icl_positions, icl_score, metric_for,
 )
 from .validate import COLUMNS, ICL_LABEL, MODES, probe_for, read_csv, validate, write_csv
 
 __all__ = [
     "validate", "read_csv", "write_csv", "COLUMNS", "ICL_LABEL", "MODES", "probe_for", "METRICS", "EvalProbe",
-    "Measurement", "ProbeRunner", "icl_positions", "icl_score", "metric_for", "repeated_eval_probe",
-    "text_eval_probe", "treebank_eval_probe",
+    "Measurement", "ProbeRunner", "icl_positions", "icl_score", "metric_for",
 ]

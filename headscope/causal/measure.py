@@ -2,8 +2,7 @@
 
 - `EvalProbe` (`headscope.probes.base`): token ids, targets, padding mask and which tokens are scored;
   each probe kind builds its own (`headscope.probes.kinds`, `eval_probe`).
-- `repeated_eval_probe`, `text_eval_probe`, `treebank_eval_probe`: those builders by probe name;
-  `masked_for_lm`: the masked-LM version of a probe.
+- `masked_for_lm`: the masked-LM version of a probe.
 - `metric_for(loaded)`: "next_token_loss" (causal LMs), "masked_token_loss" (encoders with an LM
   head), "hidden_change" (other encoders); `METRICS` says what each one means.
 - `ProbeRunner(loaded, probe, batch_size)`: runs the probe once unablated (recording each head's
@@ -24,13 +23,10 @@ import torch.nn.functional as F
 from ..errors import HeadscopeError
 from ..hf.capture import ablate
 from ..hf.route import Session, layer_map, routed
-from ..probes.kinds import RepeatedProbe, TextProbe
 from ..probes.base import EvalProbe
-from ..probes.treebank import eval_sentences
 
 __all__ = [
-    "EvalProbe", "Measurement", "ProbeRunner", "METRICS", "metric_for", "repeated_eval_probe",
-    "text_eval_probe", "treebank_eval_probe", "masked_for_lm", "icl_score", "icl_positions",
+    "EvalProbe", "Measurement", "ProbeRunner", "METRICS", "metric_for", "masked_for_lm", "icl_score", "icl_positions",
     "ICL_LATE", "ICL_EARLY", "ICL_WINDOW",
 ]
 
@@ -62,21 +58,6 @@ def metric_for(loaded) -> str:
     if has_head and getattr(loaded.tokenizer, "mask_token_id", None) is not None:
         return "masked_token_loss"
     return "hidden_change"
-
-
-def repeated_eval_probe(loaded, n_examples: int, repeat_len: int, repeats: int, seed: int) -> EvalProbe:
-    """`RepeatedProbe(...).eval_probe`: scored from the second token of the second copy on."""
-    return RepeatedProbe(n_examples, repeat_len, repeats).eval_probe(loaded, n_examples, seed)
-
-
-def text_eval_probe(loaded, n_examples: int, seq_len: int, seed: int, name: str = "text") -> EvalProbe:
-    """`TextProbe(...).eval_probe`: windows of the bundled text, every content token scored."""
-    return TextProbe(n_examples, seq_len).eval_probe(loaded, n_examples, seed, name=name)
-
-
-def treebank_eval_probe(loaded, n_sentences: int, seed: int) -> EvalProbe:
-    """`headscope.probes.treebank.eval_sentences`: bundled-treebank sentences that fit, right-padded."""
-    return eval_sentences(loaded, n_sentences, seed)
 
 
 def masked_for_lm(probe: EvalProbe, mask_id: int, seed: int) -> EvalProbe:

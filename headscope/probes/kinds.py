@@ -24,11 +24,13 @@ from typing import ClassVar, Iterable, Optional
 import torch
 
 from ..errors import HeadscopeError
+from . import conllu
 from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
 from .base import EvalProbe, ProbeSet, repeated_probe, special_tokens, text_probe
 from .treebank import TreebankProbe
 
-__all__ = ["TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe", "NeedleSet", "PROBE_KINDS", "probe_settings"]
+__all__ = ["TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe", "NeedleSet", "PROBE_KINDS", "probe_settings",
+           "command_line_probes"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,33 @@ def probe_settings(probes: Optional[Iterable] = None) -> dict:
                                  f"got {probe!r}")
         given[probe.name] = probe
     return {**{name: kind() for name, kind in PROBE_KINDS.items() if name not in given}, **given}
+
+
+def command_line_probes(n_examples: int, seq_len: int, repeat_len: int, repeats: int, needle_lengths: str,
+                        treebank=None, n_sentences: int = 0) -> list:
+    """The probe settings `headscope analyze`'s options ask for.
+
+    Args:
+        n_examples, seq_len: the text probe; n_examples, repeat_len, repeats: the repeated probe.
+        needle_lengths: `--needle-lengths`, comma-separated token counts ("1024,2048").
+        treebank: a CoNLL-U file (read here, once: a bad file fails before any model loads) or None.
+        n_sentences: treebank sentences to score (0: all). A treebank probe is added only when
+            `treebank` or `n_sentences` is given, so a syntactic detector that cannot run says why.
+    Raises:
+        HeadscopeError: lengths that are not positive integers, or a bad treebank file.
+    """
+    try:
+        lengths = tuple(int(part) for part in needle_lengths.split(",") if part.strip())
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 1:
+        raise HeadscopeError(f"--needle-lengths takes comma-separated token counts such as 1024,2048; "
+                             f"got {needle_lengths!r}")
+    probes = [TextProbe(n_examples, seq_len), RepeatedProbe(n_examples, repeat_len, repeats), NeedleProbe(lengths)]
+    if treebank is not None or n_sentences:
+        sentences = None if treebank is None else conllu.read_conllu(treebank)
+        probes.append(TreebankProbe(sentences, n_sentences or None, source=None if treebank is None else str(treebank)))
+    return probes
 
 
 def _at_least_one(name: str, value: int) -> None:

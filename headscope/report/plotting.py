@@ -8,7 +8,7 @@
 - `plot_section(source, detector)`: a detector's own report figure (`ReportSection.plot`);
   `plot_syntax(source)` is the syntactic detector's: best head per dependency relation vs its
   best baseline (offsets, position predictors, the control's best head), from an `Analysis`
-  with syntax scores or a `headscope.analysis.standalone.SyntaxResult`.
+  with syntax scores or a `headscope.detectors.syntax.standalone.SyntaxResult`.
 - `plot_geometry_map(analysis)`, `plot_pruning(analysis)`: the report's MDS map of heads coloured
   by label and its pruning curve, from an analysis holding geometry (`headscope.add_geometry`).
 - `plot_pattern(pattern, tokens, title=None, head=None)`: any captured map, e.g.
@@ -130,7 +130,7 @@ def plot_syntax(source):
     """Best head per dependency relation next to its best baseline (the report's figure).
 
     Args:
-        source: an `Analysis` whose `syntax` is set, or a `headscope.analysis.standalone.SyntaxResult`.
+        source: an `Analysis` whose `syntax` is set, or a `headscope.detectors.syntax.standalone.SyntaxResult`.
     Returns:
         A plotly `go.Figure`; the head bars' `customdata` is `[layer, head]`.
     Raises:

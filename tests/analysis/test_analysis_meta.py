@@ -5,7 +5,8 @@ import json
 import pytest
 
 import headscope
-from headscope.analysis.meta import AnalysisMeta, Timings
+from headscope.analysis.meta import AnalysisMeta
+from headscope.detectors.runner import Timings
 from headscope.probes.kinds import TextProbe
 
 

@@ -2,8 +2,8 @@
 present, and on the CPU with gloo when it is not (the device logic is mocked: no GPU needed)."""
 import pytest
 
-from headscope.analysis import distributed
-from headscope.analysis.distributed import init_from_env, process_device
+from headscope.loading import distributed
+from headscope.loading.distributed import init_from_env, process_device
 
 
 @pytest.fixture

@@ -15,12 +15,12 @@ from headscope.analysis import Analysis
 from headscope.loading.loader import Loaded
 from headscope.analysis.analyze import analyze
 from headscope.causal import (
-    COLUMNS, EvalProbe, ProbeRunner, icl_positions, icl_score, read_csv, repeated_eval_probe, text_eval_probe,
-    treebank_eval_probe, validate, write_csv,
+    COLUMNS, EvalProbe, ProbeRunner, icl_positions, icl_score, read_csv, validate, write_csv,
 )
 from headscope.causal.measure import masked_for_lm
 from headscope.causal.validate import _random_draws, _row
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
+from headscope.probes.treebank import eval_sentences
 from tests.support.planted import PLANTED
 
 SMALL = dict(probes=[TextProbe(4, 40), RepeatedProbe(4, 10, 4)])
@@ -44,7 +44,7 @@ def _rows(frame, label):
 # --- the planted model ----------------------------------------------------------------------
 
 def test_planted_induction_head_alone_predicts_the_repeats(planted):
-    probe = repeated_eval_probe(planted, n_examples=4, repeat_len=10, repeats=3, seed=0)  # [BOS] + 10 x 3
+    probe = RepeatedProbe(4, repeat_len=10, repeats=3).eval_probe(planted, 4, seed=0)  # [BOS] + 10 x 3
     assert probe.input_ids.shape == (4, 31)
     assert probe.scored[:, :12].sum() == 0 and probe.scored[:, 12:].all()  # 2nd token of copy 2 on
     runner = ProbeRunner(planted, probe)
@@ -91,7 +91,7 @@ def test_validate_checks_every_planted_label_once_per_mode(planted_validation):
 @pytest.mark.slow
 def test_icl_rows_match_a_hand_computation(planted, planted_validation):
     rows = _rows(planted_validation, "icl_score")
-    runner = ProbeRunner(planted, text_eval_probe(planted, 4, 48, seed=0, name="icl_text"))
+    runner = ProbeRunner(planted, TextProbe(4, 48).eval_probe(planted, 4, seed=0, name="icl_text"))
     expected = icl_score(runner.baseline.per_token, 23, 47)
     ablated = icl_score(runner.measure([(1, 0)], "zero").per_token, 23, 47)
     assert rows.loc["zero", "baseline"] == pytest.approx(expected)
@@ -125,7 +125,7 @@ def test_validate_reports_progress_and_is_reproducible(planted, planted_analysis
 
 
 def test_syntactic_labels_are_checked_on_treebank_sentences(planted):
-    probe = treebank_eval_probe(planted, n_sentences=6, seed=0)
+    probe = eval_sentences(planted, n_sentences=6, seed=0)
     lengths = probe.attention_mask.sum(dim=1)
     assert len(probe) == 6 and (probe.input_ids[:, 0] == planted.tokenizer.bos_token_id).all()  # BOS first
     for i, n in enumerate(lengths.tolist()):

@@ -105,12 +105,12 @@ def test_the_graph_sees_function_level_and_package_edges():
     graph = _graph()
     assert "headscope.hf.verify" in graph["headscope.cli"]  # imported inside a command
     assert "headscope.detectors" not in graph["headscope.detectors.protocol"]  # its own package: not counted
-    assert "headscope.analysis.runner" in graph["headscope.analysis.standalone"]
+    assert "headscope.detectors.runner" in graph["headscope.detectors.syntax.standalone"]
     assert "headscope.detectors.registry" in graph["headscope.detectors.protocol"]
 
 
-# Own modules imported inside functions: the CLI's verify and geometry commands (torch and
-# transformers only when they run) and the analysis's validation CSV helpers. Anything else goes
+# Own modules imported inside functions: the CLI's verify, analyze and geometry commands import
+# the torch-heavy modules they run only when they run. Anything else goes
 # at the top; the CLI reaches the rest of the engine through headscope's lazy public API.
 MAX_DEFERRED = 5
 

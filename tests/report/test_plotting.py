@@ -21,7 +21,7 @@ from headscope.report.plotting import plot_head, plot_labels, plot_pattern, plot
 from headscope.report import render_html, report_data
 from headscope.report import figures
 from headscope.detectors.syntax.report import syntax_figure
-from headscope.analysis.standalone import SyntaxResult
+from headscope.detectors.syntax.standalone import SyntaxResult
 
 PLOTLYJS_MARK = "* plotly.js v"  # the bundle's banner comment
 

@@ -5,7 +5,7 @@ Offers:
     MIN_ARCS = 30      arcs a (relation, direction) needs to count.
 Modules: ``detector`` (the syntactic detector's reduce and finalize), ``scoring``, ``baselines``,
 ``crossfit``, ``report`` (its report section). The treebank probe is `headscope.probes.treebank`; `headscope.run_syntax`
-(`headscope.analysis.standalone`) runs the detector alone.
+(`headscope.detectors.syntax.standalone`) runs the detector alone.
 
 Method (Clark, Khandelwal, Levy, Manning 2019, "What Does BERT Look At?", section 4.1):
     word attention W = P^T A S: attention *to* a word sums over its pieces, attention *from* a

@@ -183,7 +183,7 @@ class SyntaxSection(ReportSection):
 
     def plot(self, source):
         """`headscope.report.plotting.plot_syntax`: from an `Analysis` with syntax scores or a
-        `headscope.analysis.standalone.SyntaxResult` (its `table` and `best`)."""
+        `headscope.detectors.syntax.standalone.SyntaxResult` (its `table` and `best`)."""
         if hasattr(source, "best") and hasattr(source, "table"):  # a SyntaxResult
             # The same rows the report reads from an analysis's meta["syntax_best"].
             source = SimpleNamespace(tables={SYNTAX_TABLE: source.table},

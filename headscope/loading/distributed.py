@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from ..loading.loader import resolve_device
+from .loader import resolve_device
 
 __all__ = ["init_from_env", "rank_and_size", "mine", "gather", "local_device", "process_device"]
 

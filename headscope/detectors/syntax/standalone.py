@@ -17,14 +17,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..detectors.syntax.crossfit import THRESHOLD
-from ..detectors.syntax.detector import syntactic
-from ..detectors.syntax.scoring import MIN_ARCS
-from ..detectors.protocol import Progress
-from ..errors import HeadscopeError
-from ..probes.treebank import CAUSAL_NOTE, TreebankProbe
-from .meta import Timings
-from .runner import collect_with_control
+from ...errors import HeadscopeError
+from ...probes.treebank import CAUSAL_NOTE, TreebankProbe
+from ..protocol import Progress
+from ..runner import Timings, collect_with_control
+from .crossfit import THRESHOLD
+from .detector import syntactic
+from .scoring import MIN_ARCS
 
 __all__ = ["run_syntax", "SyntaxResult", "CAUSAL_NOTE"]
 

@@ -9,22 +9,49 @@
 - `collect_with_control(loaded, twin, probe, detectors, batch_size, timings, ...)`: the same on
   the model and on its control twin (None: no twin), each pass timed; what `analyze` and
   `run_syntax` run.
-- Under torchrun the batches are dealt across processes and the results gathered in order.
+- `Timings`: seconds per named step, `with timings.step("ov"): ...`, one place for the clock.
+- Under torchrun the batches are dealt across processes and the results gathered in order
+  (`headscope.loading.distributed`).
 """
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
 
-from .distributed import gather, mine, rank_and_size
+from ..loading.distributed import gather, mine, rank_and_size
 from ..hf.capture import capture
-from ..detectors.protocol import Collected, Progress
+from .protocol import Collected, Progress
 
-__all__ = ["collect", "collect_with_control", "Progress", "MAP_BUDGET"]
+__all__ = ["collect", "collect_with_control", "Timings", "Progress", "MAP_BUDGET"]
 
 MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
 
+
+
+class Timings:
+    """Seconds spent per named step, since the clock started (`total()`)."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def step(self, name: str):
+        """Time the block and add it to `name` (a step timed twice accumulates); a block that
+        raises is not counted."""
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def total(self) -> None:
+        """Set "total" to the seconds since the clock started (again after a later step)."""
+        self.seconds["total"] = time.perf_counter() - self.started
+
+    def rounded(self) -> dict[str, float]:
+        return {name: round(value, 3) for name, value in self.seconds.items()}
 
 def _head_chunk(batch: int, length: int, n_heads: int, budget: int = MAP_BUDGET) -> Optional[int]:
     """Heads per group so one group's map stays under `budget` bytes (None: all heads at once)."""
@@ -105,7 +132,7 @@ def collect_with_control(loaded, twin, probe, detectors, batch_size: int, timing
     Args:
         loaded, probe, detectors, batch_size, progress, lazy, map_budget: as for `collect`.
         twin: the control `Loaded`, or None.
-        timings: a `headscope.analysis.meta.Timings`; the passes count as "probe_NAME" and
+        timings: a `Timings`; the passes count as "probe_NAME" and
             "probe_NAME_control".
         stage: the progress stage (default "probe NAME"; the twin's is "STAGE (control)").
     Returns:
