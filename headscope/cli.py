@@ -228,7 +228,7 @@ def analyze_command(
 
     # A bad option or treebank file fails here, before the model loads (the file is read once).
     probes = command_line_probes(n_examples, seq_len, repeat_len, repeats, needle_lengths, treebank, n_sentences)
-    rank, world = distributed.init_from_env(device)
+    rank, _ = distributed.init_from_env(device)
     guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
     if rank == 0:
         typer.echo(f"loading {model} ...", err=True)
@@ -239,8 +239,6 @@ def analyze_command(
                        progress=_Bars(), control=control)
     if rank != 0:
         return
-    if world > 1:
-        analysis.meta["processes"] = world
     if geometry:  # rank 0 only: one process computes it
         analysis = headscope.add_geometry(analysis, loaded, seq_len=seq_len)
     with guard as tmp:

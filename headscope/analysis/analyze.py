@@ -40,6 +40,7 @@ from ..probes.kinds import probe_settings
 from ..detectors.protocol import SCORE_COLUMNS
 from ..detectors.protocol import Progress
 from ..detectors.runner import MAP_BUDGET, Timings, collect_with_control
+from ..loading.distributed import rank_and_size
 from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
 
@@ -283,4 +284,5 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
         probe_entries={key: value for probe in plan.built.values() for key, value in probe.extra_meta.items()},
         detector_entries={key: value for d in plan.detectors if d.name in run.findings
                           for key, value in run.findings[d.name].meta.items()},
+        processes=rank_and_size()[1],
     )

@@ -31,6 +31,7 @@ class AnalysisMeta:
         notes: caveats in words (left out when empty).
         probe_entries: what the probes add at the top level (`extra_meta`, e.g. "treebank").
         detector_entries: what the detectors add at the top level (`Finding.meta`, e.g. "syntax_best").
+        processes: torchrun processes that shared the batches (written only when more than one).
     """
 
     model: str
@@ -55,6 +56,7 @@ class AnalysisMeta:
     notes: list = field(default_factory=list)
     probe_entries: dict = field(default_factory=dict)
     detector_entries: dict = field(default_factory=dict)
+    processes: int = 1
 
     def to_json(self) -> dict:
         """The mapping meta.json holds; keys as headscope has always written them."""
@@ -67,6 +69,8 @@ class AnalysisMeta:
             out["notes"] = self.notes
         out["ov"] = self.ov
         out.update(self.detector_entries)
+        if self.processes > 1:
+            out["processes"] = self.processes
         return out
 
     @classmethod
