@@ -62,16 +62,16 @@ class _Registry(MutableMapping):
         self._loaded = False
 
     def _load(self) -> dict:
+        """The built-ins, imported once in `BUILTINS` order (every write loads them first, so
+        nothing registered can precede them)."""
         if not self._loaded:
-            self._loaded = True
-            added = dict(self._detectors)
-            self._detectors.clear()
+            builtins = {}
             for builtin in BUILTINS:
                 detector = getattr(import_module(builtin.module), builtin.attribute)
                 if detector.name != builtin.name:
                     raise RuntimeError(f"BUILTINS names {builtin.name!r} but {builtin.module} defines {detector.name!r}")
-                self._detectors[detector.name] = detector
-            self._detectors.update(added)
+                builtins[detector.name] = detector
+            self._detectors, self._loaded = builtins, True
         return self._detectors
 
     @property
