@@ -1,5 +1,13 @@
-"""Folders written atomically: `atomic_dir(target, force=False)` gives a temporary folder that
-becomes `target` only when the `with` block succeeds (analyses, reports, comparisons)."""
+"""Folders written atomically: `atomic_dir(target, force=False, protect=())` gives a temporary
+folder that becomes `target` only when the `with` block succeeds (analyses, reports, comparisons).
+
+Every folder it writes carries a marker file, `MARKER`. `--force` (force=True) replaces only a
+folder headscope wrote (the marker, or an analysis folder from before the marker: meta.json and
+scores.csv) or an empty one; never any other folder, never the working directory or a folder
+above it, and never a folder that is or holds one of the inputs being read (`protect`: the model
+folder, the analyses being compared). The target is checked again at rename time, so a folder
+that appeared meanwhile (another run, the user) is not replaced without `force`.
+"""
 from __future__ import annotations
 
 import os
@@ -9,23 +17,58 @@ from pathlib import Path
 
 from .errors import HeadscopeError
 
-__all__ = ["atomic_dir"]
+__all__ = ["atomic_dir", "MARKER"]
+
+MARKER = ".headscope"  # in every folder atomic_dir writes: "headscope wrote this folder"
+
+
+def _written_by_headscope(folder: Path) -> bool:
+    return (folder / MARKER).is_file() or ((folder / "meta.json").is_file() and (folder / "scores.csv").is_file())
+
+
+def _replaceable(folder: Path) -> bool:
+    return _written_by_headscope(folder) or not any(folder.iterdir())
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
 
 
 class atomic_dir:
     """Context manager giving a temporary folder that is renamed to `target` on success.
 
     On an exception (Ctrl-C included) the temporary folder is deleted and `target` is left as
-    it was. With `force`, an existing target is replaced only after the new one is complete.
+    it was. With `force`, an existing target that headscope wrote is replaced only after the new
+    one is complete.
+
+    Args:
+        target: the folder to write.
+        force: replace an existing folder headscope wrote (or an empty one).
+        protect: paths being read (a model folder, analyses being compared) that the target must
+            neither be nor contain.
+    Raises:
+        HeadscopeError: before any work, for a target that exists (without `force`), is not a
+            folder, was not written by headscope, is the working directory or above it, or is or
+            holds a protected path; at rename time, for a target that appeared meanwhile.
     """
 
-    def __init__(self, target, *, force: bool = False):
+    def __init__(self, target, *, force: bool = False, protect=()):
         self.target = Path(target)
-        if self.target.exists() and not force:
-            raise HeadscopeError(f"{self.target} already exists; pass --force (force=True) to replace it")
+        resolved = self.target.resolve()
+        if self.target.name in ("", ".", "..") or _within(Path.cwd().resolve(), resolved):
+            raise HeadscopeError(f"{self.target} is the working directory or a folder above it; name a new folder to write")
+        for path in protect:
+            if path is not None and _within(Path(path).resolve(), resolved):
+                raise HeadscopeError(f"{self.target} is or holds {path}, which is being read; choose another output folder")
         if self.target.exists() and not self.target.is_dir():
             raise HeadscopeError(f"{self.target} exists and is not a folder")
+        if self.target.exists() and not force:
+            raise HeadscopeError(f"{self.target} already exists; pass --force (force=True) to replace it")
+        if self.target.exists() and not _replaceable(self.target):
+            raise HeadscopeError(f"{self.target} holds files headscope did not write; --force replaces only folders "
+                                 f"headscope wrote, so choose another output folder")
         self.force = force
+        self.existed = self.target.exists()
 
     def __enter__(self) -> Path:
         self.target.parent.mkdir(parents=True, exist_ok=True)
@@ -36,12 +79,17 @@ class atomic_dir:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
+        (self.tmp / MARKER).write_text("written by headscope; `--force` may replace this folder\n", encoding="utf-8")
         os.chmod(self.tmp, 0o755)
         if self.target.exists():
+            if not (self.force and _replaceable(self.target)):
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                raise HeadscopeError(f"{self.target} appeared while this ran (another run?); it was left as it is "
+                                     f"and nothing was written")
             old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
             os.replace(self.target, old)
             os.replace(self.tmp, self.target)
             shutil.rmtree(old, ignore_errors=True)
         else:
-            os.replace(self.tmp, self.target)
+            os.rename(self.tmp, self.target)
         return False

@@ -229,7 +229,8 @@ def analyze_command(
     # A bad option or treebank file fails here, before the model loads (the file is read once).
     probes = command_line_probes(n_examples, seq_len, repeat_len, repeats, needle_lengths, treebank, n_sentences)
     rank, _ = distributed.init_from_env(device)
-    guard = atomic_dir(out, force=force)  # refuses an existing folder before any work
+    inputs = [path for path in (model, treebank) if path is not None and Path(path).exists()]
+    guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
     if rank == 0:
         typer.echo(f"loading {model} ...", err=True)
     placement = _parse_device_map(device_map)
@@ -312,7 +313,7 @@ def compare_command(
 ) -> None:
     """Two analyses side by side: label maps, score differences, heads that changed label."""
     a, b = Analysis.load(first), Analysis.load(second)
-    path = report.write_compare(a, b, out, plotlyjs=_check_plotlyjs(plotlyjs), force=force)
+    path = report.write_compare(a, b, out, plotlyjs=_check_plotlyjs(plotlyjs), force=force, protect=(first, second))
     typer.echo(f"comparison: {path}")
 
 

@@ -175,19 +175,19 @@ def render_compare_html(a, b, plotlyjs: str = "embed") -> str:
     return page(f"headscope: {data.name_a} vs {data.name_b}", "\n".join(body), figs, plotlyjs)
 
 
-def write_compare(a, b, out_dir, *, plotlyjs: str = "embed", force: bool = False) -> Path:
+def write_compare(a, b, out_dir, *, plotlyjs: str = "embed", force: bool = False, protect=()) -> Path:
     """Write the compare page to `out_dir/index.html`, atomically.
 
     Args:
         a, b: `headscope.analysis.Analysis` objects.
         out_dir: the folder to create; must not exist unless `force`.
         plotlyjs: "embed" or "cdn".
-        force: replace an existing folder.
+        force: replace an existing folder headscope wrote (`headscope.atomic`).
+        protect: folders being read (the two analyses' own), which `out_dir` must neither be nor hold.
     Returns:
         The path of `index.html`.
     """
-
-    with atomic_dir(out_dir, force=force) as tmp:
+    with atomic_dir(out_dir, force=force, protect=protect) as tmp:
         (tmp / "index.html").write_text(render_compare_html(a, b, plotlyjs=plotlyjs), encoding="utf-8")
     return Path(out_dir) / "index.html"
 
