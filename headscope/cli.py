@@ -28,6 +28,7 @@ from .loading import loader
 from . import report  # module references, not names: what a test replaces on the module is what runs
 from .report.data import report_warnings, top_heads
 from .report.method import control_text
+from .report.sections import section_data, section_summary
 
 __all__ = ["app", "main"]
 
@@ -169,7 +170,8 @@ class _Bars:
 def _summary(analysis, out: Path) -> None:
     """One line per label: head count, the quantity its scores are in, the strongest heads
     (layer.head score, and the control's score for the same head; induction and duplicate-token
-    heads with their OV qualifier), as the report's top-heads table."""
+    heads with their OV qualifier), as the report's top-heads table, then the lines the detectors'
+    own report sections add (`ReportSection.summary`) and the warnings."""
     counts = analysis.labels.label.value_counts()
     typer.echo(f"\n{analysis.meta['model']}: {analysis.n_layers} layers x {analysis.n_heads} heads")
     typer.echo(f"control: {control_text(analysis.meta)}")
@@ -183,6 +185,8 @@ def _summary(analysis, out: Path) -> None:
         typer.echo(f"  {label:<18} {counts[label]:>4}  {unit}: {shown}")
     if "none" in counts:
         typer.echo(f"  {'none':<18} {counts['none']:>4}")
+    for line in section_summary(section_data(analysis)):  # what the detectors' own sections add
+        typer.echo(line)
     for warning in report_warnings(analysis.meta):
         typer.echo(f"warning: {warning}")
     typer.echo(f"report: {out / 'index.html'}")

@@ -5,6 +5,7 @@
 table: its data, figure, HTML, header line, warning and summary line reach the page, the
 notebook display and `report_data` without any change to headscope/report/.
 """
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -18,6 +19,7 @@ from headscope.detectors.section import ReportSection, analysis_table, figure_st
 from headscope.errors import HeadscopeError
 from headscope.report import render_html, report_data
 from headscope.report.notebook import analysis_html
+from headscope.cli import _summary
 from headscope.report.plotting import plot_section
 
 FIGURE_ID = "hs-rare-pairs"
@@ -82,7 +84,7 @@ def _with_pairs(analysis, note="few"):
     return analysis
 
 
-def test_a_detectors_section_reaches_data_page_and_notebook(rare_pairs):
+def test_a_detectors_section_reaches_data_page_notebook_and_cli_summary(rare_pairs, capsys):
     analysis = _with_pairs(fake_analysis())
     data = report_data(analysis)
     section = [s for s in data.sections if s.detector == "rare_pairs"]
@@ -96,6 +98,9 @@ def test_a_detectors_section_reaches_data_page_and_notebook(rare_pairs):
     assert page.index('<section id="rare-pairs">') < page.index('<section id="method">')
     notebook = analysis_html(analysis)
     assert "rare pairs: 2 heads" in notebook and "rare pairs: too few pairs" in notebook
+    _summary(analysis, Path("out"))
+    printed = capsys.readouterr().out
+    assert "rare pairs: 2 heads" in printed and "warning: rare pairs: too few pairs" in printed
     assert list(plot_section(analysis, "rare_pairs").data[0].customdata[0]) == [0, 2]
     with pytest.raises(HeadscopeError, match="no report section"):
         plot_section(analysis, "previous_token")
