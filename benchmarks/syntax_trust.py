@@ -47,7 +47,7 @@ def prepare(loaded, sentences):
 
 def predict(model, probe, batch_size):
     """`[sentence, layer, head, word]` predicted partners, as the syntactic detector reduces them."""
-    return predictions(collect(model, probe, [syntactic], batch_size)[0][syntactic.name], probe)
+    return predictions(collect(model, probe, [syntactic], batch_size).values[syntactic.name], probe)
 
 
 def score(loaded, sentences, alignments, partners, control_partners, subset, seed=0):

@@ -171,6 +171,7 @@ class _Run:
     findings: dict = field(default_factory=dict)  # detector name -> Finding
     how: dict = field(default_factory=dict)  # probe name -> "lazy", "maps", ... (meta["probes"][name]["patterns"])
     sink_layers: set = field(default_factory=set)
+    kernels: dict = field(default_factory=dict)  # probe name -> lse kernels of the lazy path (meta["probes"][name]["lse"])
     skipped: dict = field(default_factory=dict)  # detector name -> why it could not score the model
 
     def used(self, plan: _Plan) -> dict:
@@ -211,10 +212,13 @@ def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings) ->
         patterned = [d for d in probe_dets if d.run is None]  # the others run their own passes
         model, twin_values = {}, {}
         if patterned:
-            model, twin_values, run.how[name], sinks = collect_with_control(
+            passes, twin_values = collect_with_control(
                 loaded, plan.twin, plan.built[name], patterned, batch_size, timings, progress, lazy,
                 map_budget=map_budget)
-            run.sink_layers.update(sinks)
+            model, run.how[name] = passes.values, passes.how
+            run.sink_layers.update(passes.sink_layers)
+            if passes.kernels:
+                run.kernels[name] = passes.kernels
         for det in probe_dets:
             try:
                 if det.run is None:
@@ -263,6 +267,8 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
     probes = {name: probe.meta() for name, probe in used.items()}
     for name in used:
         probes[name]["patterns"] = run.how[name]
+        if name in run.kernels:
+            probes[name]["lse"] = ", ".join(run.kernels[name])
     notes = [SINK_NOTE.format(n=len(run.sink_layers), total=loaded.n_layers)] if run.sink_layers else []
     if ov and scored.ov_skipped:
         notes.append(f"OV copying not computed: {scored.ov_skipped}")

@@ -5,17 +5,21 @@ additive mask, cap the optional soft-cap c * tanh(x / c)) and lse_i = log(sum_j 
 exp(sink)) the row's log-sum-exp, the sink term only for models with a learned sink logit per
 head (rows then sum to less than 1). A fused kernel gives z and the keys' lse in one pass without
 writing the [query, key] map; a sink then enters as lse_i = logaddexp(lse_i, sink) and rescales
-z by exp(lse_keys - lse_i). Soft-capped scores cannot take the fused kernel: z and lse are then
-computed in query blocks. The few entries a detector reads (a diagonal, a column, a sparse set
+z by exp(lse_keys - lse_i). The kernel (`lse_kernel`): on the CPU aten's flash kernel
+("cpu-flash"); on CUDA FlexAttention ("flex", `headscope.attention.flex`), which takes
+soft-capped scores too; elsewhere, and for soft-capped scores on the CPU, z and lse are
+computed in query blocks ("blockwise"). The few entries a detector reads (a diagonal, a column, a sparse set
 of targets) then cost one dot product each, and the row entropy H_i = -sum_j A[i, j] ln A[i, j]
 = W_i (lse_i - sum_j A'[i, j] s_ij) (A' the pattern without the sink, W_i = sum_j A[i, j]) costs
 one more fused pass with the keys as values (sum_j A'[i, j] k_j), or is computed exactly in query
 blocks.
 
 - `lazy_attention(q, k, v, ...) -> (z, LazyPattern)`: the attention output and the pattern as
-  a `LazyPattern` (the row log-sum-exp, q, k and the mask). Its `fused` and `block_bytes`
-  keywords choose the path: `fused=False` takes the blockwise path even where the fused kernel
-  exists, `block_bytes` (default `BLOCK_BYTES`, 64 MiB) bounds the fp32 scores it holds at once.
+  a `LazyPattern` (the row log-sum-exp, q, k and the mask). Its `fused`, `kernel` and
+  `block_bytes` keywords choose the path: `fused=False` takes the blockwise path even where a
+  fused kernel exists, `kernel` names one (`lse_kernel`'s choice by default), `block_bytes`
+  (default `BLOCK_BYTES`, 64 MiB) bounds the fp32 scores the blockwise path holds at once.
+- `lse_kernel(device, softcap, fused=True)`: which of "cpu-flash", "flex", "blockwise" runs.
 - `LazyPattern`: `diagonal(offset)`, `column(j)`, `mass(targets)`, `entropy()`, each equal
   to what the same reduction of the full pattern gives (tests check both paths against it),
   and `argmax()`, `dense()`, which compute the map (`headscope.attention.pattern.Pattern`, the interface
@@ -28,20 +32,40 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .flex import flex_available, flex_stats
 from .kernel import _combine, causal_mask, expand_kv
 
-__all__ = ["lazy_attention", "LazyPattern", "fused_lse_available", "BLOCK_BYTES"]
+__all__ = ["lazy_attention", "LazyPattern", "fused_lse_available", "lse_kernel", "KERNELS", "BLOCK_BYTES"]
+
+KERNELS = ("cpu-flash", "flex", "blockwise")
 
 BLOCK_BYTES = 64 * 2**20  # fp32 scores held at once by the blockwise fallback
+
+
+def _cpu_flash_available(device) -> bool:
+    return torch.device(device).type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def fused_lse_available(device: torch.device) -> bool:
     """Whether torch exposes a fused kernel that returns the log-sum-exp on this device.
 
     On the CPU, aten's flash kernel returns (output, logsumexp); it is the kernel public SDPA
-    calls there. Elsewhere the log-sum-exp is computed blockwise (`_blockwise_stats`).
+    calls there. On CUDA, FlexAttention compiled by Triton (`headscope.attention.flex`).
+    Elsewhere the log-sum-exp is computed blockwise (`_blockwise_stats`).
     """
-    return torch.device(device).type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    return _cpu_flash_available(device) or flex_available(device)
+
+
+def lse_kernel(device, softcap: Optional[float] = None, fused: bool = True) -> str:
+    """The kernel computing z and the row log-sum-exp: "flex" on CUDA (soft-capped scores
+    included), "cpu-flash" on the CPU without a soft-cap, else "blockwise" (query blocks)."""
+    if not fused:
+        return "blockwise"
+    if flex_available(device):
+        return "flex"
+    if softcap is None and _cpu_flash_available(device):
+        return "cpu-flash"
+    return "blockwise"
 
 
 def _additive(mask: Optional[torch.Tensor], dtype) -> Optional[torch.Tensor]:
@@ -66,7 +90,7 @@ def _zero_or_hidden(mask: Optional[torch.Tensor]) -> bool:
 
 
 def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=None, sinks=None, fused=True,
-                   block_bytes=BLOCK_BYTES):
+                   kernel: Optional[str] = None, block_bytes=BLOCK_BYTES):
     """softmax(cap(q k^T * scale) + mask) v, and the pattern as a `LazyPattern`, without the map.
 
     Args:
@@ -80,6 +104,9 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
         sinks: `[head]` sink logits that join each row's softmax and are dropped after it.
         fused: use torch's fused kernel for the log-sum-exp (and the entropy) where this device
             has one; False computes them in query blocks everywhere (same numbers, more memory).
+        kernel: "cpu-flash", "flex" or "blockwise" (default `lse_kernel(q.device, softcap, fused)`);
+            "flex" off CUDA runs FlexAttention uncompiled (dense: for tests). The pattern's
+            `kernel` says which ran.
         block_bytes: fp32 scores the blockwise path holds at once (`BLOCK_BYTES` by default);
             a block is at least one query row.
     Returns:
@@ -91,11 +118,18 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
     if is_causal and mask is not None:  # one mask holding both, as the explicit path does
         mask, is_causal = _combine(mask, causal_mask(n_query, n_key, q.device)), False
     additive = _additive(mask, q.dtype)
-    lazy = LazyPattern(q, k, None, additive, is_causal, scale, softcap, sinks, fused=fused, block_bytes=block_bytes)
-    if softcap is not None:
+    kernel = lse_kernel(q.device, softcap, fused) if kernel is None else kernel
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; use one of {', '.join(KERNELS)}")
+    if kernel == "cpu-flash" and (softcap is not None or v.shape[-1] != q.shape[-1] or q.device.type != "cpu"):
+        kernel = "blockwise"  # aten's CPU kernel: no soft-cap, value and key widths equal
+    lazy = LazyPattern(q, k, None, additive, is_causal, scale, softcap, sinks, kernel=kernel, block_bytes=block_bytes)
+    if kernel == "blockwise" and softcap is not None:
         lazy.lse, _, z = _blockwise_stats(lazy, entropy=False, values=expand_kv(v, n_heads))
         return z.to(v.dtype), lazy
-    if fused and fused_lse_available(q.device) and v.shape[-1] == q.shape[-1]:
+    if kernel == "flex":
+        z, lse = flex_stats(q, k, v, additive, is_causal, scale, softcap, compiled=flex_available(q.device))
+    elif kernel == "cpu-flash":
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         z, lse = op(q, lazy.k, expand_kv(v, n_heads), 0.0, is_causal, attn_mask=additive, scale=scale)
         lse = lse.float()
@@ -149,7 +183,7 @@ class LazyPattern:
     """
 
     def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None, softcap=None, sinks=None, *,
-                 fused=True, block_bytes=BLOCK_BYTES):
+                 kernel="blockwise", block_bytes=BLOCK_BYTES):
         self.q = q
         self.k = expand_kv(k, q.shape[1])  # (B, H, Tk, D); already expanded: no copy
         self.lse = lse  # (B, H, Tq) fp32
@@ -158,7 +192,7 @@ class LazyPattern:
         self.scale = q.shape[-1] ** -0.5 if scale is None else scale
         self.softcap = softcap
         self.sinks = sinks  # (H,) sink logits, or None
-        self.fused = fused  # may take the fused kernel where the device has one
+        self.kernel = kernel  # what computed lse (`lse_kernel`); the entropy takes the same one
         self.block_bytes = block_bytes  # fp32 scores held at once on the blockwise path
         self._entropy = None
 
@@ -259,15 +293,25 @@ class LazyPattern:
 
     def _compute_entropy(self) -> torch.Tensor:
         q, k = self.q, self.k
-        fused = self.fused and fused_lse_available(q.device) and q.dtype == torch.float32 and self.softcap is None
-        if fused and _zero_or_hidden(self.additive):
+        if self.softcap is not None or not _zero_or_hidden(self.additive):
+            return _blockwise_stats(self, entropy=True)[1]
+        if self.kernel == "flex":  # in fp32: H is a difference of two terms of the size of lse
+            additive = None if self.additive is None else self.additive.float()
+            mean_key, keys_lse = flex_stats(q.float(), k.float(), k.float(), additive, self.is_causal, self.scale,
+                                            compiled=flex_available(q.device))
+            return self._entropy_from(mean_key, keys_lse)
+        if self.kernel == "cpu-flash" and q.dtype == torch.float32:
             # H_i = W_i (lse_i - sum_j A'[i, j] s_ij), sum_j A'[i, j] s_ij = scale * q_i . (sum_j A'[i, j] k_j)
             # when the mask only adds 0 or hides (hidden keys have A = 0): one fused pass, keys as
             # values; A' is the pattern without the sink, W_i = exp(lse'_i - lse_i) its share.
             op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
             mean_key, keys_lse = op(q, k, k, 0.0, self.is_causal, attn_mask=self.additive, scale=self.scale)
-            entropy = self.lse - (q * mean_key).sum(-1) * self.scale  # mean_key: (B, H, Tq, D)
-            if self.sinks is None:
-                return entropy
-            return (keys_lse.float() - self.lse).exp() * entropy  # the keys' share W_i, (B, H, Tq)
+            return self._entropy_from(mean_key, keys_lse)
         return _blockwise_stats(self, entropy=True)[1]
+
+    def _entropy_from(self, mean_key: torch.Tensor, keys_lse: torch.Tensor) -> torch.Tensor:
+        """H_i = W_i (lse_i - scale * q_i . sum_j A'[i, j] k_j), from the fused pass with the keys as values."""
+        entropy = self.lse - (self.q.float() * mean_key.float()).sum(-1) * self.scale  # mean_key: (B, H, Tq, D)
+        if self.sinks is None:
+            return entropy
+        return (keys_lse.float() - self.lse).exp() * entropy  # the keys' share W_i, (B, H, Tq)

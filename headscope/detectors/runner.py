@@ -1,13 +1,14 @@
 """Running one built probe through a model, every detector of the probe reducing each layer.
 
-- `collect(loaded, probe, detectors, batch_size, ...)`: `({detector: Collected}, how, sink_layers)`.
+- `collect(loaded, probe, detectors, batch_size, ...)`: `Passes` (each detector's `Collected`, how
+  the patterns were computed, the layers with sink logits, the lazy path's kernels).
   Batches run inside `capture(reduce=...)`; each layer's pattern goes to every detector's
   `reduce(layer, pattern, batch)` with the batch it was computed on, and only what the
   reducers return is kept (on the CPU). When every detector is `lazy` the layer runs the fused
   kernel and the reducers get a `LazyPattern`; otherwise each layer's map is computed, a group
   of heads at a time when it would exceed `MAP_BUDGET`.
-- `collect_with_control(loaded, twin, probe, detectors, batch_size, timings, ...)`: the same on
-  the model and on its control twin (None: no twin), each pass timed; what `analyze` and
+- `collect_with_control(loaded, twin, probe, detectors, batch_size, timings, ...)`: the model's
+  `Passes` and the control twin's values (None: no twin), each pass timed; what `analyze` and
   `run_syntax` run.
 - `Timings`: seconds per named step, `with timings.step("ov"): ...`, one place for the clock.
 - Under torchrun the batches are dealt across processes and the results gathered in order
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -25,9 +26,18 @@ from ..loading.distributed import gather, mine, rank_and_size
 from ..hf.capture import capture
 from .protocol import Collected, Progress
 
-__all__ = ["collect", "collect_with_control", "Timings", "Progress", "MAP_BUDGET"]
+__all__ = ["collect", "collect_with_control", "Passes", "Timings", "Progress", "MAP_BUDGET"]
 
 MAP_BUDGET = 256 * 2**20  # bytes of fp32 pattern computed at once before heads go in groups
+
+
+class Passes(NamedTuple):
+    """What one probe's passes through a model left."""
+
+    values: dict  # detector name -> Collected
+    how: str  # "lazy", "maps" or "maps, N heads at a time"
+    sink_layers: list  # layers whose heads have learned sink logits
+    kernels: list  # what computed the lazy path's row log-sum-exp (`lse_kernel`); [] for maps
 
 
 
@@ -95,8 +105,7 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
         map_budget: on the maps path, the bytes of fp32 pattern one layer may compute at once;
             a layer whose map is larger runs in head groups.
     Returns:
-        `({detector name: Collected}, how patterns were computed ("lazy", "maps" or "maps, N
-        heads at a time"), the layers whose heads have learned sink logits)`.
+        `Passes`.
     """
     batches = probe.batches(batch_size, loaded.causal, "cpu")
     todo = [i for i in range(len(batches)) if mine(i)]
@@ -120,9 +129,10 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     per_batch = gather(done)  # [{layer: {detector: values}}] in batch order
     how = "lazy" if lazy else ("maps" if chunk is None else f"maps, {chunk} heads at a time")
     sink_layers = sorted(layer for layer, extras in cap.extras.items() if "sinks" in extras)
+    kernels = sorted({e.split(":", 1)[1] for extras in cap.extras.values() for e in extras if e.startswith("lse:")})
     collected = {det.name: Collected(batches, [{layer: b[layer][det.name] for layer in b} for b in per_batch],
                                      loaded.n_layers, loaded.n_heads) for det in detectors}
-    return collected, how, sink_layers
+    return Passes(collected, how, sink_layers, kernels)
 
 
 def collect_with_control(loaded, twin, probe, detectors, batch_size: int, timings, progress: Optional[Progress] = None,
@@ -136,15 +146,14 @@ def collect_with_control(loaded, twin, probe, detectors, batch_size: int, timing
             "probe_NAME_control".
         stage: the progress stage (default "probe NAME"; the twin's is "STAGE (control)").
     Returns:
-        `(model values, twin values ({} without a twin), how, sink_layers)`, as from `collect`.
+        `(the model's Passes, the twin's values ({} without a twin))`.
     """
     stage = stage or f"probe {probe.name}"
     with timings.step(f"probe_{probe.name}"):
-        model, how, sinks = collect(loaded, probe, detectors, batch_size, progress, lazy, stage=stage,
-                                    map_budget=map_budget)
+        passes = collect(loaded, probe, detectors, batch_size, progress, lazy, stage=stage, map_budget=map_budget)
     twin_values = {}
     if twin is not None:
         with timings.step(f"probe_{probe.name}_control"):
             twin_values = collect(twin, probe, detectors, batch_size, progress, lazy, stage=f"{stage} (control)",
-                                  map_budget=map_budget)[0]
-    return model, twin_values, how, sinks
+                                  map_budget=map_budget).values
+    return passes, twin_values

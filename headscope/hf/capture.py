@@ -67,7 +67,7 @@ class Capture(Session):
         self._maps: dict[int, list[torch.Tensor]] = defaultdict(list)
         self._pieces: dict[int, list[Any]] = defaultdict(list)
         self.results: dict[int, list[Any]] = defaultdict(list)
-        self.extras: dict[int, set[str]] = defaultdict(set)  # layer -> {"sinks"}: see Session.note
+        self.extras: dict[int, set[str]] = defaultdict(set)  # layer -> {"sinks", "lse:flex", ...}: see Session.note
 
     def wants_pattern(self, layer: int) -> bool:
         return True
@@ -145,8 +145,9 @@ def capture(
             pattern: the layer runs the fused kernel, and the reducer computes only the entries
             and row statistics it reads (`diagonal`, `column`, `mass`, `entropy`).
     Yields:
-        A `Capture` with `.patterns` or `.results`, and `.extras` `{layer: {"sinks"}}` for layers
-        whose heads have a learned sink logit (their pattern rows sum to less than 1).
+        A `Capture` with `.patterns` or `.results`, and `.extras` `{layer: {"sinks", ...}}`:
+        "sinks" for layers whose heads have a learned sink logit (their pattern rows sum to less
+        than 1), "lse:KERNEL" for what computed a lazy layer's row log-sum-exp.
     """
     layer_of = layer_map(model)
     chosen = _check_layers(layers, len(layer_of))

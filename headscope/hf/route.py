@@ -81,7 +81,9 @@ class Session:
 
     def note(self, layer: int, what: str) -> None:
         """Told what a layer's attention has beyond softmax over the keys ("sinks": a learned
-        sink logit per head takes part of each row, so pattern rows sum to less than 1)."""
+        sink logit per head takes part of each row, so pattern rows sum to less than 1), and
+        which kernel computed a lazy pattern's row log-sum-exp ("lse:cpu-flash", "lse:flex",
+        "lse:blockwise")."""
 
     def end_pattern(self, layer: int) -> None:
         """Called after the last head group of a layer (only when patterns came in groups)."""
@@ -157,6 +159,7 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
     elif watchers and not dropout and all(s.takes_lazy(layer) for s, layer in watchers):
         z, lazy = lazy_attention(query, key, value, mask=mask, sinks=sinks, **math)
         for session, layer in watchers:
+            session.note(layer, f"lse:{lazy.kernel}")
             session.on_pattern(layer, lazy, attention_mask)
         pattern = None
     elif chunk is not None and chunk < n_heads:

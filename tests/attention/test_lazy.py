@@ -1,5 +1,5 @@
 """LazyPattern: entries and row statistics from the fused kernel's log-sum-exp equal the same
-reductions of the full pattern, on the fused (CPU flash) and blockwise paths, and analyze's lazy
+reductions of the full pattern, on the fused (CPU flash), FlexAttention and blockwise paths, and analyze's lazy
 path gives the maps path's scores without computing a map."""
 import pytest
 import torch
@@ -19,11 +19,14 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 FP32 = dict(atol=1e-5, rtol=0)  # fp32: the fused kernel and the explicit path round differently
 
 
-@pytest.fixture(params=["fused", "blockwise"])
+@pytest.fixture(params=["fused", "blockwise", "flex"])
 def path(request):
-    """`lazy_attention` keywords of each path: the fused CPU kernel, or query blocks."""
+    """`lazy_attention` keywords of each path: the fused CPU kernel, query blocks, or FlexAttention
+    (CUDA's fused kernel; on the CPU torch runs the same score_mod and block mask uncompiled)."""
     if request.param == "blockwise":
         return dict(fused=False, block_bytes=4 * 2 * 6 * 40 * 7)  # 7 query rows per block of _qkv()'s shape
+    if request.param == "flex":
+        return dict(kernel="flex")
     assert lazy_module.fused_lse_available(torch.device("cpu"))
     return {}
 
@@ -202,6 +205,33 @@ def test_analyze_lazy_equals_maps_and_computes_no_map(planted, monkeypatch):
     assert {p["patterns"] for p in lazy.meta["probes"].values()} == {"lazy"}
     assert {p["patterns"] for p in maps.meta["probes"].values()} == {"maps"}
     assert (lazy.labels.label != "none").sum() >= 6  # the planted heads are found on this path too
+    assert {p["lse"] for p in lazy.meta["probes"].values()} == {"cpu-flash"}
+    assert not any("lse" in p for p in maps.meta["probes"].values())
+
+
+def test_the_kernel_is_chosen_per_device(monkeypatch):
+    assert lazy_module.lse_kernel("cpu") == "cpu-flash"
+    assert lazy_module.lse_kernel("cpu", softcap=30.0) == "blockwise"  # aten's CPU kernel has no soft-cap
+    assert lazy_module.lse_kernel("cpu", fused=False) == "blockwise"
+    monkeypatch.setattr(lazy_module, "flex_available", lambda device: True)  # what CUDA with Triton reports
+    assert lazy_module.lse_kernel("cuda", softcap=30.0) == "flex"
+    assert lazy_module.lse_kernel("cuda", fused=False) == "blockwise"
+    with pytest.raises(ValueError, match="unknown kernel"):
+        lazy_attention(*_qkv(), kernel="bogus")
+
+
+def test_analyze_on_the_flex_kernel_equals_maps_and_says_so(planted, monkeypatch):
+    """The path CUDA takes (FlexAttention; here uncompiled on the CPU) through a whole analysis:
+    the maps path's scores, and meta names the kernel."""
+    names = [d.name for d in _lazy_detectors(causal=True)]
+    small = dict(detectors=names, probes=[TextProbe(8, 40), RepeatedProbe(8, 10, 4)], explorer_examples=0)
+    maps = analyze(planted, lazy=False, **small)
+    monkeypatch.setattr(lazy_module, "lse_kernel", lambda device, softcap=None, fused=True: "flex")
+    flex = analyze(planted, **small)
+    torch.testing.assert_close(torch.tensor(flex.scores.score.values), torch.tensor(maps.scores.score.values),
+                               atol=1e-5, rtol=0)
+    assert flex.labels.label.tolist() == maps.labels.label.tolist()
+    assert {p["lse"] for p in flex.meta["probes"].values()} == {"flex"}
 
 
 def test_bf16_entries_stay_within_bf16_rounding(path):

@@ -9,6 +9,7 @@ import torch
 
 import headscope
 from headscope import detectors
+import headscope.attention.lazy as lazy_module
 from headscope.attention import MultiHeadAttention
 from headscope.hf import route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
@@ -57,10 +58,16 @@ def _lazy_detectors(causal):
     return [d for d in detectors.REGISTRY.values() if d.lazy and not (causal and d.bidirectional_only)]
 
 
+@pytest.mark.parametrize("kernel", ["default", "flex"])
 @pytest.mark.parametrize("family", INTERFACE_FAMILIES)
 @torch.no_grad()
-def test_lazy_and_head_groups_score_as_the_maps(family):
-    """analyze's two other paths: the fused/blockwise LazyPattern and head groups of 2."""
+def test_lazy_and_head_groups_score_as_the_maps(family, kernel, monkeypatch):
+    """analyze's two other paths: the LazyPattern and head groups of 2. The LazyPattern from the
+    CPU's kernel (fused, or query blocks for soft-capped scores) and from FlexAttention, the
+    kernel CUDA takes (run here uncompiled): soft-caps, sinks, sliding windows and position
+    biases all go through its score_mod and masks."""
+    if kernel == "flex":
+        monkeypatch.setattr(lazy_module, "lse_kernel", lambda device, softcap=None, fused=True: "flex")
     model = tiny_model(family, kind="interface")
     x = tiny_inputs(length=17)
     ids = x["input_ids"].clone()
@@ -79,6 +86,8 @@ def test_lazy_and_head_groups_score_as_the_maps(family):
     valid = x["attention_mask"].bool()
     assert (whole - lazy_out).abs()[valid].max() <= 1e-4
     assert (whole - group_out).abs()[valid].max() <= 1e-5
+    if kernel == "flex":
+        assert all("lse:flex" in lazy.extras[layer] for layer in maps.results)
     for layer, results in maps.results.items():
         for name, ref in results[0].items():
             assert not ref.isnan().all()

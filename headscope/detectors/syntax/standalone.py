@@ -83,9 +83,9 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
         raise HeadscopeError(f"batch_size and min_arcs must be at least 1 (got {batch_size}, {min_arcs})")
     probe = TreebankProbe(sentences, max_sentences).build(loaded, seed)
     detector = dataclasses.replace(syntactic, min_arcs=min_arcs, threshold=threshold)
-    model, twin, _, _ = collect_with_control(loaded, control, probe, [detector], batch_size, timings, progress,
-                                             stage="syntax")
-    scored = detector.score_sentences(model[detector.name], twin.get(detector.name), probe, seed)
+    passes, twin = collect_with_control(loaded, control, probe, [detector], batch_size, timings, progress,
+                                        stage="syntax")
+    scored = detector.score_sentences(passes.values[detector.name], twin.get(detector.name), probe, seed)
     timings.total()
     meta = {"n_sentences": len(probe.sentences), "skipped": probe.skipped, "n_arcs": int(len(probe.arcs.sentence)),
             "causal": loaded.causal, "bos_added": probe.bos_added, "max_sentences": max_sentences,

