@@ -2,6 +2,7 @@
 
     python benchmarks/bench_load.py                 # 2 rounds of loads, then analyze before/after
     python benchmarks/bench_load.py --rounds 3 --skip-analyze
+    python benchmarks/bench_load.py --fresh 5       # warm loads in fresh processes, imports apart
 
 In one process, after importing torch and transformers once, each round times:
 - `transformers`: transformers' own GGUF loading, what `headscope.load` did before the cache
@@ -14,6 +15,12 @@ each round's ratio. Then `headscope analyze` (default arguments, --device cpu) r
 subprocess --analyze-rounds times each with --no-cache (before) and with a warm cache (after),
 alternating; that wall time includes the interpreter start and imports. Results are appended as
 one JSON line to --out.
+
+`--fresh N` instead times a warm load (the entry already in the cache) in N fresh processes,
+alternating two kinds: `whole`, `headscope.load` as a user's first call (it imports
+transformers' Llama modelling code, which imports torch.distributed.tensor and torch._dynamo),
+and `split`, where the same imports (torch, then `LlamaForCausalLM`, `AutoTokenizer`) are timed
+first and `headscope.load` after them: the load's own work.
 """
 from __future__ import annotations
 
@@ -67,17 +74,62 @@ def analyze_wall(cache_folder: str, *extra: str) -> float:
         return time.perf_counter() - start
 
 
+FRESH_CHILD = """
+import json, sys, time
+start = time.perf_counter()
+if sys.argv[1] == "split":
+    import torch
+    torch_done = time.perf_counter()
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    imports_done = time.perf_counter()
+else:
+    torch_done = imports_done = start
+import headscope
+loaded = headscope.load("smollm2-135m", device="cpu")
+end = time.perf_counter()
+print(json.dumps({"import_torch": torch_done - start, "import_modeling": imports_done - torch_done,
+                  "load": end - imports_done}))
+"""
+
+
+def fresh_loads(rounds: int, cache_folder: str) -> dict:
+    """Warm loads in fresh processes: whole (imports inside the load) and split (imports first)."""
+    env = dict(os.environ, HEADSCOPE_CACHE=cache_folder, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-c", "import headscope; headscope.load('smollm2-135m', device='cpu')"],
+                   env=env, check=True, capture_output=True)  # the entry exists before any timing
+    runs = {"whole": [], "split": []}
+    for _ in range(rounds):
+        for kind in runs:
+            start = time.perf_counter()
+            done = subprocess.run([sys.executable, "-c", FRESH_CHILD, kind], env=env, check=True,
+                                  capture_output=True, text=True)
+            runs[kind].append({**json.loads(done.stdout.strip().splitlines()[-1]),
+                               "process": time.perf_counter() - start})
+    median = {kind: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for kind, rows in runs.items()}
+    return {"fresh_runs": runs, "fresh_median_s": median}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--analyze-rounds", type=int, default=1)
     parser.add_argument("--skip-analyze", action="store_true")
+    parser.add_argument("--fresh", type=int, default=0, help="only: N warm loads in fresh processes")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("load-results.jsonl"))
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from headscope.loading.loader import ALIASES
 
     path = ALIASES["smollm2-135m"].location()
+    if args.fresh:
+        with tempfile.TemporaryDirectory(prefix="headscope-bench-cache-") as folder:
+            result = {"date": date.today().isoformat(), "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
+                      **fresh_loads(args.fresh, folder)}
+        for kind, median in result["fresh_median_s"].items():
+            print(kind, " ".join(f"{k} {v:.2f} s" for k, v in median.items()))
+        with open(args.out, "a") as fh:
+            fh.write(json.dumps(result) + "\n")
+        return
     import torch  # noqa: F401  imports are paid once, before any timing
     import transformers  # noqa: F401
     from transformers import LlamaForCausalLM  # noqa: F401

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import headscope
+from headscope._paths import probes_dir
 from headscope.loading import load_cache as cache
 from headscope.loading.gguf_file import read_tensor_table
 from headscope.loading.loader import ALIASES
@@ -52,6 +53,10 @@ def test_cached_model_equals_a_fresh_conversion(gguf_copy, own_cache):
     assert torch.equal(_logits(first), reference)
     assert torch.equal(_logits(second), reference)
     assert second.tokenizer(TEXT)["input_ids"] == fresh.tokenizer(TEXT)["input_ids"]
+    # Every bundled probe text and treebank, token for token (what the detectors are scored on).
+    bundled = [path.read_text() for path in sorted(probes_dir().rglob("*")) if path.suffix in (".txt", ".conllu")]
+    assert len(bundled) >= 14
+    assert second.tokenizer(bundled)["input_ids"] == fresh.tokenizer(bundled)["input_ids"]
     assert second.tokenizer.chat_template == fresh.tokenizer.chat_template
     assert (second.family, second.causal, second.n_layers, second.n_heads) == ("llama", True, 30, 9)
 
