@@ -41,6 +41,8 @@ from ..detectors.protocol import SCORE_COLUMNS
 from ..detectors.protocol import Progress
 from ..detectors.runner import MAP_BUDGET, Timings, collect_with_control
 from ..loading.distributed import rank_and_size
+from ..loading.integrity import check_weights
+from ..loading.loader import Loaded
 from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
 
@@ -130,7 +132,11 @@ def analyze(
     Returns:
         An `Analysis`.
     """
+    if not isinstance(loaded, Loaded):
+        example = f"headscope.load({loaded!r})" if isinstance(loaded, str) else "headscope.load(...)"
+        raise HeadscopeError(f"analyze takes a loaded model ({example}), not a {type(loaded).__name__}")
     timings = Timings()
+    check_weights(loaded.model, loaded.name)  # a NaN in the weights would score as n=0, silently
     plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings)
     run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings)
     scored = _score(loaded, plan, run, seed, ov, timings)

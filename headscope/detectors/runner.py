@@ -23,7 +23,9 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..loading.distributed import gather, mine, rank_and_size
+from ..loading.integrity import check_hidden_states
 from ..hf.capture import capture
+from ..errors import HeadscopeError
 from .protocol import Collected, Progress
 
 __all__ = ["collect", "collect_with_control", "Passes", "Timings", "Progress", "MAP_BUDGET"]
@@ -122,7 +124,9 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
         for n, i in enumerate(todo):
             reducers.start(batches[i])
             ids = batches[i].input_ids.to(loaded.device)
-            loaded.body(input_ids=ids, attention_mask=batches[i].attention_mask.long().to(loaded.device))
+            mask = batches[i].attention_mask.long().to(loaded.device)
+            out = loaded.body(input_ids=ids, attention_mask=mask)
+            _check_finite(loaded, out, ids, mask, f"{stage}, batch {i + 1} of {len(batches)}")
             done.append((i, {layer: results.pop() for layer, results in cap.results.items()}))
             if report:
                 report(stage, n + 1, len(todo))
@@ -133,6 +137,17 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     collected = {det.name: Collected(batches, [{layer: b[layer][det.name] for layer in b} for b in per_batch],
                                      loaded.n_layers, loaded.n_heads) for det in detectors}
     return Passes(collected, how, sink_layers, kernels)
+
+
+def _check_finite(loaded, out, ids, mask, where: str) -> None:
+    """HeadscopeError when the batch's last hidden state is NaN or inf at a real token; the batch
+    then runs once more with every layer's output kept, to name the layer it started in."""
+    last = getattr(out, "last_hidden_state", None)
+    if last is None or torch.isfinite(last[mask.bool()]).all():
+        return
+    again = loaded.body(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    check_hidden_states(again.hidden_states, mask.bool(), where)
+    raise HeadscopeError(f"non-finite activations (NaN or inf) in the model's output on {where}")
 
 
 def collect_with_control(loaded, twin, probe, detectors, batch_size: int, timings, progress: Optional[Progress] = None,

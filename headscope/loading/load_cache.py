@@ -1,12 +1,14 @@
 """The load cache: a GGUF file converted once, restored in about a second afterwards.
 
 An entry is a transformers model folder (config.json, model.safetensors, tokenizer files)
-plus `headscope-entry.json`, which records the source file and the size of every file.
+plus `headscope-entry.json`, which records the source file and the size and CRC-32 of every
+file; both are checked on every read (the checksum costs about 0.1 s for SmolLM2's 0.5 GiB).
 
 - `cache_root()`: `$HEADSCOPE_CACHE`, else `$XDG_CACHE_HOME/headscope`, else `~/.cache/headscope`.
 - `source_key(path, dtype)`: what an entry is keyed on (see its docstring).
-- `lookup(key)`: the entry folder when present and whole; a damaged one is reported in one
-  line on stderr, removed, and `None` is returned so the caller rebuilds it.
+- `lookup(key)`: the entry folder when present and whole (sizes and checksums as recorded); a
+  damaged one is reported in one line on stderr, removed, and `None` is returned so the caller
+  rebuilds it.
 - `store(key, write)`: `write(folder)` fills a temporary folder that is renamed into place,
   so readers never see half an entry and two processes storing at once both succeed.
 - `cache_usage()`, `clear_cache()`: location, entry count and size; remove everything.
@@ -19,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -29,7 +32,7 @@ __all__ = ["cache_root", "source_key", "SourceKey", "lookup", "store", "cache_us
            "CacheUsage", "MANIFEST"]
 
 MANIFEST = "headscope-entry.json"
-FORMAT = 1  # bump when what an entry holds changes
+FORMAT = 2  # bump when what an entry holds changes (2: CRC-32 of every file)
 _SAMPLE = 2**20  # bytes hashed from each end of the source file
 
 
@@ -87,11 +90,20 @@ def source_key(path, dtype) -> SourceKey:
     return SourceKey(str(path), stat.st_size, stat.st_mtime_ns, digest.hexdigest(), str(dtype), versions)
 
 
+def _crc32(path: Path) -> int:
+    """CRC-32 of a file's bytes, read in 16 MiB pieces."""
+    value = 0
+    with open(path, "rb") as fh:
+        while piece := fh.read(16 * 2**20):
+            value = zlib.crc32(piece, value)
+    return value
+
+
 def _damage(folder: Path) -> Optional[str]:
     """Why the entry at `folder` cannot be used, or None when it is whole."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-        files = manifest["files"]
+        files, checksums = manifest["files"], manifest["crc32"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"unreadable {MANIFEST} ({type(err).__name__})"
     for name, size in files.items():
@@ -100,6 +112,8 @@ def _damage(folder: Path) -> Optional[str]:
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} of {size} bytes"
+        if _crc32(path) != checksums.get(name):
+            return f"{name} does not match its checksum"
     return None
 
 
@@ -133,7 +147,7 @@ def store(key: SourceKey, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        manifest = {"key": key.__dict__, "files": files}
+        manifest = {"key": key.__dict__, "files": files, "crc32": {name: _crc32(tmp / name) for name in files}}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         try:
             os.rename(tmp, final)  # atomic; refuses when the entry exists already

@@ -23,6 +23,7 @@ from typing import Any, Optional
 from . import load_cache
 from ..errors import HeadscopeError
 from .gguf_file import config_and_tokenizer, model_from_gguf
+from .integrity import check_loading_info
 from ..hf.adapters import adapter_for, check_on_interface, family_of
 
 __all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
@@ -268,7 +269,9 @@ def _from_folder(folder, torch_dtype, placement: dict, **kwargs):
     _check_runs(config)
     if torch_dtype is not None:
         kwargs["dtype"] = torch_dtype
-    model = _model_class(config).from_pretrained(folder, config=config, **kwargs, **placement)
+    model, info = _model_class(config).from_pretrained(folder, config=config, output_loading_info=True, **kwargs,
+                                                       **placement)
+    check_loading_info(info, str(folder))
     tokenizer = AutoTokenizer.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k != "dtype"})
     return config, model, tokenizer
 

@@ -98,6 +98,31 @@ def test_a_truncated_entry_is_reported_in_one_line_and_removed(source, own_cache
     assert not folder.exists()
 
 
+def test_a_changed_byte_of_the_same_size_is_caught_by_the_checksum(source, own_cache, capfd):
+    key = cache.source_key(source, None)
+    folder = cache.store(key, _write_files)
+    assert cache.lookup(key) == folder  # whole: found
+    with open(folder / "model.safetensors", "r+b") as fh:
+        fh.seek(500)
+        byte = fh.read(1)
+        fh.seek(500)
+        fh.write(bytes([byte[0] ^ 0xFF]))  # same size, same name: only the content differs
+    assert cache.lookup(key) is None
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 1 and "model.safetensors does not match its checksum" in lines[0]
+    assert not folder.exists()
+
+
+def test_an_entry_without_checksums_is_rebuilt(source, own_cache, capfd):
+    """An entry written before checksums were recorded is not trusted."""
+    key = cache.source_key(source, None)
+    folder = cache.store(key, _write_files)
+    manifest = json.loads((folder / cache.MANIFEST).read_text())
+    del manifest["crc32"]
+    (folder / cache.MANIFEST).write_text(json.dumps(manifest))
+    assert cache.lookup(key) is None and "damaged" in capfd.readouterr().err
+
+
 def test_cache_command_shows_and_clears(source, own_cache):
     cache.store(cache.source_key(source, None), _write_files)
     shown = CliRunner().invoke(app, ["cache"])
