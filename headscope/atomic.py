@@ -7,9 +7,16 @@ scores.csv) or an empty one; never any other folder, never the working directory
 above it, and never a folder that is or holds one of the inputs being read (`protect`: the model
 folder, the analyses being compared). The target is checked again at rename time, so a folder
 that appeared meanwhile (another run, the user) is not replaced without `force`.
+
+- `write_manifest(folder)`: `MANIFEST` (manifest.json) records the size and SHA-256 of every file
+  under `folder` (the report page excepted: `headscope report` re-renders it in place).
+- `check_manifest(folder)`: HeadscopeError when a recorded file is missing, cut or changed; a
+  folder without a manifest (written before manifests existed) passes.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -17,9 +24,50 @@ from pathlib import Path
 
 from .errors import HeadscopeError
 
-__all__ = ["atomic_dir", "MARKER"]
+__all__ = ["atomic_dir", "MARKER", "MANIFEST", "write_manifest", "check_manifest"]
 
 MARKER = ".headscope"  # in every folder atomic_dir writes: "headscope wrote this folder"
+MANIFEST = "manifest.json"
+UNLISTED = (MARKER, MANIFEST, "index.html")  # index.html: `headscope report` re-renders it in place
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while piece := fh.read(2**20):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def write_manifest(folder) -> None:
+    """Record the size and SHA-256 of every file under `folder` in `folder/manifest.json`."""
+    folder = Path(folder)
+    files = {path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+             for path in sorted(folder.rglob("*")) if path.is_file() and path.name not in UNLISTED}
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1), encoding="utf-8")
+
+
+def check_manifest(folder) -> None:
+    """HeadscopeError naming the first file of `folder` that differs from its manifest."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        return
+    try:
+        files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
+        listed = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise HeadscopeError(f"{folder / MANIFEST} is unreadable ({type(err).__name__}); the folder may be damaged") from None
+    for name, (size, digest) in listed.items():
+        path = folder / name
+        why = None
+        if not path.is_file():
+            why = "is missing"
+        elif path.stat().st_size != size:
+            why = f"has {path.stat().st_size} of the {size} bytes it was written with"
+        elif _sha256(path) != digest:
+            why = "was changed after it was written"
+        if why:
+            raise HeadscopeError(f"{folder} is damaged: {name} {why} ({MANIFEST}); write it again with headscope")
 
 
 def _written_by_headscope(folder: Path) -> bool:
@@ -49,7 +97,8 @@ class atomic_dir:
     Raises:
         HeadscopeError: before any work, for a target that exists (without `force`), is not a
             folder, was not written by headscope, is the working directory or above it, or is or
-            holds a protected path; at rename time, for a target that appeared meanwhile.
+            holds a protected path, or lies where this process may not write; at rename time, for a
+            target that appeared meanwhile.
     """
 
     def __init__(self, target, *, force: bool = False, protect=()):
@@ -67,6 +116,9 @@ class atomic_dir:
         if self.target.exists() and not _replaceable(self.target):
             raise HeadscopeError(f"{self.target} holds files headscope did not write; --force replaces only folders "
                                  f"headscope wrote, so choose another output folder")
+        parent = next(folder for folder in resolved.parents if folder.exists())  # the nearest that exists
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise HeadscopeError(f"cannot write to {parent} (permission denied); choose another output folder")
         self.force = force
         self.existed = self.target.exists()
 

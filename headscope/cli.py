@@ -145,8 +145,12 @@ def _check_plotlyjs(value: str) -> str:
 def _default_out(model: str) -> Path:
     import re
 
-    stem = Path(model).stem if model.endswith(".gguf") else Path(model.rstrip("/")).name
-    return Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "-", stem) or "model")
+    path = Path(model.rstrip("/"))
+    if path.exists():  # a local folder or file: its real name (`./m/sub/..` is `m`, `.` the working folder's)
+        path = path.resolve()
+    stem = path.stem if model.endswith(".gguf") else path.name
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip(".")
+    return Path("reports") / (stem or "model")
 
 
 class _Bars:
@@ -350,21 +354,31 @@ def geometry_command(
     normalize: Annotated[bool, typer.Option("--normalize", help="Order the pruning curve by importance normalised per layer (l2), as Michel et al. prune.")] = False,
     plotlyjs: PlotlyOpt = "embed",
     no_cache: NoCacheOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """Heads as subspaces and patterns: overlaps, JS map and clusters, redundancy, importance."""
     from .analysis.attach_geometry import check_model_matches, write_geometry_into  # torch: only when run
     from .head_geometry.run import write_geometry
 
     _check_plotlyjs(plotlyjs)
+    if examples < 1 or seq_len < 2 or steps < 1:
+        raise HeadscopeError(f"--examples and --steps must be at least 1 and --seq-len at least 2 "
+                             f"(got {examples}, {steps}, {seq_len})")
     target = Analysis.load(into) if into is not None else None  # a bad folder fails before the model loads
+    guard = None
+    if out is not None or into is None:  # its own folder, written atomically; checked before any work
+        inputs = [path for path in (model, into) if path is not None and Path(path).exists()]
+        guard = atomic_dir(out or Path("geometry"), force=force, protect=inputs)
     loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
     if target is not None:
         check_model_matches(target, loaded)
     result = headscope.geometry(loaded, n_examples=examples, seq_len=seq_len, importance=not no_importance,
                       pruning_steps=steps, normalize=normalize)
-    if out is not None or into is None:
-        for path in write_geometry(result, out or Path("geometry")):
-            typer.echo(str(path))
+    if guard is not None:
+        with guard as tmp:
+            written = write_geometry(result, tmp)
+        for path in written:
+            typer.echo(str(guard.target / path.relative_to(tmp)))
     if into is not None:
         write_geometry_into(into, result, plotlyjs=plotlyjs)
         typer.echo(f"report: {into / 'index.html'}")

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..atomic import atomic_dir
+from ..atomic import atomic_dir, check_manifest, write_manifest
 from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, read_csv, write_csv
 from ..errors import HeadscopeError
 from ..report.notebook import analysis_html, analysis_text
@@ -218,10 +218,12 @@ class Analysis:
             write_csv(self.validation, folder / "validation.csv")
         if self.geometry is not None:
             write_geometry_tables(self.geometry, folder / GEOMETRY_FOLDER)
+        write_manifest(folder)  # sizes and hashes, checked by `load`
 
     @classmethod
     def load(cls, directory) -> "Analysis":
-        """Read an analysis written by `save`."""
+        """Read an analysis written by `save`; HeadscopeError when a file differs from the
+        folder's manifest (cut, changed or missing since it was written)."""
         import pandas as pd
 
         folder = Path(directory)
@@ -229,6 +231,7 @@ class Analysis:
         missing = [n for n in needed if not (folder / n).is_file()]
         if missing:
             raise HeadscopeError(f"{folder} is not a headscope analysis (missing {', '.join(missing)})")
+        check_manifest(folder)
         try:
             scores = pd.read_csv(folder / "scores.csv")
             for column in ("control", "control_max"):  # analyses saved before controls existed

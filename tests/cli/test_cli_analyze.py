@@ -33,7 +33,7 @@ def _leftovers(folder):
 def test_analyze_writes_analysis_and_report(analyzed):
     out, result = analyzed
     assert {p.name for p in out.iterdir()} == {"scores.csv", "labels.csv", "meta.json", "examples.json", "ov.csv",
-                                               "index.html", ".headscope"}
+                                               "index.html", ".headscope", "manifest.json"}
     analysis = Analysis.load(out)
     assert set(analysis.detectors) == {"previous_token", "sink", "uniform", "self"}
     assert analysis.labels.set_index(["layer", "head"]).label[(0, 0)] == "previous_token"

@@ -91,3 +91,59 @@ def test_a_folder_that_appears_while_a_run_works_is_left_alone(tmp_path):
             (target / "theirs.txt").write_text("theirs\n")
     assert _snapshot(target) == {"theirs.txt": b"theirs\n"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left
+
+
+GEOMETRY = ["--device", "cpu", "--seq-len", "48", "--no-importance", "--examples", "2"]
+
+
+def test_geometry_out_follows_the_same_rule(planted_path, tmp_path):
+    """geometry --out: written atomically with the marker; an existing folder needs --force, and
+    --force never replaces a folder of the user's or an analysis being read."""
+    out = tmp_path / "geo"
+    first = CliRunner().invoke(app, ["geometry", planted_path, "--out", str(out), *GEOMETRY])
+    assert first.exit_code == 0, first.output
+    assert (out / MARKER).is_file() and (out / "heads.csv").is_file()
+    again = CliRunner().invoke(app, ["geometry", planted_path, "--out", str(out), *GEOMETRY])
+    assert again.exit_code == 1 and "already exists" in again.output
+    forced = CliRunner().invoke(app, ["geometry", planted_path, "--out", str(out), *GEOMETRY, "--force"])
+    assert forced.exit_code == 0, forced.output
+
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "heads.csv").write_text("my own table\n")
+    (users / "settings.json").write_text("{}")
+    refused = CliRunner().invoke(app, ["geometry", planted_path, "--out", str(users), *GEOMETRY, "--force"])
+    assert refused.exit_code == 1 and "did not write" in refused.output
+    assert (users / "heads.csv").read_text() == "my own table\n" and (users / "settings.json").read_text() == "{}"
+
+    into_model = CliRunner().invoke(app, ["geometry", planted_path, "--out", planted_path, *GEOMETRY, "--force"])
+    assert into_model.exit_code == 1 and "being read" in into_model.output
+    assert not list(tmp_path.glob(".*tmp-*"))  # no temporary folder left behind
+
+
+@pytest.mark.parametrize("option", [["--examples", "0"], ["--steps", "0"], ["--seq-len", "1"]])
+def test_geometry_refuses_empty_settings_before_loading(planted_path, tmp_path, option):
+    result = CliRunner().invoke(app, ["geometry", planted_path, "--out", str(tmp_path / "g"), "--device", "cpu", *option])
+    assert result.exit_code == 1 and "must be at least" in result.output and "loading" not in result.output
+    assert not (tmp_path / "g").exists()
+
+
+def test_a_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Checked with os.access (the tests run as root, which a chmod would not stop)."""
+    import os
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == tmp_path else real_access(path, mode))
+    with pytest.raises(HeadscopeError, match=rf"cannot write to {tmp_path} \(permission denied\)"):
+        atomic_dir(tmp_path / "new" / "deeper")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("spec,expected", [("m/sub/..", "m"), ("m/", "m"), ("smollm2-135m", "smollm2-135m"),
+                                           ("org/name", "name"), ("..hidden", "hidden")])
+def test_the_default_output_folder_is_named_for_the_real_model(tmp_path, monkeypatch, spec, expected):
+    from headscope.cli import _default_out
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m" / "sub").mkdir(parents=True)
+    assert _default_out(spec) == Path("reports") / expected
