@@ -12,6 +12,11 @@ that appeared meanwhile (another run, the user) is not replaced without `force`.
   under `folder` (the report page excepted: `headscope report` re-renders it in place).
 - `check_manifest(folder)`: HeadscopeError when a recorded file is missing, cut or changed; a
   folder without a manifest (written before manifests existed) passes.
+- `exit_on_interrupt()`: the command line's Ctrl-C (and SIGTERM) handler: it removes the
+  temporary folders being written (`temporary(path)` registers one), says in one line what was
+  and was not written, and exits with status 130 at once. No exception travels through torch's
+  or transformers' imports (an interrupt raised inside them printed tracebacks, and once
+  crashed the interpreter); a rename in progress (`critical()`) finishes first.
 """
 from __future__ import annotations
 
@@ -19,12 +24,16 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import HeadscopeError
 
-__all__ = ["atomic_dir", "MARKER", "MANIFEST", "write_manifest", "check_manifest"]
+__all__ = ["atomic_dir", "MARKER", "MANIFEST", "write_manifest", "check_manifest", "exit_on_interrupt", "temporary",
+           "critical"]
 
 MARKER = ".headscope"  # in every folder atomic_dir writes: "headscope wrote this folder"
 MANIFEST = "manifest.json"
@@ -68,6 +77,60 @@ def check_manifest(folder) -> None:
             why = "was changed after it was written"
         if why:
             raise HeadscopeError(f"{folder} is damaged: {name} {why} ({MANIFEST}); write it again with headscope")
+
+
+_TEMPORARY: set = set()  # folders being written: removed when the process is interrupted
+_WRITTEN: list = []  # folders this process finished writing
+_STATE = {"critical": 0, "pending": None}
+
+
+@contextmanager
+def temporary(path):
+    """Register `path` (a temporary folder) for removal should the process be interrupted."""
+    _TEMPORARY.add(Path(path))
+    try:
+        yield path
+    finally:
+        _TEMPORARY.discard(Path(path))
+
+
+@contextmanager
+def critical():
+    """A rename sequence an interrupt must not cut in half: the interrupt waits for its end."""
+    _STATE["critical"] += 1
+    try:
+        yield
+    finally:
+        _STATE["critical"] -= 1
+        if not _STATE["critical"] and _STATE["pending"] is not None:
+            _interrupted(_STATE["pending"])
+
+
+def _interrupted(signum) -> None:
+    for path in list(_TEMPORARY):
+        shutil.rmtree(path, ignore_errors=True)
+    what = ("nothing was written" if not _WRITTEN else
+            "written completely: " + ", ".join(str(p) for p in _WRITTEN))
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    name = "terminated" if signum == signal.SIGTERM else "interrupted"
+    os.write(2, f"headscope: {name}; {what}\n".encode())
+    os._exit(143 if signum == signal.SIGTERM else 130)
+
+
+def _on_signal(signum, frame) -> None:
+    if _STATE["critical"]:
+        _STATE["pending"] = signum
+        return
+    _interrupted(signum)
+
+
+def exit_on_interrupt() -> None:
+    """Install the command line's SIGINT and SIGTERM handler (see the module docstring)."""
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
 
 
 def _written_by_headscope(folder: Path) -> bool:
@@ -125,9 +188,17 @@ class atomic_dir:
     def __enter__(self) -> Path:
         self.target.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-", dir=self.target.parent))
+        _TEMPORARY.add(self.tmp)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb):
+        try:
+            with critical():
+                return self._finish(exc_type)
+        finally:
+            _TEMPORARY.discard(self.tmp)
+
+    def _finish(self, exc_type) -> bool:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
@@ -144,4 +215,5 @@ class atomic_dir:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(self.tmp, self.target)
+        _WRITTEN.append(self.target)
         return False

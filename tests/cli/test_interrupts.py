@@ -1,0 +1,37 @@
+"""Ctrl-C at any moment of `headscope analyze`, from its imports to the writing: exit status
+130, one line saying so, no traceback or crash, and no folder or temporary folder left (slow:
+each try is a fresh process). The first ~50 ms, before Python runs any of headscope's code, are
+Python's own: an interrupt there gets Python's traceback."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("after", [0.15, 0.4, 1.0, 1.5, 4.0])
+def test_ctrl_c_at_any_moment_exits_130_in_one_line(planted_path, tmp_path, after):
+    out = tmp_path / "reports" / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "headscope", "analyze", planted_path, "--out", str(out),
+                             "--n-examples", "8", "--seq-len", "40", "--repeat-len", "10", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    time.sleep(after)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=180)
+    if proc.returncode == 0:
+        pytest.skip(f"the run finished within {after} s, before the interrupt")
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Segmentation" not in stderr and "Aborted" not in stderr, stderr
+    said = [line for line in stderr.splitlines() if "interrupted" in line]
+    assert len(said) == 1 and "nothing was written" in said[0], stderr
+    assert not out.exists()
+    leftovers = [p for p in (tmp_path / "reports").glob(".*")] if (tmp_path / "reports").exists() else []
+    assert leftovers == []
