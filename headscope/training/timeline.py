@@ -109,6 +109,7 @@ class Timeline:
         self._scores, self._labels, self._steps = [], [], []
         self._shape: Optional[tuple] = None
         self._control_path: Optional[Path] = None
+        self.processes = 1  # torchrun processes that scored the last record
 
     # --- recording -------------------------------------------------------------------------
 
@@ -131,6 +132,7 @@ class Timeline:
             analysis = analyze(loaded, self.detectors, probes=self.probes, batch_size=self.batch_size,
                                seed=self.seed, explorer_examples=0, control=control, ov=False)
             icl, loss = icl_score(inner, self._icl_ids(loaded), self.batch_size)
+        self.processes = analysis.meta.get("processes", 1)
         scores = analysis.scores.assign(step=step)[TIMELINE_COLUMNS]
         labels = analysis.labels.assign(step=step)[LABEL_COLUMNS]
         self._scores.append(scores)
@@ -229,7 +231,7 @@ class Timeline:
             self.labels.to_csv(tmp / FILES["labels"], index=False)
             self.steps.to_csv(tmp / FILES["steps"], index=False)
             initial = self.control == "initial" and self._twin is not None and self._twin.name.endswith("at step 0")
-            meta = {"detectors": self.detectors, "seed": self.seed, "control": "step 0" if initial else
+            meta = {"detectors": self.detectors, "seed": self.seed, "processes": self.processes, "control": "step 0" if initial else
                     (self._twin.name if self._twin is not None else str(self.control))}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
             if initial and control_model:
