@@ -110,6 +110,7 @@ class Timeline:
         self._shape: Optional[tuple] = None
         self._control_path: Optional[Path] = None
         self.processes = 1  # torchrun processes that scored the last record
+        self._kept_control = True  # write_into saves the step-0 control (the CLI's series need not)
 
     # --- recording -------------------------------------------------------------------------
 
@@ -220,23 +221,28 @@ class Timeline:
 
     # --- saving ----------------------------------------------------------------------------
 
-    def save(self, out, force: bool = True, control_model=True) -> Path:
-        """Write the timeline folder `out` atomically: timeline.csv, labels.csv, steps.csv,
-        meta.json, and (when the control is the step-0 copy) that model under control/, so a
-        resumed run keeps its control. `force` replaces a timeline folder headscope wrote."""
+    def save(self, out, force: bool = True) -> Path:
+        """Write the timeline folder `out` atomically (`write_into` a temporary folder, then
+        renamed); `force` replaces a timeline folder headscope wrote."""
         out = Path(out)
         with atomic_dir(out, force=force) as tmp:
-            tmp = Path(tmp)
-            self.scores.to_csv(tmp / FILES["scores"], index=False)
-            self.labels.to_csv(tmp / FILES["labels"], index=False)
-            self.steps.to_csv(tmp / FILES["steps"], index=False)
-            initial = self.control == "initial" and self._twin is not None and self._twin.name.endswith("at step 0")
-            meta = {"detectors": self.detectors, "seed": self.seed, "processes": self.processes, "control": "step 0" if initial else
-                    (self._twin.name if self._twin is not None else str(self.control))}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-            if initial and control_model:
-                self._twin.model.save_pretrained(tmp / "control")
+            self.write_into(Path(tmp))
         return out
+
+    def write_into(self, folder: Path) -> None:
+        """timeline.csv, labels.csv, steps.csv, meta.json, and (when the control is the step-0
+        copy) that model under control/, so a resumed run keeps its control."""
+        self.scores.to_csv(folder / FILES["scores"], index=False)
+        self.labels.to_csv(folder / FILES["labels"], index=False)
+        self.steps.to_csv(folder / FILES["steps"], index=False)
+        initial = self.control == "initial" and self._twin is not None and self._twin.name.endswith("at step 0")
+        meta = {"detectors": self.detectors, "seed": self.seed, "processes": self.processes,
+                "control": "the step-0 model" if initial else
+                (f"random-init twin (seed {self.seed + CONTROL_SEED_OFFSET})" if self._twin is not None
+                 else str(self.control))}
+        (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+        if initial and self._kept_control:
+            self._twin.model.save_pretrained(folder / "control")
 
     @classmethod
     def resume(cls, out, up_to: Optional[int] = None, **kwargs) -> "Timeline":
