@@ -12,12 +12,16 @@
   its config (random init, seeded by the caller).
 - `train_toy(model, ids, steps, folder, callbacks, ...)` -> per-step training losses: a
   `transformers.Trainer` run (AdamW, constant lr 1e-3, batch 64, CPU) on the rows of `ids`.
+- `induction_window(folder)`: what a timeline folder says of the phase change (below).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
 import torch
 
-__all__ = ["repeated_segments", "tiny_llama", "train_toy", "SEQ_LEN", "VOCAB"]
+__all__ = ["repeated_segments", "tiny_llama", "train_toy", "induction_window", "SEQ_LEN", "VOCAB"]
 
 SEQ_LEN, VOCAB = 61, 64
 BOS = 0  # every sequence starts with it; the random tokens are drawn from 1 .. VOCAB - 1
@@ -88,5 +92,46 @@ def train_toy(model, ids: torch.Tensor, steps: int, folder, callbacks=(), *, bat
         use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
     )
     trainer = tf.Trainer(model=model, args=args, train_dataset=_Rows(ids), callbacks=list(callbacks))
+    trainer.remove_callback(tf.trainer_callback.PrinterCallback)  # a line per step: the losses are returned
     trainer.train(resume_from_checkpoint=resume)
     return [row["loss"] for row in trainer.state.log_history if "loss" in row]
+
+
+def induction_window(folder) -> dict:
+    """The phase change as a timeline folder records it.
+
+    Returns a dict with: layers; chance (twice the step-0 control's best induction score in the
+    last layer); induction_labelled (a last-layer head ever earned the induction label);
+    first_previous_token_step (first record at which a layer-0 head is labelled previous_token,
+    None if never); and, when induction_labelled: window = [start, end], end the first record at
+    which a last-layer head is labelled induction, start the last record before it at which the
+    last layer's best induction score is at most `chance`; best_induction and icl_score at both
+    ends; best_previous_token (layer 0's best score) at both ends; head (the best at `end`);
+    icl_score_step0 and icl_score_final.
+    """
+    folder = Path(folder)
+    scores = pd.read_csv(folder / "timeline.csv")
+    labels = pd.read_csv(folder / "labels.csv")
+    steps = pd.read_csv(folder / "steps.csv").set_index("step")
+    last = int(scores.layer.max())
+    induction = scores[(scores.detector == "induction") & (scores.layer == last)]
+    best = induction.groupby("step").score.max()
+    previous = scores[(scores.detector == "previous_token") & (scores.layer == 0)].groupby("step").score.max()
+    chance = 2 * float(induction[induction.step == induction.step.min()].control.max())
+    labelled = labels[(labels.label == "induction") & (labels.layer == last)]
+    prev = labels[(labels.label == "previous_token") & (labels.layer == 0)]
+    out = {"layers": last + 1, "chance": chance, "induction_labelled": not labelled.empty,
+           "first_previous_token_step": int(prev.step.min()) if not prev.empty else None,
+           "best_induction_final": float(best.iloc[-1])}
+    if labelled.empty:
+        return out
+    end = int(labelled.step.min())
+    start = int(best[(best.index < end) & (best <= chance)].index.max())
+    top = induction[induction.step == end].sort_values("score").iloc[-1]
+    out.update({"window": [start, end], "best_induction": [float(best[start]), float(best[end])],
+                "best_previous_token": [float(previous[start]), float(previous[end])],
+                "head": f"{int(top.layer)}.{int(top['head'])}",
+                "heads_labelled_at_end": int((labelled.step == end).sum()),
+                "icl_score": [float(steps.icl_score[start]), float(steps.icl_score[end])],
+                "icl_score_step0": float(steps.icl_score.iloc[0]), "icl_score_final": float(steps.icl_score.iloc[-1])})
+    return out
