@@ -37,16 +37,59 @@ from headscope.training.toy import induction_window, repeated_segments, tiny_lla
 HERE = Path(__file__).resolve().parent
 
 
-def run(n_layers: int, seed: int, steps: int, every, out: Path, work: Path) -> tuple[list[float], float]:
-    """Train one model (callback at `every`, or none when every is None); (losses, seconds)."""
+class TimedCallback(HeadscopeCallback):
+    """The callback, with the seconds spent in its records and its final write added up."""
+
+    seconds = 0.0
+
+    def _record(self, model, state, control) -> None:
+        start = time.perf_counter()
+        super()._record(model, state, control)
+        self.seconds += time.perf_counter() - start
+
+    def on_train_end(self, args, state, control, **kwargs):
+        start = time.perf_counter()
+        super().on_train_end(args, state, control, **kwargs)
+        self.seconds += time.perf_counter() - start
+
+
+def run(n_layers: int, seed: int, steps: int, every, out: Path, work: Path, timed=None) -> tuple[list[float], float]:
+    """Train one model (callback at `every`, or none when every is None; `timed`: a TimedCallback
+    instead); (losses, seconds)."""
     torch.manual_seed(seed)
     model = tiny_llama(n_layers)
     ids, _ = repeated_segments(steps * 64, torch.Generator().manual_seed(seed))
     held, _ = repeated_segments(64, torch.Generator().manual_seed(10_000 + seed))
     callbacks = [] if every is None else [HeadscopeCallback(every=every, out=out, icl_data=held)]
+    if timed is not None:
+        timed._settings["icl_data"] = held
+        callbacks = [timed]
     start = time.perf_counter()
     losses = train_toy(model, ids, steps, work / f"run-{n_layers}-{seed}-{every}", callbacks, seed=seed)
     return losses, time.perf_counter() - start
+
+
+def overhead(steps: int, rounds: int, work: Path) -> dict:
+    """The callback at its default interval against no callback, in this process: `rounds`
+    alternating pairs of runs (seed 0, 2 layers); the median of the pairs' time ratios, and the
+    seconds spent inside the callback as a share of the run it was in (less sensitive to the
+    load of a shared machine, which can change between two runs)."""
+    load = uptime()
+    ratios, shares, identical = [], [], True
+    for i in range(rounds):
+        plain_losses, plain = run(2, 0, steps, None, work / f"plain-{i}", work)
+        timed = TimedCallback(every=DEFAULT_EVERY, out=work / f"tracked-{i}")
+        tracked_losses, tracked = run(2, 0, steps, DEFAULT_EVERY, work / f"tracked-{i}", work, timed=timed)
+        ratios.append(tracked / plain - 1)
+        shares.append(timed.seconds / (tracked - timed.seconds))
+        identical &= plain_losses == tracked_losses
+        print(f"round {i}: without {plain:.1f} s, with {tracked:.1f} s, in the callback {timed.seconds:.2f} s",
+              flush=True)
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    return {"every": DEFAULT_EVERY, "steps": steps, "rounds": rounds, "ratio_median": round(median(ratios), 4),
+            "ratios": [round(r, 4) for r in ratios], "callback_share_median": round(median(shares), 4),
+            "callback_shares": [round(r, 4) for r in shares], "losses_identical": identical,
+            "load_before": load, "load_after": uptime(), "cpus": os.cpu_count()}
 
 
 def uptime() -> str:
@@ -59,13 +102,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--one-layer-steps", type=int, default=1000)
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--overhead-steps", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--overhead-only", action="store_true", help="skip the seeds; keep their last results")
     args = parser.parse_args()
     torch.set_num_threads(1)
     kept = HERE / "phase-change"
     results = {"config": vars(args), "seeds": {}, "load_before": uptime()}
+    saved = HERE / "results-phase-change.json"
+    if args.overhead_only and saved.is_file():
+        kept_results = json.loads(saved.read_text())
+        results.update({k: kept_results[k] for k in ("config", "seeds", "load_before")})
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for seed in args.seeds:
+        for seed in [] if args.overhead_only else args.seeds:
             two = work / f"two-{seed}"
             _, secs2 = run(2, seed, args.steps, args.every, two, work)
             one = work / f"one-{seed}"
@@ -78,15 +128,9 @@ def main() -> None:
                 kept.mkdir()
                 for name, folder in (("two-layer", two), ("one-layer", one)):
                     shutil.copytree(folder, kept / name, ignore=shutil.ignore_patterns("control"))
-        load = uptime()
-        plain_losses, plain = run(2, 0, args.steps, None, work / "plain", work)
-        tracked_losses, tracked = run(2, 0, args.steps, DEFAULT_EVERY, work / "tracked", work)
-        results["overhead"] = {"every": DEFAULT_EVERY, "steps": args.steps, "seconds_without": round(plain, 2),
-                               "seconds_with": round(tracked, 2), "ratio": round(tracked / plain - 1, 4),
-                               "losses_identical": plain_losses == tracked_losses, "load_before": load,
-                               "load_after": uptime(), "cpus": os.cpu_count()}
+        results["overhead"] = overhead(args.overhead_steps, args.rounds, work)
     print(json.dumps(results["overhead"]))
-    (HERE / "results-phase-change.json").write_text(json.dumps(results, indent=1) + "\n")
+    saved.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
