@@ -85,8 +85,8 @@ class Timeline:
     Args:
         detectors: registered detector names (default `DEFAULT_DETECTORS`: the lazy ones, about
             one forward pass per probe).
-        probes: built `ProbeSet`s or probe settings (default: `timeline_probes`, at most 64
-            tokens, built on the first record).
+        probes: built `ProbeSet`s or probe settings, built on the first record; a kind not
+            given takes `timeline_probes`' (at most 64 tokens).
         tokenizer: the model's tokenizer; None (or one whose ids do not fit the model) builds
             the probes from token ids (`IdTokenizer`).
         icl_data: `[example, pos]` token ids for the ICL score (held-out training data is
@@ -101,6 +101,7 @@ class Timeline:
                  batch_size: int = 16, n_examples: int = 16):
         self.detectors = list(detectors or DEFAULT_DETECTORS)
         self.probes = None if probes is None else list(probes)
+        self._built = False
         self.tokenizer = tokenizer
         self.icl_data = icl_data
         self.control = control
@@ -127,8 +128,8 @@ class Timeline:
             return self.summary(step)  # a step recorded twice (a save right after a record) scores once
         with untouched(inner):
             loaded = self._loaded(inner)
-            if self.probes is None:
-                self.probes = timeline_probes(loaded, self.seed, self.n_examples)
+            if not self._built:
+                self.probes = self._build_probes(loaded)
             control = self._control_for(inner, loaded, step)
             analysis = analyze(loaded, self.detectors, probes=self.probes, batch_size=self.batch_size,
                                seed=self.seed, explorer_examples=0, control=control, ov=False)
@@ -141,6 +142,15 @@ class Timeline:
         self._steps.append({"step": step, "icl_score": icl, "loss": loss,
                             "train_loss": float("nan") if train_loss is None else float(train_loss)})
         return self.summary(step)
+
+    def _build_probes(self, loaded) -> list:
+        """The probes given, built once (settings objects become `ProbeSet`s: every step reads the
+        same examples), and `timeline_probes`' for every kind not given (so a repeated probe
+        alone does not bring the 128-token text default)."""
+        self._built = True
+        given = {p.name: p.build(loaded, self.seed) for p in self.probes or ()}
+        defaults = [p for p in timeline_probes(loaded, self.seed, self.n_examples) if p.name not in given]
+        return defaults + list(given.values())
 
     def _loaded(self, inner) -> Loaded:
         vocab = inner.config.vocab_size

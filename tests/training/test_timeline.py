@@ -147,3 +147,14 @@ def test_save_and_resume_drop_the_rows_after_the_checkpoint(planted, tmp_path):
     assert sorted(resumed.steps.step) == [0, 10] and resumed.steps.set_index("step").train_loss[10] == 1.5
     resumed.record(planted.model, 20)
     pd.testing.assert_frame_equal(resumed.scores, timeline.scores, check_dtype=False)
+
+
+def test_probes_given_as_settings_are_built_once_and_the_rest_are_the_timelines(planted):
+    timeline = Timeline(probes=[headscope.RepeatedProbe(8, 6, 4, vary_period=False)], control=None)
+    timeline.record(planted.model, 0)
+    built = {p.name: p for p in timeline.probes}
+    assert built["repeated"].seq_len == 1 + 6 * 4 and "random tokens x 4" in built["repeated"].description
+    assert built["text"].seq_len == 48  # the timeline's own text probe (the model's context), not TextProbe()'s 128
+    first = built["repeated"].input_ids.clone()
+    timeline.record(planted.model, 1)
+    assert torch.equal({p.name: p for p in timeline.probes}["repeated"].input_ids, first)

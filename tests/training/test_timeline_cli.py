@@ -135,3 +135,25 @@ def test_the_timeline_page_draws_offline_in_chromium(trainer_folder, tmp_path):
     assert errors == [] and requests == []
     assert drawn == 2 + 5  # ICL, label map, one per default detector
     assert steps == ["4", "8", "12"] and cells == 2 * 4
+
+
+def test_hub_revisions_are_read_from_the_cache(trainer_folder, tmp_path):
+    """A cache laid out as huggingface_hub writes it (refs/<revision> -> snapshots/<commit>),
+    read offline in a fresh process (the cache location is read when huggingface_hub loads)."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--someone--tiny"
+    for step in (4, 8):
+        commit = f"{step:040x}"
+        shutil.copytree(trainer_folder / "run" / f"checkpoint-{step}", repo / "snapshots" / commit)
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / f"step{step}").write_text(commit)
+    out = tmp_path / "tl"
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "headscope", "timeline", "someone/tiny@step8", "someone/tiny@step4",
+                           "--out", str(out), "--device", "cpu"], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(pd.read_csv(out / "timeline.csv").step.unique()) == [4, 8]
