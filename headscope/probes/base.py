@@ -28,8 +28,8 @@ import torch
 from .._paths import probes_dir
 from ..errors import HeadscopeError
 
-__all__ = ["ProbeSet", "ProbeBatch", "WordContext", "EvalProbe", "text_probe", "repeated_probe", "repeat_periods", "text_corpus",
-           "token_counts", "special_tokens"]
+__all__ = ["ProbeSet", "ProbeBatch", "WordContext", "EvalProbe", "text_probe", "repeated_probe", "repeat_periods",
+           "text_corpus", "token_counts", "special_tokens"]
 
 
 @dataclass

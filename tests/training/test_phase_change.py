@@ -1,5 +1,6 @@
 """The induction-head phase change (Olsson et al. 2022), a short version of
-benchmarks/phase_change.py, asserted from the timelines HeadscopeCallback writes (slow: about 60 s on two shared cores, 35 s quiet).
+benchmarks/phase_change.py, asserted from the timelines HeadscopeCallback writes (slow: about 60 s
+on two shared cores, less on quiet ones).
 
 A tiny Llama (2 layers x 4 heads, hidden 64, vocab 64) on 61-token sequences in which one random
 segment of 8-30 tokens occurs twice at a varying distance (batch 64, AdamW lr 1e-3, seed 0; the

@@ -55,7 +55,8 @@ def test_probes_from_token_ids_find_the_same_heads(planted):
     assert labels[(0, 0)] == "previous_token" and labels[(1, 0)] == "induction" and labels[(1, 1)] == "duplicate_token"
     built = {p.name: p for p in timeline.probes}
     assert "random token ids" in built["text"].description
-    assert built["repeated"].seq_len <= 48 and (built["repeated"].input_ids[:, 0] == planted.model.config.bos_token_id).all()
+    bos = planted.model.config.bos_token_id
+    assert built["repeated"].seq_len <= 48 and (built["repeated"].input_ids[:, 0] == bos).all()
 
 
 def test_icl_positions_scale_olssons_50_and_500():
