@@ -159,3 +159,11 @@ def test_probes_given_as_settings_are_built_once_and_the_rest_are_the_timelines(
     first = built["repeated"].input_ids.clone()
     timeline.record(planted.model, 1)
     assert torch.equal({p.name: p for p in timeline.probes}["repeated"].input_ids, first)
+
+
+def test_any_registered_detector_is_named(planted):
+    timeline = Timeline(detectors=["self", "induction"], tokenizer=planted.tokenizer, control="random-init")
+    summary = timeline.record(planted.model, 0)
+    assert set(timeline.scores.detector) == {"self", "induction"}
+    assert timeline.labels.set_index(["layer", "head"]).label[(0, 3)] == "self"  # the planted self head
+    assert summary["headscope/self_heads"] == 1
