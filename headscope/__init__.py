@@ -27,6 +27,9 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `add_geometry(analysis, loaded)` -> `Analysis`: the same attached to an analysis (saved with it,
   drawn in its report).
 - `plot_pattern(pattern, tokens)`: a plotly figure of any captured attention map.
+- `Timeline()`, `.record(model, step)`: heads over training in a plain PyTorch loop;
+  `HeadscopeCallback(every=..., out=DIR)`: the same as a `transformers.TrainerCallback`
+  (docs/training.md).
 - `HeadscopeError`: raised for bad input.
 """
 from importlib import import_module
@@ -61,6 +64,8 @@ _EXPORTS = {
     "plot_geometry": "headscope.head_geometry.run",
     "add_geometry": "headscope.analysis.attach_geometry",
     "HeadscopeError": "headscope.errors",
+    "Timeline": "headscope.training.timeline",
+    "HeadscopeCallback": "headscope.training.callback",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -1,7 +1,7 @@
 """The `headscope` command line: thin commands over the library.
 
 Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
-`cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`.
+`cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback; Ctrl-C ends with
 exit code 130 and leaves no half-written output.
 """
@@ -383,6 +383,32 @@ def geometry_command(
         write_geometry_into(into, result, plotlyjs=plotlyjs)
         typer.echo(f"report: {into / 'index.html'}")
     typer.echo(f"{int(result.pairs.redundant.sum())} redundant pairs, {result.heads.cluster.nunique()} clusters")
+
+
+@app.command("timeline")
+@_friendly
+def timeline_command(
+    sources: Annotated[list[str], typer.Argument(help="A Trainer output folder (its checkpoint-* folders), model folders, or hub revisions org/name@revision (read from the cache, offline).")],
+    out: Annotated[Path, typer.Option("--out", help="The timeline folder to write (timeline.csv and index.html).")],
+    detectors: Annotated[Optional[str], typer.Option("--detectors", help="Comma-separated detector names (default: previous_token, induction, duplicate_token, sink, uniform).")] = None,
+    device: DeviceOpt = "auto",
+    seed: Annotated[int, typer.Option("--seed", help="Seed for probes and bootstrap.")] = 0,
+    plotlyjs: PlotlyOpt = "embed",
+    force: ForceOpt = False,
+) -> None:
+    """Score the heads of every checkpoint of a training run: timeline.csv and an HTML report.
+
+    The control is the step-0 model when the series has one, else the random-init twin.
+    """
+    _check_plotlyjs(plotlyjs)
+    names = _detector_names(detectors)
+    from .training.checkpoints import write_series  # torch and transformers: only when run
+
+    guard = atomic_dir(out, force=force, protect=[Path(s) for s in sources if Path(s).exists()])
+    bars = _Bars()
+    write_series(sources, guard, detectors=names, device=loader.resolve_device(device), seed=seed, plotlyjs=plotlyjs,
+                 progress=lambda done, total: bars("checkpoints", done, total))
+    typer.echo(f"report: {out / 'index.html'}")
 
 
 @app.command("cache")

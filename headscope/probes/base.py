@@ -4,7 +4,8 @@
   `probes/text/` (written for headscope; see its README), wrapped in the tokenizer's own special
   tokens ([CLS] ... [SEP] for BERT, nothing for SmolLM2).
 - `repeated_probe(tokenizer, n_examples, repeat_len, repeats, seed)`: random tokens repeated
-  (Olsson et al. 2022: 25 tokens x 4 with a start token), drawn without replacement within a
+  (Olsson et al. 2022: 25 tokens x 4 with a start token), the period varying across examples
+  (`repeat_periods`: so a fixed-offset head cannot pass for induction), drawn without replacement within a
   repeat from the middle of the vocabulary (special tokens and the first and last 5% of ids,
   typically the most frequent pieces and the rarest merges, excluded), wrapped in the
   tokenizer's special tokens, or after the model's BOS token when the tokenizer adds none.
@@ -27,8 +28,8 @@ import torch
 from .._paths import probes_dir
 from ..errors import HeadscopeError
 
-__all__ = ["ProbeSet", "ProbeBatch", "WordContext", "EvalProbe", "text_probe", "repeated_probe", "text_corpus",
-           "token_counts", "special_tokens"]
+__all__ = ["ProbeSet", "ProbeBatch", "WordContext", "EvalProbe", "text_probe", "repeated_probe", "repeat_periods",
+           "text_corpus", "token_counts", "special_tokens"]
 
 
 @dataclass
@@ -207,11 +208,33 @@ def _candidate_ids(tokenizer, vocab_size: int) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def repeat_periods(n_examples: int, repeat_len: int, vary_period: bool = True) -> list[int]:
+    """The period (tokens per copy) of each example of the repeated probe.
+
+    With `vary_period`, the periods cycle from `repeat_len` down to `repeat_len // 2 + 1`
+    (25, 24, ..., 13 for the default 25), so no period is a multiple of another. Induction
+    targets are found from the tokens (copying.py), so a content-based head scores the same on
+    every period, while a head that attends at a fixed offset -(p - 1) hits its targets only on
+    the examples of period p (a fixed offset -d also hits period q when d + 1 is a multiple of q,
+    which no two periods of the range allow): its score is at most the share of examples with
+    one period, ceil(n / k) / n for k periods (2/16 for the defaults). Olsson et al. 2022 use one
+    period (`vary_period=False`), with which a fixed-offset positional head at -(period - 1)
+    scores like an induction head.
+    """
+    if not vary_period:
+        return [repeat_len] * n_examples
+    choices = list(range(repeat_len, repeat_len // 2, -1))
+    return [choices[i % len(choices)] for i in range(n_examples)]
+
+
 def repeated_probe(
     tokenizer, n_examples: int, repeat_len: int = 25, repeats: int = 4, seed: int = 0,
-    vocab_size: Optional[int] = None,
+    vocab_size: Optional[int] = None, vary_period: bool = True,
 ) -> ProbeSet:
-    """Random tokens repeated `repeats` times, BOS first when the tokenizer has one."""
+    """`repeat_len * repeats` content tokens per example, BOS first when the tokenizer has one:
+    a unit of distinct random tokens repeated, the unit's length (the period) varying across
+    examples (`repeat_periods`; the last copy is cut short where the period does not divide the
+    length), or `repeat_len` for every example without `vary_period`."""
     if repeat_len < 2 or repeats < 2:
         raise HeadscopeError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
     vocab = vocab_size or len(tokenizer)
@@ -222,14 +245,23 @@ def repeated_probe(
             f"the repeated probe needs {repeat_len} distinct ones"
         )
     gen = torch.Generator().manual_seed(seed + 1)
-    units = torch.stack([candidates[torch.randperm(len(candidates), generator=gen)[:repeat_len]] for _ in range(n_examples)])
-    ids = units.repeat(1, repeats)  # (N, repeat_len * repeats)
+    length = repeat_len * repeats
+    periods = repeat_periods(n_examples, repeat_len, vary_period)
+    rows = []
+    for period in periods:
+        unit = candidates[torch.randperm(len(candidates), generator=gen)[:repeat_len]][:period]
+        rows.append(unit.repeat(-(-length // period))[:length])
+    ids = torch.stack(rows)  # (N, repeat_len * repeats)
     prefix, suffix = special_tokens(tokenizer, bos=True)
     wrap = lambda extra: torch.tensor(extra, dtype=torch.long).expand(n_examples, len(extra))
     ids = torch.cat([wrap(prefix), ids, wrap(suffix)], dim=1)
-    return ProbeSet("repeated", ids, len(prefix),
-                    f"{n_examples} sequences of {repeat_len} random tokens x {repeats}"
-                    f"{' after ' + str(len(prefix)) + ' start token(s)' if prefix else ''}")
+    start = f" after {len(prefix)} start token(s)" if prefix else ""
+    if vary_period:
+        what = (f"{n_examples} sequences of {length} tokens: a unit of {min(periods)}-{max(periods)} random tokens "
+                f"repeated (the period varies across examples){start}")
+    else:
+        what = f"{n_examples} sequences of {repeat_len} random tokens x {repeats}{start}"
+    return ProbeSet("repeated", ids, len(prefix), what)
 
 
 @dataclass

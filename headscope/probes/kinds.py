@@ -6,7 +6,8 @@ A probe kind carries its own parameters and builds, for a loaded model and a see
     eval_probe(loaded, n_examples, seed) -> `EvalProbe`: what `headscope.validate` measures.
 
 - `TextProbe(n_examples, seq_len)`: windows of natural English (`headscope.probes.base.text_probe`).
-- `RepeatedProbe(n_examples, repeat_len, repeats)`: random tokens repeated (Olsson et al. 2022).
+- `RepeatedProbe(n_examples, repeat_len, repeats, vary_period)`: random tokens repeated (Olsson et al.
+  2022), the period varying across examples.
 - `TreebankProbe(treebank, n_sentences)`: dependency-annotated sentences aligned to tokens
   (`headscope.probes.treebank`).
 - `NeedleProbe(lengths, depths, n_needles, max_len)`: needle-in-a-haystack prompts
@@ -26,7 +27,7 @@ import torch
 from ..errors import HeadscopeError
 from . import conllu
 from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
-from .base import EvalProbe, ProbeSet, repeated_probe, special_tokens, text_probe
+from .base import EvalProbe, ProbeSet, repeat_periods, repeated_probe, special_tokens, text_probe
 from .treebank import TreebankProbe
 
 __all__ = ["TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe", "NeedleSet", "PROBE_KINDS", "probe_settings",
@@ -61,17 +62,22 @@ class TextProbe:
 
 @dataclass(frozen=True)
 class RepeatedProbe:
-    """`repeat_len` random tokens repeated `repeats` times, BOS first (Olsson et al. 2022: 25 x 4).
+    """Random tokens repeated, BOS first (Olsson et al. 2022: 25 x 4), `repeat_len * repeats`
+    tokens per example; the period varies across examples (`repeat_len` down to
+    `repeat_len // 2 + 1`, `headscope.probes.base.repeat_periods`) so that a head attending at a
+    fixed offset cannot score like an induction head.
 
     Attributes:
         n_examples: sequences.
-        repeat_len: random tokens per repeat.
-        repeats: copies of them.
+        repeat_len: random tokens per repeat (the longest period).
+        repeats: copies of a `repeat_len` unit; the length of every example is `repeat_len * repeats`.
+        vary_period: False gives Olsson et al.'s single period (every example `repeat_len` x `repeats`).
     """
 
     n_examples: int = 16
     repeat_len: int = 25
     repeats: int = 4
+    vary_period: bool = True
     name: ClassVar[str] = "repeated"
 
     def __post_init__(self):
@@ -81,16 +87,19 @@ class RepeatedProbe:
     def build(self, loaded, seed: int) -> ProbeSet:
         _at_least_one("n_examples", self.n_examples)
         return repeated_probe(loaded.tokenizer, self.n_examples, self.repeat_len, self.repeats, seed,
-                              vocab_size=loaded.model.config.vocab_size)
+                              vocab_size=loaded.model.config.vocab_size, vary_period=self.vary_period)
 
     def eval_probe(self, loaded, n_examples: int, seed: int) -> EvalProbe:
-        """Scored from the second token of the second copy to the end of the last copy (the first
-        token of the second copy follows nothing seen before: no head can predict it)."""
-        probe = RepeatedProbe(n_examples, self.repeat_len, self.repeats).build(loaded, seed)
-        start = probe.content_start
-        return EvalProbe.span("repeated", probe.input_ids, start + self.repeat_len + 1,
-                              start + self.repeat_len * self.repeats,
-                              probe.description + "; scored from the second token of the second copy on")
+        """Scored from the second token of the second copy to the end (the first token of the
+        second copy follows nothing seen before: no head can predict it), each example after its
+        own period."""
+        probe = RepeatedProbe(n_examples, self.repeat_len, self.repeats, self.vary_period).build(loaded, seed)
+        start, stop = probe.content_start, probe.content_start + self.repeat_len * self.repeats
+        scored = torch.zeros_like(probe.input_ids, dtype=torch.bool)
+        for row, period in enumerate(repeat_periods(n_examples, self.repeat_len, self.vary_period)):
+            scored[row, max(1, start + period + 1):stop] = True
+        return EvalProbe("repeated", probe.input_ids, probe.input_ids, torch.ones_like(scored), scored,
+                         probe.description + "; scored from the second token of the second copy on")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from headscope.causal import (
 )
 from headscope.causal.measure import masked_for_lm
 from headscope.causal.validate import _random_draws, _row
+from headscope.probes.base import repeat_periods
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from headscope.probes.treebank import eval_sentences
 from tests.support.planted import PLANTED
@@ -44,9 +45,10 @@ def _rows(frame, label):
 # --- the planted model ----------------------------------------------------------------------
 
 def test_planted_induction_head_alone_predicts_the_repeats(planted):
-    probe = RepeatedProbe(4, repeat_len=10, repeats=3).eval_probe(planted, 4, seed=0)  # [BOS] + 10 x 3
+    probe = RepeatedProbe(4, repeat_len=10, repeats=3).eval_probe(planted, 4, seed=0)  # [BOS] + 30, periods 10..7
     assert probe.input_ids.shape == (4, 31)
-    assert probe.scored[:, :12].sum() == 0 and probe.scored[:, 12:].all()  # 2nd token of copy 2 on
+    for row, period in enumerate(repeat_periods(4, 10)):  # from the 2nd token of copy 2 on
+        assert probe.scored[row, :period + 2].sum() == 0 and probe.scored[row, period + 2:].all()
     runner = ProbeRunner(planted, probe)
     assert runner.baseline.accuracy == 1.0 and runner.baseline.value < 0.01
     for mode in ("zero", "mean"):

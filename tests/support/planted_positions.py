@@ -5,7 +5,7 @@ ln_1 is exactly two-hot, so the norm is a known affine map that the q/k/v weight
 planted.py). Uses planted.py's char tokenizer.
 
 Planted heads (layer.head):
-    0.0 positional:-2   q_i = e_(i-2), k_j = e_j            (position one-hots)
+    0.0 positional:-2   q_i = e_(i-2), k_j = e_j            (position one-hots; `back` sets the 2)
     0.1 rare_word       q = const, k_j = rarity of token j   (rank of its count in the text probe
                                                              corpus, `headscope.probes.base.token_counts`)
     0.2 previous_token  q_i = e_(i-1), k_j = e_j
@@ -32,7 +32,9 @@ def rarity(tokenizer) -> torch.Tensor:
     return 1.0 - rank / VOCAB
 
 
-def planted_positions_model():
+def planted_positions_model(back: int = 2):
+    """The model above, head 0.0 attending `back` tokens back (an offset head at -(period - 1)
+    is what passes for induction on a repeated probe of one period)."""
     import transformers as tf
 
     config = tf.GPT2Config(vocab_size=VOCAB, n_positions=POSITIONS, n_embd=D_MODEL, n_layer=1, n_head=N_HEADS,
@@ -51,8 +53,8 @@ def planted_positions_model():
         q, k, v = (torch.zeros(D_MODEL, D_MODEL) for _ in range(3))
         qb = torch.zeros(D_MODEL)
         for p in range(POSITIONS):
-            if p >= 2:
-                q[POS + p, cols(0, p - 2)] = GAIN  # 0.0 two back
+            if p >= back:
+                q[POS + p, cols(0, p - back)] = GAIN  # 0.0 `back` tokens back
             if p >= 1:
                 q[POS + p, cols(2, p - 1)] = GAIN  # 0.2 previous token
             k[POS + p, cols(0, p)] = 1.0
@@ -74,8 +76,8 @@ def planted_positions_model():
     return model
 
 
-def save_planted_positions(folder):
+def save_planted_positions(folder, back: int = 2):
     """Write the model and the char tokenizer as a local model folder."""
-    planted_positions_model().save_pretrained(folder)
+    planted_positions_model(back).save_pretrained(folder)
     char_tokenizer().save_pretrained(folder)
     return folder
