@@ -193,7 +193,7 @@ class KVEvaluation:
 
     def save(self, folder, force: bool = False, plotlyjs: str = "embed", protect=()) -> Path:
         """`write_into` a folder written atomically (a temporary name renamed into place)."""
-        with atomic_dir(folder, force, protect) as tmp:
+        with atomic_dir(folder, force=force, protect=protect) as tmp:
             self.write_into(tmp, plotlyjs)
         return Path(folder)
 

@@ -64,7 +64,7 @@ def duo_config(policy: KVPolicy) -> dict:
 
 def write_duo(policy: KVPolicy, folder, force: bool = False) -> Path:
     """Write DuoAttention's `full_attention_heads.tsv` and `config.json` into `folder` (atomically)."""
-    with atomic_dir(folder, force) as tmp:
+    with atomic_dir(folder, force=force) as tmp:
         (tmp / DUO_TSV).write_text(duo_tsv(policy), encoding="utf-8")
         (tmp / DUO_CONFIG).write_text(json.dumps(duo_config(policy), indent=1), encoding="utf-8")
     return Path(folder)

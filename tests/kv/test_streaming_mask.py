@@ -1,5 +1,6 @@
 """Streaming heads through headscope's kernel against an independent reference: eager attention
-(written here) with the same per-head mask built by hand, on tiny models of three families."""
+(tests/support/kv_reference.py) with the same per-head mask built by hand, on tiny models of three
+families."""
 import pytest
 import torch
 
@@ -8,46 +9,11 @@ from headscope.attention.kernel import attention
 from headscope.hf.streaming import stream_heads
 from headscope.hf.adapters import head_sizes
 from headscope.errors import HeadscopeError
+from tests.support.kv_reference import reference_attention
 from tests.support.tiny import output_of, tiny_inputs, tiny_model
 
 SINK, RECENT = 1, 3
 STREAMING = {0: [1], 1: [0]}  # layer -> key/value heads that stream
-REFERENCE = "kv_reference"
-
-
-def _hand_mask(n: int, streams: bool) -> torch.Tensor:
-    """`[query, key]` additive mask, one entry at a time: causal, and sink + recent if streaming."""
-    out = torch.zeros(n, n)
-    for i in range(n):
-        for j in range(n):
-            keep = j <= i and (not streams or j < SINK or i - j < RECENT)
-            if not keep:
-                out[i, j] = float("-inf")
-    return out
-
-
-def _reference(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Plain eager attention: softmax(q k^T * scale + model mask + hand mask) v."""
-    B, H, T, D = query.shape
-    group = H // key.shape[1]
-    key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
-    scale = D ** -0.5 if scaling is None else scaling
-    scores = query @ key.transpose(-1, -2) * scale  # (B, H, T, T)
-    if attention_mask is not None:
-        scores = scores + attention_mask[..., :T, :T].to(scores.dtype)
-    layer = module.layer_idx
-    hand = torch.stack([_hand_mask(T, h // group in STREAMING.get(layer, [])) for h in range(H)])  # (H, T, T)
-    weights = torch.softmax(scores + hand, dim=-1)
-    return (weights @ value).transpose(1, 2).contiguous(), weights
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _register_reference():
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    AttentionInterface.register(REFERENCE, _reference)
-    AttentionMaskInterface.register(REFERENCE, eager_mask)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral"])  # MHA; GQA (4 query, 2 kv heads); sliding window 4
@@ -58,12 +24,8 @@ def test_streaming_heads_equal_eager_with_a_hand_built_mask(family):
     with torch.no_grad():
         with stream_heads(model, heads, SINK, RECENT):
             ours = output_of(model(**inputs))
-        previous = model.config._attn_implementation
-        model.set_attn_implementation(REFERENCE)
-        try:
+        with reference_attention(model, STREAMING, SINK, RECENT):
             reference = output_of(model(**inputs))
-        finally:
-            model.set_attn_implementation(previous)
         plain = output_of(model(**inputs))
     valid = inputs["attention_mask"].bool()  # padded positions are not compared
     assert torch.allclose(ours[valid], reference[valid], atol=1e-5, rtol=0)
