@@ -435,6 +435,8 @@ def kv_eval_command(
     numbers = (_numbers(lengths, int, "--lengths"), _numbers(depths, float, "--depths"), _numbers(keeps, float, "--keeps"))
     inputs = [path for path in (Path(model), policy_path) if path.exists()]
     guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
+    if not policy_path.is_file():  # a DuoAttention folder is read before the model loads (a HeadKV file needs it)
+        kv.read_policy(policy_path, keep=keep)
     typer.echo(f"loading {model} ...", err=True)
     loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
     n_kv = getattr(loaded.model.config, "num_key_value_heads", None) or loaded.n_heads
