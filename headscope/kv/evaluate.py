@@ -42,6 +42,7 @@ from ..errors import HeadscopeError
 from ..hf.adapters import head_sizes
 from ..hf.streaming import stream_heads
 from ..probes.needle import NeedleExample, needle_probe
+from .report import render_kv_html
 from .policy import KVPolicy, cache_bytes, check_keep, full_count, ranking_order
 
 __all__ = ["HELD_OUT_NEEDLES", "HELD_OUT_QUESTION", "KEEPS", "KVEvaluation", "kv_evaluate", "conditions",
@@ -181,8 +182,6 @@ class KVEvaluation:
     def write_into(self, folder, plotlyjs: str = "embed") -> None:
         """Write `results.csv`, `examples.csv`, `summary.csv`, `meta.json` and `index.html` into
         an existing (temporary) folder."""
-        from .report import render_kv_html
-
         folder = Path(folder)
         page = render_kv_html(self, plotlyjs)
         self.table.to_csv(folder / "results.csv", index=False)
