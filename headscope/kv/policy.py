@@ -13,9 +13,13 @@ Values from an analysis (`kv_policy`):
 a score the analysis left undefined (NaN: no counted example) counts as the lowest. A key/value
 head's value is the largest of the query heads that share it (under GQA one cached head serves
 `n_heads / n_kv_heads` query heads; it must stay whole if any of them needs it). The scores are
-query heads' scores are first scaled to [0, 1] by (s - min) / (max - min) over all heads (all 0
-when every score is equal); the key/value heads' values, the largest of their query heads', are
-what the exported files hold.
+query heads' scores are first scaled to [0, 1] by u = (s - min) / (max - min) over all heads (all 0
+when every score is equal), then made strictly ordered: v = (1 - TIE_STEP) u + TIE_STEP (N - 1 -
+r) / (N - 1), r the head's place in the order (u high first, ties: lower layer, then lower head
+first), N the number of query heads. v differs from u by at most TIE_STEP = 1e-6, and no two
+heads tie, so any tool that sorts the exported values (DuoAttention's quantile, kvpress's
+argsort) picks the same heads as headscope even where many scores are equal (often 0). The
+key/value heads' values, the largest of their query heads', are what the exported files hold.
 
 - `KVPolicy`: values `[layer, kv_head]`, full `[layer, kv_head]` bool, sink, recent, keep, shape.
 - `kv_policy(analysis, keep=0.25, rank_by="retrieval", sink=None, recent=None)`.
@@ -30,13 +34,14 @@ import numpy as np
 
 from ..errors import HeadscopeError
 
-__all__ = ["KVPolicy", "kv_policy", "policy_from_values", "cache_bytes", "full_count", "ranking_order", "check_keep", "RANKINGS", "default_window", "DUO_WINDOW", "SMALL_WINDOW",
+__all__ = ["TIE_STEP", "strictly_ordered", "KVPolicy", "kv_policy", "policy_from_values", "cache_bytes", "full_count", "ranking_order", "check_keep", "RANKINGS", "default_window", "DUO_WINDOW", "SMALL_WINDOW",
            "SMALL_MODEL"]
 
 RANKINGS = {"retrieval": ("retrieval",), "razor": ("induction", "duplicate_token")}
 DUO_WINDOW = (128, 256)  # DuoAttention's sink and recent sizes
 SMALL_WINDOW = (16, 64)  # for models below SMALL_MODEL parameters, whose prompts are short
 SMALL_MODEL = 1_000_000_000
+TIE_STEP = 1e-6  # the most the tie-breaking moves a value
 
 
 def default_window(parameters: Optional[int]) -> tuple[int, int]:
@@ -161,6 +166,17 @@ def scale_unit(scores: np.ndarray) -> np.ndarray:
     return np.zeros_like(scores) if high == low else (scores - low) / (high - low)
 
 
+def strictly_ordered(values: np.ndarray) -> np.ndarray:
+    """(1 - TIE_STEP) v + TIE_STEP (N - 1 - r) / (N - 1), r each entry's place in `ranking_order`."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size < 2:
+        return values.copy()
+    place = np.empty(values.size)
+    place[ranking_order(values)] = np.arange(values.size)
+    spread = (values.size - 1 - place) / (values.size - 1)
+    return ((1 - TIE_STEP) * values.ravel() + TIE_STEP * spread).reshape(values.shape)
+
+
 def kv_head_scores(query_scores: np.ndarray, n_kv: int) -> np.ndarray:
     """`[layer, kv_head]`: the largest score of the query heads sharing each key/value head."""
     n_layers, n_heads = query_scores.shape
@@ -200,7 +216,7 @@ def kv_policy(analysis, keep: float = 0.25, rank_by: str = "retrieval", sink: Op
         per_detector.append(table)
     with np.errstate(all="ignore"):
         query_scores = np.nanmax(np.stack(per_detector), axis=0) if len(per_detector) > 1 else per_detector[0]
-    head_values = scale_unit(query_scores)  # (L, H) in [0, 1]; NaN -> 0
+    head_values = strictly_ordered(scale_unit(query_scores))  # (L, H) in [0, 1], no ties; NaN -> lowest
     values = kv_head_scores(head_values, n_kv)  # (L, KV): the strongest query head of each
     default_sink, default_recent = default_window(meta.get("parameters"))
     policy = policy_from_values(values, keep, n_heads, default_sink if sink is None else sink,
