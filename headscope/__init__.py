@@ -26,6 +26,10 @@ Top-level API (imported lazily, so `import headscope` stays fast):
   similarity (JS, MDS, clusters), redundant pairs, importance and pruning curve; `plot_geometry`.
 - `add_geometry(analysis, loaded)` -> `Analysis`: the same attached to an analysis (saved with it,
   drawn in its report).
+- `kv_policy(analysis, keep=0.25, rank_by="retrieval")` -> `KVPolicy`: which key/value heads keep
+  the full KV cache (the rest a sink and a recent window), written as DuoAttention's or HeadKV's
+  files (`headscope.kv`); `kv_evaluate(loaded, policy)`: needle accuracy, loss and KV bytes against
+  random heads, the reverse ranking, all streaming and full attention (docs/kv_cache.md).
 - `plot_pattern(pattern, tokens)`: a plotly figure of any captured attention map.
 - `Timeline()`, `.record(model, step)`: heads over training in a plain PyTorch loop;
   `HeadscopeCallback(every=..., out=DIR)`: the same as a `transformers.TrainerCallback`
@@ -63,6 +67,9 @@ _EXPORTS = {
     "geometry": "headscope.head_geometry.run",
     "plot_geometry": "headscope.head_geometry.run",
     "add_geometry": "headscope.analysis.attach_geometry",
+    "kv_policy": "headscope.kv.policy",
+    "KVPolicy": "headscope.kv.policy",
+    "kv_evaluate": "headscope.kv.evaluate",
     "HeadscopeError": "headscope.errors",
     "Timeline": "headscope.training.timeline",
     "HeadscopeCallback": "headscope.training.callback",

@@ -1,7 +1,8 @@
 """The `headscope` command line: thin commands over the library.
 
 Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
-`cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`.
+`cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`,
+`kv-policy DIR --out FILE`, `kv-eval MODEL POLICY --out DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback; Ctrl-C ends with
 exit code 130 and leaves no half-written output.
 """
@@ -22,6 +23,7 @@ from .analysis.result import Analysis
 from .atomic import atomic_dir
 from .errors import HeadscopeError
 from .hf.families import family_table
+from . import kv
 from .loading.control import CONTROL_KINDS
 from .loading.load_cache import cache_usage, clear_cache
 from .loading import loader
@@ -408,6 +410,79 @@ def timeline_command(
     bars = _Bars()
     write_series(sources, guard, detectors=names, device=loader.resolve_device(device), seed=seed, plotlyjs=plotlyjs,
                  progress=lambda done, total: bars("checkpoints", done, total))
+FORMATS = ("duo", "headkv")
+
+
+def _numbers(value: str, kind, option: str) -> list:
+    """A comma-separated option as numbers; HeadscopeError naming the option otherwise."""
+    try:
+        return [kind(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise HeadscopeError(f"{option} takes comma-separated numbers, got {value!r}") from None
+
+
+@app.command("kv-policy")
+@_friendly
+def kv_policy_command(
+    directory: Annotated[Path, typer.Argument(help="A folder written by `headscope analyze` (with the ranking's detectors).")],
+    out: Annotated[Path, typer.Option("--out", help="duo: a folder for full_attention_heads.tsv and config.json; headkv: a .json file.")],
+    keep: Annotated[float, typer.Option("--keep", help="Fraction of key/value heads that keep the full cache, in (0, 1].")] = 0.25,
+    format: Annotated[str, typer.Option("--format", help="duo (DuoAttention, kvpress) or headkv (HeadKV / Wu et al. JSON).")] = "duo",
+    rank_by: Annotated[str, typer.Option("--rank-by", help="retrieval, or razor (max of induction and duplicate_token).")] = "retrieval",
+    sink: Annotated[Optional[int], typer.Option("--sink", help="First keys a streaming head keeps (default 128 from 1B parameters, else 16).")] = None,
+    recent: Annotated[Optional[int], typer.Option("--recent", help="Last keys a streaming head keeps (default 256 from 1B parameters, else 64).")] = None,
+    force: ForceOpt = False,
+) -> None:
+    """Rank key/value heads from an analysis and write a KV-cache policy (docs/kv_cache.md)."""
+    if format not in FORMATS:
+        raise HeadscopeError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    policy = kv.kv_policy(Analysis.load(directory), keep=keep, rank_by=rank_by, sink=sink, recent=recent)
+    if format == "duo":
+        kv.write_duo(policy, out, force=force)
+    else:
+        if out.exists() and not force:
+            raise HeadscopeError(f"{out} exists; pass --force to replace it")
+        if out.is_dir():
+            raise HeadscopeError(f"{out} is a folder; the headkv format is one .json file")
+        kv.write_headkv(policy, out)
+    typer.echo(f"{policy!r} -> {out}")
+
+
+@app.command("kv-eval")
+@_friendly
+def kv_eval_command(
+    model: ModelArg,
+    policy_path: Annotated[Path, typer.Argument(metavar="POLICY", help="A DuoAttention folder or a HeadKV .json file (from `headscope kv-policy`).")],
+    out: Annotated[Path, typer.Option("--out", help="Output folder: results.csv, summary.csv, index.html.")] = Path("reports/kv"),
+    keep: Annotated[Optional[float], typer.Option("--keep", help="The policy's own keep fraction (needed for a HeadKV file).")] = None,
+    lengths: Annotated[str, typer.Option("--lengths", help="Needle prompt lengths in tokens, comma-separated.")] = "4096,8192",
+    depths: Annotated[str, typer.Option("--depths", help="Needle depths (shares of the haystack), comma-separated.")] = "0.5",
+    needles: Annotated[int, typer.Option("--needles", help="Held-out needles per length and depth.")] = 1,
+    keeps: Annotated[str, typer.Option("--keeps", help="Keep fractions compared, comma-separated.")] = "0.1,0.25,0.5",
+    random_draws: Annotated[int, typer.Option("--random", help="Random draws of key/value heads per keep fraction.")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Needle prompts and random draws.")] = 0,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    no_cache: NoCacheOpt = False,
+    plotlyjs: PlotlyOpt = "embed",
+    force: ForceOpt = False,
+) -> None:
+    """Measure a KV-cache policy on MODEL: needle accuracy, loss and KV bytes vs random, reverse, streaming, full."""
+    _check_plotlyjs(plotlyjs)
+    numbers = (_numbers(lengths, int, "--lengths"), _numbers(depths, float, "--depths"), _numbers(keeps, float, "--keeps"))
+    inputs = [path for path in (Path(model), policy_path) if path.exists()]
+    guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
+    if not policy_path.is_file():  # a DuoAttention folder is read before the model loads (a HeadKV file needs it)
+        kv.read_policy(policy_path, keep=keep)
+    typer.echo(f"loading {model} ...", err=True)
+    loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
+    n_kv = getattr(loaded.model.config, "num_key_value_heads", None) or loaded.n_heads
+    policy = kv.read_policy(policy_path, keep=keep, n_kv_heads=n_kv)
+    evaluation = headscope.kv_evaluate(loaded, policy, lengths=numbers[0], depths=numbers[1], n_needles=needles,
+                                       keeps=numbers[2], n_random=random_draws, seed=seed, progress=_Bars())
+    with guard as tmp:
+        evaluation.write_into(tmp, plotlyjs=plotlyjs)
+    typer.echo(evaluation.summary().T.to_string(header=False))
     typer.echo(f"report: {out / 'index.html'}")
 
 

@@ -12,7 +12,8 @@ reuse can hand it to a newer model).
 Sessions see each layer's pattern `[batch, head, query, key]` (key/value heads expanded to
 query heads) and may edit z `[batch, pos, head, d_head]` before the output projection. They may
 also edit q `[batch, head, pos, d_head]`, k and v `[batch, kv_head, pos, d_head]` (as the model
-hands them over) and, when `edits_attention` says so for a layer, its scores and pattern: that
+hands them over), restrict some key/value heads to a sink and a recent window of keys
+(`key_window`, `headscope.attention.streaming`) and, when `edits_attention` says so for a layer, its scores and pattern: that
 layer then takes the explicit path and other layers stay fused (`headscope.hf.hooks`). When
 every session watching a layer takes a `LazyPattern` (`takes_lazy`), the layer runs the fused
 kernel (output plus row log-sum-exp) and no map is built.
@@ -36,6 +37,7 @@ from torch import nn
 from ..errors import HeadscopeError
 from ..attention.kernel import attention, expand_kv, with_bias
 from ..attention.lazy import lazy_attention
+from ..attention.streaming import KeyWindow, restricted_mask, windowed_attention
 from .adapters import check_on_interface, core_modules
 
 __all__ = ["IMPLEMENTATION", "Session", "routed", "routed_models", "sessions_on"]
@@ -109,6 +111,11 @@ class Session:
         """Receives the pattern `[batch, head, query, key]` (fp32) before it weighs the values."""
         return pattern
 
+    def key_window(self, layer: int) -> Optional[KeyWindow]:
+        """Key/value heads of the layer restricted to sink and recent keys (None: no restriction;
+        `headscope.attention.streaming`). At most one session may restrict a layer."""
+        return None
+
 
 # Keyword arguments models pass to the attention function. Honoured: they change the math.
 # Ignored: they change nothing here (sliding windows arrive built into the mask; the rest
@@ -143,6 +150,14 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
     is_causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
     mask = with_bias(attention_mask, bias)  # T5: relative position bias joins the mask
     watchers = [(s, layer) for s, layer in active if s.wants_pattern(layer)]
+    windows = [w for w in (s.key_window(layer) for s, layer in active) if w is not None]
+    if len(windows) > 1:
+        raise HeadscopeError("two sessions restrict the keys of the same layer; use one at a time")
+    window = windows[0] if windows else None
+    if window is not None and (editors or watchers):  # the pattern is read: restriction in the mask
+        mask = restricted_mask(window, mask, query.shape[1], key.shape[1], query.shape[2], key.shape[2], is_causal,
+                               query.device)
+        is_causal = False
     chunks = [s.pattern_chunk(layer) for s, layer in watchers]
     chunk = min(chunks) if chunks and all(chunks) else None
     n_heads = query.shape[1]
@@ -150,7 +165,10 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
     if sinks is not None:
         for session, layer in watchers:
             session.note(layer, "sinks")
-    if editors:  # someone reads or replaces scores/pattern: the explicit path, whole layer
+    if window is not None and not (editors or watchers):  # restricted heads in blocks, no map
+        z = windowed_attention(query, key, value, window, mask=mask, sinks=sinks, dropout_p=dropout, **math)
+        pattern = None
+    elif editors:  # someone reads or replaces scores/pattern: the explicit path, whole layer
         z, pattern = attention(query, key, value, mask=mask, sinks=sinks, dropout_p=dropout, need_pattern=True,
                                on_scores=_chain(editors, "edit_scores"), on_pattern=_chain(editors, "edit_pattern"),
                                **math)
