@@ -109,16 +109,20 @@ def test_the_graph_sees_function_level_and_package_edges():
     assert "headscope.detectors.registry" in graph["headscope.detectors.protocol"]
 
 
-# Own modules imported inside functions: the CLI's verify, analyze and geometry commands import
-# the torch-heavy modules they run only when they run. Anything else goes
+# Own modules imported inside functions: the CLI's verify, analyze, geometry and timeline
+# commands import the torch-heavy modules they run only when they run. Anything else goes
 # at the top; the CLI reaches the rest of the engine through headscope's lazy public API.
 MAX_DEFERRED = 5
+# The entry point imports the command line inside main() on purpose, after installing the
+# interrupt handler (headscope.atomic.exit_on_interrupt): that order is its whole job, not a
+# dodged cycle. Only this one import is left out of the count.
+ENTRY = ("headscope.__main__", "headscope.cli")
 
 
 def _deferred() -> list[str]:
     modules = _modules()
     return [f"{name} -> {target} (line {line})" for name, path in sorted(modules.items())
-            for target, line, inside in _imports(name, path, modules) if inside]
+            for target, line, inside in _imports(name, path, modules) if inside and (name, target) != ENTRY]
 
 
 def test_at_most_five_own_imports_inside_functions():
