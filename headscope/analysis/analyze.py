@@ -75,7 +75,8 @@ def _explorer_examples(loaded, built, n_show, length) -> list[Example]:
         ids = ids.to(loaded.device)
         with capture(loaded.model, to="cpu") as cap:
             loaded.body(input_ids=ids, attention_mask=torch.ones_like(ids))
-        maps = torch.stack([cap.patterns[l] for l in range(loaded.n_layers)], dim=1)  # (N, L, H, T, T)
+        empty = torch.zeros_like(next(iter(cap.patterns.values())))  # a hybrid's layer without attention
+        maps = torch.stack([cap.patterns.get(l, empty) for l in range(loaded.n_layers)], dim=1)  # (N, L, H, T, T)
         for i in range(ids.shape[0]):
             tokens = display_tokens(loaded.tokenizer, ids[i].tolist())  # " word", not "Ġword"; bad bytes as <0xNN>
             examples.append(Example.from_float(name, i, tokens, maps[i].numpy()))
@@ -276,6 +277,10 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
         if name in run.kernels:
             probes[name]["lse"] = ", ".join(run.kernels[name])
     notes = [SINK_NOTE.format(n=len(run.sink_layers), total=loaded.n_layers)] if run.sink_layers else []
+    without = sorted(set(range(loaded.n_layers)) - set(loaded.attention_layers))
+    if without:
+        notes.append(f"layers {', '.join(map(str, without))} have no attention (the model is a hybrid): they have no "
+                     f"scores, and the explorer shows them empty")
     if ov and scored.ov_skipped:
         notes.append(f"OV copying not computed: {scored.ov_skipped}")
     return AnalysisMeta(

@@ -99,12 +99,12 @@ def patch(
     if clean["input_ids"].shape != corrupted["input_ids"].shape:
         raise HeadscopeError(f"clean {tuple(clean['input_ids'].shape)} and corrupted "
                              f"{tuple(corrupted['input_ids'].shape)} inputs must have the same shape")
-    n_layers, n_heads = len(layer_map(model)), head_sizes(model.config)[1]
+    layers, n_heads = sorted(layer_map(model).values()), head_sizes(model.config)[1]
     chosen = [(int(l), int(h)) for l, h in heads] if heads is not None else \
-        [(l, h) for l in range(n_layers) for h in range(n_heads)]
+        [(l, h) for l in layers for h in range(n_heads)]
     for layer, head in chosen:
-        if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            raise HeadscopeError(f"head {layer}.{head} is out of range ({n_layers} layers of {n_heads} heads)")
+        if not (layer in layers and 0 <= head < n_heads):
+            raise HeadscopeError(f"head {layer}.{head} is out of range (attention layers {layers}, {n_heads} heads each)")
     point = "hook_" + hook
     axis = HEAD_AXIS[hook]
     batch = clean["input_ids"].shape[0]

@@ -67,16 +67,23 @@ class Collected:
         batches: the probe's batches, in order (CPU).
         values: per batch, `{layer: reduce output}` (CPU).
         n_layers, n_heads: the model's shape.
+        layers: the layers that hold attention, in the model's numbering (default: all
+            `n_layers`; a hybrid's attention-free layers have no values).
     """
 
     batches: list[ProbeBatch]
     values: list[dict[int, torch.Tensor]]
     n_layers: int
     n_heads: int
+    layers: Optional[tuple[int, ...]] = None
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(range(self.n_layers)) if self.layers is None else tuple(self.layers)
 
     def per_layer(self) -> dict[int, torch.Tensor]:
         """`{layer: [example, ...]}`: the batches' values joined on the example axis."""
-        return {layer: torch.cat([b[layer] for b in self.values]) for layer in range(self.n_layers)}
+        return {layer: torch.cat([b[layer] for b in self.values]) for layer in self.attention_layers}
 
 
 @dataclass
@@ -185,22 +192,22 @@ class Detector:
         if self.variants:  # one score per head: its best variant, chosen per model
             values, chosen = best_variant(values, self.variants)
             names = {(l, h, self.name): f"{self.name}:{v}" for (l, h), v in chosen.items()}
-        rows = self._bootstrap(values, model.n_layers, model.n_heads, seed)
+        rows = self._bootstrap(values, model.attention_layers, model.n_heads, seed)
         if control is None:
             return Finding(rows.assign(control=float("nan"), control_max=float("nan")), names)
         twin = control.per_layer()
         if self.variants:
             twin, _ = best_variant(twin, self.variants)
-        twin_rows = self._bootstrap(twin, model.n_layers, model.n_heads, seed)
+        twin_rows = self._bootstrap(twin, model.attention_layers, model.n_heads, seed)
         return Finding(rows.assign(control=twin_rows.score.to_numpy(), control_max=float(twin_rows.score.max())), names)
 
-    def _bootstrap(self, per_layer, n_layers: int, n_heads: int, seed: int) -> pd.DataFrame:
-        values = torch.stack([per_layer[layer] for layer in range(n_layers)])  # (L, N, H)
-        rows = values.permute(0, 2, 1).reshape(n_layers * n_heads, -1)  # (L*H, N)
+    def _bootstrap(self, per_layer, layers: tuple[int, ...], n_heads: int, seed: int) -> pd.DataFrame:
+        values = torch.stack([per_layer[layer] for layer in layers])  # (L, N, H), attention layers only
+        rows = values.permute(0, 2, 1).reshape(len(layers) * n_heads, -1)  # (L*H, N)
         mean, low, high, n = bootstrap_mean_ci(rows, seed=seed)
         return pd.DataFrame({
-            "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
-            "head": torch.arange(n_heads).repeat(n_layers).numpy(),
+            "layer": torch.tensor(layers).repeat_interleave(n_heads).numpy(),
+            "head": torch.arange(n_heads).repeat(len(layers)).numpy(),
             "detector": self.name, "score": mean.numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
             "n": n.numpy(),
         })

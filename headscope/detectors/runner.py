@@ -135,7 +135,7 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     sink_layers = sorted(layer for layer, extras in cap.extras.items() if "sinks" in extras)
     kernels = sorted({e.split(":", 1)[1] for extras in cap.extras.values() for e in extras if e.startswith("lse:")})
     collected = {det.name: Collected(batches, [{layer: b[layer][det.name] for layer in b} for b in per_batch],
-                                     loaded.n_layers, loaded.n_heads) for det in detectors}
+                                     loaded.n_layers, loaded.n_heads, loaded.attention_layers) for det in detectors}
     return Passes(collected, how, sink_layers, kernels)
 
 

@@ -12,7 +12,10 @@ Capture, ablation and analysis need no adapter: in a model of another family, th
 - `adapter_for(config)`: the adapter of a model's family, or None.
 - `family_of(config)`: the adapter's family name, else the config's model type.
 - `attention_blocks(model)`: `[(layer, block)]` for every layer (needs an adapter).
-- `core_modules(model)`: `[(layer, module calling the attention interface)]`.
+- `core_modules(model)`: `[(layer, module calling the attention interface)]`, layers numbered as
+  the model numbers them (a hybrid's attention-free layers have none).
+- `text_config(config)`: the config of a model's text decoder (a composite config's
+  `text_config`, else the config itself); `text_stack(model)`: the module it belongs to.
 - `check_on_interface(model_class, model_type)`: the one-line refusal for models that bypass it.
 """
 from __future__ import annotations
@@ -28,7 +31,8 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
 __all__ = ["Adapter", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
-           "discovered_cores", "check_on_interface", "out_projection", "head_sizes", "supported_families"]
+           "discovered_cores", "check_on_interface", "out_projection", "head_sizes", "supported_families", "text_config",
+           "text_stack"]
 
 
 @dataclass(frozen=True)
@@ -228,28 +232,74 @@ def _calls_interface(cls: type) -> bool:
     return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
 
 
+def text_config(config):
+    """The config of the text decoder: `config.get_text_config(decoder=True)` (a vision-language
+    model's `text_config`), or `config` itself where it has no text part of its own."""
+    getter = getattr(config, "get_text_config", None)
+    try:
+        return getter(decoder=True) if getter is not None else config
+    except ValueError:  # several candidate text configs: none is "the" text decoder
+        return config
+
+
+def text_stack(model: nn.Module) -> nn.Module:
+    """The module that runs the text decoder: the submodule holding `text_config` (a
+    vision-language model's language model), else `model.base_model`."""
+    config = text_config(model.config)
+    if config is not model.config:
+        for module in model.modules():
+            if module is not model and getattr(module, "config", None) is config:
+                return module
+    return model.base_model
+
+
 def discovered_cores(model: nn.Module) -> list[nn.Module]:
-    """Every module whose forward calls the attention interface, in the model's module order."""
-    return [m for m in model.base_model.modules() if _calls_interface(type(m))]
+    """Every module of the text stack whose forward calls the attention interface, in module order."""
+    return [m for m in text_stack(model).modules() if _calls_interface(type(m))]
+
+
+def _numbered(stack: nn.Module, cores: list[nn.Module], n_layers) -> Optional[list[tuple[int, nn.Module]]]:
+    """`[(layer, core)]` when every core sits in its own entry of one layer list of `n_layers`
+    entries (the model's own numbering, whatever the other layers hold); None otherwise."""
+    from torch.nn import ModuleList  # torch is not imported by `import headscope`
+
+    paths = {id(m): name for name, m in stack.named_modules()}
+    for name, layers in stack.named_modules():
+        if not isinstance(layers, ModuleList) or len(layers) != n_layers:
+            continue
+        prefix = f"{name}." if name else ""
+        found = []
+        for core in cores:
+            rest = paths[id(core)][len(prefix):].split(".", 1)[0] if paths[id(core)].startswith(prefix) else ""
+            if not rest.isdigit():
+                break
+            found.append((int(rest), core))
+        if len(found) == len(cores) and len({i for i, _ in found}) == len(found):
+            return found
+    return None
 
 
 def core_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    """`[(layer index, module that calls the attention interface)]` for every layer.
+    """`[(layer index, module that calls the attention interface)]`, in layer order.
 
-    With an adapter, its paths say where they are; otherwise they are discovered, and there
-    must be exactly one per layer (`config.num_hidden_layers`).
+    With an adapter, its paths say where they are; otherwise they are discovered in the text
+    stack, and each must sit in its own layer of the stack's layer list
+    (`text_config(config).num_hidden_layers` entries). Layers keep the model's numbering: in a
+    hybrid, layers without attention (Mamba, linear attention, convolutions) have no entry.
     """
     adapter = adapter_for(model.config)
     if adapter is not None:
         return [(i, _sub(block, adapter.core)) for i, block in attention_blocks(model)]
     cores = discovered_cores(model)
-    n_layers = getattr(model.config, "num_hidden_layers", None)
-    if not cores or len(cores) != n_layers:
+    n_layers = getattr(text_config(model.config), "num_hidden_layers", None)
+    numbered = _numbered(text_stack(model), cores, n_layers) if cores and n_layers else None
+    if numbered is None:
         raise HeadscopeError(
-            f"{type(model).__name__} has {len(cores)} modules calling the attention interface for {n_layers} layers; "
-            f"without an adapter headscope needs exactly one per layer (encoder-decoders need an adapter)"
+            f"{type(model).__name__} has {len(cores)} modules calling the attention interface that do not sit one "
+            f"per layer in a list of its {n_layers} layers; without an adapter headscope needs each in its own layer "
+            f"(encoder-decoders need an adapter)"
         )
-    return list(enumerate(cores))
+    return sorted(numbered, key=lambda pair: pair[0])
 
 
 def out_projection(model: nn.Module, block: nn.Module) -> nn.Module:
@@ -258,7 +308,8 @@ def out_projection(model: nn.Module, block: nn.Module) -> nn.Module:
 
 
 def head_sizes(config) -> tuple[int, int, int, int]:
-    """`(d_model, n_heads, n_kv_heads, d_head)` read from a transformers config."""
+    """`(d_model, n_heads, n_kv_heads, d_head)` read from a transformers config (its text config)."""
+    config = text_config(config)
     d_model = config.hidden_size
     n_heads = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads

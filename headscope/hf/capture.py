@@ -31,14 +31,24 @@ __all__ = ["capture", "ablate", "Capture"]
 Reducer = Callable[[int, Union[torch.Tensor, LazyPattern], Optional[torch.Tensor]], Any]
 
 
-def _check_layers(layers: Optional[Iterable[int]], n_layers: int) -> list[int]:
+def _check_layers(layers: Optional[Iterable[int]], attention_layers: Sequence[int]) -> list[int]:
+    """The chosen layers (default: every attention layer), each one the model has attention in."""
     if layers is None:
-        return list(range(n_layers))
+        return list(attention_layers)
     chosen = [int(l) for l in layers]
     for layer in chosen:
-        if not 0 <= layer < n_layers:
-            raise HeadscopeError(f"layer {layer} is out of range: the model has {n_layers} layers (0-{n_layers - 1})")
+        if layer not in attention_layers:
+            why = "has no attention" if 0 <= layer < max(attention_layers) else "is out of range"
+            raise HeadscopeError(f"layer {layer} {why}: the model's attention layers are {_spans(attention_layers)}")
     return chosen
+
+
+def _spans(layers: Sequence[int]) -> str:
+    """"0-29" for consecutive layers, else the list ("3, 7, 11")."""
+    layers = sorted(layers)
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}-{layers[-1]}"
+    return ", ".join(map(str, layers))
 
 
 def _check_heads(heads: Optional[Sequence[int]], n_heads: int) -> Optional[list[int]]:
@@ -150,7 +160,7 @@ def capture(
         than 1), "lse:KERNEL" for what computed a lazy layer's row log-sum-exp.
     """
     layer_of = layer_map(model)
-    chosen = _check_layers(layers, len(layer_of))
+    chosen = _check_layers(layers, sorted(layer_of.values()))
     if chunk_heads is not None and (reduce is None or heads is not None or chunk_heads < 1):
         raise HeadscopeError("chunk_heads needs a reducer, no heads= selection, and a size of at least 1")
     if lazy and (reduce is None or heads is not None):
@@ -203,7 +213,7 @@ def ablate(
     n_heads = head_sizes(model.config)[1]
     by_layer: dict[int, list[int]] = defaultdict(list)
     for layer, head in heads:
-        _check_layers([layer], len(layer_of))
+        _check_layers([layer], sorted(layer_of.values()))
         _check_heads([head], n_heads)
         by_layer[int(layer)].append(int(head))
     with routed(model, _Ablation(layer_of, dict(by_layer), mode, means)):

@@ -48,8 +48,8 @@ def point_name(layer: int, point: str) -> str:
 
 
 def hook_names(model: nn.Module) -> list[str]:
-    """Every hook point name inside `model`, layer by layer."""
-    return [point_name(layer, p) for layer in range(len(layer_map(model))) for p in POINTS]
+    """Every hook point name inside `model`, attention layer by attention layer (the model's numbers)."""
+    return [point_name(layer, p) for layer in sorted(layer_map(model).values()) for p in POINTS]
 
 
 def _select(selector: Selector, names: list[str]) -> list[str]:

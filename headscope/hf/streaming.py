@@ -46,8 +46,9 @@ def stream_heads(model: nn.Module, heads: Sequence[tuple[int, int]], sink: int, 
     n_kv = head_sizes(model.config)[2]
     by_layer: dict[int, list[int]] = defaultdict(list)
     for layer, head in heads:
-        if not 0 <= int(layer) < len(layer_of):
-            raise HeadscopeError(f"layer {layer} is out of range: the model has {len(layer_of)} layers")
+        if int(layer) not in layer_of.values():
+            raise HeadscopeError(f"layer {layer} has no attention: the model's attention layers are "
+                                 f"{sorted(layer_of.values())}")
         if not 0 <= int(head) < n_kv:
             raise HeadscopeError(f"key/value head {head} is out of range: each layer has {n_kv} (0-{n_kv - 1})")
         by_layer[int(layer)].append(int(head))

@@ -65,7 +65,7 @@ def resolve_control(loaded: Loaded, control, seed: int) -> tuple[Optional[Loaded
         return None, {"kind": "none", "seed": None, "name": None,
                       "note": "no control model: labels are not checked against an untrained twin"}
     if isinstance(control, Loaded):
-        if (control.n_layers, control.n_heads) != (loaded.n_layers, loaded.n_heads):
+        if (control.attention_layers, control.n_heads) != (loaded.attention_layers, loaded.n_heads):
             raise HeadscopeError(f"the control has {control.n_layers} layers x {control.n_heads} heads; "
                                  f"{loaded.name} has {loaded.n_layers} x {loaded.n_heads}")
         return control, {"kind": "given", "seed": None, "name": control.name,

@@ -24,7 +24,7 @@ from . import load_cache
 from ..errors import HeadscopeError
 from .gguf_file import config_and_tokenizer, model_from_gguf
 from .integrity import check_loading_info
-from ..hf.adapters import adapter_for, check_on_interface, family_of
+from ..hf.adapters import adapter_for, check_on_interface, core_modules, family_of, text_config, text_stack
 
 __all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
 
@@ -116,7 +116,7 @@ class Loaded:
     @property
     def context_length(self) -> Optional[int]:
         """Most positions the model takes (None when its config does not say)."""
-        config = self.model.config
+        config = self.text_config
         return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
     def check_fits(self, what: str, n_tokens: int) -> None:
@@ -127,16 +127,28 @@ class Loaded:
 
     @property
     def body(self):
-        """The model without its task head (no logits): what the detectors need to run."""
-        return getattr(self.model, "base_model", self.model)
+        """The model without its task head (no logits): what the detectors need to run (a
+        vision-language model: its text decoder, which takes token ids alone)."""
+        return text_stack(self.model) if hasattr(self.model, "base_model") else self.model
+
+    @property
+    def text_config(self):
+        """The config of the text decoder (a vision-language model's `text_config`, else the config)."""
+        return text_config(self.model.config)
 
     @property
     def n_layers(self) -> int:
-        return self.model.config.num_hidden_layers
+        """Layers of the text decoder, attention or not (a hybrid numbers all of them)."""
+        return self.text_config.num_hidden_layers
 
     @property
     def n_heads(self) -> int:
-        return self.model.config.num_attention_heads
+        return self.text_config.num_attention_heads
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that hold attention, in the model's numbering (all of 0..n_layers-1 but in hybrids)."""
+        return tuple(layer for layer, _ in core_modules(self.model))
 
 
 def models() -> list[dict]:

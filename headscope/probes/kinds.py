@@ -87,7 +87,7 @@ class RepeatedProbe:
     def build(self, loaded, seed: int) -> ProbeSet:
         _at_least_one("n_examples", self.n_examples)
         return repeated_probe(loaded.tokenizer, self.n_examples, self.repeat_len, self.repeats, seed,
-                              vocab_size=loaded.model.config.vocab_size, vary_period=self.vary_period)
+                              vocab_size=loaded.text_config.vocab_size, vary_period=self.vary_period)
 
     def eval_probe(self, loaded, n_examples: int, seed: int) -> EvalProbe:
         """Scored from the second token of the second copy to the end (the first token of the

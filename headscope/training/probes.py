@@ -74,7 +74,7 @@ def timeline_probes(loaded, seed: int = 0, n_examples: int = 16) -> list[ProbeSe
     Both are at most `PROBE_TOKENS` long (or the model's context): the repeated probe is 4
     copies of up to `(length - 1) // 4` tokens after a BOS, periods varying across examples.
     """
-    vocab = loaded.model.config.vocab_size
+    vocab = loaded.text_config.vocab_size
     length = min(PROBE_TOKENS, loaded.context_length or PROBE_TOKENS)
     repeat_len = max(2, (length - 1) // 4)
     if has_text_tokenizer(loaded.tokenizer, vocab):

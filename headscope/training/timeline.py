@@ -189,7 +189,7 @@ class Timeline:
             return torch.as_tensor(self.icl_data)
         by_name = {getattr(p, "name", None): p for p in self.probes}
         text = by_name.get("text")
-        if text is not None and has_text_tokenizer(loaded.tokenizer, loaded.model.config.vocab_size) \
+        if text is not None and has_text_tokenizer(loaded.tokenizer, loaded.text_config.vocab_size) \
                 and hasattr(text, "input_ids"):
             return text.input_ids
         repeated = by_name.get("repeated")

@@ -12,6 +12,13 @@ Two kinds, each a table of configs:
   logits, so that a kernel ignoring either fails the tests. Built once per process and shared
   (`functools.cache`): tests never change them.
 
+- `kind="hybrid"` (`HYBRID_FAMILIES`): attention next to Mamba, linear-attention or convolution
+  layers, 4 layers with attention only in some of them (`HYBRID_ATTENTION[family]`, the
+  model's own layer numbers), COMMON's sizes otherwise; small state sizes for the other mixers.
+- `kind="composite"` (`COMPOSITE_FAMILIES`): vision-language models whose vocabulary, layer and
+  head counts live in `config.text_config` (3 text layers, COMMON's sizes; a 2-layer vision
+  tower of 2 heads on 28-pixel images), built as `AutoModelForImageTextToText`.
+
 - `tiny_config(family, kind, positions)`, `tiny_model(family, seed, kind, positions)`.
 - `tiny_inputs(batch, length, seed, pad)`: random ids in [3, 99) with right padding on the
   second example; `output_of(out)`: logits for decoders, the last hidden state for encoders.
@@ -20,8 +27,8 @@ import functools
 
 import torch
 
-__all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "tiny_config", "tiny_model", "tiny_inputs",
-           "output_of"]
+__all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
+           "COMPOSITE_FAMILIES", "tiny_config", "tiny_model", "tiny_inputs", "output_of"]
 
 VOCAB = 99
 ODD_FAMILIES = ("gpt2", "bert", "llama", "qwen2", "gpt_neox")
@@ -72,11 +79,62 @@ EXTRA = {
 INTERFACE_FAMILIES = tuple(EXTRA)
 ENCODERS = ("bert", "roberta", "electra", "distilbert", "modernbert", "t5")
 
+MAMBA = dict(mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
+             mamba_chunk_size=8)
+HYBRID = {  # family -> (config extras, the layers that hold attention)
+    "jamba": (dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=4,
+                   expert_layer_offset=3, num_experts=2, num_experts_per_tok=1,
+                   mamba_d_state=8, mamba_dt_rank=8), (1, 3)),
+    "bamba": (dict(MAMBA, num_hidden_layers=4, attn_layer_indices=[1, 3]), (1, 3)),
+    "granitemoehybrid": (dict(MAMBA, num_hidden_layers=4, num_local_experts=2, num_experts_per_tok=1,
+                              shared_intermediate_size=16,
+                              layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
+                         (1, 3)),
+    "lfm2": (dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"]), (1, 3)),
+    "qwen3_next": (dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                        linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                        shared_expert_intermediate_size=16,
+                        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"]),
+                   (2,)),
+    "nemotron_h": (dict(num_hidden_layers=4, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
+                        chunk_size=8, layers_block_type=["linear_attention", "full_attention", "mlp", "full_attention"]),
+                   (1, 3)),
+    "falcon_h1": (dict(MAMBA, num_hidden_layers=4, mamba_d_ssm=128), (0, 1, 2, 3)),
+}
+HYBRID_FAMILIES = tuple(HYBRID)
+HYBRID_ATTENTION = {family: layers for family, (_, layers) in HYBRID.items()}
+
+TEXT = dict(COMMON, num_hidden_layers=3)
+VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40, image_size=28,
+              patch_size=14, attention_dropout=0.0)
+COMPOSITE = {
+    "gemma3": dict(text_config=dict(TEXT, model_type="gemma3_text", query_pre_attn_scalar=24, sliding_window=4,
+                                    layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+                   vision_config=VISION, mm_tokens_per_image=4, image_token_index=98, boi_token_index=97,
+                   eoi_token_index=96),
+    "llava": dict(text_config=dict(TEXT, model_type="llama"),
+                  vision_config=dict(VISION, model_type="clip_vision_model", projection_dim=32), image_token_index=98),
+    "qwen2_5_vl": dict(text_config=dict(TEXT, model_type="qwen2_5_vl_text",
+                                        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+                       vision_config=dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=64,
+                                          fullatt_block_indexes=[1]),
+                       image_token_id=98, video_token_id=97),
+}
+COMPOSITE_FAMILIES = tuple(COMPOSITE)
+
 
 def tiny_config(family: str, kind: str = "odd", positions: int = 64):
     """The family's config of the given kind (`positions`: the odd kind's position table only)."""
     if kind == "interface":
         return _interface_config(family)
+    if kind in ("hybrid", "composite"):
+        from transformers import AutoConfig
+
+        if kind == "composite":
+            return AutoConfig.for_model(family, **COMPOSITE[family])
+        known = AutoConfig.for_model(family)
+        common = {k: v for k, v in COMMON.items() if hasattr(known, k)}
+        return AutoConfig.for_model(family, **{**common, **HYBRID[family][0]})
     if kind != "odd":
         raise ValueError(kind)
     return _odd_config(family, positions)
@@ -88,14 +146,19 @@ def tiny_model(family: str, seed: int = 0, kind: str = "odd", positions: int = 6
     Args:
         family: a name of `ODD_FAMILIES` or `INTERFACE_FAMILIES` (by `kind`).
         seed: torch seed of the random init.
-        kind: "odd" (a fresh model each call; bert is a `BertModel`, the rest causal LMs) or
+        kind: "odd" (a fresh model each call; bert is a `BertModel`, the rest causal LMs),
             "interface" (shared, see the module docstring; encoders as base models, T5 its
-            encoder alone).
+            encoder alone), "hybrid" or "composite" (fresh each call).
         positions: the odd kind's position table.
     """
     if kind == "interface":
         return _interface_model(family, seed)
     import transformers as tf
+
+    if kind in ("hybrid", "composite"):
+        torch.manual_seed(seed)
+        cls = tf.AutoModelForCausalLM if kind == "hybrid" else tf.AutoModelForImageTextToText
+        return cls.from_config(tiny_config(family, kind)).eval()
 
     torch.manual_seed(seed)
     config = tiny_config(family, kind, positions)

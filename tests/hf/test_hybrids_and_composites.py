@@ -1,0 +1,135 @@
+"""Hybrids (attention in some layers only, beside Mamba, linear attention or convolutions) and
+vision-language models (layer, head and vocabulary counts in `config.text_config`), as tiny
+random-init models (tests/support/tiny.py, kinds "hybrid" and "composite"), found without an
+adapter: headscope inside the model changes nothing, its patterns are the model's eager ones,
+layers keep the model's numbers, ablation equals removing the head at the output projection's
+input and restores the model, and `analyze` runs end to end and renders."""
+import pytest
+import torch
+
+import headscope
+from headscope.hf import route
+from headscope.hf.adapters import core_modules
+from headscope.hf.hooks import hook_names
+from headscope.loading.loader import Loaded
+from headscope.probes.kinds import RepeatedProbe, TextProbe
+from headscope.report import render_html
+from tests.support.planted import char_tokenizer
+from tests.support.tiny import COMPOSITE_FAMILIES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_inputs, tiny_model
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+CASES = [(f, "hybrid") for f in HYBRID_FAMILIES] + [(f, "composite") for f in COMPOSITE_FAMILIES]
+OUT = {"lfm2": "out_proj"}  # the output projection's name inside the attention module (default o_proj)
+
+
+def _attention_layers(family, kind, model):
+    return HYBRID_ATTENTION[family] if kind == "hybrid" else tuple(range(model.config.text_config.num_hidden_layers))
+
+
+def _eager_patterns(model, x) -> dict[int, torch.Tensor]:
+    """The weights each attention module's own eager path returns, by the model's layer number
+    (read with forward hooks on the modules, which return `(output, weights)`)."""
+    seen, handles = {}, []
+
+    def keep(layer):
+        def hook(module, args, out):
+            seen[layer] = out[1]  # returns None: the output stays the model's
+        return hook
+
+    for layer, core in core_modules(model):
+        handles.append(core.register_forward_hook(keep(layer)))
+    default = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        model(**x)
+    finally:
+        model.set_attn_implementation(default)
+        for h in handles:
+            h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("family, kind", CASES)
+@torch.no_grad()
+def test_capture_keeps_outputs_and_patterns_match_eager_in_the_models_layers(family, kind):
+    model = tiny_model(family, kind=kind)
+    x = tiny_inputs()
+    valid = x["attention_mask"].bool()
+    layers = _attention_layers(family, kind, model)
+    before = model(**x).logits
+    with headscope.capture(model) as cap:
+        captured = model(**x).logits
+    assert (before - captured).abs()[valid].max() <= 1e-4
+    assert tuple(sorted(cap.patterns)) == layers  # the model's own numbers: hybrids skip the other layers
+    eager = _eager_patterns(model, x)
+    assert tuple(sorted(eager)) == layers
+    for layer in layers:
+        assert cap.patterns[layer].shape == eager[layer].shape == (2, 4, 11, 11)
+        assert (cap.patterns[layer] - eager[layer]).abs().permute(0, 2, 1, 3)[valid].max() <= 1e-5
+    assert hook_names(model)[0] == f"layers.{layers[0]}.attn.hook_q"
+
+
+@pytest.mark.parametrize("family, kind", CASES)
+@torch.no_grad()
+def test_ablation_is_removing_the_head_at_the_output_projection_and_restores(family, kind):
+    """The reference zeroes head h's slice of the output projection's input (a pre-hook on it),
+    independently of headscope's kernel; the model is restored bit for bit."""
+    model = tiny_model(family, kind=kind)
+    x = tiny_inputs()
+    layer, head = _attention_layers(family, kind, model)[-1], 1
+    core = dict(core_modules(model))[layer]
+    d_head = core.head_dim
+    before = model(**x).logits
+    with headscope.ablate(model, heads=[(layer, head)]):
+        ablated = model(**x).logits
+
+    def zero_slice(module, args):
+        z = args[0].clone()
+        z[..., head * d_head:(head + 1) * d_head] = 0
+        return (z,)
+
+    handle = core.get_submodule(OUT.get(family, "o_proj")).register_forward_pre_hook(zero_slice)
+    try:
+        reference = model(**x).logits
+    finally:
+        handle.remove()
+    assert (ablated - before).abs().max() > 1e-3
+    assert (ablated - reference).abs().max() <= 1e-4
+    assert torch.equal(before, model(**x).logits)
+    assert not route.routed_models()
+
+
+@pytest.mark.parametrize("family, kind", [("jamba", "hybrid"), ("qwen3_next", "hybrid")])
+def test_a_layer_without_attention_is_refused_in_one_line(family, kind):
+    model = tiny_model(family, kind=kind)
+    missing = next(l for l in range(4) if l not in HYBRID_ATTENTION[family])
+    for call in (lambda: headscope.capture(model, layers=[missing]), lambda: headscope.ablate(model, heads=[(missing, 0)])):
+        with pytest.raises(headscope.HeadscopeError, match=f"layer {missing} has no attention") as err:
+            with call():
+                pass
+        assert "\n" not in str(err.value)
+    assert not route.routed_models()
+
+
+@pytest.mark.parametrize("family, kind", [("gemma3", "composite"), ("llava", "composite"), ("jamba", "hybrid"),
+                                          ("qwen3_next", "hybrid")])
+def test_analyze_runs_end_to_end_and_renders(family, kind):
+    """A vision-language model is analysed as its text decoder with text-only probes; a hybrid's
+    tables hold its attention layers under their own numbers, the others are noted."""
+    model = tiny_model(family, kind=kind)
+    loaded = Loaded.from_model(model, char_tokenizer(), f"tiny-{family}")
+    layers = _attention_layers(family, kind, model)
+    assert loaded.attention_layers == layers and loaded.n_heads == 4
+    probes = [TextProbe(n_examples=4, seq_len=32), RepeatedProbe(n_examples=4, repeat_len=8, repeats=3)]
+    analysis = headscope.analyze(loaded, detectors=["previous_token", "induction", "sink"], probes=probes,
+                                 explorer_examples=1)
+    assert tuple(sorted(set(analysis.scores.layer))) == layers
+    assert len(analysis.scores) == 3 * len(layers) * 4
+    assert analysis.scores.score.notna().all()
+    assert analysis.n_layers == loaded.n_layers
+    without = sorted(set(range(loaded.n_layers)) - set(layers))
+    notes = " ".join(analysis.meta.get("notes", []))
+    assert (f"layers {', '.join(map(str, without))} have no attention" in notes) == bool(without)
+    page = render_html(analysis, plotlyjs="cdn")
+    assert f"tiny-{family}" in page
