@@ -16,6 +16,7 @@ Capture, ablation and analysis need no adapter: in a model of another family, th
   the model numbers them (a hybrid's attention-free layers have none).
 - `text_config(config)`: the config of a model's text decoder (a composite config's
   `text_config`, else the config itself); `text_stack(model)`: the module it belongs to.
+- `z_at_out(model)`: the output projections whose input is z (a norm mixes heads before them).
 - `check_on_interface(model_class, model_type)`: the one-line refusal for models that bypass it.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
 __all__ = ["Adapter", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
-           "discovered_cores", "check_on_interface", "out_projection", "head_sizes", "supported_families", "text_config",
+           "discovered_cores", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
            "text_stack"]
 
 
@@ -90,6 +91,11 @@ class Adapter:
         sinks: core attribute holding the per-head sink logits.
         query_prescaled: the model multiplies q by `core.scaling` and asks for scale 1.
         causal: decoder (True) or encoder (False).
+        mixes_heads: path from the block to a module between the attention function and the
+            output projection that mixes the heads' outputs (bitnet's `attn_sub_norm`, an
+            RMSNorm over all heads together); z is then read and edited at the output
+            projection's input, after the mixing (`z_at_out`), so removing a head removes
+            its slice there.
         no_from_hf: why `from_hf` and `verify` are not available ("" when they are).
         notes: one line for the family table.
     """
@@ -109,6 +115,7 @@ class Adapter:
     sinks: Optional[str] = None
     query_prescaled: bool = False
     causal: bool = True
+    mixes_heads: Optional[str] = None
     no_from_hf: str = ""
     notes: str = ""
 
@@ -165,6 +172,11 @@ ADAPTERS = (
             no_from_hf="from_hf and verify are not available for multi-head latent attention (deepseek_v3); capture, "
                        "ablate and analyze work",
             notes="MLA: q/k head size differs from v; from_hf/verify not available"),
+    Adapter("bitnet", ("bitnet",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), mixes_heads="attn_sub_norm",
+            no_from_hf="from_hf and verify are not available for bitnet (an RMSNorm over all heads sits between "
+                       "attention and o_proj); capture, ablate and analyze work",
+            notes="attn_sub_norm mixes heads before o_proj: z (hook_z, ablation, patching) is o_proj's input"),
     Adapter("bert", ("bert", "roberta", "electra"), layers="encoder.layer", block="attention", core="self",
             qkv=_BERT_QKV, out="output.dense", causal=False, notes="encoder"),
     Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",
@@ -300,6 +312,16 @@ def core_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
             f"(encoder-decoders need an adapter)"
         )
     return sorted(numbered, key=lambda pair: pair[0])
+
+
+def z_at_out(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+    """`[(core module, output projection)]` for the layers where something mixes heads between
+    the attention function and the output projection (`Adapter.mixes_heads`): there z is the
+    output projection's input. Empty for every other model."""
+    adapter = adapter_for(model.config)
+    if adapter is None or adapter.mixes_heads is None:
+        return []
+    return [(_sub(block, adapter.core), _sub(block, adapter.out)) for _, block in attention_blocks(model)]
 
 
 def out_projection(model: nn.Module, block: nn.Module) -> nn.Module:

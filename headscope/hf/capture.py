@@ -6,7 +6,8 @@
   so full maps never accumulate; with `lazy=True` the reducer gets a `LazyPattern` and no map
   is computed at all.
 - `ablate(model, heads=[(layer, head), ...], mode="zero"|"mean", means=None)`: a context manager
-  that replaces those heads' outputs z (before the output projection).
+  that replaces those heads' outputs z (the output projection's input, after any norm that
+  mixes heads, as bitnet's `attn_sub_norm`).
 Both route attention through headscope's kernel (`headscope.hf.route`) and restore the model's
 own attention implementation on exit, also on exceptions.
 """

@@ -1,8 +1,9 @@
 """Which model families headscope runs inside, and what works on each: data, not prose.
 
 `family_table()` lists one `FamilyRow` per `config.model_type` with an adapter (read from
-`headscope.hf.adapters.ADAPTERS`), one for any other model on transformers' attention interface,
-and the families known to bypass the interface. `headscope models --families` prints it,
+`headscope.hf.adapters.ADAPTERS`), the families tested without an adapter (`DISCOVERED`: hybrids
+and vision-language models), one for any other model on transformers' attention interface, and the
+families known to bypass the interface. `headscope models --families` prints it,
 README.md holds it as `family_markdown()`, and tests/hf/test_families.py checks every row against
 tiny models of each family (capture, ablate, lazy analyze, verify).
 """
@@ -12,12 +13,30 @@ from typing import NamedTuple
 
 from .adapters import ADAPTERS
 
-__all__ = ["FamilyRow", "family_table", "family_markdown", "OUTSIDE_INTERFACE", "OTHER"]
+__all__ = ["FamilyRow", "family_table", "family_markdown", "OUTSIDE_INTERFACE", "OTHER", "DISCOVERED"]
 
 OTHER = "any other"
 # Families whose attention never calls transformers' attention interface
 # (`_can_set_attn_implementation()` is False): headscope refuses them in one line.
 OUTSIDE_INTERFACE = ("falcon", "bloom", "mpt", "gpt_neo")
+
+_HYBRID = "hybrid: only its attention layers ({}) are captured, under the model's own layer numbers"
+_VLM = ("vision-language: its text decoder (text_config) with text-only probes; the vision tower runs "
+        "untouched, not captured")
+# Families found without an adapter, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py).
+DISCOVERED = (
+    ("jamba", _HYBRID.format("beside Mamba layers")),
+    ("bamba", _HYBRID.format("beside Mamba 2 layers")),
+    ("granitemoehybrid", _HYBRID.format("beside Mamba 2 layers")),
+    ("nemotron_h", _HYBRID.format("beside Mamba 2 and MLP layers")),
+    ("zamba2", _HYBRID.format("the shared transformer blocks, beside Mamba 2 layers")),
+    ("falcon_h1", "hybrid: attention and Mamba 2 side by side in every layer; the attention is captured"),
+    ("lfm2", _HYBRID.format("beside short convolutions")),
+    ("qwen3_next", _HYBRID.format("beside Gated DeltaNet linear attention") + "; its output gate is per element"),
+    ("gemma3", _VLM),
+    ("llava", _VLM),
+    ("qwen2_5_vl", _VLM),
+)
 
 
 class FamilyRow(NamedTuple):
@@ -29,8 +48,10 @@ class FamilyRow(NamedTuple):
 
 def family_table() -> tuple[FamilyRow, ...]:
     rows = [FamilyRow(t, True, not a.no_from_hf, a.notes) for a in ADAPTERS for t in a.model_types]
-    rows.append(FamilyRow(OTHER, True, False, "any model whose attention calls the interface, one module per layer; "
-                                               "from_hf/verify need an adapter"))
+    rows += [FamilyRow(t, True, False, notes + "; from_hf/verify need an adapter") for t, notes in DISCOVERED]
+    rows.append(FamilyRow(OTHER, True, False, "any model whose attention modules call the interface, each in its own "
+                                               "entry of the text decoder's layer list (layers without attention are "
+                                               "allowed); from_hf/verify need an adapter"))
     rows += [FamilyRow(t, False, False, "attention bypasses the interface (_can_set_attn_implementation() is False)")
              for t in OUTSIDE_INTERFACE]
     return tuple(rows)

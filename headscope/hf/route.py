@@ -22,6 +22,10 @@ The kernel honours what models pass beyond q, k, v and the mask: `softcap` (Gemm
 per-head sink logits (`s_aux` in gpt-oss, or `sinks`) and an additive `position_bias` (T5).
 Sliding windows arrive built into the mask. An argument it does not know stops the forward
 pass with a one-line HeadscopeError instead of being silently ignored.
+
+Where something mixes the heads between the attention function and the output projection
+(bitnet's `attn_sub_norm`, `headscope.hf.adapters.z_at_out`), `edit_z` runs on the output
+projection's input instead, through a forward pre-hook that lives as long as the routing.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from ..errors import HeadscopeError
 from ..attention.kernel import attention, expand_kv, with_bias
 from ..attention.lazy import lazy_attention
 from ..attention.streaming import KeyWindow, restricted_mask, windowed_attention
-from .adapters import check_on_interface, core_modules
+from .adapters import check_on_interface, core_modules, head_sizes, z_at_out
 
 __all__ = ["IMPLEMENTATION", "Session", "routed", "routed_models", "sessions_on"]
 
@@ -53,9 +57,11 @@ class _Routing:
 
     previous: str
     sessions: list[tuple[int, "Session"]] = field(default_factory=list)
+    handles: list = field(default_factory=list)  # pre-hooks editing z at output projections
 
 
 _ROUTED: "weakref.WeakKeyDictionary[nn.Module, _Routing]" = weakref.WeakKeyDictionary()
+_Z_AT_OUT: set[int] = set()  # id(core) of routed layers whose z is edited at the output projection
 _ENTRY = itertools.count()  # entry order of sessions across models
 
 
@@ -204,10 +210,29 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
             if pattern is not None:
                 session.on_pattern(layer, pattern, attention_mask)
     z = z.transpose(1, 2)  # (B, T, H, D)
-    for session, layer in active:
-        z = session.edit_z(layer, z)
+    if id(module) not in _Z_AT_OUT:
+        z = _edit_z(active, z)
     weights = pattern.to(query.dtype) if pattern is not None else None
     return z.contiguous(), weights
+
+
+def _edit_z(active: list, z: torch.Tensor) -> torch.Tensor:
+    for session, layer in active:
+        z = session.edit_z(layer, z)
+    return z
+
+
+def _z_pre_hook(core: nn.Module, n_heads: int):
+    """A forward pre-hook on an output projection whose input `[batch, pos, head * d_head]` is z
+    (after whatever mixed the heads): the sessions watching `core` edit it as `[b, pos, head, d]`."""
+    def hook(module, args):
+        active = [(s, s.layer_of[id(core)]) for _, s in _active_sessions() if id(core) in s.layer_of]
+        if not active:
+            return None
+        flat = args[0]
+        z = _edit_z(active, flat.view(*flat.shape[:-1], n_heads, flat.shape[-1] // n_heads))  # (B, T, H, D)
+        return (z.reshape(flat.shape), *args[1:])
+    return hook
 
 
 def _chain(editors: list, method: str):
@@ -272,6 +297,9 @@ def routed(model: nn.Module, session: Session) -> Iterator[Session]:
         state = _Routing(model.config._attn_implementation)
         model.set_attn_implementation(IMPLEMENTATION)
         _ROUTED[model] = state
+        for core, out in z_at_out(model):
+            state.handles.append(out.register_forward_pre_hook(_z_pre_hook(core, head_sizes(model.config)[1])))
+            _Z_AT_OUT.add(id(core))
     entry = (next(_ENTRY), session)
     state.sessions.append(entry)
     try:
@@ -280,4 +308,7 @@ def routed(model: nn.Module, session: Session) -> Iterator[Session]:
         state.sessions.remove(entry)
         if not state.sessions:
             del _ROUTED[model]
+            for handle in state.handles:
+                handle.remove()
+            _Z_AT_OUT.difference_update(id(core) for core, _ in z_at_out(model))
             model.set_attn_implementation(state.previous)

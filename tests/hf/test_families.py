@@ -17,7 +17,7 @@ from headscope.hf.families import OTHER, OUTSIDE_INTERFACE, family_markdown, fam
 from headscope.hf.from_hf import rotary_tables
 from headscope.hf.verify import _named_inputs
 from headscope.probes.base import ProbeBatch
-from tests.support.tiny import ENCODERS, INTERFACE_FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
+from tests.support.tiny import COMPOSITE_FAMILIES, ENCODERS, HYBRID_FAMILIES, INTERFACE_FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
 from tests.support.contracts import assert_hook_contract
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -108,6 +108,52 @@ def test_ablate_changes_the_output_and_restores_it(family):
     assert torch.equal(before, output_of(model(**x)))
     assert model.config._attn_implementation == default
     assert not route.routed_models()
+
+
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
+@torch.no_grad()
+def test_ablation_is_zeroing_the_heads_slice_of_the_output_projections_input(family):
+    """The reference, independent of headscope's kernel: a pre-hook on the adapter's output
+    projection zeroes head h's slice of its input. Where a norm mixes the heads before it
+    (bitnet's attn_sub_norm), zeroing at the attention function's output would differ."""
+    model = tiny_model(family, kind="interface")
+    x = tiny_inputs()
+    layer, head = 1, 2
+    n_heads = model.config.num_attention_heads if hasattr(model.config, "num_attention_heads") else 4
+    out = dict(attention_blocks(model))[layer].get_submodule(adapter_for(model.config).out)
+    before = output_of(model(**x))
+    with headscope.ablate(model, heads=[(layer, head)]):
+        ablated = output_of(model(**x))
+
+    def zero_slice(module, args):
+        z = args[0].clone()  # (B, T, H * D)
+        d = z.shape[-1] // n_heads
+        z[..., head * d:(head + 1) * d] = 0
+        return (z,)
+
+    handle = out.register_forward_pre_hook(zero_slice)
+    try:
+        reference = output_of(model(**x))
+    finally:
+        handle.remove()
+    assert (ablated - before).abs().max() > 1e-3
+    assert (ablated - reference).abs().max() <= 1e-4
+    assert torch.equal(before, output_of(model(**x)))
+    assert not route.routed_models()
+
+
+@torch.no_grad()
+def test_bitnet_zeroing_at_the_attention_output_would_differ(monkeypatch):
+    """The check above has teeth: with z edited at the attention function's output (before
+    attn_sub_norm), bitnet's ablation moves away from the o_proj-input reference."""
+    model = tiny_model("bitnet", kind="interface")
+    x = tiny_inputs()
+    with headscope.ablate(model, heads=[(1, 2)]):
+        right = output_of(model(**x))
+    monkeypatch.setattr(route, "z_at_out", lambda model: [])
+    with headscope.ablate(model, heads=[(1, 2)]):
+        wrong = output_of(model(**x))
+    assert (right - wrong).abs().max() > 1e-2
 
 
 def _interface_inputs(model, x):
@@ -298,11 +344,13 @@ def test_t5_encoder_decoder_captures_encoder_self_attention():
 
 
 def test_family_table_is_the_matrix():
-    """Every model type the table says works is in this file's matrix (or is the discovery
-    row), the matrix covers at least 25 families, and README.md holds the table as generated."""
+    """Every model type the table says works is in this file's matrix or the hybrid and
+    vision-language one (tests/hf/test_hybrids_and_composites.py), or is the discovery row; the
+    matrix covers at least 25 families, and README.md holds the table as generated."""
     rows = family_table()
     working = {r.model_type for r in rows if r.capture} - {OTHER}
-    assert working == set(INTERFACE_FAMILIES) and len(INTERFACE_FAMILIES) >= 25
+    assert working == set(INTERFACE_FAMILIES) | set(HYBRID_FAMILIES) | set(COMPOSITE_FAMILIES)
+    assert len(INTERFACE_FAMILIES) >= 25
     assert {r.model_type for r in rows if r.verify} == set(VERIFIED)
     assert {r.model_type for r in rows if not r.capture} == set(OUTSIDE_INTERFACE)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()

@@ -68,6 +68,7 @@ EXTRA = {
                         kv_lora_rank=16, q_lora_rank=24, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
                         moe_intermediate_size=16, first_k_dense_replace=1),
     "smollm3": dict(no_rope_layers=[1, 0], sliding_window=4),
+    "bitnet": {},
     "opt": dict(word_embed_proj_dim=64, ffn_dim=48, dropout=0.0, enable_bias=True),
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
@@ -100,6 +101,9 @@ HYBRID = {  # family -> (config extras, the layers that hold attention)
                         chunk_size=8, layers_block_type=["linear_attention", "full_attention", "mlp", "full_attention"]),
                    (1, 3)),
     "falcon_h1": (dict(MAMBA, num_hidden_layers=4, mamba_d_ssm=128), (0, 1, 2, 3)),
+    "zamba2": (dict(num_hidden_layers=4, layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"],
+                    hybrid_layer_ids=[1, 3], mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8, num_mem_blocks=1,
+                    attention_head_dim=16), (1, 3)),
 }
 HYBRID_FAMILIES = tuple(HYBRID)
 HYBRID_ATTENTION = {family: layers for family, (_, layers) in HYBRID.items()}
