@@ -212,8 +212,10 @@ def _locate(spec: str) -> tuple[str, dict]:
 
 
 def _is_causal_config(config) -> bool:
+    """Causal LMs by their architecture name; a composite config's text decoder (a
+    vision-language model's `text_config`) is causal; else as the family's adapter says."""
     archs = getattr(config, "architectures", None) or []
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) or text_config(config) is not config:
         return True
     adapter = adapter_for(config)
     return not archs and (adapter is None or adapter.causal)
@@ -261,8 +263,10 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, cache: 
 
 
 def _model_class(config):
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    if text_config(config) is not config and type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText  # a vision-language model, whole (its text decoder is analysed)
     return AutoModelForCausalLM if _is_causal_config(config) else AutoModel
 
 

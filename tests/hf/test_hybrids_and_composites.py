@@ -133,3 +133,19 @@ def test_analyze_runs_end_to_end_and_renders(family, kind):
     assert (f"layers {', '.join(map(str, without))} have no attention" in notes) == bool(without)
     page = render_html(analysis, plotlyjs="cdn")
     assert f"tiny-{family}" in page
+
+
+@pytest.mark.parametrize("family", COMPOSITE_FAMILIES)
+def test_a_saved_vision_language_model_loads_as_a_causal_text_decoder(family, tmp_path):
+    """`load` on a vision-language checkpoint folder (architectures: ...ForConditionalGeneration):
+    the whole model, causal, with the text config's counts; its text decoder is what runs."""
+    model = tiny_model(family, kind="composite")
+    model.save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    loaded = headscope.load(str(tmp_path), device="cpu")
+    assert type(loaded.model) is type(model)
+    assert loaded.causal and (loaded.n_layers, loaded.n_heads) == (3, 4)
+    assert loaded.attention_layers == (0, 1, 2)
+    ids = torch.randint(3, 99, (1, 9))
+    with torch.no_grad():
+        assert loaded.body(input_ids=ids).last_hidden_state.shape == (1, 9, 64)
