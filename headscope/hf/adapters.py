@@ -183,7 +183,7 @@ ADAPTERS = (
             qkv=Separate("q_lin", "k_lin", "v_lin"), out="out_lin", causal=False, notes="encoder"),
     Adapter("modernbert", ("modernbert",), layers="layers", block="attn", core="", qkv=FusedRows("Wqkv"), out="Wo",
             rotary=Rotary(), causal=False, notes="encoder, fused Wqkv, local and global attention"),
-    Adapter("t5", ("t5",), layers="encoder.block", block="layer.0.SelfAttention", core="", qkv=Separate("q", "k", "v"),
+    Adapter("t5", ("t5", "mt5"), layers="encoder.block", block="layer.0.SelfAttention", core="", qkv=Separate("q", "k", "v"),
             out="o", causal=False,
             no_from_hf="from_hf and verify are not available for t5 (its relative position bias is computed inside "
                        "the attention module); capture, ablate and analyze of the encoder work",
