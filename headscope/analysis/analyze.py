@@ -178,6 +178,7 @@ class _Run:
     findings: dict = field(default_factory=dict)  # detector name -> Finding
     how: dict = field(default_factory=dict)  # probe name -> "lazy", "maps", ... (meta["probes"][name]["patterns"])
     sink_layers: set = field(default_factory=set)
+    not_run: dict = field(default_factory=dict)  # probe name -> attention layers that never ran on it
     kernels: dict = field(default_factory=dict)  # probe name -> lse kernels of the lazy path (meta["probes"][name]["lse"])
     skipped: dict = field(default_factory=dict)  # detector name -> why it could not score the model
 
@@ -224,6 +225,8 @@ def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings) ->
                 map_budget=map_budget)
             model, run.how[name] = passes.values, passes.how
             run.sink_layers.update(passes.sink_layers)
+            if passes.not_run:
+                run.not_run[name] = passes.not_run
             if passes.kernels:
                 run.kernels[name] = passes.kernels
         for det in probe_dets:
@@ -277,6 +280,10 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
         if name in run.kernels:
             probes[name]["lse"] = ", ".join(run.kernels[name])
     notes = [SINK_NOTE.format(n=len(run.sink_layers), total=loaded.n_layers)] if run.sink_layers else []
+    for name, layers in run.not_run.items():
+        notes.append(f"not run: the attention of layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))} "
+                     f"never ran on the {name} probe (cross-attention without its other input, such as an image); "
+                     f"its heads have no scores from it")
     without = sorted(set(range(loaded.n_layers)) - set(loaded.attention_layers))
     if without:
         notes.append(f"layers {', '.join(map(str, without))} have no attention (the model is a hybrid): they have no "

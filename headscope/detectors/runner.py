@@ -40,6 +40,7 @@ class Passes(NamedTuple):
     how: str  # "lazy", "maps" or "maps, N heads at a time"
     sink_layers: list  # layers whose heads have learned sink logits
     kernels: list  # what computed the lazy path's row log-sum-exp (`lse_kernel`); [] for maps
+    not_run: tuple = ()  # attention layers that never ran on the probe (mllama's cross-attention without an image)
 
 
 
@@ -134,9 +135,10 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     how = "lazy" if lazy else ("maps" if chunk is None else f"maps, {chunk} heads at a time")
     sink_layers = sorted(layer for layer, extras in cap.extras.items() if "sinks" in extras)
     kernels = sorted({e.split(":", 1)[1] for extras in cap.extras.values() for e in extras if e.startswith("lse:")})
-    collected = {det.name: Collected(batches, [{layer: b[layer][det.name] for layer in b} for b in per_batch],
-                                     loaded.n_layers, loaded.n_heads, loaded.attention_layers) for det in detectors}
-    return Passes(collected, how, sink_layers, kernels)
+    ran = tuple(layer for layer in loaded.attention_layers if all(layer in b for b in per_batch))
+    collected = {det.name: Collected(batches, [{layer: b[layer][det.name] for layer in ran} for b in per_batch],
+                                     loaded.n_layers, loaded.n_heads, ran) for det in detectors}
+    return Passes(collected, how, sink_layers, kernels, tuple(sorted(set(loaded.attention_layers) - set(ran))))
 
 
 def _check_finite(loaded, out, ids, mask, where: str) -> None:

@@ -25,7 +25,7 @@ from ..attention.lazy import LazyPattern
 from .adapters import head_sizes
 from .route import Session, layer_map, routed
 
-__all__ = ["capture", "ablate", "Capture"]
+__all__ = ["capture", "ablate", "Capture", "check_ran"]
 
 # (layer, pattern, attention_mask) -> stat; the pattern is the map `[batch, head, query, key]`,
 # or with lazy=True a LazyPattern (`headscope.attention.pattern.as_pattern` gives both one interface).
@@ -79,6 +79,7 @@ class Capture(Session):
         self._pieces: dict[int, list[Any]] = defaultdict(list)
         self.results: dict[int, list[Any]] = defaultdict(list)
         self.extras: dict[int, set[str]] = defaultdict(set)  # layer -> {"sinks", "lse:flex", ...}: see Session.note
+        self.ran: set[int] = set()  # layers whose attention ran at least once
 
     def wants_pattern(self, layer: int) -> bool:
         return True
@@ -90,6 +91,7 @@ class Capture(Session):
         return self.chunk_heads
 
     def on_pattern(self, layer, pattern, attention_mask, heads=None):
+        self.ran.add(layer)
         if heads is not None:  # one head group of a layer: reduce it now, join at end_pattern
             self._pieces[layer].append(self.reduce(layer, pattern, attention_mask))
             return
@@ -105,6 +107,12 @@ class Capture(Session):
 
     def end_pattern(self, layer):
         self.results[layer].append(_join_heads(self._pieces.pop(layer)))
+
+    @property
+    def not_run(self) -> list[int]:
+        """The chosen layers whose attention never ran (mllama's cross-attention without an
+        image): they are absent from `patterns` and `results`."""
+        return [layer for layer in self.layers if layer not in self.ran]
 
     @property
     def patterns(self) -> dict[int, torch.Tensor]:
@@ -156,7 +164,8 @@ def capture(
             pattern: the layer runs the fused kernel, and the reducer computes only the entries
             and row statistics it reads (`diagonal`, `column`, `mass`, `entropy`).
     Yields:
-        A `Capture` with `.patterns` or `.results`, and `.extras` `{layer: {"sinks", ...}}`:
+        A `Capture` with `.patterns` or `.results`, `.not_run` (chosen layers whose attention
+        never ran, such as cross-attention without its image), and `.extras` `{layer: {"sinks", ...}}`:
         "sinks" for layers whose heads have a learned sink logit (their pattern rows sum to less
         than 1), "lse:KERNEL" for what computed a lazy layer's row log-sum-exp.
     """
@@ -172,15 +181,28 @@ def capture(
         yield session
 
 
+def check_ran(ran: set, layers: Iterable[int], what: str) -> None:
+    """HeadscopeError when some attention ran inside a block but one of `layers` never did
+    (mllama's cross-attention without an image): editing it changed nothing."""
+    missing = sorted(set(layers) - ran)
+    if ran and missing:
+        raise HeadscopeError(f"{what} layer {', '.join(map(str, missing))} did nothing: its attention never ran in the "
+                             f"block (cross-attention runs only with its other input, such as an image)")
+
+
 class _Ablation(Session):
     def __init__(self, layer_of, by_layer, mode, means):
-        self.layer_of = {k: l for k, l in layer_of.items() if l in by_layer}
+        self.layer_of = layer_of  # every layer, to tell a layer that never ran (check_ran)
         self.by_layer = by_layer
         self.mode = mode
         self.means = means or {}
+        self.ran: set[int] = set()
 
     def edit_z(self, layer, z):
-        heads = self.by_layer[layer]
+        self.ran.add(layer)
+        heads = self.by_layer.get(layer)
+        if heads is None:
+            return z
         z = z.clone()
         if self.mode == "zero":
             z[:, :, heads] = 0
@@ -217,5 +239,7 @@ def ablate(
         _check_layers([layer], sorted(layer_of.values()))
         _check_heads([head], n_heads)
         by_layer[int(layer)].append(int(head))
-    with routed(model, _Ablation(layer_of, dict(by_layer), mode, means)):
+    session = _Ablation(layer_of, dict(by_layer), mode, means)
+    with routed(model, session):
         yield
+    check_ran(session.ran, by_layer, "ablating")

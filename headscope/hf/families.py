@@ -36,6 +36,9 @@ DISCOVERED = (
     ("gemma3", _VLM),
     ("llava", _VLM),
     ("qwen2_5_vl", _VLM),
+    ("mllama_text_model", "mllama's text model (MllamaForCausalLM): its cross-attention layers never run without an "
+                          "image: capture reports them as not run, analyze skips them with a note, ablating or "
+                          "hooking them is an error"),
 )
 
 

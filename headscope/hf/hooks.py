@@ -35,6 +35,7 @@ from ..errors import HeadscopeError
 from ..attention.hook_points import HookFn, HookPoint
 from .adapters import _needs_adapter, attention_blocks, head_sizes, out_projection
 from .layouts import conv1d, linear
+from .capture import check_ran
 from .route import Session, layer_map, routed
 
 __all__ = ["POINTS", "model_hooks", "hook_names", "point_name"]
@@ -70,14 +71,18 @@ class _Points(Session):
 
     def __init__(self, layer_of: dict[int, int], points: dict[tuple[int, str], HookPoint]):
         self.points = points
-        layers = {layer for layer, point in points if point != "hook_result"}
-        self.layer_of = {k: l for k, l in layer_of.items() if l in layers}
+        self.layers = {layer for layer, point in points if point != "hook_result"}
+        self.layer_of = layer_of  # every layer, to tell a hooked layer that never ran (check_ran)
+        self.ran: set[int] = set()
 
     def _run(self, layer: int, point: str, x: torch.Tensor) -> torch.Tensor:
         hook = self.points.get((layer, point))
         return x if hook is None else hook(x)
 
     def edit_qkv(self, layer, q, k, v):
+        self.ran.add(layer)
+        if layer not in self.layers:
+            return q, k, v
         return self._run(layer, "hook_q", q), self._run(layer, "hook_k", k), self._run(layer, "hook_v", v)
 
     def edits_attention(self, layer):
@@ -145,8 +150,10 @@ def model_hooks(
                 out = out_projection(model, blocks[layer])
                 hook = _result_hook(points[(layer, "hook_result")], out, adapter.out_is_conv1d, n_heads)
                 handles.append(out.register_forward_hook(hook))
-        with routed(model, _Points(layer_of, points)):
+        session = _Points(layer_of, points)
+        with routed(model, session):
             yield model
+        check_ran(session.ran, session.layers, "hooking")
     finally:
         for handle in handles:
             handle.remove()

@@ -15,7 +15,8 @@ from headscope.loading.loader import Loaded
 from headscope.probes.kinds import RepeatedProbe, TextProbe
 from headscope.report import render_html
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import COMPOSITE_FAMILIES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_inputs, tiny_model
+from tests.support.tiny import (COMPOSITE_FAMILIES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_inputs, tiny_mllama_text,
+                                tiny_model)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -149,3 +150,44 @@ def test_a_saved_vision_language_model_loads_as_a_causal_text_decoder(family, tm
     ids = torch.randint(3, 99, (1, 9))
     with torch.no_grad():
         assert loaded.body(input_ids=ids).last_hidden_state.shape == (1, 9, 64)
+
+
+@torch.no_grad()
+def test_a_cross_attention_layer_that_never_runs_is_reported_and_refused():
+    """mllama's text model without an image: layer 1 (cross-attention) never runs. capture says
+    so (`not_run`), ablating or hooking it is an error, and the other layers are as eager."""
+    model = tiny_mllama_text()
+    x = tiny_inputs()
+    valid = x["attention_mask"].bool()
+    before = model(**x).logits
+    with headscope.capture(model) as cap:
+        captured = model(**x).logits
+    assert (before - captured).abs()[valid].max() <= 1e-4
+    assert sorted(cap.patterns) == [0, 2] and cap.not_run == [1]
+    eager = _eager_patterns(model, x)
+    assert sorted(eager) == [0, 2]
+    for layer in (0, 2):
+        assert (cap.patterns[layer] - eager[layer]).abs().permute(0, 2, 1, 3)[valid].max() <= 1e-5
+    for enter in (lambda: headscope.ablate(model, heads=[(1, 0)]),
+                  lambda: headscope.model_hooks(model, {"layers.1.attn.hook_z": lambda z, hook: z * 0})):
+        with pytest.raises(headscope.HeadscopeError, match="layer 1 did nothing: its attention never ran") as err:
+            with enter():
+                model(**x)
+        assert "\n" not in str(err.value)
+    assert not route.routed_models()
+    assert torch.equal(before, model(**x).logits)
+    with headscope.ablate(model, heads=[(2, 0)]):  # a layer that runs: ablation acts, no error
+        assert (model(**x).logits - before).abs().max() > 1e-3
+
+
+def test_analyze_skips_a_layer_that_never_ran_with_a_note():
+    loaded = Loaded.from_model(tiny_mllama_text(), char_tokenizer(), "tiny-mllama-text")
+    assert loaded.attention_layers == (0, 1, 2)
+    probes = [TextProbe(n_examples=4, seq_len=32), RepeatedProbe(n_examples=4, repeat_len=8, repeats=3)]
+    analysis = headscope.analyze(loaded, detectors=["previous_token", "induction"], probes=probes, explorer_examples=1)
+    assert sorted(set(analysis.scores.layer)) == [0, 2]
+    assert analysis.scores.score.notna().all()
+    notes = analysis.meta["notes"]
+    assert any(n.startswith("not run: the attention of layer 1 never ran on the text probe") for n in notes)
+    assert any(n.startswith("not run: the attention of layer 1 never ran on the repeated probe") for n in notes)
+    assert "tiny-mllama-text" in render_html(analysis, plotlyjs="cdn")

@@ -19,6 +19,9 @@ Two kinds, each a table of configs:
   head counts live in `config.text_config` (3 text layers, COMMON's sizes; a 2-layer vision
   tower of 2 heads on 28-pixel images), built as `AutoModelForImageTextToText`.
 
+- `tiny_mllama_text(seed)`: mllama's text model (`MllamaForCausalLM`), 3 layers with a
+  cross-attention layer at 1 that runs only with an image (never, for token ids alone).
+
 - `tiny_config(family, kind, positions)`, `tiny_model(family, seed, kind, positions)`.
 - `tiny_inputs(batch, length, seed, pad)`: random ids in [3, 99) with right padding on the
   second example; `output_of(out)`: logits for decoders, the last hidden state for encoders.
@@ -28,7 +31,7 @@ import functools
 import torch
 
 __all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
-           "COMPOSITE_FAMILIES", "tiny_config", "tiny_model", "tiny_inputs", "output_of"]
+           "COMPOSITE_FAMILIES", "tiny_config", "tiny_model", "tiny_mllama_text", "tiny_inputs", "output_of"]
 
 VOCAB = 99
 ODD_FAMILIES = ("gpt2", "bert", "llama", "qwen2", "gpt_neox")
@@ -170,6 +173,14 @@ def tiny_model(family: str, seed: int = 0, kind: str = "odd", positions: int = 6
     cls = tf.BertModel if family == "bert" else tf.AutoModelForCausalLM
     model = cls.from_config(config) if cls is tf.AutoModelForCausalLM else cls(config)
     return model.eval()
+
+
+def tiny_mllama_text(seed: int = 0):
+    import transformers as tf
+
+    config = tf.MllamaTextConfig(**{**COMMON, "num_hidden_layers": 3}, cross_attention_layers=[1])
+    torch.manual_seed(seed)
+    return tf.MllamaForCausalLM(config).eval()
 
 
 def tiny_inputs(batch: int = 2, length: int = 11, seed: int = 1, pad: bool = True):
