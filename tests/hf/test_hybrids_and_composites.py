@@ -13,6 +13,7 @@ from headscope.hf.adapters import core_modules
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import RepeatedProbe, TextProbe
+from headscope.probes.treebank import TreebankProbe
 from headscope.report import render_html
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import (COMPOSITE_FAMILIES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_inputs, tiny_mllama_text,
@@ -191,3 +192,16 @@ def test_analyze_skips_a_layer_that_never_ran_with_a_note():
     assert any(n.startswith("not run: the attention of layer 1 never ran on the text probe") for n in notes)
     assert any(n.startswith("not run: the attention of layer 1 never ran on the repeated probe") for n in notes)
     assert "tiny-mllama-text" in render_html(analysis, plotlyjs="cdn")
+
+
+def test_a_hybrids_syntactic_rows_carry_the_models_layer_numbers():
+    """The syntactic detector (its own cross-fitted table) on jamba: rows for layers 1 and 3 only."""
+    model = tiny_model("jamba", kind="hybrid")
+    model.config.max_position_embeddings = 512  # the bundled treebank's sentences (character tokens)
+    loaded = Loaded.from_model(model, char_tokenizer(), "tiny-jamba")
+    analysis = headscope.analyze(loaded, detectors=["syntactic"], probes=[TreebankProbe(n_sentences=60)],
+                                 explorer_examples=0)
+    assert sorted(set(analysis.scores.layer)) == [1, 3]
+    assert sorted(set(analysis.tables["syntax"].layer)) == [1, 3]
+    kinds = set(analysis.tables["syntax"].baseline_kind)
+    assert all(k.split()[1].split(".")[0] in ("1", "3") for k in kinds if k.startswith("control "))

@@ -75,7 +75,7 @@ class _Sums:
 
 def score_arcs(model_hits: torch.Tensor, arcs: Arcs, n_sentences: int, shape: tuple[int, int],
                predictor_hits: torch.Tensor, control_hits=None, *, min_arcs: int, threshold: float = THRESHOLD,
-               seed: int = 0, n_resamples: int = 1000, level: float = 0.95):
+               seed: int = 0, n_resamples: int = 1000, level: float = 0.95, layers=None):
     """Score every head on every relation and direction, with a control and cross-fitting.
 
     Args:
@@ -83,6 +83,8 @@ def score_arcs(model_hits: torch.Tensor, arcs: Arcs, n_sentences: int, shape: tu
         arcs: the arcs (``scoring.collect_arcs``).
         n_sentences: sentences the arcs come from.
         shape: (layers, heads).
+        layers: the model's number of each of those layers (default 0..layers-1; a hybrid's
+            attention layers are not).
         predictor_hits: ``[arc, len(PREDICTORS)]`` from ``baselines.predictor_hits``.
         control_hits: ``[arc, layer * head]`` for the control model, or None (no control).
         min_arcs: arcs a (relation, direction) needs in each half.
@@ -122,10 +124,11 @@ def score_arcs(model_hits: torch.Tensor, arcs: Arcs, n_sentences: int, shape: tu
     accuracy = model / n.clamp(min=1)[:, None]  # (G, LH)
     baseline = best / n.clamp(min=1)
     control = sums.control.sum(0) / n.clamp(min=1)[:, None] if sums.control is not None else None
-    kinds = [_kind(int(w), n_heads) for w in winner]
+    numbers = torch.arange(n_layers) if layers is None else torch.tensor(list(layers))
+    kinds = [_kind(int(w), n_heads, numbers) for w in winner]
     significant = low >= threshold
 
-    layer_of = torch.arange(n_layers).repeat_interleave(n_heads).numpy()
+    layer_of = numbers.repeat_interleave(n_heads).numpy()
     head_of = torch.arange(n_heads).repeat(n_layers).numpy()
     frames = []
     for g in range(arcs.n_groups):
@@ -208,11 +211,11 @@ def _head_rows(table, threshold: float, has_control: bool):
     })
 
 
-def _kind(winner: int, n_heads: int) -> str:
+def _kind(winner: int, n_heads: int, numbers: torch.Tensor) -> str:
     if winner < len(PREDICTORS):
         return PREDICTORS[winner]
-    layer, head = divmod(winner - len(PREDICTORS), n_heads)
-    return f"control {layer}.{head}"
+    row, head = divmod(winner - len(PREDICTORS), n_heads)
+    return f"control {int(numbers[row])}.{head}"  # the model's layer number
 
 
 def _not_enough(arcs: Arcs, counts: torch.Tensor, min_arcs: int):

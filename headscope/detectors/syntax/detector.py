@@ -39,13 +39,14 @@ def _word_partners(pattern, batch) -> torch.Tensor:
 
 def predictions(collected: Collected, treebank) -> torch.Tensor:
     """``[sentence, layer, head, word]`` predicted partners from the batches' values (-1 beyond
-    a sentence's words)."""
-    out = torch.full((len(treebank.alignments), collected.n_layers, collected.n_heads, treebank.n_words), -1,
+    a sentence's words); the layer axis runs over `collected.attention_layers`."""
+    layers = collected.attention_layers
+    out = torch.full((len(treebank.alignments), len(layers), collected.n_heads, treebank.n_words), -1,
                      dtype=torch.long)
     for batch, values in zip(collected.batches, collected.values):
         rows = list(batch.words.rows)
-        for layer, partners in values.items():
-            out[rows, layer, :, :batch.words.n_words] = partners.long()
+        for i, layer in enumerate(layers):
+            out[rows, i, :, :batch.words.n_words] = values[layer].long()
     for i, alignment in enumerate(treebank.alignments):  # word slots past a sentence's end stay -1
         out[i, :, :, alignment.n_words:] = -1
     return out
@@ -81,8 +82,9 @@ class SyntacticDetector(Detector):
         pieces = [[a.token_words.count(w) for w in range(a.n_words)] for a in probe.alignments]
         control_hits = None if control is None else arc_hits(predictions(control, probe), arcs).flatten(1)
         table, heads = score_arcs(arc_hits(predictions(model, probe), arcs).flatten(1), arcs, len(probe.sentences),
-                                  (model.n_layers, model.n_heads), predictor_hits(arcs, probe.sentences, pieces),
-                                  control_hits, min_arcs=self.min_arcs, threshold=self.threshold, seed=seed)
+                                  (len(model.attention_layers), model.n_heads),
+                                  predictor_hits(arcs, probe.sentences, pieces), control_hits, min_arcs=self.min_arcs,
+                                  threshold=self.threshold, seed=seed, layers=model.attention_layers)
         return {"table": table, "heads": heads, "best": best_heads(table, self.min_arcs)}
 
 
