@@ -12,7 +12,7 @@ from headscope.hf import route
 from headscope.hf.adapters import core_modules
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
-from headscope.probes.kinds import RepeatedProbe, TextProbe
+from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
 from headscope.probes.treebank import TreebankProbe
 from headscope.report import render_html
 from tests.support.planted import char_tokenizer
@@ -205,3 +205,14 @@ def test_a_hybrids_syntactic_rows_carry_the_models_layer_numbers():
     assert sorted(set(analysis.tables["syntax"].layer)) == [1, 3]
     kinds = set(analysis.tables["syntax"].baseline_kind)
     assert all(k.split()[1].split(".")[0] in ("1", "3") for k in kinds if k.startswith("control "))
+
+
+def test_a_hybrids_retrieval_rows_carry_the_models_layer_numbers():
+    """The retrieval detector (its own forward passes over needle prompts) on qwen3_next: layer 2 only."""
+    model = tiny_model("qwen3_next", kind="hybrid")
+    model.config.max_position_embeddings = 512  # needle prompts of character tokens
+    loaded = Loaded.from_model(model, char_tokenizer(), "tiny-qwen3-next")
+    analysis = headscope.analyze(loaded, detectors=["retrieval"], probes=[NeedleProbe(lengths=(320,), depths=(0.5,))],
+                                 explorer_examples=0)
+    assert sorted(set(analysis.scores.layer)) == [2]
+    assert sorted(set(analysis.tables["retrieval"].layer)) == [2]

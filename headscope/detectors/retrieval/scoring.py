@@ -125,7 +125,8 @@ def run_needle(loaded, example: NeedleExample, keep_rows: bool = False):
     """One forward pass over a needle prompt.
 
     Returns:
-        `(argmax_keys [layer, head, n_answer], predicted [n_answer] bool, rows)`; rows is
+        `(argmax_keys [layer, head, n_answer], predicted [n_answer] bool, rows)`, layers being
+        `loaded.attention_layers`; rows is
         `{layer: [1, head, n_answer, key]}` with `keep_rows`, else empty.
     """
     model = loaded.model
@@ -135,7 +136,7 @@ def run_needle(loaded, example: NeedleExample, keep_rows: bool = False):
     with routed(model, session):
         logits = _answer_logits(model, ids, n)
     predicted = (logits.argmax(-1).cpu() == example.input_ids[example.answer])
-    argmax = torch.stack([session.argmax[layer][0] for layer in range(loaded.n_layers)])  # (L, H, n)
+    argmax = torch.stack([session.argmax[layer][0] for layer in loaded.attention_layers])  # (L, H, n), attention layers
     return argmax, predicted, session.rows
 
 
@@ -206,8 +207,8 @@ def score_needles(loaded, twin, examples: Sequence[NeedleExample], seed: int, pr
 
     values, accuracy = _per_example(loaded, examples, True, progress, "probe needle")
     mean, low, high, n = bootstrap_mean_ci(values, seed=seed)
-    L, H = loaded.n_layers, loaded.n_heads
-    rows = pd.DataFrame({"layer": torch.arange(L).repeat_interleave(H).numpy(), "head": torch.arange(H).repeat(L).numpy(),
+    layers, H = torch.tensor(loaded.attention_layers), loaded.n_heads  # the model's numbers (a hybrid skips some)
+    rows = pd.DataFrame({"layer": layers.repeat_interleave(H).numpy(), "head": torch.arange(H).repeat(len(layers)).numpy(),
                          "detector": RETRIEVAL.name, "score": mean.numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
                          "n": n.numpy()})
     if twin is not None:
