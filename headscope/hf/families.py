@@ -36,6 +36,8 @@ DISCOVERED = (
     ("gemma3", _VLM),
     ("llava", _VLM),
     ("qwen2_5_vl", _VLM),
+    ("mllama", _VLM + "; its cross-attention layers never run without an image: reported as not run, skipped by "
+               "analyze with a note, an error to ablate or hook"),
     ("mllama_text_model", "mllama's text model (MllamaForCausalLM): its cross-attention layers never run without an "
                           "image: capture reports them as not run, analyze skips them with a note, ablating or "
                           "hooking them is an error"),

@@ -16,7 +16,7 @@ from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
 from headscope.probes.treebank import TreebankProbe
 from headscope.report import render_html
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import (COMPOSITE_FAMILIES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_inputs, tiny_mllama_text,
+from tests.support.tiny import (COMPOSITE_FAMILIES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_inputs, tiny_mllama,
                                 tiny_model)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -153,11 +153,13 @@ def test_a_saved_vision_language_model_loads_as_a_causal_text_decoder(family, tm
         assert loaded.body(input_ids=ids).last_hidden_state.shape == (1, 9, 64)
 
 
+@pytest.mark.parametrize("full", [False, True], ids=["mllama-text", "mllama"])
 @torch.no_grad()
-def test_a_cross_attention_layer_that_never_runs_is_reported_and_refused():
-    """mllama's text model without an image: layer 1 (cross-attention) never runs. capture says
-    so (`not_run`), ablating or hooking it is an error, and the other layers are as eager."""
-    model = tiny_mllama_text()
+def test_a_cross_attention_layer_that_never_runs_is_reported_and_refused(full):
+    """mllama without an image (its text model, or the whole vision-language model): layer 1
+    (cross-attention) never runs. capture says so (`not_run`), ablating or hooking it is an
+    error, and the other layers are as eager."""
+    model = tiny_mllama(full)
     x = tiny_inputs()
     valid = x["attention_mask"].bool()
     before = model(**x).logits
@@ -181,8 +183,9 @@ def test_a_cross_attention_layer_that_never_runs_is_reported_and_refused():
         assert (model(**x).logits - before).abs().max() > 1e-3
 
 
-def test_analyze_skips_a_layer_that_never_ran_with_a_note():
-    loaded = Loaded.from_model(tiny_mllama_text(), char_tokenizer(), "tiny-mllama-text")
+@pytest.mark.parametrize("full", [False, True], ids=["mllama-text", "mllama"])
+def test_analyze_skips_a_layer_that_never_ran_with_a_note(full):
+    loaded = Loaded.from_model(tiny_mllama(full), char_tokenizer(), "tiny-mllama-text")
     assert loaded.attention_layers == (0, 1, 2)
     probes = [TextProbe(n_examples=4, seq_len=32), RepeatedProbe(n_examples=4, repeat_len=8, repeats=3)]
     analysis = headscope.analyze(loaded, detectors=["previous_token", "induction"], probes=probes, explorer_examples=1)

@@ -19,8 +19,9 @@ Two kinds, each a table of configs:
   head counts live in `config.text_config` (3 text layers, COMMON's sizes; a 2-layer vision
   tower of 2 heads on 28-pixel images), built as `AutoModelForImageTextToText`.
 
-- `tiny_mllama_text(seed)`: mllama's text model (`MllamaForCausalLM`), 3 layers with a
-  cross-attention layer at 1 that runs only with an image (never, for token ids alone).
+- `tiny_mllama(full, seed)`: mllama's text model (`MllamaForCausalLM`), 3 layers with a
+  cross-attention layer at 1 that runs only with an image (never, for token ids alone); with
+  `full`, the whole `MllamaForConditionalGeneration` around it (a 2-layer vision tower).
 
 - `tiny_config(family, kind, positions)`, `tiny_model(family, seed, kind, positions)`.
 - `tiny_inputs(batch, length, seed, pad)`: random ids in [3, 99) with right padding on the
@@ -31,7 +32,7 @@ import functools
 import torch
 
 __all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
-           "COMPOSITE_FAMILIES", "tiny_config", "tiny_model", "tiny_mllama_text", "tiny_inputs", "output_of"]
+           "COMPOSITE_FAMILIES", "tiny_config", "tiny_model", "tiny_mllama", "tiny_inputs", "output_of"]
 
 VOCAB = 99
 ODD_FAMILIES = ("gpt2", "bert", "llama", "qwen2", "gpt_neox")
@@ -175,12 +176,18 @@ def tiny_model(family: str, seed: int = 0, kind: str = "odd", positions: int = 6
     return model.eval()
 
 
-def tiny_mllama_text(seed: int = 0):
+def tiny_mllama(full: bool = False, seed: int = 0):
     import transformers as tf
 
-    config = tf.MllamaTextConfig(**{**COMMON, "num_hidden_layers": 3}, cross_attention_layers=[1])
+    text = dict(COMMON, num_hidden_layers=3, cross_attention_layers=[1])
     torch.manual_seed(seed)
-    return tf.MllamaForCausalLM(config).eval()
+    if not full:
+        return tf.MllamaForCausalLM(tf.MllamaTextConfig(**text)).eval()
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_global_layers=1, attention_heads=2, intermediate_size=40,
+                  image_size=28, patch_size=14, vision_output_dim=64, intermediate_layers_indices=[0], max_num_tiles=1,
+                  supported_aspect_ratios=[[1, 1]])
+    config = tf.AutoConfig.for_model("mllama", text_config=text, vision_config=vision, image_token_index=98)
+    return tf.AutoModelForImageTextToText.from_config(config).eval()
 
 
 def tiny_inputs(batch: int = 2, length: int = 11, seed: int = 1, pad: bool = True):
