@@ -197,9 +197,10 @@ def supported_families() -> str:
 
 
 def adapter_for(config) -> Optional[Adapter]:
-    """The adapter for a model config, or None when its family has none."""
-    model_type = getattr(config, "model_type", None)
-    return next((a for a in ADAPTERS if model_type in a.model_types), None)
+    """The adapter for a model config, or None when its family has none; a vision-language
+    model's is its text decoder's (llava's text_config is a llama config)."""
+    types = (getattr(config, "model_type", None), getattr(text_config(config), "model_type", None))
+    return next((a for model_type in types for a in ADAPTERS if model_type in a.model_types), None)
 
 
 def family_of(config) -> str:
@@ -231,9 +232,10 @@ def _sub(module: nn.Module, path: str) -> nn.Module:
 
 
 def attention_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    """`[(layer index, attention block)]` for every layer of a Hugging Face model with an adapter."""
+    """`[(layer index, attention block)]` for every layer of a Hugging Face model with an adapter
+    (of its text decoder, for a vision-language model)."""
     adapter = _needs_adapter(model.config)
-    layers = _sub(model.base_model, adapter.layers)
+    layers = _sub(text_stack(model), adapter.layers)
     return [(i, _sub(layer, adapter.block)) for i, layer in enumerate(layers)]
 
 

@@ -23,7 +23,8 @@ OUTSIDE_INTERFACE = ("falcon", "bloom", "mpt", "gpt_neo")
 _HYBRID = "hybrid: only its attention layers ({}) are captured, under the model's own layer numbers"
 _VLM = ("vision-language: its text decoder (text_config) with text-only probes; the vision tower runs "
         "untouched, not captured")
-# Families found without an adapter, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py).
+# Families with no adapter of their own, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py);
+# a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama).
 DISCOVERED = (
     ("jamba", _HYBRID.format("beside Mamba layers")),
     ("bamba", _HYBRID.format("beside Mamba 2 layers")),
@@ -33,8 +34,8 @@ DISCOVERED = (
     ("falcon_h1", "hybrid: attention and Mamba 2 side by side in every layer; the attention is captured"),
     ("lfm2", _HYBRID.format("beside short convolutions")),
     ("qwen3_next", _HYBRID.format("beside Gated DeltaNet linear attention") + "; its output gate is per element"),
-    ("gemma3", _VLM),
-    ("llava", _VLM),
+    ("gemma3", _VLM, True),
+    ("llava", _VLM, True),
     ("qwen2_5_vl", _VLM),
     ("mllama", _VLM + "; its cross-attention layers never run without an image: reported as not run, skipped by "
                "analyze with a note, an error to ablate or hook"),
@@ -53,7 +54,10 @@ class FamilyRow(NamedTuple):
 
 def family_table() -> tuple[FamilyRow, ...]:
     rows = [FamilyRow(t, True, not a.no_from_hf, a.notes) for a in ADAPTERS for t in a.model_types]
-    rows += [FamilyRow(t, True, False, notes + "; from_hf/verify need an adapter") for t, notes in DISCOVERED]
+    for model_type, notes, *verify in DISCOVERED:
+        verify = bool(verify and verify[0])
+        how = "; from_hf/verify through its text decoder's adapter" if verify else "; from_hf/verify need an adapter"
+        rows.append(FamilyRow(model_type, True, verify, notes + how))
     rows.append(FamilyRow(OTHER, True, False, "any model whose attention modules call the interface, each in its own "
                                                "entry of the text decoder's layer list (layers without attention are "
                                                "allowed); from_hf/verify need an adapter"))

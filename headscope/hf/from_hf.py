@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import HeadscopeError
 from ..attention.rotary import full_width
-from .adapters import Adapter, _needs_adapter, _sub, head_sizes
+from .adapters import Adapter, _needs_adapter, _sub, head_sizes, text_config
 from .layouts import conv1d, linear
 
 __all__ = ["module_from_hf", "rotary_tables"]
@@ -71,7 +71,9 @@ def _rotary_base(config) -> float:
 
 
 def module_from_hf(cls: Callable, block: nn.Module, config):
-    """Build `cls` (a MultiHeadAttention) from a Hugging Face attention block's weights."""
+    """Build `cls` (a MultiHeadAttention) from a Hugging Face attention block's weights (`config`:
+    the model's; a vision-language model's text config is read)."""
+    config = text_config(config)
     adapter = _needs_adapter(config)
     if adapter.no_from_hf:
         raise HeadscopeError(adapter.no_from_hf)

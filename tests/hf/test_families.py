@@ -17,7 +17,8 @@ from headscope.hf.families import OTHER, OUTSIDE_INTERFACE, family_markdown, fam
 from headscope.hf.from_hf import rotary_tables
 from headscope.hf.verify import _named_inputs
 from headscope.probes.base import ProbeBatch
-from tests.support.tiny import COMPOSITE_FAMILIES, ENCODERS, HYBRID_FAMILIES, INTERFACE_FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
+from tests.support.tiny import (COMPOSITE_FAMILIES, ENCODERS, HYBRID_FAMILIES, INTERFACE_FAMILIES, VERIFIED_COMPOSITES,
+                                tiny_config, tiny_inputs, tiny_model, output_of)
 from tests.support.contracts import assert_hook_contract
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -352,7 +353,7 @@ def test_family_table_is_the_matrix():
     cross = {"mllama", "mllama_text_model"}  # tiny_mllama, in test_hybrids_and_composites.py
     assert working == set(INTERFACE_FAMILIES) | set(HYBRID_FAMILIES) | set(COMPOSITE_FAMILIES) | cross
     assert len(INTERFACE_FAMILIES) >= 25
-    assert {r.model_type for r in rows if r.verify} == set(VERIFIED)
+    assert {r.model_type for r in rows if r.verify} == set(VERIFIED) | set(VERIFIED_COMPOSITES)
     assert {r.model_type for r in rows if not r.capture} == set(OUTSIDE_INTERFACE)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert family_markdown() in readme

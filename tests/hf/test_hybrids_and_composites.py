@@ -9,14 +9,15 @@ import torch
 
 import headscope
 from headscope.hf import route
-from headscope.hf.adapters import core_modules
+from headscope.hf.adapters import core_modules, discovered_cores
+from tests.support.contracts import assert_hook_contract
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
 from headscope.probes.treebank import TreebankProbe
 from headscope.report import render_html
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import (COMPOSITE_FAMILIES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_inputs, tiny_mllama,
+from tests.support.tiny import (COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_inputs, tiny_mllama,
                                 tiny_model)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -219,3 +220,18 @@ def test_a_hybrids_retrieval_rows_carry_the_models_layer_numbers():
                                  explorer_examples=0)
     assert sorted(set(analysis.scores.layer)) == [2]
     assert sorted(set(analysis.tables["retrieval"].layer)) == [2]
+
+
+@pytest.mark.parametrize("family", VERIFIED_COMPOSITES)
+@torch.no_grad()
+def test_a_vision_language_models_text_decoder_has_its_familys_adapter(family):
+    """gemma3's text decoder is gemma3_text, llava's a llama: their adapters give from_hf, verify
+    and hook_result, and point at the modules discovery finds."""
+    model = tiny_model(family, kind="composite")
+    x = tiny_inputs()
+    assert [core for _, core in core_modules(model)] == discovered_cores(model)
+    table = headscope.verify(model, x)
+    assert list(table.layer) == [0, 1, 2]
+    assert table.max_abs_diff_output.max() <= 1e-4
+    assert table.max_abs_diff_pattern.max() <= 1e-5
+    assert_hook_contract(model)

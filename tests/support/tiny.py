@@ -32,7 +32,7 @@ import functools
 import torch
 
 __all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
-           "COMPOSITE_FAMILIES", "tiny_config", "tiny_model", "tiny_mllama", "tiny_inputs", "output_of"]
+           "COMPOSITE_FAMILIES", "VERIFIED_COMPOSITES", "tiny_config", "tiny_model", "tiny_mllama", "tiny_inputs", "output_of"]
 
 VOCAB = 99
 ODD_FAMILIES = ("gpt2", "bert", "llama", "qwen2", "gpt_neox")
@@ -130,6 +130,7 @@ COMPOSITE = {
                        image_token_id=98, video_token_id=97),
 }
 COMPOSITE_FAMILIES = tuple(COMPOSITE)
+VERIFIED_COMPOSITES = ("gemma3", "llava")  # their text decoders have adapters (gemma3_text, llama)
 
 
 def tiny_config(family: str, kind: str = "odd", positions: int = 64):
