@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..hf.adapters import attention_blocks
+from ..hf.adapters import analysed_body, attention_blocks, text_stack
 
 __all__ = ["norm_gains"]
 
@@ -61,7 +61,10 @@ def norm_gains(model) -> tuple[dict[int, Optional[torch.Tensor]], Optional[torch
         if unembed is not None:
             handles.append(unembed.register_forward_pre_hook(keep_input("final"), with_kwargs=True))
         ids = torch.arange(3, 9, device=model.get_input_embeddings().weight.device)[None]
-        model(input_ids=ids)
+        body = analysed_body(model)
+        # The whole model, unless the captured layers run in a part of it (T5's encoder, which
+        # takes token ids alone; the decoder would want its own inputs).
+        (model if body is text_stack(model) else body)(input_ids=ids)
     finally:
         for handle in handles:
             handle.remove()

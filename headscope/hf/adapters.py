@@ -14,6 +14,8 @@ Capture, ablation and analysis need no adapter: in a model of another family, th
 - `attention_blocks(model)`: `[(layer, block)]` for every layer (needs an adapter).
 - `core_modules(model)`: `[(layer, module calling the attention interface)]`, layers numbered as
   the model numbers them (a hybrid's attention-free layers have none).
+- `analysed_body(model)`: the module analyze runs on token ids (the text stack, or the adapter's
+  `body` inside it: T5's encoder).
 - `text_config(config)`: the config of a model's text decoder (a composite config's
   `text_config`, else the config itself); `text_stack(model)`: the module it belongs to.
 - `z_at_out(model)`: the output projections whose input is z (a norm mixes heads before them).
@@ -32,7 +34,7 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
 __all__ = ["Adapter", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
-           "discovered_cores", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
+           "discovered_cores", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
            "text_stack"]
 
 
@@ -91,6 +93,8 @@ class Adapter:
         sinks: core attribute holding the per-head sink logits.
         query_prescaled: the model multiplies q by `core.scaling` and asks for scale 1.
         causal: decoder (True) or encoder (False).
+        body: path from the text stack to the module that runs the captured layers on token ids
+            alone ("" = the stack; T5: "encoder", so an encoder-decoder is analysed as its encoder).
         mixes_heads: path from the block to a module between the attention function and the
             output projection that mixes the heads' outputs (bitnet's `attn_sub_norm`, an
             RMSNorm over all heads together); z is then read and edited at the output
@@ -115,6 +119,7 @@ class Adapter:
     sinks: Optional[str] = None
     query_prescaled: bool = False
     causal: bool = True
+    body: str = ""
     mixes_heads: Optional[str] = None
     no_from_hf: str = ""
     notes: str = ""
@@ -184,10 +189,11 @@ ADAPTERS = (
     Adapter("modernbert", ("modernbert",), layers="layers", block="attn", core="", qkv=FusedRows("Wqkv"), out="Wo",
             rotary=Rotary(), causal=False, notes="encoder, fused Wqkv, local and global attention"),
     Adapter("t5", ("t5", "mt5"), layers="encoder.block", block="layer.0.SelfAttention", core="", qkv=Separate("q", "k", "v"),
-            out="o", causal=False,
+            out="o", causal=False, body="encoder",
             no_from_hf="from_hf and verify are not available for t5 (its relative position bias is computed inside "
                        "the attention module); capture, ablate and analyze of the encoder work",
-            notes="layers are the encoder's self-attention; decoder and cross-attention run untouched, not captured"),
+            notes="layers are the encoder's self-attention; decoder and cross-attention run untouched, not captured; "
+                  "analyze of a ForConditionalGeneration runs its encoder"),
 )
 
 
@@ -247,11 +253,12 @@ def _calls_interface(cls: type) -> bool:
 
 
 def text_config(config):
-    """The config of the text decoder: `config.get_text_config(decoder=True)` (a vision-language
-    model's `text_config`), or `config` itself where it has no text part of its own."""
+    """The config of the text decoder: `config.get_text_config()` (a vision-language model's
+    `text_config`), or `config` itself where it has no text part of its own. Not asked for the
+    decoder's side: that gives flat encoder-decoder configs (T5) a decoder-flavoured copy."""
     getter = getattr(config, "get_text_config", None)
     try:
-        return getter(decoder=True) if getter is not None else config
+        return getter() if getter is not None else config
     except ValueError:  # several candidate text configs: none is "the" text decoder
         return config
 
@@ -265,6 +272,13 @@ def text_stack(model: nn.Module) -> nn.Module:
             if module is not model and getattr(module, "config", None) is config:
                 return module
     return model.base_model
+
+
+def analysed_body(model: nn.Module) -> nn.Module:
+    """The module that runs the captured layers on token ids alone: the text stack, or the
+    adapter's `body` inside it (an encoder-decoder's encoder)."""
+    adapter = adapter_for(model.config)
+    return _sub(text_stack(model), adapter.body if adapter is not None else "")
 
 
 def discovered_cores(model: nn.Module) -> list[nn.Module]:

@@ -24,7 +24,7 @@ from . import load_cache
 from ..errors import HeadscopeError
 from .gguf_file import config_and_tokenizer, model_from_gguf
 from .integrity import check_loading_info
-from ..hf.adapters import adapter_for, check_on_interface, core_modules, family_of, text_config, text_stack
+from ..hf.adapters import adapter_for, analysed_body, check_on_interface, core_modules, family_of, text_config
 
 __all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
 
@@ -128,8 +128,9 @@ class Loaded:
     @property
     def body(self):
         """The model without its task head (no logits): what the detectors need to run (a
-        vision-language model: its text decoder, which takes token ids alone)."""
-        return text_stack(self.model) if hasattr(self.model, "base_model") else self.model
+        vision-language model: its text decoder, which takes token ids alone; an encoder-decoder
+        with an adapter: its encoder)."""
+        return analysed_body(self.model) if hasattr(self.model, "base_model") else self.model
 
     @property
     def text_config(self):

@@ -373,3 +373,23 @@ def test_models_families_command_prints_the_table():
         assert line.startswith(row.model_type)
         assert line[len(row.model_type):].split()[:2] == ["yes" if row.capture else "no", "yes" if row.verify else "no"]
         assert line.endswith(row.notes)
+
+
+@pytest.mark.parametrize("family", ["t5", "mt5"])
+def test_t5_and_mt5_for_conditional_generation_analyze_their_encoder(family):
+    """The whole encoder-decoder (it took `Loaded.body` for the model and failed asking for
+    decoder inputs): analyze runs the encoder, whose self-attention layers are the rows."""
+    import transformers as tf
+
+    from headscope.loading.loader import Loaded
+    from headscope.probes.kinds import TextProbe
+    from tests.support.planted import char_tokenizer
+
+    torch.manual_seed(0)
+    cls = tf.T5ForConditionalGeneration if family == "t5" else tf.MT5ForConditionalGeneration
+    loaded = Loaded.from_model(cls(tiny_config(family, kind="interface")).eval(), char_tokenizer(), f"tiny-{family}")
+    assert not loaded.causal
+    analysis = headscope.analyze(loaded, detectors=["previous_token", "sink"], probes=[TextProbe(n_examples=4, seq_len=24)],
+                                 explorer_examples=1)
+    assert sorted(set(analysis.scores.layer)) == [0, 1] and len(analysis.scores) == 2 * 2 * 4
+    assert analysis.scores.score.notna().all()
