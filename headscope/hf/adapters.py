@@ -321,6 +321,9 @@ def core_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
     cores = discovered_cores(model)
     n_layers = getattr(text_config(model.config), "num_hidden_layers", None)
     numbered = _numbered(text_stack(model), cores, n_layers) if cores and n_layers else None
+    if not cores:
+        raise HeadscopeError(f"{type(model).__name__} has no module calling transformers' attention interface in its "
+                             f"text decoder (no attention layers, as in a pure state-space model): nothing to capture")
     if numbered is None:
         raise HeadscopeError(
             f"{type(model).__name__} has {len(cores)} modules calling the attention interface that do not sit one "

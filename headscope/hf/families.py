@@ -33,6 +33,7 @@ DISCOVERED = (
     ("zamba2", _HYBRID.format("the shared transformer blocks, beside Mamba 2 layers")),
     ("falcon_h1", "hybrid: attention and Mamba 2 side by side in every layer; the attention is captured"),
     ("lfm2", _HYBRID.format("beside short convolutions")),
+    ("minimax", _HYBRID.format("beside lightning (linear) attention layers")),
     ("qwen3_next", _HYBRID.format("beside Gated DeltaNet linear attention") + "; its output gate is per element"),
     ("gemma3", _VLM, True),
     ("llava", _VLM, True),

@@ -235,3 +235,15 @@ def test_a_vision_language_models_text_decoder_has_its_familys_adapter(family):
     assert table.max_abs_diff_output.max() <= 1e-4
     assert table.max_abs_diff_pattern.max() <= 1e-5
     assert_hook_contract(model)
+
+
+def test_a_model_without_attention_is_refused_in_one_line():
+    import transformers as tf
+
+    config = tf.AutoConfig.for_model("mamba", vocab_size=99, hidden_size=32, num_hidden_layers=2, state_size=8)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(headscope.HeadscopeError, match="has no module calling transformers' attention interface") as err:
+        with headscope.capture(model):
+            pass
+    assert "\n" not in str(err.value)
+    assert not route.routed_models()

@@ -106,6 +106,8 @@ HYBRID = {  # family -> (config extras, the layers that hold attention)
                         chunk_size=8, layers_block_type=["linear_attention", "full_attention", "mlp", "full_attention"]),
                    (1, 3)),
     "falcon_h1": (dict(MAMBA, num_hidden_layers=4, mamba_d_ssm=128), (0, 1, 2, 3)),
+    "minimax": (dict(num_hidden_layers=4, num_local_experts=2, num_experts_per_tok=1,
+                     layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]), (1, 3)),
     "zamba2": (dict(num_hidden_layers=4, layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"],
                     hybrid_layer_ids=[1, 3], mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8, num_mem_blocks=1,
                     attention_head_dim=16), (1, 3)),
