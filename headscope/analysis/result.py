@@ -31,6 +31,7 @@ import numpy as np
 from ..atomic import atomic_dir, check_manifest, write_manifest
 from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, read_csv, write_csv
 from ..errors import HeadscopeError
+from .meta import check_saved
 from ..report.notebook import analysis_html, analysis_text
 from ..report.plotting import plot_head, plot_labels, plot_scores, plot_syntax
 from ..head_geometry.tables import GEOMETRY_FOLDER, read_geometry_tables, write_geometry_tables
@@ -249,5 +250,6 @@ class Analysis:
             geometry = read_geometry_tables(folder / GEOMETRY_FOLDER) if (folder / GEOMETRY_FOLDER).is_dir() else None
         except (ValueError, KeyError, OSError) as err:
             raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
+        check_saved(meta, scores, labels, folder)
         return cls(scores=scores, labels=labels, meta=meta, examples=examples, tables=tables, validation=validation,
                    geometry=geometry)

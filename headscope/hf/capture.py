@@ -12,6 +12,7 @@ own attention implementation on exit, also on exceptions.
 """
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
@@ -24,17 +25,32 @@ from ..attention.lazy import LazyPattern
 from .adapters import head_sizes
 from .route import Session, layer_map, routed
 
-__all__ = ["capture", "ablate", "Capture"]
+__all__ = ["capture", "ablate", "Capture", "check_device"]
 
 # (layer, pattern, attention_mask) -> stat; the pattern is the map `[batch, head, query, key]`,
 # or with lazy=True a LazyPattern (`headscope.attention.pattern.as_pattern` gives both one interface).
 Reducer = Callable[[int, Union[torch.Tensor, LazyPattern], Optional[torch.Tensor]], Any]
 
 
+def _indices(values, what: str) -> list[int]:
+    """`values` as a list of ints; HeadscopeError naming `what` for a lone value or a non-integer."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise HeadscopeError(f"{what} must be a list of integers such as [0, 2], got {values!r}")
+    chosen = []
+    for value in values:
+        if isinstance(value, bool):
+            raise HeadscopeError(f"{what} must hold integers, got {value!r}")
+        try:
+            chosen.append(operator.index(value))
+        except TypeError:
+            raise HeadscopeError(f"{what} must hold integers, got {value!r} in {values!r}") from None
+    return chosen
+
+
 def _check_layers(layers: Optional[Iterable[int]], n_layers: int) -> list[int]:
     if layers is None:
         return list(range(n_layers))
-    chosen = [int(l) for l in layers]
+    chosen = _indices(layers, "layers")
     for layer in chosen:
         if not 0 <= layer < n_layers:
             raise HeadscopeError(f"layer {layer} is out of range: the model has {n_layers} layers (0-{n_layers - 1})")
@@ -44,11 +60,35 @@ def _check_layers(layers: Optional[Iterable[int]], n_layers: int) -> list[int]:
 def _check_heads(heads: Optional[Sequence[int]], n_heads: int) -> Optional[list[int]]:
     if heads is None:
         return None
-    chosen = [int(h) for h in heads]
+    chosen = _indices(heads, "heads")
     for head in chosen:
         if not 0 <= head < n_heads:
             raise HeadscopeError(f"head {head} is out of range: each layer has {n_heads} heads (0-{n_heads - 1})")
     return chosen
+
+
+def _head_pairs(heads) -> list[tuple[int, int]]:
+    """`ablate`'s `heads` as `[(layer, head), ...]`; HeadscopeError for anything else ("0,1", [0, 1])."""
+    example = "heads=[(0, 1), (2, 0)] (layer, head pairs)"
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise HeadscopeError(f"ablate needs {example}, got {heads!r}")
+    pairs = []
+    for pair in heads:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable) or len(tuple(pair)) != 2:
+            raise HeadscopeError(f"ablate needs {example}, got {pair!r} in {heads!r}")
+        layer, head = _indices(tuple(pair), "each (layer, head) pair")
+        pairs.append((layer, head))
+    return pairs
+
+
+def check_device(to, what: str = "to") -> None:
+    """A device torch accepts (None allowed); HeadscopeError naming the value otherwise."""
+    if to is None or isinstance(to, torch.device):
+        return
+    try:
+        torch.device(to)
+    except (RuntimeError, TypeError, ValueError):
+        raise HeadscopeError(f"{what}={to!r} is not a device; use 'cpu', 'cuda', 'cuda:0' or a torch.device") from None
 
 
 class Capture(Session):
@@ -151,6 +191,9 @@ def capture(
     """
     layer_of = layer_map(model)
     chosen = _check_layers(layers, len(layer_of))
+    check_device(to)
+    if reduce is not None and not callable(reduce):
+        raise HeadscopeError(f"reduce must be a function fn(layer, pattern, attention_mask), got {reduce!r}")
     if chunk_heads is not None and (reduce is None or heads is not None or chunk_heads < 1):
         raise HeadscopeError("chunk_heads needs a reducer, no heads= selection, and a size of at least 1")
     if lazy and (reduce is None or heads is not None):
@@ -202,7 +245,7 @@ def ablate(
     layer_of = layer_map(model)
     n_heads = head_sizes(model.config)[1]
     by_layer: dict[int, list[int]] = defaultdict(list)
-    for layer, head in heads:
+    for layer, head in _head_pairs(heads):
         _check_layers([layer], len(layer_of))
         _check_heads([head], n_heads)
         by_layer[int(layer)].append(int(head))

@@ -152,6 +152,8 @@ def resolve_device(device: str = "auto") -> str:
     """"auto" -> cuda, then mps, then cpu; other values are checked and returned."""
     import torch
 
+    if not isinstance(device, str):
+        raise HeadscopeError(f"device must be a string (auto, cpu, cuda, cuda:N or mps), got {device!r}")
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -179,6 +181,11 @@ def _resolve_dtype(dtype):
 
 def _locate(spec: str) -> tuple[str, dict]:
     """Return (path or hub id, extra from_pretrained kwargs) for a spec."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise HeadscopeError(f"load needs a model alias, folder, .gguf file or hub id as a string, got {spec!r}; "
+                             f"headscope.models() lists the aliases")
     if spec in ALIASES:
         alias = ALIASES[spec]
         path = alias.location()
