@@ -46,7 +46,9 @@ from ..loading.loader import Loaded
 from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
 
-__all__ = ["analyze", "Progress"]
+__all__ = ["analyze", "Progress", "MAX_SEED"]
+
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit value
 
 SINK_NOTE = ("{n} of {total} layers have a learned sink logit per head: each pattern row sums to less than 1 (the "
              "sink takes the rest), and every score reads the tokens' share only")
@@ -135,6 +137,8 @@ def analyze(
     if not isinstance(loaded, Loaded):
         example = f"headscope.load({loaded!r})" if isinstance(loaded, str) else "headscope.load(...)"
         raise HeadscopeError(f"analyze takes a loaded model ({example}), not a {type(loaded).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise HeadscopeError(f"seed must be an integer from 0 to 2**63-1, got {seed!r}")
     timings = Timings()
     check_weights(loaded.model, loaded.name)  # a NaN in the weights would score as n=0, silently
     plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings)
