@@ -91,5 +91,6 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
             "causal": loaded.causal, "bos_added": probe.bos_added, "max_sentences": max_sentences,
             "min_arcs": min_arcs, "threshold": threshold, "seed": seed, "control": control is not None,
             "seconds": timings.rounded()["total"]}
-    return SyntaxResult(table=scored["table"], best=scored["best"], head_scores=scored["heads"], notes=list(probe.notes),
+    return SyntaxResult(table=scored["table"], best=scored["best"], head_scores=scored["heads"],
+                        notes=list(probe.notes) + ([scored["note"]] if scored["note"] else []),
                         meta=meta)
