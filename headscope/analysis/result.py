@@ -241,7 +241,7 @@ class Analysis:
             labels = pd.read_csv(folder / "labels.csv", keep_default_na=False)
             meta = json.loads((folder / "meta.json").read_text())
             examples_file = folder / "examples.json"
-            examples = [Example.from_json(e) for e in json.loads(examples_file.read_text())] if examples_file.exists() else []
+            examples = _read_examples(examples_file) if examples_file.exists() else []
             tables = {path.stem: pd.read_csv(path) for path in sorted(folder.glob("*.csv"))
                       if path.stem not in OWN_FILES and TABLE_NAME.match(path.stem)}
             validation = None
@@ -253,3 +253,13 @@ class Analysis:
         check_saved(meta, scores, labels, folder)
         return cls(scores=scores, labels=labels, meta=meta, examples=examples, tables=tables, validation=validation,
                    geometry=geometry)
+
+
+def _read_examples(path: Path) -> list:
+    """examples.json's examples; HeadscopeError naming the file and the missing field."""
+    try:
+        return [Example.from_json(entry) for entry in json.loads(path.read_text())]
+    except KeyError as err:
+        raise HeadscopeError(f"{path} is damaged: an example lacks the field {err}; re-run headscope analyze") from None
+    except (TypeError, AttributeError):
+        raise HeadscopeError(f"{path} is damaged: it is not a list of examples; re-run headscope analyze") from None

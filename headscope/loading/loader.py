@@ -261,6 +261,15 @@ def _model_class(config):
     return AutoModelForCausalLM if _is_causal_config(config) else AutoModel
 
 
+def _check_shape(config, folder) -> None:
+    """HeadscopeError naming config.json when it declares no layers or no attention heads."""
+    for field, what in (("num_hidden_layers", "layers"), ("num_attention_heads", "attention heads")):
+        value = getattr(config, field, None)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise HeadscopeError(f"{folder}/config.json declares {value!r} {what}; a model needs at least 1, "
+                                 f"so fix config.json")
+
+
 def _check_runs(config) -> None:
     """HeadscopeError before any weights are read when the model's attention bypasses the interface."""
     cls = _model_class(config)
@@ -273,6 +282,7 @@ def _from_folder(folder, torch_dtype, placement: dict, **kwargs):
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(folder, **kwargs)
+    _check_shape(config, folder)
     _check_runs(config)
     if torch_dtype is not None:
         kwargs["dtype"] = torch_dtype
@@ -366,7 +376,8 @@ def _load_error(spec, where, extra, local, err) -> str:
     if "gguf_file" in extra:
         return f"could not read GGUF file {Path(where) / extra['gguf_file']}: {first}"
     if local:
-        return f"could not load a model from {where}: {first}"
+        return (f"could not load a model from {where}: {first}; check its config.json and weights "
+                f"(copy or download the model again if a file is cut or damaged)")
     return (
         f"could not load {spec!r}: not an alias, not a local path, and not in the Hugging Face "
         f"cache{'' if _hub_reachable() else ' (the hub is unreachable)'}; use an alias ({', '.join(ALIASES)}), "
