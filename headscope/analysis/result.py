@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -227,6 +228,8 @@ class Analysis:
         folder's manifest (cut, changed or missing since it was written)."""
         import pandas as pd
 
+        if not isinstance(directory, (str, os.PathLike)):
+            raise HeadscopeError(f"Analysis.load needs the folder an analysis was saved in, got {directory!r}")
         folder = Path(directory)
         needed = ["scores.csv", "labels.csv", "meta.json"]
         missing = [n for n in needed if not (folder / n).is_file()]

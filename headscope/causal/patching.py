@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 
 from ..errors import HeadscopeError
+from ..checks import check_loaded
 from ..hf.activation_cache import cache_activations
 from ..hf.adapters import head_sizes
 from ..hf.hooks import model_hooks, point_name
@@ -87,6 +88,9 @@ def patch(
         pandas DataFrame with columns layer, head, effect, patched_metric; `table.attrs` holds
         clean_metric, corrupted_metric, hook and direction.
     """
+    check_loaded(loaded, "patch")
+    if not callable(metric):
+        raise HeadscopeError(f"patch needs metric=fn(logits) -> [batch] (a logit difference, say), got {metric!r}")
     import pandas as pd
 
     if hook not in HEAD_AXIS:

@@ -33,6 +33,7 @@ import torch
 
 from ..attention.module import MultiHeadAttention
 from ..errors import HeadscopeError
+from ..checks import check_loaded
 from ..hf.adapters import attention_blocks
 from .norm_gains import norm_gains
 
@@ -110,6 +111,7 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
     Returns:
         pandas DataFrame layer, head, copy_top1, positive_eig_share.
     """
+    check_loaded(loaded, "ov_copying")
     import pandas as pd
 
     model = loaded.model

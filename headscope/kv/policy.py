@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import HeadscopeError
+from ..checks import check_analysis
 
 __all__ = ["TIE_STEP", "strictly_ordered", "KVPolicy", "kv_policy", "policy_from_values", "cache_bytes", "full_count", "ranking_order", "check_keep", "RANKINGS", "default_window", "DUO_WINDOW", "SMALL_WINDOW",
            "SMALL_MODEL"]
@@ -198,6 +199,7 @@ def kv_policy(analysis, keep: float = 0.25, rank_by: str = "retrieval", sink: Op
     Returns:
         A `KVPolicy` (see the module docstring for the formula).
     """
+    check_analysis(analysis, "kv_policy")
     keep = check_keep(keep)
     if rank_by not in RANKINGS:
         raise HeadscopeError(f"unknown ranking {rank_by!r}; use one of {', '.join(RANKINGS)}")
