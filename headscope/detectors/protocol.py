@@ -299,6 +299,10 @@ def resolve(spec: str) -> Detector:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise HeadscopeError(f"cannot import {module_name!r} for detector {spec!r}: {err}") from None
+    except Exception as err:  # the module itself fails: a SyntaxError, an error raised at import
+        where = f" (line {err.lineno})" if isinstance(err, SyntaxError) and err.lineno else ""
+        raise HeadscopeError(f"importing {module_name!r} for detector {spec!r} failed{where}: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}; fix that module") from None
     found = getattr(module, attribute, None)
     if not isinstance(found, Detector):
         raise HeadscopeError(f"{spec!r} is not a detector: {module_name} has no Detector named {attribute!r}")

@@ -164,6 +164,9 @@ def resolve_device(device: str = "auto") -> str:
         raise HeadscopeError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise HeadscopeError("device 'cuda' was asked for but torch sees no CUDA GPU")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise HeadscopeError("device 'mps' was asked for but this machine or torch build has no MPS (Apple GPU); "
+                             "use --device cpu or auto")
     return device
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,14 @@ def users_folder(work, planted):
     (work / "out" / "thesis.txt").write_text("three years of work\n")
 
 
+def detector_module(source: str):
+    """A module of the user's, importable as `hs_fault_module`, whose import fails."""
+    def setup(work, planted):
+        model_copy(work, planted)
+        (work / "hs_fault_module.py").write_text(source)
+    return setup
+
+
 def nothing(work, planted):
     model_copy(work, planted)
 
@@ -198,6 +207,16 @@ FAULTS = [
           ("kv-policy", "run", "--out", "policy", "--keep", "0"), 1, "keep is the fraction of key/value heads kept full, in (0, 1]"),
     Fault("kv-keep-above-one", analysis_folder_setup, ("kv-policy", "run", "--out", "policy", "--keep", "1.5"), 1,
           "in (0, 1]; got 1.5"),
+    Fault("device-mps-absent", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--device", "mps"), 1,
+          "device 'mps' was asked for but this machine or torch build has no MPS"),
+    Fault("geometry-out-is-a-file", users_file := (lambda work, planted: (model_copy(work, planted),
+                                                                          (work / "notes.txt").write_text("mine\n"))),
+          ("geometry", "{model}", "--out", "notes.txt"), 1, "notes.txt exists and is not a folder"),
+    Fault("detector-module-raises", detector_module("raise RuntimeError('boom at import')\n"),
+          ("analyze", "{model}", "--out", "out", *FAST[:2], "--detectors", "hs_fault_module:x"), 1,
+          "importing 'hs_fault_module' for detector 'hs_fault_module:x' failed: RuntimeError: boom at import"),
+    Fault("detector-module-syntax-error", detector_module("def broken(:\n"),
+          ("detectors", "--detectors", "hs_fault_module:x"), 1, "failed (line 1): SyntaxError"),
     Fault("typo-in-an-option", nothing, ("analyze", "{model}", "--seq-ln", "5"), 2, "No such option: --seq-ln"),
 ]
 
@@ -209,6 +228,9 @@ def test_a_fault_is_one_line_and_leaves_the_users_files_alone(fault, planted_dir
     fault.setup(work, planted_dir)
     before = snapshot(work)
     monkeypatch.chdir(work)
+    monkeypatch.syspath_prepend(str(work))
+    monkeypatch.delitem(sys.modules, "hs_fault_module", raising=False)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # Python's own __pycache__ for the user's module
     args = [a.replace("{model}", str(work / "model")) for a in fault.args]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == fault.exit_code, result.output
