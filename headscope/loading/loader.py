@@ -377,7 +377,8 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 def _load_error(spec, where, extra, local, err) -> str:
     first = _first_line(err)
     if "gguf_file" in extra:
-        return f"could not read GGUF file {Path(where) / extra['gguf_file']}: {first}"
+        return (f"could not read GGUF file {Path(where) / extra['gguf_file']}: {first}; the file may be cut or "
+                f"damaged: download or copy it again")
     if local:
         return (f"could not load a model from {where}: {first}; check its config.json and weights "
                 f"(copy or download the model again if a file is cut or damaged)")

@@ -158,6 +158,8 @@ FAULTS = [
     # damaged model files
     Fault("truncated-safetensors", truncate_weights, ("analyze", "{model}", "--out", "out", *FAST), 1,
           "copy or download the model again if a file is cut or damaged"),
+    Fault("cut-gguf", lambda work, planted: (work / "model.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64)),
+          ("verify", "model.gguf", "--no-cache"), 1, "the file may be cut or damaged: download or copy it again"),
     Fault("config-more-layers", edit_config(n_layer=4), ("analyze", "{model}", "--out", "out", *FAST), 1,
           "do not match its config"),
     Fault("config-zero-heads", edit_config(n_head=0), ("analyze", "{model}", "--out", "out", *FAST), 1,
