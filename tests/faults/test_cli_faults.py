@@ -219,6 +219,14 @@ FAULTS = [
           "importing 'hs_fault_module' for detector 'hs_fault_module:x' failed: RuntimeError: boom at import"),
     Fault("detector-module-syntax-error", detector_module("def broken(:\n"),
           ("detectors", "--detectors", "hs_fault_module:x"), 1, "failed (line 1): SyntaxError"),
+    Fault("kv-sink-negative", analysis_folder_setup, ("kv-policy", "run", "--out", "policy", "--sink", "-1"), 1,
+          "sink must be an integer of at least 0, got -1"),
+    Fault("kv-recent-zero", analysis_folder_setup, ("kv-policy", "run", "--out", "policy", "--recent", "0"), 1,
+          "recent must be an integer of at least 1, got 0"),
+    Fault("repeats-zero", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--repeats", "0"), 1,
+          "the repeated probe needs repeat_len >= 2 and repeats >= 2"),
+    Fault("needle-lengths-negative", nothing, ("analyze", "{model}", "--out", "out", "--needle-lengths", "-5"), 1,
+          "--needle-lengths takes comma-separated token counts"),
     Fault("typo-in-an-option", nothing, ("analyze", "{model}", "--seq-ln", "5"), 2, "No such option: --seq-ln"),
 ]
 
