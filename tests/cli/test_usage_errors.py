@@ -57,3 +57,9 @@ def test_an_unforeseen_fault_is_one_line_and_the_traceback_only_on_request(monke
     monkeypatch.setenv("HEADSCOPE_TRACEBACK", "1")
     result = CliRunner().invoke(app, ["models"])
     assert isinstance(result.exception, RuntimeError)
+
+
+def test_a_command_that_succeeds_still_exits_0():
+    for args in (["models"], ["analyze", "--help"]):
+        done = _run(*args)
+        assert done.returncode == 0 and done.stderr == "" and done.stdout, args
