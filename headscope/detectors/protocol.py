@@ -282,9 +282,13 @@ def check_detector(detector: Detector) -> None:
 
 def is_colour(value) -> bool:
     """Whether plotly (and so the report) accepts `value` as one colour."""
-    from _plotly_utils.basevalidators import ColorValidator  # plotly's own check, without importing plotly
-
-    return isinstance(value, str) and ColorValidator.perform_validate_coerce(value) is not None
+    if not isinstance(value, str):
+        return False
+    try:
+        from _plotly_utils.basevalidators import ColorValidator  # plotly's own check, without importing plotly
+    except ImportError:  # a plotly that moved it: the report's own check remains
+        return bool(value.strip())
+    return ColorValidator.perform_validate_coerce(value) is not None
 
 
 def resolve(spec: str) -> Detector:
