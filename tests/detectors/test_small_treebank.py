@@ -9,6 +9,7 @@ import pytest
 import headscope
 from headscope.probes.kinds import TextProbe, TreebankProbe
 from headscope.report import render_html, report_data
+from headscope.report.method import report_warnings
 
 SUBJECTS = ["cat", "dog", "bird", "fox", "cow", "hen"]
 VERBS = ["sees", "likes", "hears", "finds", "eats"]
@@ -64,5 +65,6 @@ def test_it_survives_save_load_and_the_report(small_analysis, tmp_path):
     data = report_data(loaded)
     assert any("no head is labelled syntactic" in note for note in data.syntax_notes)
     assert "no head is labelled syntactic" in render_html(loaded)
+    assert [w for w in report_warnings(loaded.meta) if "no head is labelled syntactic" in w]  # also the CLI's warning
     assert data.syntax_best and all(not row.significant and math.isnan(row.held_out_margin)
                                     for row in data.syntax_best)
