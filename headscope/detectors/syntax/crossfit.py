@@ -247,7 +247,7 @@ def _few_arcs(arcs: Arcs, counts: torch.Tensor, min_arcs: int, n_sentences: int,
     g = int(fewest.argmax())
     return (f"no relation has the {min_arcs} arcs in each half of the {n_sentences} sentences that the held-out "
             f"significance rule needs (the most is {arcs.relations[g // 2]} {DIRECTIONS[g % 2]} with {int(fewest[g])}), "
-            f"so {FEW_ARCS} and the syntactic scores are empty; each head's accuracy, baselines and "
+            f"so {FEW_ARCS} (its syntactic score is NaN); each head's accuracy, baselines and "
             f"control accuracy per relation are on all sentences (in-sample); give more sentences for labels "
             f"(a margin of {threshold:g} needs about {2 * min_arcs} arcs of a relation)")
 
