@@ -3,8 +3,10 @@
 Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
 `cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`,
 `kv-policy DIR --out FILE`, `kv-eval MODEL POLICY --out DIR`.
-Bad input ends with one line on stderr and exit code 1, never a traceback; Ctrl-C ends with
-exit code 130 and leaves no half-written output.
+Bad input ends with one line on stderr and exit code 1, never a traceback (a fault no check
+foresaw too: `error: unexpected ...`, the traceback with HEADSCOPE_TRACEBACK=1); a usage error
+(a typo'd option) is one line and exit code 2 (`main`); Ctrl-C ends with exit code 130 and
+leaves no half-written output.
 """
 from __future__ import annotations
 
