@@ -203,6 +203,8 @@ class Analysis:
         Returns:
             The folder's path.
         """
+        if not isinstance(directory, (str, os.PathLike)):
+            raise HeadscopeError(f"Analysis.save needs a folder to write, got {directory!r}")
         with atomic_dir(directory, force=force) as tmp:
             self.write_into(tmp)
         return Path(directory)

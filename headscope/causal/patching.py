@@ -39,6 +39,10 @@ Metric = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _as_inputs(x: Inputs, device) -> dict:
+    if not isinstance(x, (torch.Tensor, Mapping)) or (isinstance(x, Mapping) and not all(
+            isinstance(v, torch.Tensor) for v in x.values())):
+        raise HeadscopeError(f"patch takes token ids (a tensor) or tokenizer output (a dict of tensors) for clean and "
+                             f"corrupted, got {type(x).__name__}; tokenize the prompts first")
     x = {"input_ids": x} if isinstance(x, torch.Tensor) else dict(x)
     return {k: v.to(device) for k, v in x.items()}
 
@@ -155,6 +159,9 @@ def plot_patching(table, title: Optional[str] = None):
     """A plotly heatmap of `patch`'s effects: layers down, heads across, 0 white."""
     import plotly.graph_objects as go
 
+    if not all(hasattr(table, "columns") and column in table.columns for column in ("layer", "head", "effect")):
+        raise HeadscopeError(f"plot_patching takes the table headscope.patch returns (layer, head, effect), "
+                             f"got {type(table).__name__}")
     grid = table.pivot(index="layer", columns="head", values="effect")
     fig = go.Figure(go.Heatmap(z=grid.values, x=[str(h) for h in grid.columns], y=[str(l) for l in grid.index],
                                colorscale="RdBu", zmid=0, colorbar=dict(title="effect"),

@@ -33,7 +33,7 @@ import torch
 
 from ..attention.module import MultiHeadAttention
 from ..errors import HeadscopeError
-from ..checks import check_loaded
+from ..checks import check_count, check_loaded
 from ..hf.adapters import attention_blocks
 from .norm_gains import norm_gains
 
@@ -112,6 +112,9 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
         pandas DataFrame layer, head, copy_top1, positive_eig_share.
     """
     check_loaded(loaded, "ov_copying")
+    check_count("block_size", block_size)
+    if n_tokens is not None:
+        check_count("n_tokens", n_tokens)
     import pandas as pd
 
     model = loaded.model

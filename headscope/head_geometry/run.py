@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from ..checks import check_count, check_loaded
+from ..errors import HeadscopeError
 from ..attention.module import MultiHeadAttention
 from ..hf.adapters import attention_blocks
 from .tables import GeometryResult, write_geometry_tables
@@ -108,6 +109,8 @@ def plot_geometry(result: GeometryResult):
     """Plotly figure: the MDS map of heads (colour: cluster; size: importance when known)."""
     import plotly.graph_objects as go
 
+    if not isinstance(result, GeometryResult):
+        raise HeadscopeError(f"plot_geometry takes what headscope.geometry returns, got {type(result).__name__}")
     heads = result.heads
     imp = heads.importance.to_numpy(dtype=float)
     size = 8 + 22 * imp / np.nanmax(imp) if np.isfinite(imp).any() and np.nanmax(imp) > 0 else 10

@@ -200,7 +200,7 @@ FAULTS = [
     Fault("batch-size-zero", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--batch-size", "0"), 1,
           "batch_size must be at least 1"),
     Fault("n-examples-zero", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--n-examples", "0"), 1,
-          "n_examples must be at least 1"),
+          "n_examples must be at least 1, got 0"),
     Fault("geometry-examples-zero", nothing, ("geometry", "{model}", "--out", "g", "--examples", "0"), 1,
           "--examples and --steps must be at least 1"),
     Fault("geometry-steps-zero", nothing, ("geometry", "{model}", "--out", "g", "--steps", "0"), 1,
