@@ -23,9 +23,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 
 from ..errors import HeadscopeError
-from ..checks import check_loaded
+from ..checks import check_count, check_loaded
 from ..hf.activation_cache import cache_activations
 from ..hf.adapters import head_sizes
+from ..hf.capture import head_pairs
 from ..hf.hooks import model_hooks, point_name
 from ..hf.route import layer_map
 
@@ -108,7 +109,9 @@ def patch(
         raise HeadscopeError(f"clean {tuple(clean['input_ids'].shape)} and corrupted "
                              f"{tuple(corrupted['input_ids'].shape)} inputs must have the same shape")
     n_layers, n_heads = len(layer_map(model)), head_sizes(model.config)[1]
-    chosen = [(int(l), int(h)) for l, h in heads] if heads is not None else \
+    if heads_per_pass is not None:
+        check_count("heads_per_pass", heads_per_pass)
+    chosen = head_pairs(heads, "patch") if heads is not None else \
         [(l, h) for l in range(n_layers) for h in range(n_heads)]
     for layer, head in chosen:
         if not (0 <= layer < n_layers and 0 <= head < n_heads):

@@ -25,7 +25,7 @@ from ..attention.lazy import LazyPattern
 from .adapters import head_sizes
 from .route import Session, layer_map, routed
 
-__all__ = ["capture", "ablate", "Capture", "check_device"]
+__all__ = ["capture", "ablate", "Capture", "check_device", "head_pairs"]
 
 # (layer, pattern, attention_mask) -> stat; the pattern is the map `[batch, head, query, key]`,
 # or with lazy=True a LazyPattern (`headscope.attention.pattern.as_pattern` gives both one interface).
@@ -67,15 +67,15 @@ def _check_heads(heads: Optional[Sequence[int]], n_heads: int) -> Optional[list[
     return chosen
 
 
-def _head_pairs(heads) -> list[tuple[int, int]]:
-    """`ablate`'s `heads` as `[(layer, head), ...]`; HeadscopeError for anything else ("0,1", [0, 1])."""
+def head_pairs(heads, what: str = "ablate") -> list[tuple[int, int]]:
+    """`heads` as `[(layer, head), ...]`; HeadscopeError naming `what` for anything else ("0,1", [0, 1])."""
     example = "heads=[(0, 1), (2, 0)] (layer, head pairs)"
     if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
-        raise HeadscopeError(f"ablate needs {example}, got {heads!r}")
+        raise HeadscopeError(f"{what} needs {example}, got {heads!r}")
     pairs = []
     for pair in heads:
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable) or len(tuple(pair)) != 2:
-            raise HeadscopeError(f"ablate needs {example}, got {pair!r} in {heads!r}")
+            raise HeadscopeError(f"{what} needs {example}, got {pair!r} in {heads!r}")
         layer, head = _indices(tuple(pair), "each (layer, head) pair")
         pairs.append((layer, head))
     return pairs
@@ -245,7 +245,7 @@ def ablate(
     layer_of = layer_map(model)
     n_heads = head_sizes(model.config)[1]
     by_layer: dict[int, list[int]] = defaultdict(list)
-    for layer, head in _head_pairs(heads):
+    for layer, head in head_pairs(heads):
         _check_layers([layer], len(layer_of))
         _check_heads([head], n_heads)
         by_layer[int(layer)].append(int(head))
