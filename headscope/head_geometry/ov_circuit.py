@@ -114,7 +114,7 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
     check_loaded(loaded, "ov_copying")
     check_count("block_size", block_size)
     if n_tokens is not None:
-        check_count("n_tokens", n_tokens)
+        check_count("n_tokens", n_tokens, least=0)  # 0: no top-1 copying, the eigenvalue share only
     import pandas as pd
 
     model = loaded.model
