@@ -3,12 +3,15 @@
 Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
 `cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`,
 `kv-policy DIR --out FILE`, `kv-eval MODEL POLICY --out DIR`.
-Bad input ends with one line on stderr and exit code 1, never a traceback; Ctrl-C ends with
-exit code 130 and leaves no half-written output.
+Bad input ends with one line on stderr and exit code 1, never a traceback (a fault no check
+foresaw too: `error: unexpected ...`, the traceback with HEADSCOPE_TRACEBACK=1); a usage error
+(a typo'd option) is one line and exit code 2 (`main`); Ctrl-C ends with exit code 130 and
+leaves no half-written output.
 """
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -54,8 +57,6 @@ VERIFY_TEXT = (
 
 def _where() -> str:
     """"rank N: " inside a torchrun process group, else nothing."""
-    import os
-
     rank, size = distributed.rank_and_size()
     if size == 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         rank, size = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
@@ -81,6 +82,15 @@ def _friendly(fn):
         except KeyboardInterrupt:
             typer.echo(f"{_where()}interrupted; nothing was written", err=True)
             raise typer.Exit(130)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise
+        except Exception as err:  # a fault headscope did not foresee: still one line, the traceback on request
+            if os.environ.get("HEADSCOPE_TRACEBACK"):
+                raise
+            message = (str(err).strip().splitlines() or [""])[0][:300]
+            typer.echo(f"error: {_where()}unexpected {type(err).__name__}: {message} (a bug or an unchecked input: "
+                       f"please report it; HEADSCOPE_TRACEBACK=1 shows the traceback)", err=True)
+            raise typer.Exit(1)
         finally:
             signal.signal(signal.SIGTERM, previous)
 
@@ -114,6 +124,8 @@ def verify_command(
     no_cache: NoCacheOpt = False,
 ) -> None:
     """Run headscope's attention beside the model's own on every layer; exit 1 past the tolerance."""
+    if tolerance is not None and not 0 < tolerance < float("inf"):
+        raise HeadscopeError(f"--tolerance must be a positive number such as 1e-4, got {tolerance}")
     import torch
 
     from .hf.verify import DEFAULT_TOLERANCE, verify  # torch and transformers: only when verifying
@@ -122,7 +134,9 @@ def verify_command(
     tok = loaded.tokenizer
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
-    batch = tok(list(VERIFY_TEXT), return_tensors="pt", padding=True).to(loaded.device)
+    context = loaded.context_length  # a short-context model verifies on the texts' first tokens
+    batch = tok(list(VERIFY_TEXT), return_tensors="pt", padding=True, truncation=context is not None,
+                max_length=context).to(loaded.device)
     table = verify(loaded.model, dict(batch))
     limit = tolerance if tolerance is not None else DEFAULT_TOLERANCE.get(loaded.model.dtype, 1e-4)
     typer.echo(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
@@ -211,7 +225,7 @@ def analyze_command(
     repeats: Annotated[int, typer.Option("--repeats", help="Repeats in the induction probe.")] = 4,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for probes and bootstrap.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed for probes and bootstrap.")] = 0,
     treebank: Annotated[Optional[Path], typer.Option("--treebank", help="CoNLL-U file for the syntactic detector (default: the bundled treebank).")] = None,
     n_sentences: Annotated[int, typer.Option("--n-sentences", help="Treebank sentences scored by the syntactic detector (0, the default: all).")] = 0,
     needle_lengths: Annotated[str, typer.Option("--needle-lengths", help="Prompt lengths in tokens of the needle probe that --detectors retrieval reads, comma-separated (those above the model's context are dropped).")] = "2048,4096,8192",
@@ -394,7 +408,7 @@ def timeline_command(
     out: Annotated[Path, typer.Option("--out", help="The timeline folder to write (timeline.csv and index.html).")],
     detectors: Annotated[Optional[str], typer.Option("--detectors", help="Comma-separated detector names (default: previous_token, induction, duplicate_token, sink, uniform).")] = None,
     device: DeviceOpt = "auto",
-    seed: Annotated[int, typer.Option("--seed", help="Seed for probes and bootstrap.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed for probes and bootstrap.")] = 0,
     plotlyjs: PlotlyOpt = "embed",
     force: ForceOpt = False,
 ) -> None:
@@ -460,7 +474,7 @@ def kv_eval_command(
     needles: Annotated[int, typer.Option("--needles", help="Held-out needles per length and depth.")] = 1,
     keeps: Annotated[str, typer.Option("--keeps", help="Keep fractions compared, comma-separated.")] = "0.1,0.25,0.5",
     random_draws: Annotated[int, typer.Option("--random", help="Random draws of key/value heads per keep fraction.")] = 5,
-    seed: Annotated[int, typer.Option("--seed", help="Needle prompts and random draws.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Needle prompts and random draws.")] = 0,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     no_cache: NoCacheOpt = False,
@@ -498,8 +512,22 @@ def cache_command(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. A usage error (a typo'd option, a missing argument) is one
+    line and exit code 2, instead of the box typer draws (typer's errors derive from its public
+    `TyperException`; with `standalone_mode=False` they reach us instead of being drawn)."""
+    try:
+        code = app(args=sys.argv[1:] or ["--help"], standalone_mode=False)
+        if not sys.argv[1:]:
+            code = 2  # no command: the help, and the usage-error status typer's no_args_is_help gives
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(1)
+    except typer.TyperException as err:
+        context = getattr(err, "ctx", None)
+        hint = f"; see '{context.command_path} --help'" if context is not None else ""
+        typer.echo(f"error: {err.format_message().rstrip('.')}{hint}", err=True)
+        sys.exit(getattr(err, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

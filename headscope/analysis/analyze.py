@@ -32,6 +32,7 @@ from .meta import AnalysisMeta
 from .result import Analysis, Example
 from ..loading.control import resolve_control
 from ..detectors.registry import defaults, get
+from ..checks import check_count
 from ..errors import CannotScore, HeadscopeError
 from ..hf.capture import capture
 from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
@@ -46,15 +47,17 @@ from ..loading.loader import Loaded
 from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
 
-__all__ = ["analyze", "Progress"]
+__all__ = ["analyze", "Progress", "MAX_SEED"]
+
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit value
 
 SINK_NOTE = ("{n} of {total} layers have a learned sink logit per head: each pattern row sums to less than 1 (the "
              "sink takes the rest), and every score reads the tokens' share only")
 
 
 def _chosen(loaded, names, batch_size):
-    if batch_size <= 0:
-        raise HeadscopeError(f"batch_size must be at least 1, got {batch_size}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise HeadscopeError(f"batch_size must be at least 1, got {batch_size!r}")
     chosen = defaults(loaded.causal) if names is None else list(dict.fromkeys(names))
     if not chosen:
         raise HeadscopeError("no detectors chosen")
@@ -136,6 +139,9 @@ def analyze(
     if not isinstance(loaded, Loaded):
         example = f"headscope.load({loaded!r})" if isinstance(loaded, str) else "headscope.load(...)"
         raise HeadscopeError(f"analyze takes a loaded model ({example}), not a {type(loaded).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise HeadscopeError(f"seed must be an integer from 0 to 2**63-1, got {seed!r}")
+    check_count("explorer_examples", explorer_examples, least=0)
     timings = Timings()
     check_weights(loaded.model, loaded.name)  # a NaN in the weights would score as n=0, silently
     plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings)

@@ -16,6 +16,7 @@ from pathlib import Path
 from .result import Analysis
 from ..atomic import atomic_dir
 from ..errors import HeadscopeError
+from ..checks import check_analysis, check_loaded
 from ..head_geometry.tables import GEOMETRY_FOLDER, GeometryResult
 from ..head_geometry.run import geometry
 from ..report import write_report_into
@@ -42,6 +43,8 @@ def add_geometry(analysis: Analysis, loaded, **options) -> Analysis:
     Raises:
         HeadscopeError: the model's shape differs from the analysis's.
     """
+    check_analysis(analysis, "add_geometry")
+    check_loaded(loaded, "add_geometry")
     check_model_matches(analysis, loaded)
     return analysis.with_geometry(geometry(loaded, **options))
 

@@ -4,13 +4,24 @@
   one analysis, typed. `to_json()` is the mapping `Analysis.meta` holds and meta.json saves
   (the keys every version of headscope wrote; readers index it as a dict);
   `AnalysisMeta.from_json(meta)` reads one back, keys it does not know kept in `detector_entries`.
+- `check_saved(meta, scores, labels, folder)`: HeadscopeError naming the first defect of a
+  saved analysis's meta.json or tables (what readers index without a default).
 No torch: a saved analysis is read without it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-__all__ = ["AnalysisMeta"]
+from ..errors import HeadscopeError
+from ..tables import LABEL_COLUMNS, SCORE_COLUMNS
+
+__all__ = ["AnalysisMeta", "check_saved"]
+
+# What readers of a saved analysis index without a default, and the type each must have; the
+# optional keys are checked when present (older analyses lack some).
+_REQUIRED = {"n_layers": int, "n_heads": int, "causal": bool}
+_OPTIONAL = {"model": str, "created": str, "probes": dict, "detectors": dict, "control": dict, "ov": dict,
+             "notes": list}
 
 
 @dataclass
@@ -79,3 +90,33 @@ class AnalysisMeta:
         own = {f.name for f in fields(cls)} - {"probe_entries", "detector_entries"}
         known = {key: value for key, value in data.items() if key in own}
         return cls(**known, detector_entries={key: value for key, value in data.items() if key not in own})
+
+
+def check_saved(meta, scores, labels, folder) -> None:
+    """HeadscopeError naming the first thing wrong with a saved analysis: meta.json not an
+    object, a required key missing or of the wrong type, or a table without its columns or
+    with heads outside the model's grid (`Analysis.load`)."""
+    where = f"{folder}/meta.json"
+    if not isinstance(meta, dict):
+        raise HeadscopeError(f"{where} is damaged: it holds a {type(meta).__name__}, not an object; "
+                             f"re-run headscope analyze")
+    missing = [key for key in _REQUIRED if key not in meta]
+    if missing:
+        raise HeadscopeError(f"{where} is damaged: it lacks {', '.join(missing)}; re-run headscope analyze")
+    for key, kind in {**_REQUIRED, **_OPTIONAL}.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if wrong or (kind is int and value < 1):
+            raise HeadscopeError(f"{where} is damaged: {key} is {value!r}, expected "
+                                 f"{'a positive integer' if kind is int else 'a ' + kind.__name__}; re-run headscope analyze")
+    for name, table, columns in (("scores.csv", scores, SCORE_COLUMNS[:4]), ("labels.csv", labels, LABEL_COLUMNS[:3])):
+        absent = [column for column in columns if column not in table.columns]
+        if absent:
+            raise HeadscopeError(f"{folder}/{name} is damaged: it lacks the column(s) {', '.join(absent)}")
+        for axis, size in (("layer", meta["n_layers"]), ("head", meta["n_heads"])):
+            values = table[axis]
+            if values.isna().any() or not values.between(0, size - 1).all():
+                raise HeadscopeError(f"{folder}/{name} is damaged: a {axis} outside 0-{size - 1} "
+                                     f"(meta.json says {size}); re-run headscope analyze")

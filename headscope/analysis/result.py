@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ import numpy as np
 from ..atomic import atomic_dir, check_manifest, write_manifest
 from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, read_csv, write_csv
 from ..errors import HeadscopeError
+from .meta import check_saved
 from ..report.notebook import analysis_html, analysis_text
 from ..report.plotting import plot_head, plot_labels, plot_scores, plot_syntax
 from ..head_geometry.tables import GEOMETRY_FOLDER, read_geometry_tables, write_geometry_tables
@@ -201,6 +203,8 @@ class Analysis:
         Returns:
             The folder's path.
         """
+        if not isinstance(directory, (str, os.PathLike)):
+            raise HeadscopeError(f"Analysis.save needs a folder to write, got {directory!r}")
         with atomic_dir(directory, force=force) as tmp:
             self.write_into(tmp)
         return Path(directory)
@@ -226,6 +230,8 @@ class Analysis:
         folder's manifest (cut, changed or missing since it was written)."""
         import pandas as pd
 
+        if not isinstance(directory, (str, os.PathLike)):
+            raise HeadscopeError(f"Analysis.load needs the folder an analysis was saved in, got {directory!r}")
         folder = Path(directory)
         needed = ["scores.csv", "labels.csv", "meta.json"]
         missing = [n for n in needed if not (folder / n).is_file()]
@@ -240,7 +246,7 @@ class Analysis:
             labels = pd.read_csv(folder / "labels.csv", keep_default_na=False)
             meta = json.loads((folder / "meta.json").read_text())
             examples_file = folder / "examples.json"
-            examples = [Example.from_json(e) for e in json.loads(examples_file.read_text())] if examples_file.exists() else []
+            examples = _read_examples(examples_file) if examples_file.exists() else []
             tables = {path.stem: pd.read_csv(path) for path in sorted(folder.glob("*.csv"))
                       if path.stem not in OWN_FILES and TABLE_NAME.match(path.stem)}
             validation = None
@@ -249,5 +255,16 @@ class Analysis:
             geometry = read_geometry_tables(folder / GEOMETRY_FOLDER) if (folder / GEOMETRY_FOLDER).is_dir() else None
         except (ValueError, KeyError, OSError) as err:
             raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
+        check_saved(meta, scores, labels, folder)
         return cls(scores=scores, labels=labels, meta=meta, examples=examples, tables=tables, validation=validation,
                    geometry=geometry)
+
+
+def _read_examples(path: Path) -> list:
+    """examples.json's examples; HeadscopeError naming the file and the missing field."""
+    try:
+        return [Example.from_json(entry) for entry in json.loads(path.read_text())]
+    except KeyError as err:
+        raise HeadscopeError(f"{path} is damaged: an example lacks the field {err}; re-run headscope analyze") from None
+    except (TypeError, AttributeError):
+        raise HeadscopeError(f"{path} is damaged: it is not a list of examples; re-run headscope analyze") from None

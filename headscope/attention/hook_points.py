@@ -13,6 +13,8 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from ..errors import HeadscopeError
+
 __all__ = ["HookPoint", "HookFn", "hooks", "hook_points"]
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], Optional[torch.Tensor]]
@@ -34,10 +36,19 @@ class HookPoint(nn.Module):
         return bool(self._forward_hooks)
 
     def add_hook(self, fn: HookFn):
-        """Attach `fn(value, hook)`; returns a handle with `.remove()`. Prefer `hooks(...)`."""
+        """Attach `fn(value, hook)`; returns a handle with `.remove()`. Prefer `hooks(...)`.
+        A replacement that is not a tensor of the value's shape is a HeadscopeError naming the point."""
+        if not callable(fn):
+            raise HeadscopeError(f"the hook for {self.name or 'a hook point'} must be a function fn(value, hook), got {fn!r}")
 
         def call(module: nn.Module, args, output: torch.Tensor):
-            return fn(output, module)
+            replacement = fn(output, module)
+            if replacement is not None and (not isinstance(replacement, torch.Tensor)
+                                            or replacement.shape != output.shape):
+                got = tuple(replacement.shape) if isinstance(replacement, torch.Tensor) else type(replacement).__name__
+                raise HeadscopeError(f"the hook on {module.name or 'a hook point'} returned {got}, not a tensor of the "
+                                     f"value's shape {tuple(output.shape)}; return None to only read")
+            return replacement
 
         return self.register_forward_hook(call)
 
@@ -71,7 +82,7 @@ def hooks(
                 point = None
             if not isinstance(point, HookPoint):
                 known = ", ".join(hook_points(module)) or "none"
-                raise KeyError(f"no hook point named {name!r}; hook points: {known}")
+                raise HeadscopeError(f"no hook point named {name!r}; hook points: {known}")
             handles.append(point.add_hook(fn))
         yield module
     finally:

@@ -23,8 +23,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 
 from ..errors import HeadscopeError
+from ..checks import check_count, check_loaded
 from ..hf.activation_cache import cache_activations
 from ..hf.adapters import head_sizes
+from ..hf.capture import head_pairs
 from ..hf.hooks import model_hooks, point_name
 from ..hf.route import layer_map
 
@@ -38,6 +40,10 @@ Metric = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _as_inputs(x: Inputs, device) -> dict:
+    if not isinstance(x, (torch.Tensor, Mapping)) or (isinstance(x, Mapping) and not all(
+            isinstance(v, torch.Tensor) for v in x.values())):
+        raise HeadscopeError(f"patch takes token ids (a tensor) or tokenizer output (a dict of tensors) for clean and "
+                             f"corrupted, got {type(x).__name__}; tokenize the prompts first")
     x = {"input_ids": x} if isinstance(x, torch.Tensor) else dict(x)
     return {k: v.to(device) for k, v in x.items()}
 
@@ -87,6 +93,9 @@ def patch(
         pandas DataFrame with columns layer, head, effect, patched_metric; `table.attrs` holds
         clean_metric, corrupted_metric, hook and direction.
     """
+    check_loaded(loaded, "patch")
+    if not callable(metric):
+        raise HeadscopeError(f"patch needs metric=fn(logits) -> [batch] (a logit difference, say), got {metric!r}")
     import pandas as pd
 
     if hook not in HEAD_AXIS:
@@ -100,7 +109,9 @@ def patch(
         raise HeadscopeError(f"clean {tuple(clean['input_ids'].shape)} and corrupted "
                              f"{tuple(corrupted['input_ids'].shape)} inputs must have the same shape")
     layers, n_heads = sorted(layer_map(model).values()), head_sizes(model.config)[1]
-    chosen = [(int(l), int(h)) for l, h in heads] if heads is not None else \
+    if heads_per_pass is not None:
+        check_count("heads_per_pass", heads_per_pass)
+    chosen = head_pairs(heads, "patch") if heads is not None else \
         [(l, h) for l in layers for h in range(n_heads)]
     for layer, head in chosen:
         if not (layer in layers and 0 <= head < n_heads):
@@ -151,6 +162,9 @@ def plot_patching(table, title: Optional[str] = None):
     """A plotly heatmap of `patch`'s effects: layers down, heads across, 0 white."""
     import plotly.graph_objects as go
 
+    if not all(hasattr(table, "columns") and column in table.columns for column in ("layer", "head", "effect")):
+        raise HeadscopeError(f"plot_patching takes the table headscope.patch returns (layer, head, effect), "
+                             f"got {type(table).__name__}")
     grid = table.pivot(index="layer", columns="head", values="effect")
     fig = go.Figure(go.Heatmap(z=grid.values, x=[str(h) for h in grid.columns], y=[str(l) for l in grid.index],
                                colorscale="RdBu", zmid=0, colorbar=dict(title="effect"),

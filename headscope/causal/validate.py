@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from ..errors import HeadscopeError
+from ..checks import check_analysis, check_loaded
 from ..probes.kinds import PROBE_KINDS, TextProbe, probe_settings
 from ..detectors.protocol import Progress
 from ..detectors.registry import REGISTRY, detector_spec
@@ -89,6 +90,8 @@ def validate(
         positive and above every random delta, `random_heads` (draws "|"-joined; "" when the label's layers
         have no other heads, and then the random columns are NaN). `attrs` holds the settings.
     """
+    check_loaded(loaded, "validate")
+    check_analysis(analysis, "validate")
     import pandas as pd
 
     started = time.perf_counter()

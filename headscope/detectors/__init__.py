@@ -7,7 +7,8 @@ per-example values and finalizes them into rows of the scores table; see
 - `registry`: `REGISTRY` (name -> Detector), `get(name)`, `names()`, `defaults(causal)`,
   `register(detector)`, and `BUILTINS`, the explicit list of built-in detectors, imported the
   first time the registry is read. Importing this package registers nothing and loads no torch.
-- `protocol`: `Detector`, `Collected`, `Finding`, `resolve(spec)` (a name or `mypkg.module:name`).
+- `protocol`: `Detector` (its fields checked when made: `check_detector`), `Collected`, `Finding`,
+  `resolve(spec)` (a name or `mypkg.module:name`).
 - `patterns/`: one module per pattern detector: induction, duplicate_token (formulas shared in
   copying.py), previous_token, next_token, self_token (formula shared in offsets.py), sink,
   uniform, positional (argmax at offset k, one variant per offset; see `variants`), rare_word.
@@ -15,8 +16,8 @@ per-example values and finalizes them into rows of the scores table; see
   Wu et al. 2024; runs its own passes, `Detector.run`; `retrieval/`).
 - `labels` (the label rules), `stats` (bootstrap intervals), `templates` (`headscope.detector`:
   your own detector from a template), `variants`.
-- Your own: `headscope.detector(name, template=...)` or any `register(Detector(...))`; the CLI
-  imports a module named as `--detectors mypkg.module:name`.
+- Your own: `headscope.detector(name, template=...)` or any `register(Detector(...))` (a built-in's
+  name only with `replace=True`); the CLI imports a module named as `--detectors mypkg.module:name`.
 - From a notebook, a detector is called on captured patterns (`previous_token(cap.patterns)`).
 
 The names below are re-exported lazily (`from headscope.detectors import induction`); the

@@ -38,6 +38,8 @@ warnings). Nothing else names it.
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -48,12 +50,13 @@ from ..errors import HeadscopeError
 from ..tables import SCORE_COLUMNS
 from ..attention.pattern import Pattern, as_pattern
 from ..probes.base import ProbeBatch
+from ..probes.kinds import PROBE_KINDS
 from .section import ReportSection
 from .stats import bootstrap_mean_ci
 from .registry import REGISTRY, get, register
 from .variants import best_variant
 
-__all__ = ["Detector", "Collected", "Finding", "resolve", "masked_query_mean",
+__all__ = ["Detector", "check_detector", "is_colour", "Collected", "Finding", "resolve", "masked_query_mean",
            "score_patterns", "SCORE_COLUMNS", "Progress"]
 
 Progress = Callable[[str, int, int], None]  # fn(stage, done, total), called as forward passes finish
@@ -175,6 +178,9 @@ class Detector:
     ov_qualified: bool = False
     report: Optional[ReportSection] = None
 
+    def __post_init__(self):
+        check_detector(self)
+
     def score(self, pattern, batch) -> torch.Tensor:
         """Per-example scores `[batch, head]` (`[batch, head, variant]` with `variants`) of one
         layer's pattern (a tensor `[batch, head, query, key]` or a `Pattern`)."""
@@ -242,6 +248,56 @@ class Detector:
                 "ov_qualified": self.ov_qualified}
 
 
+GATES = ("score", "ci_low")
+
+
+def check_detector(detector: Detector) -> None:
+    """HeadscopeError naming the first field of `detector` that headscope could not use later
+    (checked when a `Detector` is made, so a bad one never reaches `analyze` or a report)."""
+    name = detector.name
+    if not isinstance(name, str) or not name.strip() or name != name.strip() or any(c in name for c in ":,\n\r\t"):
+        raise HeadscopeError(f"a detector name must be a non-empty string without ':', ',', tabs, line breaks "
+                             f"or outer spaces, got {name!r}")
+    where = f"detector {name!r}"
+    if detector.probe not in PROBE_KINDS:
+        raise HeadscopeError(f"{where}: unknown probe {detector.probe!r}; use one of {', '.join(PROBE_KINDS)}")
+    threshold = detector.threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not math.isfinite(threshold):
+        raise HeadscopeError(f"{where}: threshold must be a finite number, got {threshold!r}")
+    if not callable(detector.fn):
+        raise HeadscopeError(f"{where}: fn must be a function (pattern, batch) -> [batch, head], got {detector.fn!r}")
+    if detector.run is not None and not callable(detector.run):
+        raise HeadscopeError(f"{where}: run must be a function or None, got {detector.run!r}")
+    if detector.gate not in GATES:
+        raise HeadscopeError(f"{where}: gate must be one of {', '.join(GATES)}, got {detector.gate!r}")
+    for field_name in ("formula", "source", "quantity"):
+        if not isinstance(getattr(detector, field_name), str):
+            raise HeadscopeError(f"{where}: {field_name} must be a string, got {getattr(detector, field_name)!r}")
+    if not isinstance(detector.variants, tuple) or not all(isinstance(v, str) and v for v in detector.variants):
+        raise HeadscopeError(f"{where}: variants must be a tuple of non-empty strings, got {detector.variants!r}")
+    if detector.short is not None and (not isinstance(detector.short, str) or not detector.short.strip()):
+        raise HeadscopeError(f"{where}: short must be a non-empty string or None, got {detector.short!r}")
+    if detector.colour is not None and not is_colour(detector.colour):
+        raise HeadscopeError(f"{where}: colour {detector.colour!r} is not a colour; use a CSS name ('teal'), "
+                             f"'#1f77b4' or 'rgb(31, 119, 180)'")
+    rule = detector.report_rule
+    if not isinstance(rule, tuple) or len(rule) not in (0, 2) or not all(isinstance(part, str) for part in rule):
+        raise HeadscopeError(f"{where}: report_rule must be () or a (topic, sentence) pair of strings, got {rule!r}")
+    if detector.report is not None and not isinstance(detector.report, ReportSection):
+        raise HeadscopeError(f"{where}: report must be a ReportSection or None, got {type(detector.report).__name__}")
+
+
+def is_colour(value) -> bool:
+    """Whether plotly (and so the report) accepts `value` as one colour."""
+    if not isinstance(value, str):
+        return False
+    try:
+        from _plotly_utils.basevalidators import ColorValidator  # plotly's own check, without importing plotly
+    except ImportError:  # a plotly that moved it: the report's own check remains
+        return bool(value.strip())
+    return ColorValidator.perform_validate_coerce(value) is not None
+
+
 def resolve(spec: str) -> Detector:
     """A detector by registered name, or by `mypkg.module:name`: the module is imported (a
     module that defines detectors registers them as it loads) and its attribute `name`, a
@@ -254,6 +310,10 @@ def resolve(spec: str) -> Detector:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise HeadscopeError(f"cannot import {module_name!r} for detector {spec!r}: {err}") from None
+    except Exception as err:  # the module itself fails: a SyntaxError, an error raised at import
+        where = f" (line {err.lineno})" if isinstance(err, SyntaxError) and err.lineno else ""
+        raise HeadscopeError(f"importing {module_name!r} for detector {spec!r} failed{where}: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}; fix that module") from None
     found = getattr(module, attribute, None)
     if not isinstance(found, Detector):
         raise HeadscopeError(f"{spec!r} is not a detector: {module_name} has no Detector named {attribute!r}")

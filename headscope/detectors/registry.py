@@ -104,10 +104,21 @@ class _Registry(MutableMapping):
 REGISTRY = _Registry()
 
 
-def register(detector):
-    """Add a detector to the registry under its name (replacing one of the same name)."""
-    if not detector.name or ":" in detector.name or "," in detector.name:
-        raise HeadscopeError(f"a detector name must be non-empty without ':' or ',', got {detector.name!r}")
+def register(detector, replace: bool = False):
+    """Add a detector to the registry under its name.
+
+    A detector of the same name registered before by you is replaced (re-running a notebook
+    cell); a built-in is replaced only with `replace=True`, else HeadscopeError. The
+    detector's fields are checked when it is made (`headscope.detectors.protocol.check_detector`).
+    """
+    name = getattr(detector, "name", None)
+    if not isinstance(name, str) or not name or ":" in name or "," in name:
+        raise HeadscopeError(f"a detector name must be non-empty without ':' or ',', got {name!r}")
+    if not callable(getattr(detector, "describe", None)):
+        raise HeadscopeError(f"register needs a Detector (headscope.detectors.protocol.Detector), got {type(detector).__name__}")
+    builtin = name in {b.name for b in BUILTINS}
+    if builtin and not replace and REGISTRY.get(name) is not detector:
+        raise HeadscopeError(f"{name!r} is a built-in detector; choose another name, or pass replace=True to replace it")
     REGISTRY.add(detector)
     return detector
 

@@ -20,12 +20,15 @@ from typing import Callable, Optional
 
 import torch
 
+from ..errors import HeadscopeError
 from ..attention.pattern import Pattern
 from ..probes.base import ProbeBatch
 from .protocol import Detector, masked_query_mean
 from .registry import register
 
-__all__ = ["detector", "template_targets"]
+__all__ = ["detector", "template_targets", "TEMPLATE_PROBES"]
+
+TEMPLATE_PROBES = ("text", "repeated")  # the probes with pattern batches and token ids
 
 
 def template_targets(template: Callable, batch: ProbeBatch, key: str) -> torch.Tensor:
@@ -35,7 +38,7 @@ def template_targets(template: Callable, batch: ProbeBatch, key: str) -> torch.T
         rows = [torch.as_tensor(template(ids[b].cpu())).to(torch.bool) for b in range(ids.shape[0])]
         for row in rows:
             if row.shape != (ids.shape[1], ids.shape[1]):
-                raise ValueError(f"template {key!r} returned {tuple(row.shape)}, not [query, key] = "
+                raise HeadscopeError(f"template {key!r} returned {tuple(row.shape)}, not [query, key] = "
                                  f"({ids.shape[1]}, {ids.shape[1]})")
         return torch.stack(rows).to(ids.device) & batch.key_allowed()
     return batch.cached(f"template:{key}", build)
@@ -43,7 +46,8 @@ def template_targets(template: Callable, batch: ProbeBatch, key: str) -> torch.T
 
 def detector(name: str, template: Callable, probe: str = "text", threshold: float = 0.5, *,
              formula: Optional[str] = None, source: str = "user-defined template", learned: bool = True,
-             colour: Optional[str] = None, short: Optional[str] = None, opt_in: bool = False) -> Detector:
+             colour: Optional[str] = None, short: Optional[str] = None, opt_in: bool = False,
+             replace: bool = False) -> Detector:
     """Register a detector that scores heads by their attention mass on an ideal pattern.
 
     Args:
@@ -56,9 +60,19 @@ def detector(name: str, template: Callable, probe: str = "text", threshold: floa
         learned: True when passing claims a learned behaviour (checked against the control).
         colour, short: the label's colour and cell abbreviation in reports (default: chosen there).
         opt_in: run only when named, not among the defaults.
+        replace: allow `name` to be a built-in detector's, replacing it (else HeadscopeError).
     Returns:
         The registered `Detector`; `headscope analyze --detectors mypkg.module:name` imports it.
     """
+    if not callable(template):
+        raise HeadscopeError(f"detector {name!r}: template must be a function tokens [pos] -> [query, key] bool, "
+                             f"got {template!r}")
+    if probe not in TEMPLATE_PROBES:
+        raise HeadscopeError(f"detector {name!r}: a template detector reads the {' or '.join(TEMPLATE_PROBES)} probe, "
+                             f"got probe={probe!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
+        raise HeadscopeError(f"detector {name!r}: threshold is an attention mass, so it must be in (0, 1], got {threshold!r}")
+
     def score(pattern: Pattern, batch: ProbeBatch) -> torch.Tensor:
         targets = template_targets(template, batch, name)  # (B, Q, K)
         return masked_query_mean(pattern.mass(targets), targets.any(-1) & batch.attention_mask.bool())
@@ -68,4 +82,4 @@ def detector(name: str, template: Callable, probe: str = "text", threshold: floa
         formula=formula or f"mean over queries with a template key of the attention on the keys {name}'s template gives",
         source=source, fn=score, lazy=True, learned=learned, colour=colour, short=short, opt_in=opt_in,
         quantity="attention mass",
-    ))
+    ), replace=replace)

@@ -33,6 +33,7 @@ import torch
 
 from ..attention.module import MultiHeadAttention
 from ..errors import HeadscopeError
+from ..checks import check_count, check_loaded
 from ..hf.adapters import attention_blocks
 from .norm_gains import norm_gains
 
@@ -110,6 +111,10 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
     Returns:
         pandas DataFrame layer, head, copy_top1, positive_eig_share.
     """
+    check_loaded(loaded, "ov_copying")
+    check_count("block_size", block_size)
+    if n_tokens is not None:
+        check_count("n_tokens", n_tokens, least=0)  # 0: no top-1 copying, the eigenvalue share only
     import pandas as pd
 
     model = loaded.model

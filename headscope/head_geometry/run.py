@@ -23,6 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..checks import check_count, check_loaded
+from ..errors import HeadscopeError
 from ..attention.module import MultiHeadAttention
 from ..hf.adapters import attention_blocks
 from .tables import GeometryResult, write_geometry_tables
@@ -72,6 +74,12 @@ def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 
     Returns:
         A `GeometryResult`.
     """
+    check_loaded(loaded, "geometry")
+    for name, value in (("n_examples", n_examples), ("batch_size", batch_size), ("top_k", top_k)):
+        check_count(name, value)
+    check_count("seq_len", seq_len, least=2)
+    if importance:
+        check_count("pruning_steps", pruning_steps)
     started = time.perf_counter()
     subspace_pairs, heads = subspace_tables(attention_modules(loaded.model))
     probe = text_probe(loaded.tokenizer, n_examples, seq_len)
@@ -101,6 +109,8 @@ def plot_geometry(result: GeometryResult):
     """Plotly figure: the MDS map of heads (colour: cluster; size: importance when known)."""
     import plotly.graph_objects as go
 
+    if not isinstance(result, GeometryResult):
+        raise HeadscopeError(f"plot_geometry takes what headscope.geometry returns, got {type(result).__name__}")
     heads = result.heads
     imp = heads.importance.to_numpy(dtype=float)
     size = 8 + 22 * imp / np.nanmax(imp) if np.isfinite(imp).any() and np.nanmax(imp) > 0 else 10

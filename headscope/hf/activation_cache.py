@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
+from .capture import check_device
 from .hooks import Selector, model_hooks
 
 __all__ = ["ActivationCache", "cache_activations"]
@@ -65,6 +66,11 @@ def cache_activations(
     Yields:
         An `ActivationCache`: `cache["layers.3.attn.hook_z"]` `[batch, pos, head, d_head]`.
     """
+    check_device(to)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise HeadscopeError(f"dtype must be a torch dtype such as torch.float16, got {dtype!r}")
+    if isinstance(names, str) or callable(names):
+        names = [names]  # one name or filter given alone
     cache = ActivationCache(to, dtype)
     with model_hooks(model, [(name, cache.keep) for name in names]):
         yield cache

@@ -13,6 +13,7 @@ own attention implementation on exit, also on exceptions.
 """
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
@@ -25,18 +26,33 @@ from ..attention.lazy import LazyPattern
 from .adapters import head_sizes
 from .route import Session, layer_map, routed
 
-__all__ = ["capture", "ablate", "Capture", "check_ran"]
+__all__ = ["capture", "ablate", "Capture", "check_ran", "check_device", "head_pairs"]
 
 # (layer, pattern, attention_mask) -> stat; the pattern is the map `[batch, head, query, key]`,
 # or with lazy=True a LazyPattern (`headscope.attention.pattern.as_pattern` gives both one interface).
 Reducer = Callable[[int, Union[torch.Tensor, LazyPattern], Optional[torch.Tensor]], Any]
 
 
+def _indices(values, what: str) -> list[int]:
+    """`values` as a list of ints; HeadscopeError naming `what` for a lone value or a non-integer."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise HeadscopeError(f"{what} must be a list of integers such as [0, 2], got {values!r}")
+    chosen = []
+    for value in values:
+        if isinstance(value, bool):
+            raise HeadscopeError(f"{what} must hold integers, got {value!r}")
+        try:
+            chosen.append(operator.index(value))
+        except TypeError:
+            raise HeadscopeError(f"{what} must hold integers, got {value!r} in {values!r}") from None
+    return chosen
+
+
 def _check_layers(layers: Optional[Iterable[int]], attention_layers: Sequence[int]) -> list[int]:
     """The chosen layers (default: every attention layer), each one the model has attention in."""
     if layers is None:
         return list(attention_layers)
-    chosen = [int(l) for l in layers]
+    chosen = _indices(layers, "layers")
     for layer in chosen:
         if layer not in attention_layers:
             why = "has no attention" if 0 <= layer < max(attention_layers) else "is out of range"
@@ -55,11 +71,35 @@ def _spans(layers: Sequence[int]) -> str:
 def _check_heads(heads: Optional[Sequence[int]], n_heads: int) -> Optional[list[int]]:
     if heads is None:
         return None
-    chosen = [int(h) for h in heads]
+    chosen = _indices(heads, "heads")
     for head in chosen:
         if not 0 <= head < n_heads:
             raise HeadscopeError(f"head {head} is out of range: each layer has {n_heads} heads (0-{n_heads - 1})")
     return chosen
+
+
+def head_pairs(heads, what: str = "ablate") -> list[tuple[int, int]]:
+    """`heads` as `[(layer, head), ...]`; HeadscopeError naming `what` for anything else ("0,1", [0, 1])."""
+    example = "heads=[(0, 1), (2, 0)] (layer, head pairs)"
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise HeadscopeError(f"{what} needs {example}, got {heads!r}")
+    pairs = []
+    for pair in heads:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable) or len(tuple(pair)) != 2:
+            raise HeadscopeError(f"{what} needs {example}, got {pair!r} in {heads!r}")
+        layer, head = _indices(tuple(pair), "each (layer, head) pair")
+        pairs.append((layer, head))
+    return pairs
+
+
+def check_device(to, what: str = "to") -> None:
+    """A device torch accepts (None allowed); HeadscopeError naming the value otherwise."""
+    if to is None or isinstance(to, torch.device):
+        return
+    try:
+        torch.device(to)
+    except (RuntimeError, TypeError, ValueError):
+        raise HeadscopeError(f"{what}={to!r} is not a device; use 'cpu', 'cuda', 'cuda:0' or a torch.device") from None
 
 
 class Capture(Session):
@@ -171,6 +211,9 @@ def capture(
     """
     layer_of = layer_map(model)
     chosen = _check_layers(layers, sorted(layer_of.values()))
+    check_device(to)
+    if reduce is not None and not callable(reduce):
+        raise HeadscopeError(f"reduce must be a function fn(layer, pattern, attention_mask), got {reduce!r}")
     if chunk_heads is not None and (reduce is None or heads is not None or chunk_heads < 1):
         raise HeadscopeError("chunk_heads needs a reducer, no heads= selection, and a size of at least 1")
     if lazy and (reduce is None or heads is not None):
@@ -235,7 +278,7 @@ def ablate(
     layer_of = layer_map(model)
     n_heads = head_sizes(model.config)[1]
     by_layer: dict[int, list[int]] = defaultdict(list)
-    for layer, head in heads:
+    for layer, head in head_pairs(heads):
         _check_layers([layer], sorted(layer_of.values()))
         _check_heads([head], n_heads)
         by_layer[int(layer)].append(int(head))

@@ -264,6 +264,9 @@ def _register() -> None:
 def layer_map(model: nn.Module) -> dict[int, int]:
     """`{id(core module): layer}` for a model whose attention goes through the interface;
     HeadscopeError naming the reason otherwise."""
+    if not isinstance(model, nn.Module):
+        hint = " (a Loaded: pass loaded.model)" if hasattr(model, "model") and hasattr(model, "tokenizer") else ""
+        raise HeadscopeError(f"expected a transformers model, got {type(model).__name__}{hint}")
     check_on_interface(type(model), getattr(model.config, "model_type", "?"))
     return {id(core): i for i, core in core_modules(model)}
 

@@ -15,6 +15,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from ..errors import HeadscopeError
 from ..attention.module import MultiHeadAttention
 from .adapters import _sub, adapter_for, attention_blocks, out_projection
 from .from_hf import rotary_tables
@@ -43,6 +44,14 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
     """
     import pandas as pd
 
+    if not isinstance(model, nn.Module):
+        raise HeadscopeError(f"verify needs a transformers model (loaded.model), got {type(model).__name__}")
+    if not isinstance(inputs, Mapping) or not isinstance(inputs.get("input_ids"), torch.Tensor):
+        raise HeadscopeError("verify needs inputs={'input_ids': tensor, ...} (e.g. dict(tokenizer(texts, return_tensors='pt')))")
+    rows = model.get_input_embeddings().num_embeddings
+    if inputs["input_ids"].numel() and not 0 <= int(inputs["input_ids"].min()) <= int(inputs["input_ids"].max()) < rows:
+        raise HeadscopeError(f"input_ids reach {int(inputs['input_ids'].max())} but the model's embedding has {rows} rows: "
+                             f"the tokenizer does not match the model")
     blocks = attention_blocks(model)  # raises without an adapter
     adapter = adapter_for(model.config)
     # Built first: from_hf raises where the family's adapter says it is not available.

@@ -39,6 +39,7 @@ import torch
 
 from ..atomic import atomic_dir
 from ..errors import HeadscopeError
+from ..checks import check_loaded
 from ..hf.adapters import head_sizes
 from ..hf.streaming import stream_heads
 from ..probes.needle import NeedleExample, needle_probe
@@ -216,6 +217,7 @@ def kv_evaluate(loaded, policy: KVPolicy, lengths: Sequence[int] = (4096, 8192),
     Returns:
         A `KVEvaluation` (formulas in the module docstring).
     """
+    check_loaded(loaded, "kv_evaluate")
     import pandas as pd
 
     if not loaded.causal:

@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import HeadscopeError
+from ..checks import check_analysis, check_count
 
 __all__ = ["TIE_STEP", "strictly_ordered", "KVPolicy", "kv_policy", "policy_from_values", "cache_bytes", "full_count", "ranking_order", "check_keep", "RANKINGS", "default_window", "DUO_WINDOW", "SMALL_WINDOW",
            "SMALL_MODEL"]
@@ -198,6 +199,11 @@ def kv_policy(analysis, keep: float = 0.25, rank_by: str = "retrieval", sink: Op
     Returns:
         A `KVPolicy` (see the module docstring for the formula).
     """
+    check_analysis(analysis, "kv_policy")
+    if sink is not None:
+        check_count("sink", sink, least=0)
+    if recent is not None:
+        check_count("recent", recent, least=1)
     keep = check_keep(keep)
     if rank_by not in RANKINGS:
         raise HeadscopeError(f"unknown ranking {rank_by!r}; use one of {', '.join(RANKINGS)}")

@@ -165,6 +165,8 @@ def resolve_device(device: str = "auto") -> str:
     """"auto" -> cuda, then mps, then cpu; other values are checked and returned."""
     import torch
 
+    if not isinstance(device, str):
+        raise HeadscopeError(f"device must be a string (auto, cpu, cuda, cuda:N or mps), got {device!r}")
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -175,6 +177,9 @@ def resolve_device(device: str = "auto") -> str:
         raise HeadscopeError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise HeadscopeError("device 'cuda' was asked for but torch sees no CUDA GPU")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise HeadscopeError("device 'mps' was asked for but this machine or torch build has no MPS (Apple GPU); "
+                             "use --device cpu or auto")
     return device
 
 
@@ -192,6 +197,11 @@ def _resolve_dtype(dtype):
 
 def _locate(spec: str) -> tuple[str, dict]:
     """Return (path or hub id, extra from_pretrained kwargs) for a spec."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise HeadscopeError(f"load needs a model alias, folder, .gguf file or hub id as a string, got {spec!r}; "
+                             f"headscope.models() lists the aliases")
     if spec in ALIASES:
         alias = ALIASES[spec]
         path = alias.location()
@@ -271,6 +281,15 @@ def _model_class(config):
     return AutoModelForCausalLM if _is_causal_config(config) else AutoModel
 
 
+def _check_shape(config, folder) -> None:
+    """HeadscopeError naming config.json when it declares no layers or no attention heads."""
+    for field, what in (("num_hidden_layers", "layers"), ("num_attention_heads", "attention heads")):
+        value = getattr(config, field, None)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise HeadscopeError(f"{folder}/config.json declares {value!r} {what}; a model needs at least 1, "
+                                 f"so fix config.json")
+
+
 def _check_runs(config) -> None:
     """HeadscopeError before any weights are read when the model's attention bypasses the interface."""
     cls = _model_class(config)
@@ -283,6 +302,7 @@ def _from_folder(folder, torch_dtype, placement: dict, **kwargs):
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(folder, **kwargs)
+    _check_shape(config, folder)
     _check_runs(config)
     if torch_dtype is not None:
         kwargs["dtype"] = torch_dtype
@@ -374,9 +394,11 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 def _load_error(spec, where, extra, local, err) -> str:
     first = _first_line(err)
     if "gguf_file" in extra:
-        return f"could not read GGUF file {Path(where) / extra['gguf_file']}: {first}"
+        return (f"could not read GGUF file {Path(where) / extra['gguf_file']}: {first}; the file may be cut or "
+                f"damaged: download or copy it again")
     if local:
-        return f"could not load a model from {where}: {first}"
+        return (f"could not load a model from {where}: {first}; check its config.json and weights "
+                f"(copy or download the model again if a file is cut or damaged)")
     return (
         f"could not load {spec!r}: not an alias, not a local path, and not in the Hugging Face "
         f"cache{'' if _hub_reachable() else ' (the hub is unreachable)'}; use an alias ({', '.join(ALIASES)}), "

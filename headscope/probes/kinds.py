@@ -230,5 +230,7 @@ def command_line_probes(n_examples: int, seq_len: int, repeat_len: int, repeats:
 
 
 def _at_least_one(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HeadscopeError(f"{name} must be an integer, got {value!r}")
     if value <= 0:
         raise HeadscopeError(f"{name} must be at least 1, got {value}")

@@ -24,6 +24,7 @@ from typing import Iterable, Optional
 
 from transformers import TrainerCallback
 
+from ..errors import HeadscopeError
 from .timeline import Timeline
 
 __all__ = ["HeadscopeCallback", "DEFAULT_EVERY"]
@@ -47,7 +48,7 @@ class HeadscopeCallback(TrainerCallback):
     def __init__(self, every: int = DEFAULT_EVERY, out="headscope-timeline", detectors: Optional[Iterable[str]] = None,
                  probes: Optional[Iterable] = None, **timeline):
         if every < 1:
-            raise ValueError(f"every must be at least 1, got {every}")
+            raise HeadscopeError(f"every must be at least 1, got {every}")
         self.every = every
         self.out = Path(out)
         self._settings = dict(detectors=detectors, probes=probes, **timeline)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+import numbers
 import random
 from contextlib import contextmanager
 from pathlib import Path
@@ -123,6 +124,10 @@ class Timeline:
             `headscope/<detector>_heads` (heads with that label), `headscope/icl_score`.
         """
         inner = unwrap(model)
+        if not hasattr(inner, "config") or not callable(getattr(inner, "modules", None)):
+            raise HeadscopeError(f"Timeline.record needs the transformers model being trained, got {type(model).__name__}")
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise HeadscopeError(f"Timeline.record needs the training step as an integer of at least 0, got {step!r}")
         step = int(step)
         if any(int(s["step"]) == step for s in self._steps):
             return self.summary(step)  # a step recorded twice (a save right after a record) scores once

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from headscope.attention import MultiHeadAttention
+from headscope.errors import HeadscopeError
 from headscope.attention.hook_points import hook_points
 
 HOOK_SHAPES = {  # declared shapes for B=2, T=7, H=6, Hkv=2, D=5, d_model=20
@@ -159,7 +160,7 @@ def test_pattern_hook_edits_output():
 
 def test_unknown_hook_name_is_a_clear_error():
     m = _module(d_model=20, n_heads=4, d_head=5)
-    with pytest.raises(KeyError, match="hook_pattern"):
+    with pytest.raises(HeadscopeError, match="hook_pattern"):
         with m.hooks({"hook_attn": lambda v, h: v}):
             pass
 

@@ -291,14 +291,18 @@ def test_analyze_in_head_groups_gives_the_same_scores(planted):
     assert (a.score - b.score).abs().max() < 1e-6
 
 
-def test_a_default_detector_that_cannot_score_is_skipped_and_said():
+def test_a_default_detector_with_too_few_arcs_degrades_and_says_why():
     # 24 positions: too few treebank sentences fit for 30 arcs per half, so the syntactic
-    # detector is left out of the defaults, and meta says why.
+    # detector runs without its held-out rule: accuracies kept, no label, and a note says why.
     from headscope.loading.loader import Loaded
     from tests.support.planted import char_tokenizer
     from tests.support.tiny import tiny_model
 
     loaded = Loaded.from_model(tiny_model("gpt2", positions=24), char_tokenizer(), name="short")
     analysis = analyze(loaded, probes=[TextProbe(4, 16), RepeatedProbe(4, 5, 2)], explorer_examples=0, control=None)
-    assert set(analysis.meta["detectors"]) == set(detectors.defaults(causal=True)) - {"syntactic"}
-    assert analysis.meta["skipped_detectors"]["syntactic"].startswith("no relation has at least 30 scored arcs")
+    assert set(analysis.meta["detectors"]) == set(detectors.defaults(causal=True))
+    assert "syntactic" not in analysis.meta.get("skipped_detectors", {})
+    assert any("no relation has the 30 arcs in each half" in note for note in analysis.meta["syntax_notes"])
+    assert analysis.syntax.accuracy.notna().all() and analysis.syntax.held_out_margin.isna().all()
+    assert analysis.scores[analysis.scores.detector == "syntactic"].score.isna().all()
+    assert not analysis.labels.label.str.startswith("syntactic").any()

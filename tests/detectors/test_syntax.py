@@ -151,7 +151,7 @@ def _score(sentences, predictions, causal, control=None, **kwargs):
     hits = predictor_hits(arcs, sentences, pieces)
     control_hits = None if control is None else arc_hits(control, arcs).flatten(1)
     kwargs.setdefault("min_arcs", MIN_ARCS)
-    table, heads = score_arcs(arc_hits(predictions, arcs).flatten(1), arcs, len(sentences), predictions.shape[1:3],
+    table, heads, _ = score_arcs(arc_hits(predictions, arcs).flatten(1), arcs, len(sentences), predictions.shape[1:3],
                               hits, control_hits, **kwargs)
     return arcs, hits, table, heads
 
@@ -258,10 +258,28 @@ def test_cross_fitting_does_not_reward_luck():
     assert (heads.label == "none").all()
 
 
-def test_not_enough_arcs_is_an_error():
+def test_too_few_arcs_keep_the_accuracies_without_labels():
+    # A handful of sentences: no relation has 30 arcs in each half, so nothing is held out.
     predictions = _planted_predictions(BASELINE_SENTENCES)
-    with pytest.raises(NotEnoughArcs, match="at least 30 scored arcs in each half"):
-        _score(BASELINE_SENTENCES, predictions, False)
+    arcs = collect_arcs(BASELINE_SENTENCES, False)
+    pieces = [[1] * len(s.words) for s in BASELINE_SENTENCES]
+    table, heads, note = score_arcs(arc_hits(predictions, arcs).flatten(1), arcs, len(BASELINE_SENTENCES),
+                                    predictions.shape[1:3], predictor_hits(arcs, BASELINE_SENTENCES, pieces),
+                                    min_arcs=MIN_ARCS)
+    assert "no relation has the 30 arcs in each half" in note and "no head is labelled syntactic" in note
+    assert table.held_out_margin.isna().all() and not table.significant.any()
+    assert table.accuracy.notna().all() and table.baseline.notna().all()
+    # head 0 of the planted predictions points every word at its gold head: accuracy 1 on dep->head
+    planted = table[(table["head"] == 0) & (table.direction == "dep->head")]
+    assert (planted.accuracy == 1.0).all()
+    assert (heads.label == "none").all() and heads.score.isna().all() and len(heads) == 2
+    assert set(heads.relation) <= set(table.relation)
+
+
+def test_no_arcs_at_all_is_an_error():
+    root_only = [_sentence("R", "go", [0], "root")]
+    with pytest.raises(NotEnoughArcs, match="none were found"):
+        _score(root_only, _planted_predictions(root_only), False)
 
 
 # ---------------------------------------------------------------- the pipeline on tiny models

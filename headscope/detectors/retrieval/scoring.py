@@ -45,6 +45,7 @@ import torch
 
 from ...loading.control import resolve_control
 from ...errors import HeadscopeError
+from ...checks import check_loaded
 from ...hf.adapters import core_modules
 from ...hf.capture import ablate
 from ...hf.route import Session, layer_map, routed
@@ -266,6 +267,7 @@ def retrieval_scores(loaded, lengths: Sequence[int] = (2048, 4096, 8192), depths
     Returns:
         A `RetrievalResult`.
     """
+    check_loaded(loaded, "retrieval_scores")
     settings = NeedleProbe(tuple(lengths), tuple(depths), n_needles, max_len, tuple(needles), question)
     probe = settings.build(loaded, seed)
     examples = probe.examples

@@ -22,6 +22,10 @@ Formulas (``g`` a relation and direction, ``h`` a head, sums over the arcs of ``
     significant = CI lower bound of the held-out margin >= THRESHOLD.
     A head's score is the held-out margin of its chosen (g, h) with the highest CI lower bound;
     its label ``syntactic:<relation>`` needs that triple to be significant.
+    Too few arcs (a small treebank: no (g) has ``min_arcs`` arcs in each half): nothing is
+    chosen or held out, so no head is labelled; the table still holds every accuracy, baseline
+    and control accuracy (on all sentences), each head's row names its pair of largest
+    in-sample margin with the score NaN, and a note says why.
 Choosing the relation and measuring the margin on different sentences removes the optimism
 of taking the best of ~30 relations x directions on the same arcs; the control's best head in
 the baseline removes what an untrained network of the same shape gets for free.
@@ -33,6 +37,7 @@ import torch
 from ...errors import CannotScore
 
 from .baselines import PREDICTORS
+from .report import FEW_ARCS
 from ...probes.arcs import DIRECTIONS, Arcs
 
 __all__ = ["score_arcs", "THRESHOLD", "NotEnoughArcs"]
@@ -92,25 +97,30 @@ def score_arcs(model_hits: torch.Tensor, arcs: Arcs, n_sentences: int, shape: tu
         seed: the halves and the bootstrap.
         n_resamples, level: the bootstrap.
     Returns:
-        (table, heads): ``table`` has layer, head, relation, direction, accuracy, baseline,
+        (table, heads, note): ``table`` has layer, head, relation, direction, accuracy, baseline,
         baseline_kind, control_accuracy, n, held_out_margin, ci_low, ci_high, significant,
         causal_only (one row per head and (relation, direction) with arcs; held-out columns
         NaN where the pair was chosen on neither half); ``heads`` has layer, head, detector,
-        score, ci_low, ci_high, n, relation, direction, label, control, control_max.
+        score, ci_low, ci_high, n, relation, direction, label, control, control_max; ``note``
+        is "" or, when no (relation, direction) has ``min_arcs`` arcs in each half, why no
+        head has a held-out margin or a label (the scores are then NaN, the accuracies kept).
     Raises:
-        NotEnoughArcs: no (relation, direction) has ``min_arcs`` arcs in each half.
+        NotEnoughArcs: there are no scored arcs at all.
     """
     import pandas as pd
 
     n_layers, n_heads = shape
+    if arcs.sentence.numel() == 0:
+        _not_enough(arcs, torch.zeros(2, 0), min_arcs)  # nothing to show
     sums = _Sums(arcs, n_sentences, model_hits, predictor_hits, control_hits)
     order = torch.randperm(n_sentences, generator=torch.Generator().manual_seed(seed))
     halves = (order[: n_sentences // 2].sort().values, order[n_sentences // 2:].sort().values)
     per_half = [sums.over(h) for h in halves]
     counts = torch.stack([p[0] for p in per_half])  # (2, G)
     eligible = (counts >= min_arcs).all(0)  # (G,)
+    note = ""
     if not eligible.any():
-        _not_enough(arcs, counts, min_arcs)
+        note = _few_arcs(arcs, counts, min_arcs, n_sentences, threshold)  # degrade: accuracies, no held-out margin
     margins = torch.stack([model / n.clamp(min=1)[:, None] - (best / n.clamp(min=1))[:, None]
                            for n, model, best, _ in per_half])  # (2, G, LH)
     margins = margins.masked_fill(~eligible[None, :, None], float("-inf"))
@@ -145,7 +155,7 @@ def score_arcs(model_hits: torch.Tensor, arcs: Arcs, n_sentences: int, shape: tu
     table = pd.concat(frames, ignore_index=True).sort_values(["layer", "head", "relation", "direction"],
                                                              ignore_index=True)
     heads = _head_rows(table, threshold, sums.control is not None)
-    return table, heads
+    return table, heads, note
 
 
 def _held_out(measured_margins, measured_counts, chosen) -> torch.Tensor:
@@ -191,6 +201,8 @@ def _head_rows(table, threshold: float, has_control: bool):
     import pandas as pd
 
     candidates = table[table.held_out_margin.notna()]
+    if candidates.empty:  # too few arcs to hold any out: each head's pair of largest in-sample margin, unscored
+        return _unscored_head_rows(table, has_control)
     best = (candidates.sort_values(["layer", "head", "ci_low", "held_out_margin", "n"],
                                    ascending=[True, True, False, False, False], kind="stable")
             .groupby(["layer", "head"], sort=True).head(1).reset_index(drop=True))
@@ -211,6 +223,38 @@ def _head_rows(table, threshold: float, has_control: bool):
     })
 
 
+def _unscored_head_rows(table, has_control: bool):
+    """One row per head when nothing could be held out: its (relation, direction) of largest
+    in-sample margin (accuracy - baseline, more arcs first on ties), score and CI NaN, no label."""
+    import pandas as pd
+
+    best = (table.assign(_margin=table.accuracy - table.baseline)
+            .sort_values(["layer", "head", "_margin", "n"], ascending=[True, True, False, False], kind="stable")
+            .groupby(["layer", "head"], sort=True).head(1).reset_index(drop=True))
+    nan = float("nan")
+    if has_control:
+        control_best = table.groupby(["relation", "direction"]).control_accuracy.max()
+        control = best.control_accuracy - best.baseline
+        control_max = [control_best[(r, d)] - b for r, d, b in zip(best.relation, best.direction, best.baseline)]
+    else:
+        control = control_max = nan
+    return pd.DataFrame({
+        "layer": best.layer.astype(int), "head": best["head"].astype(int), "detector": "syntactic",
+        "score": nan, "ci_low": nan, "ci_high": nan, "n": best.n.astype(int), "relation": best.relation,
+        "direction": best.direction, "label": "none", "control": control, "control_max": control_max,
+    })
+
+
+def _few_arcs(arcs: Arcs, counts: torch.Tensor, min_arcs: int, n_sentences: int, threshold: float) -> str:
+    fewest = counts.min(0).values
+    g = int(fewest.argmax())
+    return (f"no relation has the {min_arcs} arcs in each half of the {n_sentences} sentences that the held-out "
+            f"significance rule needs (the most is {arcs.relations[g // 2]} {DIRECTIONS[g % 2]} with {int(fewest[g])}), "
+            f"so {FEW_ARCS} (its syntactic score is NaN); each head's accuracy, baselines and "
+            f"control accuracy per relation are on all sentences (in-sample); give more sentences for labels "
+            f"(a margin of {threshold:g} needs about {2 * min_arcs} arcs of a relation)")
+
+
 def _kind(winner: int, n_heads: int, numbers: torch.Tensor) -> str:
     if winner < len(PREDICTORS):
         return PREDICTORS[winner]
@@ -219,9 +263,7 @@ def _kind(winner: int, n_heads: int, numbers: torch.Tensor) -> str:
 
 
 def _not_enough(arcs: Arcs, counts: torch.Tensor, min_arcs: int):
-    fewest = counts.min(0).values
-    g = int(fewest.argmax())
-    seen = (f"the most is {arcs.relations[g // 2]} {DIRECTIONS[g % 2]} with {int(fewest[g])}"
-            if fewest.numel() else "none were found")
-    raise NotEnoughArcs(f"no relation has at least {min_arcs} scored arcs in each half of the sentences ({seen}); "
-                         "give more sentences or lower min_arcs")
+    """Raised only when there is no scored arc at all (fewer than ``min_arcs`` degrade instead)."""
+    raise NotEnoughArcs("the treebank sentences have no scored dependency arc (none were found: root and punct arcs "
+                        "are not scored, and a causal model scores an arc only towards an earlier word); "
+                        "give sentences with dependency arcs")

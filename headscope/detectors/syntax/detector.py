@@ -72,20 +72,22 @@ class SyntacticDetector(Detector):
         best = result["best"]
         # None, not NaN, where a relation has no held-out margin: meta is JSON and must survive a round trip
         records = best.astype(object).where(best.notna(), None).to_dict(orient="records")
-        meta = {"syntax_best": records, "syntax_notes": list(probe.notes)}
+        meta = {"syntax_best": records, "syntax_notes": list(probe.notes) + ([result["note"]] if result["note"] else [])}
         return Finding(result["heads"], names, meta, {"syntax": result["table"]})
 
     def score_sentences(self, model: Collected, control: Optional[Collected], probe, seed: int) -> dict:
-        """{"table", "heads", "best"}: every head x relation x direction, one row per head (with
-        the extra columns relation, direction, label), the best head per relation."""
+        """{"table", "heads", "best", "note"}: every head x relation x direction, one row per head
+        (with the extra columns relation, direction, label), the best head per relation, and ""
+        or why nothing could be held out (too few arcs: no labels, accuracies kept)."""
         arcs = probe.arcs
         pieces = [[a.token_words.count(w) for w in range(a.n_words)] for a in probe.alignments]
         control_hits = None if control is None else arc_hits(predictions(control, probe), arcs).flatten(1)
-        table, heads = score_arcs(arc_hits(predictions(model, probe), arcs).flatten(1), arcs, len(probe.sentences),
-                                  (len(model.attention_layers), model.n_heads),
-                                  predictor_hits(arcs, probe.sentences, pieces), control_hits, min_arcs=self.min_arcs,
-                                  threshold=self.threshold, seed=seed, layers=model.attention_layers)
-        return {"table": table, "heads": heads, "best": best_heads(table, self.min_arcs)}
+        table, heads, note = score_arcs(arc_hits(predictions(model, probe), arcs).flatten(1), arcs, len(probe.sentences),
+                                        (len(model.attention_layers), model.n_heads),
+                                        predictor_hits(arcs, probe.sentences, pieces), control_hits,
+                                        min_arcs=self.min_arcs, threshold=self.threshold, seed=seed,
+                                        layers=model.attention_layers)
+        return {"table": table, "heads": heads, "best": best_heads(table, self.min_arcs), "note": note}
 
 
 syntactic = SyntacticDetector(

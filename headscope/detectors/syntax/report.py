@@ -23,11 +23,12 @@ from ..section import (
     ReportSection, analysis_table, cell_flag, cell_number, cell_text, figure_style, plotly_text,
 )
 
-__all__ = ["SECTION", "SyntaxSection", "SyntaxData", "SyntaxBest", "SyntaxRelation", "syntax_best", "syntax_relations",
+__all__ = ["FEW_ARCS", "SECTION", "SyntaxSection", "SyntaxData", "SyntaxBest", "SyntaxRelation", "syntax_best", "syntax_relations",
            "syntax_figure", "treebank_text", "SYNTAX_ID", "SYNTAX_TABLE"]
 
 SYNTAX_ID = "hs-syntax"
 SYNTAX_TABLE = "syntax"  # the analysis table the detector's finalize leaves (`Finding.tables`)
+FEW_ARCS = "no head is labelled syntactic"  # in the note of a treebank too small for the held-out rule
 
 
 class SyntaxBest(NamedTuple):
@@ -177,9 +178,10 @@ class SyntaxSection(ReportSection):
         return [] if treebank is None else [("Treebank", treebank)]
 
     def warnings(self, meta: dict) -> list:
+        notes = [str(note) for note in meta.get("syntax_notes", [])]
         if "syntactic" in meta.get("detectors", {}):  # analyses saved before "skipped_detectors" say it in the notes
-            return []
-        return [str(note) for note in meta.get("syntax_notes", []) if "skipped" in str(note)]
+            return [note for note in notes if FEW_ARCS in note]  # a small treebank: scored, but no label possible
+        return [note for note in notes if "skipped" in note]
 
     def plot(self, source):
         """`headscope.report.plotting.plot_syntax`: from an `Analysis` with syntax scores or a

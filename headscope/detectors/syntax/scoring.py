@@ -127,13 +127,16 @@ def best_heads(table, min_arcs: int):
 
     Args:
         table: the per-pair table of ``crossfit.score_arcs``.
-        min_arcs: only (relation, direction) pairs with at least this many arcs compete.
+        min_arcs: only (relation, direction) pairs with at least this many arcs compete (all
+            pairs when none has that many: a small treebank still shows its best heads).
     Returns:
         DataFrame relation, layer, head, direction, accuracy, baseline_kind, baseline_accuracy,
         held_out_margin, significant, n; most frequent relation first. Ties go to the lower
         layer, head.
     """
     frequent = table[table.n >= min_arcs]
+    if frequent.empty:
+        frequent = table
     ordered = frequent.sort_values(["relation", "accuracy", "layer", "head"], ascending=[True, False, True, True],
                                    kind="stable")
     best = ordered.groupby("relation", sort=False).head(1).rename(columns={"baseline": "baseline_accuracy"})

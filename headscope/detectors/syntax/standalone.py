@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ...errors import HeadscopeError
+from ...checks import check_loaded
 from ...probes.treebank import CAUSAL_NOTE, TreebankProbe
 from ..protocol import Progress
 from ..runner import Timings, collect_with_control
@@ -78,6 +79,7 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
         HeadscopeError: no sentences, invalid trees, bad arguments, every sentence longer
             than the context, or no relation with ``min_arcs`` arcs.
     """
+    check_loaded(loaded, "run_syntax")
     timings = Timings()
     if batch_size < 1 or min_arcs < 1:
         raise HeadscopeError(f"batch_size and min_arcs must be at least 1 (got {batch_size}, {min_arcs})")
@@ -91,5 +93,6 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
             "causal": loaded.causal, "bos_added": probe.bos_added, "max_sentences": max_sentences,
             "min_arcs": min_arcs, "threshold": threshold, "seed": seed, "control": control is not None,
             "seconds": timings.rounded()["total"]}
-    return SyntaxResult(table=scored["table"], best=scored["best"], head_scores=scored["heads"], notes=list(probe.notes),
+    return SyntaxResult(table=scored["table"], best=scored["best"], head_scores=scored["heads"],
+                        notes=list(probe.notes) + ([scored["note"]] if scored["note"] else []),
                         meta=meta)
