@@ -106,7 +106,7 @@ def _verify(inputs):
 API_FAULTS = [
     ApiFault("capture-layers-strings", in_capture(layers=["a"]), "layers must hold integers, got 'a'"),
     ApiFault("capture-layers-one-int", in_capture(layers=1), "layers must be a list of integers such as [0, 2], got 1"),
-    ApiFault("capture-layer-out-of-range", in_capture(layers=[7]), "layer 7 is out of range: the model has 2 layers"),
+    ApiFault("capture-layer-out-of-range", in_capture(layers=[7]), "layer 7 is out of range: the model's attention layers are 0-1"),
     ApiFault("capture-heads-float", in_capture(heads=[0.5]), "heads must hold integers, got 0.5"),
     ApiFault("capture-to-bogus", in_capture(to="bogus"), "to='bogus' is not a device"),
     ApiFault("capture-reduce-not-callable", in_capture(reduce=5), "reduce must be a function"),
