@@ -381,6 +381,8 @@ def geometry_command(
         raise HeadscopeError(f"--examples and --steps must be at least 1 and --seq-len at least 2 "
                              f"(got {examples}, {steps}, {seq_len})")
     target = Analysis.load(into) if into is not None else None  # a bad folder fails before the model loads
+    if into is not None:  # re-written atomically at the end: its checks (permission, ...) come before any work
+        atomic_dir(into, force=True, protect=[Path(model)] if Path(model).exists() else [])
     guard = None
     if out is not None or into is None:  # its own folder, written atomically; checked before any work
         inputs = [path for path in (model, into) if path is not None and Path(path).exists()]

@@ -147,3 +147,24 @@ def test_the_default_output_folder_is_named_for_the_real_model(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m" / "sub").mkdir(parents=True)
     assert _default_out(spec) == Path("reports") / expected
+
+
+def test_geometry_into_a_folder_that_cannot_be_written_fails_before_loading(planted_path, tmp_path, monkeypatch):
+    import os
+
+    from tests.support.fake_analysis import fake_analysis
+
+    analysis = fake_analysis().save(tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in analysis.iterdir() if p.is_file()}
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == tmp_path else real_access(path, mode))
+    import headscope.cli
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the folder was checked")
+
+    monkeypatch.setattr(headscope.cli.loader, "load", no_load)
+    result = CliRunner().invoke(app, ["geometry", planted_path, "--into", str(analysis), *GEOMETRY])
+    assert result.exit_code == 1 and "permission denied" in result.output, result.output
+    assert {p.name: p.read_bytes() for p in analysis.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
