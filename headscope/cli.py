@@ -73,7 +73,11 @@ def _friendly(fn):
         def terminated(signum, frame):  # torchrun stops the others when one process fails
             raise KeyboardInterrupt
 
-        previous = signal.signal(signal.SIGTERM, terminated)
+        # The entry point's handler (atomic.exit_on_interrupt) already cleans up and exits 143;
+        # only a command called without it (CliRunner, an embedding program) gets this one.
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, terminated)
         try:
             return fn(*args, **kwargs)
         except HeadscopeError as err:

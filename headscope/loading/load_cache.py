@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .. import __version__
+from ..atomic import temporary
 
 __all__ = ["cache_root", "source_key", "SourceKey", "lookup", "store", "cache_usage", "clear_cache",
            "CacheUsage", "MANIFEST"]
@@ -145,10 +146,11 @@ def store(key: SourceKey, write: Callable[[Path], None]) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     try:
-        write(tmp)
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        manifest = {"key": key.__dict__, "files": files, "crc32": {name: _crc32(tmp / name) for name in files}}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        with temporary(tmp):  # removed by the command line's interrupt handler, which raises nothing
+            write(tmp)
+            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+            manifest = {"key": key.__dict__, "files": files, "crc32": {name: _crc32(tmp / name) for name in files}}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         try:
             os.rename(tmp, final)  # atomic; refuses when the entry exists already
         except OSError:

@@ -35,3 +35,22 @@ def test_ctrl_c_at_any_moment_exits_130_in_one_line(planted_path, tmp_path, afte
     assert not out.exists()
     leftovers = [p for p in (tmp_path / "reports").glob(".*")] if (tmp_path / "reports").exists() else []
     assert leftovers == []
+
+
+def test_sigterm_in_a_command_exits_143_through_the_entry_handler(planted_path, tmp_path):
+    """The command's own SIGTERM handling (for CliRunner and embedding programs) steps aside for
+    the entry point's, so SIGTERM ends a command line run with 143 as the README says."""
+    out = tmp_path / "reports" / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "headscope", "analyze", planted_path, "--out", str(out),
+                             "--n-examples", "8", "--seq-len", "40", "--repeat-len", "10", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=180)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal")
+    assert proc.returncode == 143, stderr
+    said = [line for line in stderr.splitlines() if "terminated" in line]
+    assert len(said) == 1 and "nothing was written" in said[0] and "Traceback" not in stderr, stderr
+    assert not out.exists()
