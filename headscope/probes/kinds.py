@@ -114,6 +114,9 @@ class NeedleProbe:
         max_len: longest prompt to build (None: the model's context).
         needles, question: the sentences hidden and the request after the haystack
             (`headscope.probes.needle.NEEDLES`, `QUESTION`; shorter ones fit a short context).
+        control_max_len: the control twin reads only the prompts up to this length (None: all);
+            a random twin's argmax lands on the needle by chance more often in short prompts,
+            so its best head there is the stricter bar.
     """
 
     lengths: tuple[int, ...] = (2048, 4096, 8192)
@@ -122,6 +125,7 @@ class NeedleProbe:
     max_len: Optional[int] = None
     needles: tuple[str, ...] = NEEDLES
     question: str = QUESTION
+    control_max_len: Optional[int] = None
     name: ClassVar[str] = "needle"
 
     def kept_lengths(self, loaded) -> list[int]:
@@ -138,7 +142,7 @@ class NeedleProbe:
     def build(self, loaded, seed: int) -> "NeedleSet":
         kept = self.kept_lengths(loaded)
         examples = needle_probe(loaded.tokenizer, kept, self.depths, self.n_needles, seed, self.needles, self.question)
-        return NeedleSet(examples, kept, tuple(self.depths), self.n_needles)
+        return NeedleSet(examples, kept, tuple(self.depths), self.n_needles, control_max_len=self.control_max_len)
 
     def eval_probe(self, loaded, n_examples: int, seed: int) -> EvalProbe:
         """Prompts of the shortest kept length, every answer token scored (needle-copy loss and
@@ -160,7 +164,7 @@ class NeedleSet:
 
     Attributes:
         examples: `NeedleExample`s, length-major.
-        lengths, depths, n_needles: the settings, `lengths` those kept.
+        lengths, depths, n_needles, control_max_len: the settings, `lengths` those kept.
     """
 
     examples: list[NeedleExample]
@@ -169,16 +173,25 @@ class NeedleSet:
     n_needles: int
     name: str = "needle"
     extra_meta: dict = field(default_factory=dict)
+    control_max_len: Optional[int] = None
+
+    def control_examples(self) -> list[NeedleExample]:
+        """The prompts the control twin reads (those up to `control_max_len` tokens)."""
+        limit = self.control_max_len
+        return [e for e in self.examples if limit is None or e.length <= limit]
 
     @property
     def seq_len(self) -> int:
         return max(e.length for e in self.examples)
 
     def meta(self) -> dict:
-        return {"n_examples": len(self.examples), "seq_len": self.seq_len, "lengths": list(self.lengths),
+        meta = {"n_examples": len(self.examples), "seq_len": self.seq_len, "lengths": list(self.lengths),
                 "depths": list(self.depths), "n_needles": self.n_needles,
                 "description": f"needle prompts, lengths {list(self.lengths)} x depths {list(self.depths)} x "
                                f"{self.n_needles} needle(s), answer teacher-forced"}
+        if self.control_max_len is not None:  # recorded only when set: older analyses had no such key
+            meta["control_max_len"] = self.control_max_len
+        return meta
 
     def explorer_ids(self, n: int, length: int):
         return None  # prompts of thousands of tokens: no map for the head explorer

@@ -164,3 +164,22 @@ def test_validate_retrieval_draws_random_heads_from_the_top_heads_layers():
         assert sorted(layer for layer, _ in drawn) == [0, 1] and not {(0, 0), (1, 3)} & set(drawn)
     assert (frame.delta == frame.accuracy - frame.accuracy[0]).all()
     assert frame.attrs["n_examples"] == 1
+
+
+def test_validate_retrieval_accuracies_are_needle_copy_accuracy_on_fresh_prompts():
+    """validate's measuring core (`ProbeRunner` on `NeedleProbe.eval_probe`) gives the share of
+    answer tokens predicted that `needle_copy_accuracy` counts one prompt at a time, pooled over
+    two lengths by answer tokens, on the seed + 1 prompts."""
+    import pandas as pd
+
+    from headscope.detectors.retrieval.scoring import RetrievalResult, validate_retrieval
+
+    loaded = _tiny_loaded("llama")
+    scores = pd.DataFrame({"layer": [0] * 6 + [1] * 6, "head": list(range(6)) * 2, "score": [0.5] + [0.0] * 10 + [0.4]})
+    frame = validate_retrieval(loaded, RetrievalResult(scores, None, None),
+                               k=2, n_random=1, seed=3, lengths=(120, 200), depths=(0.3, 0.7), n_needles=1)
+    examples = needle_probe(loaded.tokenizer, [120], (0.3, 0.7), 1, 4) + needle_probe(loaded.tokenizer, [200], (0.3, 0.7), 1, 4)
+    for row in frame.itertuples(index=False):
+        heads = [tuple(map(int, h.split("."))) for h in row.heads.split(";")] if row.heads else []
+        assert row.accuracy == pytest.approx(needle_copy_accuracy(loaded, examples, heads), abs=1e-12)
+    assert frame.attrs["n_examples"] == 4 and frame.attrs["seed"] == 4

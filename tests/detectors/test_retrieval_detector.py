@@ -57,6 +57,29 @@ def test_analyze_gives_the_scores_of_retrieval_scores(planted, planted_retrieval
     assert labelled.tolist() == result.scores.retrieval.tolist()
 
 
+def test_control_max_len_is_a_probe_setting_analyze_and_retrieval_scores_share(planted):
+    """The control reads only the prompts up to `control_max_len`, in analyze as in
+    retrieval_scores (one core); its column is the twin's mean over those prompts alone."""
+    import dataclasses
+
+    from headscope.detectors.retrieval.scoring import _per_example
+    from headscope.loading.control import resolve_control
+
+    settings = dict(SHORT, lengths=(POSITIONS - 6, POSITIONS), control_max_len=POSITIONS - 6)
+    analysis = headscope.analyze(planted, detectors=["retrieval"], probes=[NeedleProbe(**settings)], explorer_examples=0)
+    result = retrieval_scores(planted, **settings)
+    pd.testing.assert_frame_equal(analysis.scores[SCORE_COLUMNS], result.scores[SCORE_COLUMNS])
+    assert analysis.meta["probes"]["needle"]["control_max_len"] == POSITIONS - 6
+    assert result.meta["control"]["lengths"] == [POSITIONS - 6]
+    twin, _ = resolve_control(planted, "random-init", 0)
+    short = [e for e in NeedleProbe(**settings).build(planted, 0).examples if e.length == POSITIONS - 6]
+    assert len(short) == 3
+    expected = _per_example(twin, short, False, None, "test")[0].mean(-1)
+    assert result.scores.control.tolist() == pytest.approx(expected.tolist(), abs=1e-12)
+    assert "control_max_len" not in PROBE.build(planted, 0).meta()  # unset: meta.json as before
+    assert dataclasses.replace(PROBE, control_max_len=None) == PROBE
+
+
 def test_lengths_beyond_the_context_are_dropped_or_refused(planted):
     probe = NeedleProbe(**{**SHORT, "lengths": (POSITIONS, POSITIONS + 1)}).build(planted, 0)
     assert probe.lengths == [POSITIONS] and probe.seq_len == POSITIONS

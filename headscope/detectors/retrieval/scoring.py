@@ -25,13 +25,14 @@ plain forward pass. The argmax does not depend on the scale, a soft-cap (monoton
 logit (shared by a row); models whose mask adds a position bias (ALiBi) would need it and are not
 handled.
 
-- `retrieval_scores(loaded, lengths, depths, n_needles, ...)` -> `RetrievalResult`; the same
-  scores as `headscope.analyze(loaded, ["retrieval"], [NeedleProbe(...)])`, both through
-  `score_needles` (the one scoring core); `run_retrieval` is the detector's `run`.
+- `retrieval_scores(loaded, lengths, depths, n_needles, ...)` -> `RetrievalResult`; a thin call
+  into analyze's core: the same `NeedleProbe`, control and `run_retrieval` (the detector's
+  `run`, over `score_needles`) as `headscope.analyze(loaded, ["retrieval"], [NeedleProbe(...)])`.
 - `needle_copy_accuracy(loaded, examples, heads=(), mode="zero")`: share of answer tokens the model
   predicts, with heads ablated.
 - `validate_retrieval(loaded, result, k=5, n_random=5, ...)`: top-k retrieval heads against
-  random same-layer heads, by needle-copy accuracy.
+  random same-layer heads, by needle-copy accuracy, measured by `headscope.validate`'s core
+  (`NeedleProbe.eval_probe`, `ProbeRunner`, `random_head_draws`).
 - `answer_rows(q, k, queries, scale)`, `copy_scores(argmax_keys, ...)`: the two formulas above.
 - `RETRIEVAL`: the detector (threshold, formula, source, `run`), registered as "retrieval" by
   `headscope.detectors.retrieval`; opt-in, as it needs long prompts.
@@ -55,6 +56,7 @@ from ...probes.needle import NEEDLES, QUESTION, NeedleExample, needle_probe
 from ...probes.kinds import NeedleProbe
 from ..protocol import Detector, Finding, Progress
 from ..stats import bootstrap_mean_ci, random_head_draws
+from ...causal.measure import ProbeRunner
 
 __all__ = ["RETRIEVAL", "THRESHOLD", "SUCCESS", "RetrievalResult", "retrieval_scores", "score_needles", "run_retrieval",
            "answer_rows", "copy_scores", "run_needle", "needle_copy_accuracy", "validate_retrieval"]
@@ -235,10 +237,11 @@ def score_needles(loaded, twin, examples: Sequence[NeedleExample], seed: int, pr
 
 
 def run_retrieval(loaded, twin, probe, seed: int, progress: Optional[Progress] = None) -> Finding:
-    """`RETRIEVAL.run`: what `headscope.analyze` calls with the built needle probe
-    (`headscope.probes.kinds.NeedleSet`) and its control twin. The per-length scores and the
-    per-example accuracies become the analysis's `retrieval` and `needles` tables."""
-    rows, by_length, per_example = score_needles(loaded, twin, probe.examples, seed, progress)
+    """`RETRIEVAL.run`: what `headscope.analyze` (and `retrieval_scores`) calls with the built
+    needle probe (`headscope.probes.kinds.NeedleSet`) and its control twin, which reads the
+    probe's `control_examples()`. The per-length scores and the per-example accuracies become
+    the analysis's `retrieval` and `needles` tables."""
+    rows, by_length, per_example = score_needles(loaded, twin, probe.examples, seed, progress, probe.control_examples())
     return Finding(rows, tables={"retrieval": by_length, "needles": per_example})
 
 
@@ -248,8 +251,10 @@ def retrieval_scores(loaded, lengths: Sequence[int] = (2048, 4096, 8192), depths
                      needles: Sequence[str] = NEEDLES, question: str = QUESTION) -> RetrievalResult:
     """Retrieval score of every head on needle prompts, with bootstrap CIs and a control.
 
-    The same scores as `headscope.analyze(loaded, ["retrieval"], [NeedleProbe(lengths, depths,
-    n_needles, max_len, needles, question)])` (`control_max_len` aside), as a `RetrievalResult`.
+    A thin call into analyze's core: the same probe settings (`NeedleProbe`), the same control
+    (`resolve_control`) and the same `RETRIEVAL.run` as `headscope.analyze(loaded, ["retrieval"],
+    [NeedleProbe(lengths, depths, n_needles, max_len, needles, question, control_max_len)])`,
+    so the same scores, returned as a `RetrievalResult` with the label rule's verdict per head.
 
     Args:
         loaded: a `headscope.load(...)` result of a causal model.
@@ -268,18 +273,17 @@ def retrieval_scores(loaded, lengths: Sequence[int] = (2048, 4096, 8192), depths
         A `RetrievalResult`.
     """
     check_loaded(loaded, "retrieval_scores")
-    settings = NeedleProbe(tuple(lengths), tuple(depths), n_needles, max_len, tuple(needles), question)
+    settings = NeedleProbe(tuple(lengths), tuple(depths), n_needles, max_len, tuple(needles), question, control_max_len)
     probe = settings.build(loaded, seed)
-    examples = probe.examples
-    twin, control_meta = resolve_control(loaded, control, seed)
-    control_examples = [e for e in examples if control_max_len is None or e.length <= control_max_len]
-    frame, by_length, table = score_needles(loaded, twin, examples, seed, progress, control_examples)
+    twin, control_meta = resolve_control(loaded, control, seed)  # as analyze resolves it
+    finding = RETRIEVAL.run(loaded, twin, probe, seed, progress)  # what analyze calls
+    frame = finding.rows
     if twin is not None:
-        control_meta["lengths"] = sorted({e.length for e in control_examples})
+        control_meta["lengths"] = sorted({e.length for e in probe.control_examples()})
     frame["retrieval"] = [passes(RETRIEVAL, s, lo, c) for s, lo, c in zip(frame.score, frame.ci_low, frame.control_max)]
     meta = {"model": loaded.name, "lengths": probe.lengths, "depths": list(depths), "n_needles": n_needles, "seed": seed,
             "threshold": THRESHOLD, "success": SUCCESS, "control": control_meta, "detector": RETRIEVAL.describe()}
-    return RetrievalResult(frame, by_length, table, meta, examples)
+    return RetrievalResult(frame, finding.tables["retrieval"], finding.tables["needles"], meta, probe.examples)
 
 
 @torch.no_grad()
@@ -307,11 +311,16 @@ def needle_copy_accuracy(loaded, examples: Sequence[NeedleExample], heads: Seque
 
 def validate_retrieval(loaded, result: RetrievalResult, k: int = 5, n_random: int = 5, seed: int = 0,
                        lengths: Sequence[int] = (1024,), depths: Sequence[float] = (0.1, 0.5, 0.9), n_needles: int = 2,
-                       mode: str = "zero"):
+                       mode: str = "zero", batch_size: int = 4):
     """Ablate the top-k retrieval heads and `n_random` draws of random heads from the same layers.
 
-    The needle prompts use seed + 1, so they are not the ones the scores came from. Random heads
-    are drawn, as many per layer as the top-k has there, from heads that are not among the top-k.
+    Measured by `headscope.validate`'s core: each length's prompts are the needle probe's
+    `NeedleProbe.eval_probe` (seed + 1, so not the prompts the scores came from; every answer
+    token scored) run by its `ProbeRunner`, whose accuracy is needle-copy accuracy (the share of
+    answer tokens the model predicts, as `needle_copy_accuracy`); over several lengths the
+    accuracies are pooled over their answer tokens. Random heads are drawn as `validate` draws
+    them (`random_head_draws`): as many per layer as the top-k has there, none of the top-k.
+    "mean" ablation substitutes each head's mean z over the unablated prompts (`validate`'s rule).
 
     Returns:
         DataFrame: ablation ("none", "top", "random 1", ...), heads ("l.h;..."), accuracy, delta
@@ -321,20 +330,30 @@ def validate_retrieval(loaded, result: RetrievalResult, k: int = 5, n_random: in
     import numpy as np
     import pandas as pd
 
+    if mode not in ("zero", "mean"):
+        raise HeadscopeError(f"unknown ablation mode {mode!r}; use 'zero' or 'mean'")
     top = [(int(r.layer), int(r.head)) for r in result.top(k).itertuples(index=False)]
     draws = random_head_draws(top, set(top), loaded.n_heads, n_random, np.random.default_rng(seed))
     if draws is None:
         raise HeadscopeError(f"a layer of the top {len(top)} heads has too few other heads for a random draw")
-    examples = needle_probe(loaded.tokenizer, lengths, depths, n_needles, seed + 1)
-    base = needle_copy_accuracy(loaded, examples)
-    rows = [("none", [], base)]
-    rows.append(("top", top, needle_copy_accuracy(loaded, examples, top, mode)))
-    rows += [(f"random {i + 1}", draw, needle_copy_accuracy(loaded, examples, draw, mode)) for i, draw in enumerate(draws)]
+    per_length = len(depths) * n_needles
+    runners = [ProbeRunner(loaded, NeedleProbe((length,), tuple(depths), n_needles).eval_probe(loaded, per_length, seed + 1),
+                           batch_size) for length in lengths]
+    answers = [int(runner.probe.scored.sum()) for runner in runners]
+
+    def accuracy(heads) -> float:
+        measured = [runner.measure(heads, mode) if heads else runner.baseline for runner in runners]
+        return sum(m.accuracy * n for m, n in zip(measured, answers)) / sum(answers)
+
+    base = accuracy([])
+    rows = [("none", [], base), ("top", top, accuracy(top))]
+    rows += [(f"random {i + 1}", draw, accuracy(draw)) for i, draw in enumerate(draws)]
     frame = pd.DataFrame([{"ablation": name, "heads": ";".join(f"{l}.{h}" for l, h in heads), "accuracy": acc,
                            "delta": acc - base} for name, heads, acc in rows])
     random_deltas = frame.delta[frame.ablation.str.startswith("random")]
     frame.attrs = {"hurts_more": bool(frame.delta[1] < 0 and frame.delta[1] < random_deltas.min()), "mode": mode, "lengths": list(lengths),
-                   "depths": list(depths), "n_needles": n_needles, "seed": seed + 1, "n_examples": len(examples)}
+                   "depths": list(depths), "n_needles": n_needles, "seed": seed + 1,
+                   "n_examples": sum(len(runner.probe) for runner in runners)}
     return frame
 
 
