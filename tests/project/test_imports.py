@@ -136,3 +136,60 @@ def test_top_level_holds_at_most_ten_modules():
     packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
     assert {"attention", "loading", "probes", "detectors", "analysis", "head_geometry", "causal", "report",
             "hf"} <= set(packages)
+
+
+# Packages whose purpose is one built-in detector's output: KV-cache policies rank heads by
+# retrieval (or induction and duplicate-token) scores and are evaluated on needle prompts; the
+# training timeline's phase change is the induction head's. They consume those names by design.
+CONSUMERS = ("kv", "training")
+SPECIFIC_MODULES = ("detectors.retrieval", "detectors.syntax", "detectors.patterns", "probes.needle",
+                    "probes.treebank", "probes.conllu", "probes.arcs", "probes.align")
+PROBE_CLASSES = {"TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe"}
+
+
+def _builtin_names() -> set[str]:
+    from headscope.detectors.registry import REGISTRY
+    from headscope.probes.kinds import PROBE_KINDS
+
+    return set(REGISTRY) | set(PROBE_KINDS)
+
+
+def _lines_naming_builtins(path: Path, names: set[str]) -> set[int]:
+    """Code lines (docstrings and comments aside) with a string that is a built-in detector or
+    probe name (or "name:qualifier"), an import of a detector's or probe kind's own module, or
+    a probe kind's class; dict keys (plotly's "text") and CLI option help do not count."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {id(key) for node in ast.walk(tree) if isinstance(node, ast.Dict) for key in node.keys if key is not None}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                skipped.add(id(first.value))  # docstring
+        if isinstance(node, ast.keyword) and node.arg == "help":
+            skipped |= {id(n) for n in ast.walk(node.value)}
+        if isinstance(node, ast.JoinedStr):
+            skipped |= {id(n) for n in ast.walk(node)}
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped:
+            if node.value in names or node.value.split(":")[0] in names:
+                lines.add(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and any(m in (node.module or "") for m in SPECIFIC_MODULES):
+            lines.add(node.lineno)
+        elif isinstance(node, (ast.ImportFrom, ast.Import)) and {a.name for a in node.names} & PROBE_CLASSES:
+            lines.add(node.lineno)
+        elif isinstance(node, ast.Name) and node.id in PROBE_CLASSES:
+            lines.add(node.lineno)
+    return lines
+
+
+def test_few_code_lines_outside_detectors_and_probes_name_a_builtin():
+    names = _builtin_names()
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        part = path.relative_to(PACKAGE).parts[0]
+        if part in ("detectors", "probes") + CONSUMERS:
+            continue
+        found += [f"{path.relative_to(PACKAGE)}:{line}" for line in sorted(_lines_naming_builtins(path, names))]
+    assert len(found) <= 20, "\n".join(found)
+    assert _lines_naming_builtins(PACKAGE / "training" / "toy.py", names), "the check finds names where they are"
