@@ -12,7 +12,7 @@ import torch
 import headscope
 from headscope.attention.kernel import attention
 from headscope.attention.lazy import lazy_attention, lse_kernel
-from tests.attention.test_lazy import EXTRAS, FP32, MASKS, _qkv
+from tests.attention.test_lazy import EXTRAS, MASKS, _qkv, assert_lazy_is_the_pattern
 from tests.support.tiny import tiny_inputs, tiny_model, output_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -37,14 +37,7 @@ def test_flex_entries_equal_the_full_pattern_in_fp32(mask_kind, extra):
     z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **extras)
     assert lazy.kernel == "flex"
     z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True, **extras)
-    torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **FP32)
-    for offset in (-1, 0):
-        ref = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
-        keep = rows[:, max(0, -offset):max(0, -offset) + ref.shape[-1]]
-        torch.testing.assert_close(lazy.diagonal(offset).transpose(1, 2)[keep], ref.transpose(1, 2)[keep], **FP32)
-    torch.testing.assert_close(lazy.column(0).transpose(1, 2)[rows], pattern[..., 0].transpose(1, 2)[rows], **FP32)
-    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)
-    torch.testing.assert_close(lazy.entropy().transpose(1, 2)[rows], entropy.transpose(1, 2)[rows], **FP32)
+    assert_lazy_is_the_pattern(z, lazy, z_ref, pattern, rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

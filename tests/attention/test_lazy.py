@@ -62,6 +62,27 @@ MASKS = {
 }
 
 
+def assert_lazy_is_the_pattern(z, lazy, z_ref, pattern, rows, offsets=(-1, 0), keys=(0,), tolerance=FP32):
+    """z, diagonals, key columns, masses of random targets and entropies of a `LazyPattern` equal
+    the full map's (`pattern`, explicit path) on the rows that see a real key; returns the targets."""
+    b, _, t, _ = pattern.shape
+    torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **tolerance)
+    for offset in offsets:
+        ours, ref = lazy.diagonal(offset), pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
+        first = max(0, -offset)
+        keep = rows[:, first:first + ref.shape[-1]]
+        torch.testing.assert_close(ours.transpose(1, 2)[keep], ref.transpose(1, 2)[keep], **tolerance)
+    for key in keys:
+        torch.testing.assert_close(lazy.column(key).transpose(1, 2)[rows], pattern[..., key].transpose(1, 2)[rows],
+                                   **tolerance)
+    g = torch.Generator().manual_seed(3)
+    targets = ((torch.rand(b, t, t, generator=g) < 0.15) & rows[:, :, None].cpu()).to(pattern.device)
+    torch.testing.assert_close(lazy.mass(targets), (pattern * targets[:, None]).sum(-1), **tolerance)
+    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)
+    torch.testing.assert_close(lazy.entropy().transpose(1, 2)[rows], entropy.transpose(1, 2)[rows], **tolerance)
+    return targets
+
+
 @pytest.mark.parametrize("mask_kind", list(MASKS))
 def test_lazy_entries_equal_the_full_pattern(path, mask_kind):
     q, k, v = _qkv()
@@ -71,20 +92,7 @@ def test_lazy_entries_equal_the_full_pattern(path, mask_kind):
     z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True)
     rows = real  # (B, T): rows of queries that see at least one real key (padded rows carry no meaning)
     assert lazy.shape == tuple(pattern.shape)
-    torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **FP32)
-    for offset in (-3, -1, 0, 1, 2):
-        ours, ref = lazy.diagonal(offset), pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
-        first = max(0, -offset)
-        keep = rows[:, first:first + ref.shape[-1]]
-        torch.testing.assert_close(ours.transpose(1, 2)[keep], ref.transpose(1, 2)[keep], **FP32)
-    for key in (0, 7):
-        torch.testing.assert_close(lazy.column(key).transpose(1, 2)[rows], pattern[..., key].transpose(1, 2)[rows], **FP32)
-    g = torch.Generator().manual_seed(3)
-    targets = (torch.rand(b, t, t, generator=g) < 0.15) & rows[:, :, None]
-    mass = (pattern * targets[:, None]).sum(-1)
-    torch.testing.assert_close(lazy.mass(targets), mass, **FP32)
-    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)
-    torch.testing.assert_close(lazy.entropy().transpose(1, 2)[rows], entropy.transpose(1, 2)[rows], **FP32)
+    targets = assert_lazy_is_the_pattern(z, lazy, z_ref, pattern, rows, offsets=(-3, -1, 0, 1, 2), keys=(0, 7))
     assert lazy.mass(targets).sum() > 1.0  # the targets hold real attention, not only zeros
 
 
@@ -107,17 +115,7 @@ def test_lazy_entries_with_softcap_and_sinks(path, mask_kind, extra):
     z_ref, pattern = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True, **EXTRAS[extra])
     _, plain = attention(q, k, v, mask=mask, is_causal=is_causal, need_pattern=True)
     assert (pattern - plain).abs().max() > 0.1  # the extra changes the pattern a lot
-    torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **FP32)
-    for offset in (-1, 0):
-        ref = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
-        keep = rows[:, max(0, -offset):max(0, -offset) + ref.shape[-1]]
-        torch.testing.assert_close(lazy.diagonal(offset).transpose(1, 2)[keep], ref.transpose(1, 2)[keep], **FP32)
-    torch.testing.assert_close(lazy.column(0).transpose(1, 2)[rows], pattern[..., 0].transpose(1, 2)[rows], **FP32)
-    g = torch.Generator().manual_seed(3)
-    targets = (torch.rand(b, t, t, generator=g) < 0.15) & rows[:, :, None]
-    torch.testing.assert_close(lazy.mass(targets), (pattern * targets[:, None]).sum(-1), **FP32)
-    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)
-    torch.testing.assert_close(lazy.entropy().transpose(1, 2)[rows], entropy.transpose(1, 2)[rows], **FP32)
+    assert_lazy_is_the_pattern(z, lazy, z_ref, pattern, rows)
     sinks = EXTRAS[extra].get("sinks")
     sink_share = (sinks.view(1, -1, 1) - lazy.lse).exp() if sinks is not None else torch.zeros_like(lazy.lse)  # (B, H, Tq)
     missing = (1 - pattern.sum(-1)).transpose(1, 2)[rows]  # (n rows, H): what the keys did not get
