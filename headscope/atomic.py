@@ -116,8 +116,18 @@ def _interrupted(signum) -> None:
     except (OSError, ValueError):
         pass
     name = "terminated" if signum == signal.SIGTERM else "interrupted"
-    os.write(2, f"headscope: {name}; {what}\n".encode())
+    os.write(2, f"headscope: {_torchrun_rank()}{name}; {what}\n".encode())
     os._exit(143 if signum == signal.SIGTERM else 130)
+
+
+def _torchrun_rank() -> str:
+    """"rank N: " in a process torchrun started (its RANK and WORLD_SIZE), else nothing: when
+    torchrun stops every process of a group, each line says whose it is."""
+    try:
+        rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return ""
+    return f"rank {rank}: " if size > 1 else ""
 
 
 def _on_signal(signum, frame) -> None:

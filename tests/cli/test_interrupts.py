@@ -54,3 +54,15 @@ def test_sigterm_in_a_command_exits_143_through_the_entry_handler(planted_path, 
     said = [line for line in stderr.splitlines() if "terminated" in line]
     assert len(said) == 1 and "nothing was written" in said[0] and "Traceback" not in stderr, stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("env, prefix", [({"RANK": "1", "WORLD_SIZE": "2"}, "headscope: rank 1: terminated"),
+                                         ({}, "headscope: terminated")])
+def test_the_interrupt_line_names_the_torchrun_rank(env, prefix):
+    """torchrun stops every process of a group at once: each one's line says which rank it is."""
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    code = "import signal; from headscope import atomic; atomic._interrupted(signal.SIGTERM)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(base, PYTHONPATH=str(ROOT), **env), timeout=60)
+    assert done.returncode == 143
+    assert done.stderr.splitlines() == [f"{prefix}; nothing was written"]
