@@ -208,3 +208,28 @@ def test_family_table_names_the_groups_each_model_has(family):
     assert row.sites.split(", ") == list(GROUPS)
     assert set(GROUPS) <= set(group_names(sites(model)))
     assert row.analyze == (family != "whisper")
+
+
+@pytest.mark.parametrize("family", ENCODER_DECODER_FAMILIES)
+@torch.no_grad()
+def test_lazy_and_head_group_paths_of_cross_attention_are_the_maps(family):
+    """Cross-attention's rectangular rows (7 decoder queries over the encoder's keys) through
+    the fused kernel's LazyPattern and through head groups of 1: the same column, entropy and
+    argmax as the map."""
+    from headscope.attention.pattern import as_pattern
+
+    model = tiny_model(family, kind="encoder_decoder")
+    x = tiny_seq2seq_inputs(family)
+    reduce = lambda layer, pattern, mask: {"column": as_pattern(pattern).column(0),
+                                           "entropy": as_pattern(pattern).entropy(),
+                                           "argmax": as_pattern(pattern).argmax().float()}
+    with headscope.capture(model, sites="decoder.cross", reduce=reduce) as maps:
+        model(**x)
+    with headscope.capture(model, sites="decoder.cross", reduce=reduce, lazy=True) as lazy:
+        model(**x)
+    with headscope.capture(model, sites="decoder.cross", reduce=reduce, chunk_heads=1) as groups:
+        model(**x)
+    for layer in (0, 1):
+        for name, ref in maps.results[layer][0].items():
+            torch.testing.assert_close(lazy.results[layer][0][name], ref, atol=1e-5, rtol=0)
+            torch.testing.assert_close(groups.results[layer][0][name], ref, atol=1e-5, rtol=0)
