@@ -52,6 +52,7 @@ def _eager(model, x, group):
 def test_sites_are_named_by_module_path_kind_and_stack(family):
     model = tiny_model(family, kind="encoder_decoder")
     found = sites(model)
+    assert headscope.sites(model) == found and all(isinstance(s, headscope.Site) for s in found)
     assert [(s.stack, s.kind, s.layer) for s in found] == [
         ("encoder", "self", 0), ("encoder", "self", 1),
         ("decoder", "self", 0), ("decoder", "cross", 0), ("decoder", "self", 1), ("decoder", "cross", 1)]

@@ -374,7 +374,9 @@ def test_models_families_command_prints_the_table():
     assert len(lines) == len(rows)
     for line, row in zip(lines, rows):
         assert line.startswith(row.model_type)
-        assert line[len(row.model_type):].split()[:2] == ["yes" if row.capture else "no", "yes" if row.verify else "no"]
+        assert line[len(row.model_type):].split()[:3] == ["yes" if row.capture else "no", "yes" if row.verify else "no",
+                                                          "yes" if row.analyze else "no"]
+        assert f" {row.sites or '-'} " in line
         assert line.endswith(row.notes)
 
 
