@@ -9,6 +9,9 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `cache_activations(model, names, to="cpu")`: keep only the named activations of forward passes.
 - `patch(loaded, clean, corrupted, metric, hook="z")`: activation patching per head (clean into
   corrupted), and `plot_patching(table)`.
+- `sites(model)` -> `[Site]`: every attention module, by module path, kind (self, cross), stack
+  (text, encoder, decoder) and layer; `capture`, `ablate`, `model_hooks`, `cache_activations`
+  and `patch` take `sites="decoder.cross"` to address a group other than the analysed stack.
 - `verify(model, inputs)`: headscope's attention against the model's own, layer by layer.
 - `ov_copying(loaded)`: each head's OV circuit scored for copying (top-1, eigenvalue share).
 - `retrieval_scores(loaded, lengths=(2048, 4096, 8192))`: retrieval heads on needle prompts
@@ -47,6 +50,8 @@ _EXPORTS = {
     "capture": "headscope.hf.capture",
     "ablate": "headscope.hf.capture",
     "verify": "headscope.hf.verify",
+    "sites": "headscope.hf.sites",
+    "Site": "headscope.hf.sites",
     "patch": "headscope.causal.patching",
     "plot_patching": "headscope.causal.patching",
     "model_hooks": "headscope.hf.hooks",

@@ -108,10 +108,11 @@ def models_command(
 ) -> None:
     """List the bundled model aliases and how to install a missing one (or, with --families, the families)."""
     if families:
-        typer.echo(f"{'family':<14} {'capture':<8} {'verify':<7} notes")
+        typer.echo(f"{'family':<14} {'capture':<8} {'verify':<7} {'analyze':<8} {'sites':<36} notes")
         for row in family_table():
             yes = {True: "yes", False: "no"}
-            typer.echo(f"{row.model_type:<14} {yes[row.capture]:<8} {yes[row.verify]:<7} {row.notes}")
+            typer.echo(f"{row.model_type:<14} {yes[row.capture]:<8} {yes[row.verify]:<7} {yes[row.analyze]:<8} "
+                       f"{row.sites or '-':<36} {row.notes}")
         return
     for entry in loader.models():
         state = "installed" if entry["installed"] else f"missing: {entry['install']}"

@@ -34,6 +34,7 @@ from ..loading.control import resolve_control
 from ..detectors.registry import defaults, get
 from ..checks import check_count
 from ..errors import CannotScore, HeadscopeError
+from ..hf.adapters import adapter_for
 from ..hf.capture import capture
 from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
 from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
@@ -142,6 +143,9 @@ def analyze(
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise HeadscopeError(f"seed must be an integer from 0 to 2**63-1, got {seed!r}")
     check_count("explorer_examples", explorer_examples, least=0)
+    adapter = adapter_for(loaded.model.config)
+    if adapter is not None and adapter.no_analyze:  # whisper: its encoder takes audio features, not token ids
+        raise HeadscopeError(adapter.no_analyze)
     timings = Timings()
     check_weights(loaded.model, loaded.name)  # a NaN in the weights would score as n=0, silently
     plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings)

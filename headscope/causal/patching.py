@@ -13,7 +13,9 @@
   (Heimersheim & Nanda, "How to use and interpret activation patching", 2024: denoising finds
   each of several redundant ("OR") components, noising each of several jointly needed ("AND")
   ones). Heads are batched: each forward pass repeats the rerun batch and patches a different
-  head in each copy, so `heads_per_pass` heads cost one pass.
+  head in each copy, so `heads_per_pass` heads cost one pass. `sites="decoder.cross"` patches
+  another group of attention sites than the analysed stack (`headscope.hf.sites`); the layers
+  in the table are then that group's.
 - `plot_patching(table)`: the effects as a plotly heatmap, layer by head.
 """
 from __future__ import annotations
@@ -25,10 +27,9 @@ import torch
 from ..errors import HeadscopeError
 from ..checks import check_count, check_loaded
 from ..hf.activation_cache import cache_activations
-from ..hf.adapters import head_sizes
 from ..hf.capture import head_pairs
 from ..hf.hooks import model_hooks, point_name
-from ..hf.route import layer_map
+from ..hf.route import selection
 
 __all__ = ["patch", "plot_patching", "HEAD_AXIS", "DIRECTIONS"]
 
@@ -72,6 +73,7 @@ def patch(
     heads: Optional[Iterable[tuple[int, int]]] = None,
     heads_per_pass: Optional[int] = None,
     direction: str = "denoising",
+    sites: Optional[str] = None,
 ):
     """Patch each head's activation from one run into the other: clean into corrupted
     ("denoising", the default) or corrupted into clean ("noising").
@@ -89,6 +91,9 @@ def patch(
         direction: "denoising" (rerun corrupted with a clean activation; effect = recovered
             fraction of the gap) or "noising" (rerun clean with a corrupted activation; effect
             = lost fraction of the gap).
+        sites: the group of attention sites whose heads are patched ("decoder.cross";
+            `headscope.hf.sites`); default: the analysed stack. An encoder-decoder's inputs
+            then hold its decoder inputs too (`decoder_input_ids`).
     Returns:
         pandas DataFrame with columns layer, head, effect, patched_metric; `table.attrs` holds
         clean_metric, corrupted_metric, hook and direction.
@@ -105,10 +110,12 @@ def patch(
     model = getattr(loaded, "model", loaded)
     device = next(model.parameters()).device
     clean, corrupted = _as_inputs(clean, device), _as_inputs(corrupted, device)
-    if clean["input_ids"].shape != corrupted["input_ids"].shape:
-        raise HeadscopeError(f"clean {tuple(clean['input_ids'].shape)} and corrupted "
-                             f"{tuple(corrupted['input_ids'].shape)} inputs must have the same shape")
-    layers, n_heads = sorted(layer_map(model).values()), head_sizes(model.config)[1]
+    main = "input_ids" if "input_ids" in clean else next(iter(clean))  # whisper: input_features
+    if main not in corrupted or clean[main].shape != corrupted[main].shape:
+        shown = tuple(corrupted[main].shape) if main in corrupted else f"(no {main})"
+        raise HeadscopeError(f"clean {tuple(clean[main].shape)} and corrupted {shown} inputs must have the same shape")
+    chosen_sites = selection(model, sites)
+    layers, n_heads = chosen_sites.layers, chosen_sites.n_heads
     if heads_per_pass is not None:
         check_count("heads_per_pass", heads_per_pass)
     chosen = head_pairs(heads, "patch") if heads is not None else \
@@ -118,9 +125,9 @@ def patch(
             raise HeadscopeError(f"head {layer}.{head} is out of range (attention layers {layers}, {n_heads} heads each)")
     point = "hook_" + hook
     axis = HEAD_AXIS[hook]
-    batch = clean["input_ids"].shape[0]
+    batch = clean[main].shape[0]
     source, rerun = (clean, corrupted) if direction == "denoising" else (corrupted, clean)
-    with cache_activations(model, sorted({point_name(l, point) for l, _ in chosen}), to=None) as saved:
+    with cache_activations(model, sorted({point_name(l, point) for l, _ in chosen}), to=None, sites=sites) as saved:
         source_metric = _score(metric, _output(model, source))
     rerun_metric = _score(metric, _output(model, rerun))
     clean_metric, corrupted_metric = (source_metric, rerun_metric) if direction == "denoising" \
@@ -145,7 +152,7 @@ def patch(
             return value
 
         names = sorted({point_name(l, point) for l, _ in group})
-        with model_hooks(model, [(name, patcher) for name in names]):
+        with model_hooks(model, [(name, patcher) for name in names], sites=sites):
             logits = _output(model, repeated)
         for copy, (layer, head) in enumerate(group):
             patched = _score(metric, logits[copy * batch:(copy + 1) * batch])

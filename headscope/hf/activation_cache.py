@@ -1,8 +1,9 @@
 """A selective activation cache over the hook points of `headscope.hf.hooks`.
 
-- `cache_activations(model, names, to="cpu")`: a context manager; every forward pass inside it
-  stores the named activations only (wildcards and filter functions as in `model_hooks`);
-  `cache[name]` gives them, several passes concatenated on the batch axis.
+- `cache_activations(model, names, to="cpu", sites=None)`: a context manager; every forward pass
+  inside it stores the named activations only (wildcards and filter functions as in
+  `model_hooks`, whose layers are those of the group of attention sites `sites` names, by
+  default the analysed stack); `cache[name]` gives them, several passes concatenated on the batch axis.
 Not to be confused with `headscope.loading.load_cache`, the cache of converted GGUF models.
 """
 from __future__ import annotations
@@ -53,6 +54,7 @@ def cache_activations(
     names: Sequence[Selector],
     to: Any = "cpu",
     dtype: Optional[torch.dtype] = None,
+    sites: Optional[str] = None,
 ) -> Iterator[ActivationCache]:
     """Keep only the named activations of the forward passes run inside the `with` block.
 
@@ -63,6 +65,8 @@ def cache_activations(
             explicit path; the others stay fused.
         to: device for the stored values; None keeps them where they were computed.
         dtype: dtype for the stored values (default: as computed; scores and pattern are fp32).
+        sites: the group of attention sites the names' layers number ("decoder.cross";
+            `headscope.hf.sites`); default: the analysed stack.
     Yields:
         An `ActivationCache`: `cache["layers.3.attn.hook_z"]` `[batch, pos, head, d_head]`.
     """
@@ -72,5 +76,5 @@ def cache_activations(
     if isinstance(names, str) or callable(names):
         names = [names]  # one name or filter given alone
     cache = ActivationCache(to, dtype)
-    with model_hooks(model, [(name, cache.keep) for name in names]):
+    with model_hooks(model, [(name, cache.keep) for name in names], sites=sites):
         yield cache

@@ -11,7 +11,9 @@ Capture, ablation and analysis need no adapter: in a model of another family, th
 
 - `adapter_for(config)`: the adapter of a model's family, or None.
 - `family_of(config)`: the adapter's family name, else the config's model type.
-- `attention_blocks(model)`: `[(layer, block)]` for every layer (needs an adapter).
+- `attention_blocks(model)`: `[(layer, block)]` for every layer of the default sites (needs an adapter).
+- `SiteGroup`: a family's other attention sites (an encoder-decoder's decoder self- and
+  cross-attention); `headscope.hf.sites` lists them all and selects a group.
 - `core_modules(model)`: `[(layer, module calling the attention interface)]`, layers numbered as
   the model numbers them (a hybrid's attention-free layers have none).
 - `analysed_body(model)`: the module analyze runs on token ids (the text stack, or the adapter's
@@ -33,7 +35,7 @@ from .layouts import FusedConv1D, FusedPerHead, FusedRows, Separate
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
-__all__ = ["Adapter", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
+__all__ = ["Adapter", "SiteGroup", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
            "discovered_cores", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
            "text_stack"]
 
@@ -74,6 +76,25 @@ class QKNorm:
 
 
 @dataclass(frozen=True)
+class SiteGroup:
+    """Attention sites of a family beside its default ones (an encoder-decoder's decoder).
+
+    Attributes:
+        stack: the stack they belong to ("decoder"; `headscope.hf.sites.STACKS`).
+        kind: "self" or "cross" (queries from this stack, keys and values from the encoder's output).
+        layers: path from `model.base_model` to the stack's list of layers.
+        block: path from a layer to the attention block (its `core`, `qkv` and `out` as the family's).
+        heads: config attribute holding the group's head count (None: `head_sizes`).
+    """
+
+    stack: str
+    kind: str
+    layers: str
+    block: str
+    heads: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Adapter:
     """How one architecture family names its attention.
 
@@ -95,6 +116,12 @@ class Adapter:
         causal: decoder (True) or encoder (False).
         body: path from the text stack to the module that runs the captured layers on token ids
             alone ("" = the stack; T5: "encoder", so an encoder-decoder is analysed as its encoder).
+        stack: the stack the default sites (`layers`, `block`) belong to: "text", or "encoder"
+            for an encoder-decoder (`headscope.hf.sites.STACKS`).
+        groups: the family's other attention sites (`SiteGroup`: an encoder-decoder's decoder
+            self- and cross-attention), addressed with `sites=` ("decoder.cross"); a group whose
+            layers the model lacks (T5EncoderModel has no decoder) is skipped.
+        no_analyze: why `analyze` is refused ("" when it works).
         mixes_heads: path from the block to a module between the attention function and the
             output projection that mixes the heads' outputs (bitnet's `attn_sub_norm`, an
             RMSNorm over all heads together); z is then read and edited at the output
@@ -121,12 +148,22 @@ class Adapter:
     causal: bool = True
     body: str = ""
     mixes_heads: Optional[str] = None
+    stack: str = "text"
+    groups: tuple[SiteGroup, ...] = ()
     no_from_hf: str = ""
+    no_analyze: str = ""
     notes: str = ""
 
 
 _QKV = Separate("q_proj", "k_proj", "v_proj")
 _BERT_QKV = Separate("self.query", "self.key", "self.value")
+# An encoder-decoder's decoder: causal self-attention and cross-attention over the encoder's output.
+_BART_DECODER = (SiteGroup("decoder", "self", "decoder.layers", "self_attn", heads="decoder_attention_heads"),
+                 SiteGroup("decoder", "cross", "decoder.layers", "encoder_attn", heads="decoder_attention_heads"))
+_T5_DECODER = (SiteGroup("decoder", "self", "decoder.block", "layer.0.SelfAttention"),
+               SiteGroup("decoder", "cross", "decoder.block", "layer.1.EncDecAttention"))
+_ENCODER_DECODER = ("sites: encoder (self, bidirectional; the default), decoder.self (causal), decoder.cross "
+                    "(queries from the decoder, keys from the encoder's output)")
 
 ADAPTERS = (
     Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2"),
@@ -189,11 +226,21 @@ ADAPTERS = (
     Adapter("modernbert", ("modernbert",), layers="layers", block="attn", core="", qkv=FusedRows("Wqkv"), out="Wo",
             rotary=Rotary(), causal=False, notes="encoder, fused Wqkv, local and global attention"),
     Adapter("t5", ("t5", "mt5"), layers="encoder.block", block="layer.0.SelfAttention", core="", qkv=Separate("q", "k", "v"),
-            out="o", causal=False, body="encoder",
+            out="o", causal=False, body="encoder", stack="encoder", groups=_T5_DECODER,
             no_from_hf="from_hf and verify are not available for t5 (its relative position bias is computed inside "
                        "the attention module); capture, ablate and analyze of the encoder work",
-            notes="layers are the encoder's self-attention; decoder and cross-attention run untouched, not captured; "
-                  "analyze of a ForConditionalGeneration runs its encoder"),
+            notes=_ENCODER_DECODER + "; analyze runs the encoder (T5EncoderModel: the encoder alone)"),
+    Adapter("bart", ("bart",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
+            causal=False, body="encoder", stack="encoder", groups=_BART_DECODER,
+            no_from_hf="from_hf and verify are not available for bart; capture, ablate and analyze of the encoder work",
+            notes=_ENCODER_DECODER + "; analyze runs the encoder"),
+    Adapter("whisper", ("whisper",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
+            causal=False, body="encoder", stack="encoder", groups=_BART_DECODER,
+            no_from_hf="from_hf and verify are not available for whisper; capture and ablate work on every site",
+            no_analyze="analyze is not available for whisper (its encoder takes log-mel input_features, not token "
+                       "ids); capture, ablate, model_hooks and patch work on its encoder, decoder.self and "
+                       "decoder.cross sites",
+            notes=_ENCODER_DECODER + "; the encoder takes log-mel input_features; analyze not available"),
 )
 
 

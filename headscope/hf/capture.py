@@ -1,6 +1,6 @@
 """Per-head attention maps and head ablation inside Hugging Face models.
 
-- `capture(model, layers=None, heads=None, to="cpu", dtype=None, reduce=None)`: a context
+- `capture(model, layers=None, heads=None, to="cpu", dtype=None, reduce=None, sites=None)`: a context
   manager; inside it every forward pass stores `cap.patterns[layer]` `[batch, head, query, key]`
   or, with `reduce=fn`, stores only `fn(layer, pattern, attention_mask)` in `cap.results[layer]`
   so full maps never accumulate; with `lazy=True` the reducer gets a `LazyPattern` and no map
@@ -9,7 +9,10 @@
   that replaces those heads' outputs z (the output projection's input, after any norm that
   mixes heads, as bitnet's `attn_sub_norm`).
 Both route attention through headscope's kernel (`headscope.hf.route`) and restore the model's
-own attention implementation on exit, also on exceptions.
+own attention implementation on exit, also on exceptions. Both address one group of attention
+sites (`headscope.hf.sites`): by default the analysed stack (the text decoder, an
+encoder-decoder's encoder); `sites="decoder.self"` or `"decoder.cross"` another, whose layers
+the ints then number.
 """
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ from torch import nn
 
 from ..errors import HeadscopeError
 from ..attention.lazy import LazyPattern
-from .adapters import head_sizes
-from .route import Session, layer_map, routed
+from .route import Session, routed, selection
+from .sites import Selection
 
 __all__ = ["capture", "ablate", "Capture", "check_ran", "check_device", "head_pairs"]
 
@@ -48,15 +51,18 @@ def _indices(values, what: str) -> list[int]:
     return chosen
 
 
-def _check_layers(layers: Optional[Iterable[int]], attention_layers: Sequence[int]) -> list[int]:
-    """The chosen layers (default: every attention layer), each one the model has attention in."""
+def _check_layers(layers: Optional[Iterable[int]], chosen_sites: Selection) -> list[int]:
+    """The chosen layers (default: every layer of the sites), each one the sites have attention in."""
+    attention_layers = chosen_sites.layers
     if layers is None:
         return list(attention_layers)
     chosen = _indices(layers, "layers")
+    whose = "the model's" if chosen_sites.default else f"the {chosen_sites.group} sites'"
     for layer in chosen:
         if layer not in attention_layers:
             why = "has no attention" if 0 <= layer < max(attention_layers) else "is out of range"
-            raise HeadscopeError(f"layer {layer} {why}: the model's attention layers are {_spans(attention_layers)}")
+            raise HeadscopeError(f"{chosen_sites.noun} {layer} {why}: {whose} attention layers are "
+                                 f"{_spans(attention_layers)}")
     return chosen
 
 
@@ -105,10 +111,11 @@ def check_device(to, what: str = "to") -> None:
 class Capture(Session):
     """What `capture` yields: `patterns` (stored maps) or `results` (reducer outputs)."""
 
-    def __init__(self, layer_of, layers, heads, to, dtype, reduce: Optional[Reducer], chunk_heads: Optional[int] = None,
-                 lazy: bool = False):
-        self.layer_of = {k: l for k, l in layer_of.items() if l in set(layers)}
+    def __init__(self, chosen_sites: Selection, layers, heads, to, dtype, reduce: Optional[Reducer],
+                 chunk_heads: Optional[int] = None, lazy: bool = False):
+        self.layer_of = {id(core): l for l, core in chosen_sites.cores.items() if l in set(layers)}
         self.layers = layers
+        self.sites = {l: chosen_sites.sites[l] for l in layers}  # layer -> Site (module path, kind, stack)
         self.heads = heads
         self.to = to
         self.dtype = dtype
@@ -184,6 +191,7 @@ def capture(
     reduce: Optional[Reducer] = None,
     chunk_heads: Optional[int] = None,
     lazy: bool = False,
+    sites: Optional[str] = None,
 ) -> Iterator[Capture]:
     """Capture per-head attention patterns inside a Hugging Face model.
 
@@ -203,14 +211,18 @@ def capture(
         lazy: with `reduce`, hand the reducer a `headscope.attention.lazy.LazyPattern` instead of the
             pattern: the layer runs the fused kernel, and the reducer computes only the entries
             and row statistics it reads (`diagonal`, `column`, `mass`, `entropy`).
+        sites: the group of attention sites to capture ("encoder", "decoder.self",
+            "decoder.cross"; `headscope.hf.sites`); `layers` are then its layers. Default: the
+            analysed stack (the text decoder; an encoder-decoder's encoder).
     Yields:
-        A `Capture` with `.patterns` or `.results`, `.not_run` (chosen layers whose attention
+        A `Capture` with `.patterns` or `.results`, `.sites` `{layer: Site}` (the module path
+        of each captured layer), `.not_run` (chosen layers whose attention
         never ran, such as cross-attention without its image), and `.extras` `{layer: {"sinks", ...}}`:
         "sinks" for layers whose heads have a learned sink logit (their pattern rows sum to less
         than 1), "lse:KERNEL" for what computed a lazy layer's row log-sum-exp.
     """
-    layer_of = layer_map(model)
-    chosen = _check_layers(layers, sorted(layer_of.values()))
+    chosen_sites = selection(model, sites)
+    chosen = _check_layers(layers, chosen_sites)
     check_device(to)
     if reduce is not None and not callable(reduce):
         raise HeadscopeError(f"reduce must be a function fn(layer, pattern, attention_mask), got {reduce!r}")
@@ -218,24 +230,26 @@ def capture(
         raise HeadscopeError("chunk_heads needs a reducer, no heads= selection, and a size of at least 1")
     if lazy and (reduce is None or heads is not None):
         raise HeadscopeError("lazy=True needs a reducer and no heads= selection")
-    session = Capture(layer_of, chosen, _check_heads(heads, head_sizes(model.config)[1]), to, dtype, reduce, chunk_heads,
+    session = Capture(chosen_sites, chosen, _check_heads(heads, chosen_sites.n_heads), to, dtype, reduce, chunk_heads,
                       lazy)
     with routed(model, session):
         yield session
 
 
-def check_ran(ran: set, layers: Iterable[int], what: str) -> None:
-    """HeadscopeError when some attention ran inside a block but one of `layers` never did
-    (mllama's cross-attention without an image): editing it changed nothing."""
-    missing = sorted(set(layers) - ran)
-    if ran and missing:
-        raise HeadscopeError(f"{what} layer {', '.join(map(str, missing))} did nothing: its attention never ran in the "
-                             f"block (cross-attention runs only with its other input, such as an image)")
+def check_ran(session: Session, layers: Iterable[int], what: str, chosen_sites: Selection) -> None:
+    """HeadscopeError when some attention ran inside a block but one of `layers` (of `chosen_sites`)
+    never did (mllama's cross-attention without an image; a decoder's sites while only the
+    encoder ran): editing it changed nothing. `session.ran` holds the layers that ran."""
+    missing = sorted(set(layers) - session.ran)
+    if session.attention_ran and missing:
+        raise HeadscopeError(f"{what} {chosen_sites.noun} {', '.join(map(str, missing))} did nothing: its attention "
+                             f"never ran in the block (cross-attention runs only with its other input, such as an "
+                             f"image or the encoder's output)")
 
 
 class _Ablation(Session):
     def __init__(self, layer_of, by_layer, mode, means):
-        self.layer_of = layer_of  # every layer, to tell a layer that never ran (check_ran)
+        self.layer_of = layer_of  # every layer of the sites, to tell a layer that never ran (check_ran)
         self.by_layer = by_layer
         self.mode = mode
         self.means = means or {}
@@ -262,6 +276,7 @@ def ablate(
     heads: Sequence[tuple[int, int]],
     mode: str = "zero",
     means: Optional[dict[int, torch.Tensor]] = None,
+    sites: Optional[str] = None,
 ) -> Iterator[None]:
     """Remove heads' contributions inside a Hugging Face model for the `with` block.
 
@@ -272,17 +287,20 @@ def ablate(
             `means[layer][head]` (`[head, d_head]` tensors) when given, else over the batch
             and positions of the current forward pass.
         means: optional reference means for "mean" mode.
+        sites: the group of attention sites the layers number ("decoder.cross";
+            `headscope.hf.sites`); default: the analysed stack. Ablating a layer whose
+            attention never ran in the block, while other attention did, is a HeadscopeError.
     """
     if mode not in ("zero", "mean"):
         raise HeadscopeError(f"unknown ablation mode {mode!r}; use 'zero' or 'mean'")
-    layer_of = layer_map(model)
-    n_heads = head_sizes(model.config)[1]
+    chosen_sites = selection(model, sites)
     by_layer: dict[int, list[int]] = defaultdict(list)
     for layer, head in head_pairs(heads):
-        _check_layers([layer], sorted(layer_of.values()))
-        _check_heads([head], n_heads)
+        _check_layers([layer], chosen_sites)
+        _check_heads([head], chosen_sites.n_heads)
         by_layer[int(layer)].append(int(head))
+    layer_of = {id(core): layer for layer, core in chosen_sites.cores.items()}
     session = _Ablation(layer_of, dict(by_layer), mode, means)
     with routed(model, session):
         yield
-    check_ran(session.ran, by_layer, "ablating")
+    check_ran(session, by_layer, "ablating", chosen_sites)

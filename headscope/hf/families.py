@@ -5,7 +5,9 @@
 and vision-language models), one for any other model on transformers' attention interface, and the
 families known to bypass the interface. `headscope models --families` prints it,
 README.md holds it as `family_markdown()`, and tests/hf/test_families.py checks every row against
-tiny models of each family (capture, ablate, lazy analyze, verify).
+tiny models of each family (capture, ablate, lazy analyze, verify; the encoder-decoders' site
+groups in tests/hf/test_encoder_decoders.py). A row's `sites` names the groups of attention
+sites that capture, ablate, hooks and patch address (`headscope.hf.sites`), the default first.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ _HYBRID = "hybrid: only its attention layers ({}) are captured, under the model'
 _VLM = ("vision-language: its text decoder (text_config) with text-only probes; the vision tower runs "
         "untouched, not captured")
 # Families with no adapter of their own, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py);
-# a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama).
+# a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama); a fourth:
+# its groups of attention sites where not only "text".
+_WITH_CROSS = "text, text.self, text.cross"  # the text stack holds self- and cross-attention layers
 DISCOVERED = (
     ("jamba", _HYBRID.format("beside Mamba layers")),
     ("bamba", _HYBRID.format("beside Mamba 2 layers")),
@@ -39,30 +43,39 @@ DISCOVERED = (
     ("llava", _VLM, True),
     ("qwen2_5_vl", _VLM),
     ("mllama", _VLM + "; its cross-attention layers never run without an image: reported as not run, skipped by "
-               "analyze with a note, an error to ablate or hook"),
+               "analyze with a note, an error to ablate or hook", False, _WITH_CROSS),
     ("mllama_text_model", "mllama's text model (MllamaForCausalLM): its cross-attention layers never run without an "
                           "image: capture reports them as not run, analyze skips them with a note, ablating or "
-                          "hooking them is an error"),
+                          "hooking them is an error", False, _WITH_CROSS),
 )
 
 
 class FamilyRow(NamedTuple):
     model_type: str
-    capture: bool  # capture, ablate and analyze
+    capture: bool  # capture, ablate, model_hooks, cache_activations and patch
     verify: bool  # MultiHeadAttention.from_hf and verify
     notes: str
+    analyze: bool = True  # headscope analyze
+    sites: str = "text"  # the groups of attention sites, default first (headscope.hf.sites)
+
+
+def _site_groups(adapter) -> str:
+    return ", ".join([adapter.stack] + [f"{g.stack}.{g.kind}" for g in adapter.groups])
 
 
 def family_table() -> tuple[FamilyRow, ...]:
-    rows = [FamilyRow(t, True, not a.no_from_hf, a.notes) for a in ADAPTERS for t in a.model_types]
-    for model_type, notes, *verify in DISCOVERED:
-        verify = bool(verify and verify[0])
+    rows = [FamilyRow(t, True, not a.no_from_hf, a.notes, not a.no_analyze, _site_groups(a))
+            for a in ADAPTERS for t in a.model_types]
+    for model_type, notes, *extra in DISCOVERED:
+        verify, groups = tuple(extra) + (False, "text")[len(extra):]
         how = "; from_hf/verify through its text decoder's adapter" if verify else "; from_hf/verify need an adapter"
-        rows.append(FamilyRow(model_type, True, verify, notes + how))
+        rows.append(FamilyRow(model_type, True, verify, notes + how, sites=groups))
     rows.append(FamilyRow(OTHER, True, False, "any model whose attention modules call the interface, each in its own "
                                                "entry of the text decoder's layer list (layers without attention are "
-                                               "allowed); from_hf/verify need an adapter"))
-    rows += [FamilyRow(t, False, False, "attention bypasses the interface (_can_set_attn_implementation() is False)")
+                                               "allowed); encoder-decoders need an adapter; from_hf/verify need an "
+                                               "adapter"))
+    rows += [FamilyRow(t, False, False, "attention bypasses the interface (_can_set_attn_implementation() is False)",
+                       False, "")
              for t in OUTSIDE_INTERFACE]
     return tuple(rows)
 
@@ -70,6 +83,7 @@ def family_table() -> tuple[FamilyRow, ...]:
 def family_markdown() -> str:
     """The table as Markdown (the copy in README.md must equal it; a test checks)."""
     yes = {True: "yes", False: "no"}
-    lines = ["| family | capture / ablate / analyze | from_hf / verify | notes |", "|---|---|---|---|"]
-    lines += [f"| {r.model_type} | {yes[r.capture]} | {yes[r.verify]} | {r.notes} |" for r in family_table()]
+    lines = ["| family | capture / ablate | from_hf / verify | analyze | sites | notes |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r.model_type} | {yes[r.capture]} | {yes[r.verify]} | {yes[r.analyze]} | {r.sites or '-'} | {r.notes} |"
+              for r in family_table()]
     return "\n".join(lines)

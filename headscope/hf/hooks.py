@@ -7,7 +7,10 @@
 - `hook_names(model)`: every name `model_hooks` accepts.
 
 Names are `layers.{layer}.attn.{point}`; a key may hold `*` wildcards (`layers.*.attn.hook_z`)
-or be a filter function `name -> bool`. The points and shapes:
+or be a filter function `name -> bool`. The layers are those of one group of attention sites
+(`headscope.hf.sites`): by default the analysed stack, or the group `sites=` names
+(`model_hooks(model, hooks, sites="decoder.cross")`: `layers.0` is the decoder's first
+cross-attention, whose key axis is the encoder's positions). The points and shapes:
     hook_q       [batch, head, pos, d_head]      queries as the model hands them to attention
                                                  (after its q/k norms and rotary)
     hook_k       [batch, kv_head, pos, d_head]   keys (key/value heads NOT expanded)
@@ -26,17 +29,17 @@ from __future__ import annotations
 
 import fnmatch
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping, Sequence, Union
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
 from ..errors import HeadscopeError
 from ..attention.hook_points import HookFn, HookPoint
-from .adapters import _needs_adapter, attention_blocks, head_sizes, out_projection
+from .adapters import _needs_adapter, out_projection
 from .layouts import conv1d, linear
 from .capture import check_ran
-from .route import Session, layer_map, routed
+from .route import Session, routed, selection
 
 __all__ = ["POINTS", "model_hooks", "hook_names", "point_name"]
 
@@ -49,9 +52,10 @@ def point_name(layer: int, point: str) -> str:
     return f"layers.{layer}.attn.{point}"
 
 
-def hook_names(model: nn.Module) -> list[str]:
-    """Every hook point name inside `model`, attention layer by attention layer (the model's numbers)."""
-    return [point_name(layer, p) for layer in sorted(layer_map(model).values()) for p in POINTS]
+def hook_names(model: nn.Module, sites: Optional[str] = None) -> list[str]:
+    """Every hook point name inside `model`, attention layer by attention layer (the model's
+    numbers), of the analysed stack or of the group `sites` names ("decoder.cross")."""
+    return [point_name(layer, p) for layer in selection(model, sites).layers for p in POINTS]
 
 
 def _select(selector: Selector, names: list[str]) -> list[str]:
@@ -116,6 +120,7 @@ def _result_hook(point: HookPoint, out: nn.Module, conv: bool, n_heads: int):
 def model_hooks(
     model: nn.Module,
     fwd_hooks: Union[Mapping[Selector, HookFn], Sequence[tuple[Selector, HookFn]]],
+    sites: Optional[str] = None,
 ) -> Iterator[nn.Module]:
     """Attach hooks to hook points inside a Hugging Face model for the `with` block.
 
@@ -125,11 +130,16 @@ def model_hooks(
             filter function `name -> bool`. `fn(value, hook)` returns None to only read, or a
             tensor of the same shape to replace the value; several hooks on one point run in
             the order given.
+        sites: the group of attention sites whose layers the names number ("encoder",
+            "decoder.self", "decoder.cross"; `headscope.hf.sites`); default: the analysed stack.
+            Hooking a layer whose attention never ran in the block, while other attention did,
+            is a HeadscopeError.
     Yields:
         `model`, for convenience.
     """
-    layer_of = layer_map(model)
-    names = hook_names(model)
+    chosen_sites = selection(model, sites)
+    layer_of = {id(core): layer for layer, core in chosen_sites.cores.items()}
+    names = [point_name(layer, p) for layer in chosen_sites.layers for p in POINTS]
     items = list(fwd_hooks.items()) if isinstance(fwd_hooks, Mapping) else list(fwd_hooks)
     points: dict[tuple[int, str], HookPoint] = {}
     for selector, fn in items:
@@ -144,16 +154,14 @@ def model_hooks(
         result_layers = sorted(layer for layer, point in points if point == "hook_result")
         if result_layers:
             adapter = _needs_adapter(model.config)
-            n_heads = head_sizes(model.config)[1]
-            blocks = dict(attention_blocks(model))
             for layer in result_layers:
-                out = out_projection(model, blocks[layer])
-                hook = _result_hook(points[(layer, "hook_result")], out, adapter.out_is_conv1d, n_heads)
+                out = out_projection(model, chosen_sites.blocks[layer])
+                hook = _result_hook(points[(layer, "hook_result")], out, adapter.out_is_conv1d, chosen_sites.n_heads)
                 handles.append(out.register_forward_hook(hook))
         session = _Points(layer_of, points)
         with routed(model, session):
             yield model
-        check_ran(session.ran, session.layers, "hooking")
+        check_ran(session, session.layers, "hooking", chosen_sites)
     finally:
         for handle in handles:
             handle.remove()

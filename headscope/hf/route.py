@@ -18,6 +18,13 @@ layer then takes the explicit path and other layers stay fused (`headscope.hf.ho
 every session watching a layer takes a `LazyPattern` (`takes_lazy`), the layer runs the fused
 kernel (output plus row log-sum-exp) and no map is built.
 
+A session watches one group of attention sites (`headscope.hf.sites`; `selection`, `layer_map`):
+its `layer_of` maps those modules to their layers in the group. Every other module of the model
+runs through the kernel untouched (an encoder-decoder's decoder while its encoder is captured).
+Cross-attention arrives as any other call: q from the decoder, k and v from the encoder's
+output (key length not the query length), the encoder's padding mask, and `is_causal` False on
+the module, so no causal mask is added; T5 hands it a zero position bias.
+
 The kernel honours what models pass beyond q, k, v and the mask: `softcap` (Gemma 2),
 per-head sink logits (`s_aux` in gpt-oss, or `sinks`) and an additive `position_bias` (T5).
 Sliding windows arrive built into the mask. An argument it does not know stops the forward
@@ -42,9 +49,10 @@ from ..errors import HeadscopeError
 from ..attention.kernel import attention, expand_kv, with_bias
 from ..attention.lazy import lazy_attention
 from ..attention.streaming import KeyWindow, restricted_mask, windowed_attention
-from .adapters import check_on_interface, core_modules, head_sizes, z_at_out
+from .adapters import check_on_interface, head_sizes, z_at_out
+from .sites import Selection, select
 
-__all__ = ["IMPLEMENTATION", "Session", "routed", "routed_models", "sessions_on"]
+__all__ = ["IMPLEMENTATION", "Session", "routed", "routed_models", "sessions_on", "selection", "layer_map"]
 
 IMPLEMENTATION = "headscope"
 _registered = False
@@ -63,12 +71,14 @@ class _Routing:
 _ROUTED: "weakref.WeakKeyDictionary[nn.Module, _Routing]" = weakref.WeakKeyDictionary()
 _Z_AT_OUT: set[int] = set()  # id(core) of routed layers whose z is edited at the output projection
 _ENTRY = itertools.count()  # entry order of sessions across models
+_kernel_calls = 0  # attention calls through the kernel so far (tells a session whether any ran in its block)
 
 
 class Session:
     """Base class for what runs inside the kernel: override the three hooks below."""
 
     layer_of: dict[int, int]  # id(attention core module) -> layer index
+    attention_ran: bool = False  # set by `routed` on exit: some attention ran through the kernel in the block
 
     def wants_pattern(self, layer: int) -> bool:
         return False
@@ -143,7 +153,10 @@ def _extras(module, kwargs) -> tuple[Optional[float], Optional[torch.Tensor], Op
 
 
 def _headscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention-interface function: query `[b, h, q, d]`, key/value `[b, kv, k, d]`."""
+    """transformers attention-interface function: query `[b, h, q, d]`, key/value `[b, kv, k, d]`
+    (cross-attention: k, the encoder's length, may differ from q)."""
+    global _kernel_calls
+    _kernel_calls += 1
     active = [(s, s.layer_of[id(module)]) for _, s in _active_sessions() if id(module) in s.layer_of]
     for session, layer in active:
         query, key, value = session.edit_qkv(layer, query, key, value)
@@ -261,14 +274,19 @@ def _register() -> None:
     _registered = True
 
 
-def layer_map(model: nn.Module) -> dict[int, int]:
-    """`{id(core module): layer}` for a model whose attention goes through the interface;
-    HeadscopeError naming the reason otherwise."""
+def selection(model: nn.Module, sites: Optional[str] = None) -> Selection:
+    """The attention sites `sites` names (`headscope.hf.sites.select`; None: the analysed stack)
+    in a model whose attention goes through the interface; HeadscopeError naming the reason otherwise."""
     if not isinstance(model, nn.Module):
         hint = " (a Loaded: pass loaded.model)" if hasattr(model, "model") and hasattr(model, "tokenizer") else ""
         raise HeadscopeError(f"expected a transformers model, got {type(model).__name__}{hint}")
     check_on_interface(type(model), getattr(model.config, "model_type", "?"))
-    return {id(core): i for i, core in core_modules(model)}
+    return select(model, sites)
+
+
+def layer_map(model: nn.Module, sites: Optional[str] = None) -> dict[int, int]:
+    """`{id(core module): layer}` of the sites `sites` names (default: the analysed stack)."""
+    return {id(core): layer for layer, core in selection(model, sites).cores.items()}
 
 
 def _active_sessions() -> list[tuple[int, Session]]:
@@ -305,9 +323,11 @@ def routed(model: nn.Module, session: Session) -> Iterator[Session]:
             _Z_AT_OUT.add(id(core))
     entry = (next(_ENTRY), session)
     state.sessions.append(entry)
+    calls = _kernel_calls
     try:
         yield session
     finally:
+        session.attention_ran = _kernel_calls > calls
         state.sessions.remove(entry)
         if not state.sessions:
             del _ROUTED[model]

@@ -17,8 +17,8 @@ from headscope.hf.families import OTHER, OUTSIDE_INTERFACE, family_markdown, fam
 from headscope.hf.from_hf import rotary_tables
 from headscope.hf.verify import _named_inputs
 from headscope.probes.base import ProbeBatch
-from tests.support.tiny import (COMPOSITE_FAMILIES, ENCODERS, HYBRID_FAMILIES, INTERFACE_FAMILIES, VERIFIED_COMPOSITES,
-                                tiny_config, tiny_inputs, tiny_model, output_of)
+from tests.support.tiny import (COMPOSITE_FAMILIES, ENCODER_DECODER_FAMILIES, ENCODERS, HYBRID_FAMILIES,
+                                INTERFACE_FAMILIES, VERIFIED_COMPOSITES, tiny_config, tiny_inputs, tiny_model, output_of)
 from tests.support.contracts import assert_hook_contract
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -345,13 +345,16 @@ def test_t5_encoder_decoder_captures_encoder_self_attention():
 
 
 def test_family_table_is_the_matrix():
-    """Every model type the table says works is in this file's matrix or the hybrid and
-    vision-language one (tests/hf/test_hybrids_and_composites.py), or is the discovery row; the
-    matrix covers at least 25 families, and README.md holds the table as generated."""
+    """Every model type the table says works is in this file's matrix, the hybrid and
+    vision-language one (tests/hf/test_hybrids_and_composites.py) or the encoder-decoder one
+    (tests/hf/test_encoder_decoders.py), or is the discovery row; the matrix covers at least 25
+    families, and README.md holds the table as generated."""
     rows = family_table()
     working = {r.model_type for r in rows if r.capture} - {OTHER}
     cross = {"mllama", "mllama_text_model"}  # tiny_mllama, in test_hybrids_and_composites.py
-    assert working == set(INTERFACE_FAMILIES) | set(HYBRID_FAMILIES) | set(COMPOSITE_FAMILIES) | cross
+    assert working == (set(INTERFACE_FAMILIES) | set(HYBRID_FAMILIES) | set(COMPOSITE_FAMILIES) | cross
+                       | set(ENCODER_DECODER_FAMILIES))
+    assert {r.model_type for r in rows if not r.analyze} == {"whisper"} | set(OUTSIDE_INTERFACE)
     assert len(INTERFACE_FAMILIES) >= 25
     assert {r.model_type for r in rows if r.verify} == set(VERIFIED) | set(VERIFIED_COMPOSITES)
     assert {r.model_type for r in rows if not r.capture} == set(OUTSIDE_INTERFACE)
@@ -371,7 +374,9 @@ def test_models_families_command_prints_the_table():
     assert len(lines) == len(rows)
     for line, row in zip(lines, rows):
         assert line.startswith(row.model_type)
-        assert line[len(row.model_type):].split()[:2] == ["yes" if row.capture else "no", "yes" if row.verify else "no"]
+        assert line[len(row.model_type):].split()[:3] == ["yes" if row.capture else "no", "yes" if row.verify else "no",
+                                                          "yes" if row.analyze else "no"]
+        assert f" {row.sites or '-'} " in line
         assert line.endswith(row.notes)
 
 

@@ -247,3 +247,19 @@ def test_a_model_without_attention_is_refused_in_one_line():
             pass
     assert "\n" not in str(err.value)
     assert not route.routed_models()
+
+
+@torch.no_grad()
+def test_mllamas_cross_attention_layer_is_a_cross_site_of_the_text_stack():
+    """Discovery reads the kind from the module (a forward taking `cross_attention_states`):
+    layer 1 is the text stack's cross-attention site; `sites="text.self"` leaves it out, so
+    nothing is reported as not run."""
+    from headscope.hf.sites import select, sites
+
+    model = tiny_mllama(False)
+    assert [(s.stack, s.kind, s.layer) for s in sites(model)] == [("text", "self", 0), ("text", "cross", 1),
+                                                                  ("text", "self", 2)]
+    assert select(model, "text.cross").layers == [1] and select(model).layers == [0, 1, 2]
+    with headscope.capture(model, sites="text.self") as cap:
+        model(**tiny_inputs())
+    assert sorted(cap.patterns) == [0, 2] and cap.not_run == []

@@ -19,6 +19,14 @@ Two kinds, each a table of configs:
   head counts live in `config.text_config` (3 text layers, COMMON's sizes; a 2-layer vision
   tower of 2 heads on 28-pixel images), built as `AutoModelForImageTextToText`.
 
+- `kind="encoder_decoder"` (`ENCODER_DECODER_FAMILIES`: bart, whisper, t5, mt5), each as its
+  ...ForConditionalGeneration: 2 encoder and 2 decoder layers, hidden 64; bart and whisper with
+  4 encoder heads and 2 decoder heads (so a group's head count is its own), T5 and mT5 with
+  the interface kind's sizes; whisper on 8 mel bins and 6 source positions (12 input frames).
+  Built fresh on every call. `tiny_seq2seq_inputs(family)`: the encoder's input (token ids
+  with right padding on the second example; whisper: log-mel `input_features`) and 7
+  `decoder_input_ids`.
+
 - `tiny_mllama(full, seed)`: mllama's text model (`MllamaForCausalLM`), 3 layers with a
   cross-attention layer at 1 that runs only with an image (never, for token ids alone); with
   `full`, the whole `MllamaForConditionalGeneration` around it (a 2-layer vision tower).
@@ -32,7 +40,8 @@ import functools
 import torch
 
 __all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
-           "COMPOSITE_FAMILIES", "VERIFIED_COMPOSITES", "tiny_config", "tiny_model", "tiny_mllama", "tiny_inputs", "output_of"]
+           "COMPOSITE_FAMILIES", "VERIFIED_COMPOSITES", "ENCODER_DECODER_FAMILIES", "tiny_config", "tiny_model",
+           "tiny_mllama", "tiny_inputs", "tiny_seq2seq_inputs", "output_of"]
 
 VOCAB = 99
 ODD_FAMILIES = ("gpt2", "bert", "llama", "qwen2", "gpt_neox")
@@ -135,10 +144,29 @@ COMPOSITE_FAMILIES = tuple(COMPOSITE)
 VERIFIED_COMPOSITES = ("gemma3", "llava")  # their text decoders have adapters (gemma3_text, llama)
 
 
+SEQ2SEQ = dict(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+               decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
+               pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, dropout=0.0,
+               attention_dropout=0.0, activation_dropout=0.0, init_std=0.2)  # weights large enough for heads to matter
+ENCODER_DECODER = {
+    "bart": SEQ2SEQ,
+    "whisper": dict(SEQ2SEQ, num_mel_bins=8, max_source_positions=6, max_target_positions=32),
+    "t5": dict(EXTRA["t5"], vocab_size=VOCAB, num_decoder_layers=2, pad_token_id=0, eos_token_id=2,
+               decoder_start_token_id=0),
+    "mt5": dict(EXTRA["mt5"], vocab_size=VOCAB, num_decoder_layers=2, pad_token_id=0, eos_token_id=2,
+                decoder_start_token_id=0),
+}
+ENCODER_DECODER_FAMILIES = tuple(ENCODER_DECODER)
+
+
 def tiny_config(family: str, kind: str = "odd", positions: int = 64):
     """The family's config of the given kind (`positions`: the odd kind's position table only)."""
     if kind == "interface":
         return _interface_config(family)
+    if kind == "encoder_decoder":
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(family, **ENCODER_DECODER[family])
     if kind in ("hybrid", "composite"):
         from transformers import AutoConfig
 
@@ -160,12 +188,17 @@ def tiny_model(family: str, seed: int = 0, kind: str = "odd", positions: int = 6
         seed: torch seed of the random init.
         kind: "odd" (a fresh model each call; bert is a `BertModel`, the rest causal LMs),
             "interface" (shared, see the module docstring; encoders as base models, T5 its
-            encoder alone), "hybrid" or "composite" (fresh each call).
+            encoder alone), "hybrid", "composite" or "encoder_decoder" (fresh each call).
         positions: the odd kind's position table.
     """
     if kind == "interface":
         return _interface_model(family, seed)
     import transformers as tf
+
+    if kind == "encoder_decoder":
+        torch.manual_seed(seed)
+        cls = tf.AutoModelForSpeechSeq2Seq if family == "whisper" else tf.AutoModelForSeq2SeqLM
+        return cls.from_config(tiny_config(family, kind)).eval()
 
     if kind in ("hybrid", "composite"):
         torch.manual_seed(seed)
@@ -200,6 +233,16 @@ def tiny_inputs(batch: int = 2, length: int = 11, seed: int = 1, pad: bool = Tru
     if pad and batch > 1:
         mask[1, -3:] = 0  # right padding on the second example
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def tiny_seq2seq_inputs(family: str, seed: int = 1) -> dict:
+    """An encoder-decoder's inputs: the encoder's (whisper: `input_features` `[2, 8, 12]`; the
+    others: 11 token ids, the second example right-padded by 3) and 7 `decoder_input_ids`."""
+    g = torch.Generator().manual_seed(seed + 1)
+    decoder_ids = torch.randint(3, VOCAB, (2, 7), generator=g)
+    if family == "whisper":
+        return {"input_features": torch.randn(2, 8, 12, generator=g), "decoder_input_ids": decoder_ids}
+    return {**tiny_inputs(seed=seed), "decoder_input_ids": decoder_ids}
 
 
 def output_of(out):

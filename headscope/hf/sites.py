@@ -1,0 +1,181 @@
+"""Attention sites: every module of a model that calls transformers' attention interface, named.
+
+A site is one such module, `Site(name, kind, stack, layer)`: its path in the model
+(`model.decoder.layers.3.encoder_attn`), its kind and stack, and the model's own index of its
+layer within the stack. Kinds: "self" (queries, keys and values from the stack's own states) and
+"cross" (queries from the stack, keys and values from another input: the encoder's output, an
+image). Stacks:
+    text     the single stack of a decoder-only or encoder-only model, or the language model of a
+             vision-language model
+    encoder  an encoder-decoder's encoder (bart, whisper, t5), bidirectional self-attention
+    decoder  an encoder-decoder's decoder: causal self-attention and cross-attention in every layer
+(A vision-language model's vision tower is not a stack here yet: it runs untouched.)
+
+A group of sites is named "STACK" or "STACK.KIND" ("encoder", "decoder.self", "decoder.cross");
+it must hold at most one site per layer, so "decoder" alone is refused. `capture`, `ablate`,
+`model_hooks`, `cache_activations` and `patch` address one group through their `sites=`
+argument, and their layer ints are the layers of that group. `sites=None`, the default, is the
+analysed stack as it always was: the text stack, or an encoder-decoder's encoder (`Adapter.stack`).
+
+- `sites(model)`: every site, in module order.
+- `select(model, sites=None)`: the `Selection` a call addresses: by layer, its sites, the modules
+  calling the interface, the attention blocks (with an adapter) and the head count.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from ..errors import HeadscopeError
+from .adapters import _sub, adapter_for, attention_blocks, core_modules, head_sizes, text_stack
+
+if TYPE_CHECKING:  # torch is not imported by `import headscope`
+    from torch import nn
+
+__all__ = ["Site", "Selection", "STACKS", "KINDS", "sites", "select", "group_names"]
+
+STACKS = ("text", "encoder", "decoder")
+KINDS = ("self", "cross")
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attention module of a model.
+
+    Attributes:
+        name: its module path in the model (`model.decoder.layers.3.encoder_attn`).
+        kind: "self" or "cross".
+        stack: "text", "encoder" or "decoder" (`STACKS`).
+        layer: the model's index of its layer within the stack.
+    """
+
+    name: str
+    kind: str
+    stack: str
+    layer: int
+
+    @property
+    def group(self) -> str:
+        return f"{self.stack}.{self.kind}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The sites one call addresses, by layer.
+
+    Attributes:
+        group: what was asked for ("decoder.cross"; the default stack's name for `sites=None`).
+        default: True for `sites=None` (messages then read as they always did).
+        sites: `{layer: Site}`.
+        cores: `{layer: module calling the attention interface}`.
+        blocks: `{layer: attention block}` (holds the output projection; empty without an adapter).
+        n_heads: query heads per site.
+    """
+
+    group: str
+    default: bool
+    sites: dict
+    cores: dict
+    blocks: dict
+    n_heads: int
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.sites)
+
+    @property
+    def noun(self) -> str:
+        """How messages name its layers: "layer", or "decoder.cross layer" outside the default."""
+        return "layer" if self.default else f"{self.group} layer"
+
+
+def _is_cross(core) -> bool:
+    """A discovered module is cross-attention when its forward takes `cross_attention_states` (mllama)."""
+    return "cross_attention_states" in inspect.signature(type(core).forward).parameters
+
+
+def _located(model: nn.Module) -> list[tuple[Site, Optional[nn.Module], nn.Module, int]]:
+    """`[(site, block or None, core, n_heads)]` for every site, in module order."""
+    paths = {id(m): name for name, m in model.named_modules()}
+    order = {name: i for i, name in enumerate(paths.values())}
+    adapter = adapter_for(model.config)
+    cores = core_modules(model)  # refuses, in one line, a model without attention or with it out of place
+    n_heads = head_sizes(model.config)[1]
+    found = []
+    if adapter is None:  # discovered in the text stack: one per layer, the kind read from the module
+        for layer, core in cores:
+            kind = "cross" if _is_cross(core) else "self"
+            found.append((Site(paths[id(core)], kind, "text", layer), None, core, n_heads))
+        return found
+    for layer, block in attention_blocks(model):
+        core = _sub(block, adapter.core)
+        found.append((Site(paths[id(core)], "self", adapter.stack, layer), block, core, n_heads))
+    for group in adapter.groups:
+        try:
+            layers = _sub(text_stack(model), group.layers)
+        except AttributeError:  # the model lacks this stack (T5EncoderModel has no decoder)
+            continue
+        heads = getattr(model.config, group.heads) if group.heads else n_heads
+        for layer, entry in enumerate(layers):
+            block = _sub(entry, group.block)
+            core = _sub(block, adapter.core)
+            found.append((Site(paths[id(core)], group.kind, group.stack, layer), block, core, heads))
+    return sorted(found, key=lambda item: order[item[0].name])
+
+
+def sites(model: nn.Module) -> list[Site]:
+    """Every attention site of `model`, in module order.
+
+    Args:
+        model: a transformers model headscope runs inside.
+    Returns:
+        `[Site]`; an encoder-decoder with an adapter lists its encoder's self-attention and its
+        decoder's self- and cross-attention.
+    """
+    return [site for site, *_ in _located(model)]
+
+
+def group_names(found: list[Site]) -> list[str]:
+    """The groups `found` holds, in order: each "STACK.KIND", plus "STACK" where one site per layer."""
+    names = []
+    for site in found:
+        if site.group not in names:
+            names.append(site.group)
+    stacks = {s.stack for s in found}
+    whole = [stack for stack in STACKS if stack in stacks
+             and len({s.layer for s in found if s.stack == stack}) == sum(s.stack == stack for s in found)]
+    return whole + names
+
+
+def select(model: nn.Module, sites: Optional[str] = None) -> Selection:
+    """The sites `sites` names in `model` ("decoder.cross"; None: the analysed stack).
+
+    Args:
+        model: a transformers model headscope runs inside.
+        sites: "STACK" or "STACK.KIND" (module docstring), or None for the default stack.
+    Returns:
+        A `Selection`; HeadscopeError in one line for a group the model lacks or one with two
+        sites in a layer.
+    """
+    located = _located(model)
+    if not located:
+        raise HeadscopeError(f"{type(model).__name__} has no attention site")
+    default = sites is None
+    if default:
+        adapter = adapter_for(model.config)
+        sites = adapter.stack if adapter is not None else "text"
+    if not isinstance(sites, str):
+        raise HeadscopeError(f"sites must name a group such as 'decoder.cross', got {sites!r}")
+    stack, _, kind = sites.partition(".")
+    chosen = [item for item in located if item[0].stack == stack and (not kind or item[0].kind == kind)]
+    available = ", ".join(group_names([item[0] for item in located]))
+    if not chosen:
+        raise HeadscopeError(f"{type(model).__name__} has no {sites!r} attention sites; it has: {available}")
+    by_layer = {item[0].layer: item for item in chosen}
+    if len(by_layer) < len(chosen):
+        raise HeadscopeError(f"{sites!r} holds several attention sites per layer; choose one kind ({available})")
+    return Selection(group=sites, default=default, sites={l: item[0] for l, item in by_layer.items()},
+                     cores={l: item[2] for l, item in by_layer.items()},
+                     blocks={l: item[1] for l, item in by_layer.items() if item[1] is not None},
+                     n_heads=chosen[0][3])

@@ -1,0 +1,236 @@
+"""Encoder-decoders (bart, whisper, t5, mt5 as ...ForConditionalGeneration, tests/support/tiny.py,
+kind "encoder_decoder") and their three groups of attention sites: the encoder's self-attention
+(the default), the decoder's causal self-attention and its cross-attention over the encoder's
+output. For every group: headscope inside the model changes nothing, its patterns are the
+model's eager ones (`encoder_attentions`, `decoder_attentions`, `cross_attentions`), ablation
+equals zeroing the head's slice of the output projection's input and restores the model, and
+a group that never ran is an error to ablate or hook."""
+import pytest
+import torch
+
+import headscope
+from headscope.hf import route
+from headscope.hf.sites import select, sites
+from headscope.loading.loader import Loaded
+from tests.support.planted import char_tokenizer
+from tests.support.tiny import ENCODER_DECODER_FAMILIES, tiny_model, tiny_seq2seq_inputs
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+GROUPS = ("encoder", "decoder.self", "decoder.cross")
+EAGER = {"encoder": "encoder_attentions", "decoder.self": "decoder_attentions", "decoder.cross": "cross_attentions"}
+OUT = {"bart": "out_proj", "whisper": "out_proj", "t5": "o", "mt5": "o"}  # output projection inside the site
+CASES = [(family, group) for family in ENCODER_DECODER_FAMILIES for group in GROUPS]
+
+
+def _heads(family, group, model) -> int:
+    """The group's head count, from the config (bart, whisper: 4 in the encoder, 2 in the decoder)."""
+    config = model.config
+    if family in ("t5", "mt5"):
+        return config.num_heads
+    return config.encoder_attention_heads if group == "encoder" else config.decoder_attention_heads
+
+
+def _query_rows(family, group, x) -> torch.Tensor:
+    """`[batch, query]` True on the rows that mean something: the encoder's unpadded positions;
+    every decoder position (no decoder padding)."""
+    if group == "encoder" and "attention_mask" in x:
+        return x["attention_mask"].bool()
+    return torch.ones(2, x["decoder_input_ids"].shape[1] if group != "encoder" else 6, dtype=torch.bool)
+
+
+def _eager(model, x, group):
+    default = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        return getattr(model(**x, output_attentions=True), EAGER[group])
+    finally:
+        model.set_attn_implementation(default)
+
+
+@pytest.mark.parametrize("family", ENCODER_DECODER_FAMILIES)
+def test_sites_are_named_by_module_path_kind_and_stack(family):
+    model = tiny_model(family, kind="encoder_decoder")
+    found = sites(model)
+    assert headscope.sites(model) == found and all(isinstance(s, headscope.Site) for s in found)
+    assert [(s.stack, s.kind, s.layer) for s in found] == [
+        ("encoder", "self", 0), ("encoder", "self", 1),
+        ("decoder", "self", 0), ("decoder", "cross", 0), ("decoder", "self", 1), ("decoder", "cross", 1)]
+    modules = dict(model.named_modules())
+    assert all(s.name in modules for s in found)
+    assert {s.name.rsplit(".", 1)[1] for s in found if s.kind == "cross"} <= {"encoder_attn", "EncDecAttention"}
+    assert select(model).sites == select(model, "encoder").sites  # the default is the encoder
+    for group in GROUPS:
+        assert select(model, group).n_heads == _heads(family, group, model)
+
+
+@pytest.mark.parametrize("family, group", CASES)
+@torch.no_grad()
+def test_capture_keeps_outputs_and_patterns_match_eager(family, group):
+    model = tiny_model(family, kind="encoder_decoder")
+    x = tiny_seq2seq_inputs(family)
+    default = model.config._attn_implementation
+    before = model(**x).logits
+    with headscope.capture(model, sites=group) as cap:
+        captured = model(**x).logits
+    assert model.config._attn_implementation == default
+    assert (before - captured).abs().max() <= 1e-4
+    assert sorted(cap.patterns) == [0, 1] and cap.not_run == []
+    assert [s.group for s in cap.sites.values()] == [group if "." in group else group + ".self"] * 2
+    eager = _eager(model, x, group)
+    rows = _query_rows(family, group, x)
+    n_query = rows.shape[1]
+    n_key = n_query if group != "decoder.cross" else (6 if family == "whisper" else 11)
+    for layer, theirs in enumerate(eager):
+        mine = cap.patterns[layer]
+        assert mine.shape == theirs.shape == (2, _heads(family, group, model), n_query, n_key)
+        assert (mine - theirs).abs().permute(0, 2, 1, 3)[rows].max() <= 1e-5
+    if group == "decoder.cross" and family != "whisper":  # the encoder's padding mask holds in cross-attention
+        assert cap.patterns[0][1, :, :, -3:].abs().max() == 0
+    assert not route.routed_models()
+
+
+@pytest.mark.parametrize("family, group", CASES)
+@torch.no_grad()
+def test_ablation_is_zeroing_the_heads_slice_of_the_output_projections_input(family, group):
+    """The reference, independent of headscope: a pre-hook on the site's own output projection
+    (found by the site's module path) zeroes head h's slice of its input."""
+    model = tiny_model(family, kind="encoder_decoder")
+    x = tiny_seq2seq_inputs(family)
+    layer, head = 1, 1
+    site = select(model, group).sites[layer]
+    out = model.get_submodule(site.name).get_submodule(OUT[family])
+    n_heads = _heads(family, group, model)
+    before = model(**x).logits
+    with headscope.ablate(model, heads=[(layer, head)], sites=group):
+        ablated = model(**x).logits
+
+    def zero_slice(module, args):
+        z = args[0].clone()  # (B, T, H * D)
+        d = z.shape[-1] // n_heads
+        z[..., head * d:(head + 1) * d] = 0
+        return (z,)
+
+    handle = out.register_forward_pre_hook(zero_slice)
+    try:
+        reference = model(**x).logits
+    finally:
+        handle.remove()
+    assert (ablated - before).abs().max() > 1e-3
+    assert (ablated - reference).abs().max() <= 1e-4
+    assert torch.equal(before, model(**x).logits)
+    assert not route.routed_models()
+
+
+@pytest.mark.parametrize("family", ENCODER_DECODER_FAMILIES)
+@pytest.mark.parametrize("group", ["decoder.self", "decoder.cross"])
+@torch.no_grad()
+def test_decoder_sites_that_never_ran_are_reported_and_refused(family, group):
+    """Only the encoder runs: capture reports the decoder's sites as not run; ablating or
+    hooking them is one line, never a silent no-op."""
+    model = tiny_model(family, kind="encoder_decoder")
+    x = tiny_seq2seq_inputs(family)
+    encoder_inputs = {k: v for k, v in x.items() if not k.startswith("decoder_")}
+    with headscope.capture(model, sites=group) as cap:
+        model.get_encoder()(**encoder_inputs)
+    assert cap.patterns == {} and cap.not_run == [0, 1]
+    for enter in (lambda: headscope.ablate(model, heads=[(0, 0)], sites=group),
+                  lambda: headscope.model_hooks(model, {"layers.0.attn.hook_z": lambda z, hook: z * 0}, sites=group)):
+        with pytest.raises(headscope.HeadscopeError, match=f"{group} layer 0 did nothing: its attention never ran") as err:
+            with enter():
+                model.get_encoder()(**encoder_inputs)
+        assert "\n" not in str(err.value)
+    assert not route.routed_models()
+
+
+@torch.no_grad()
+def test_a_group_the_model_lacks_or_one_with_two_sites_per_layer_is_refused():
+    model = tiny_model("bart", kind="encoder_decoder")
+    for group, message in (("decoder", "'decoder' holds several attention sites per layer"),
+                           ("vision", "has no 'vision' attention sites; it has: encoder, encoder.self, decoder.self")):
+        with pytest.raises(headscope.HeadscopeError, match=message) as err:
+            with headscope.capture(model, sites=group):
+                pass
+        assert "\n" not in str(err.value)
+    with pytest.raises(headscope.HeadscopeError, match="decoder.cross layer 2 is out of range: the decoder.cross sites'"):
+        with headscope.ablate(model, heads=[(2, 0)], sites="decoder.cross"):
+            pass
+    assert not route.routed_models()
+
+
+@torch.no_grad()
+def test_hooks_cache_and_patch_address_cross_attention():
+    """model_hooks, cache_activations and patch on bart's cross-attention: the pattern's keys are
+    the encoder's positions, hook_result sums to the output projection, patching a head of one
+    group leaves the table in that group's layers."""
+    model = tiny_model("bart", kind="encoder_decoder")
+    x = tiny_seq2seq_inputs("bart")
+    before = model(**x).logits
+    with headscope.cache_activations(model, ["layers.*.attn.hook_pattern", "layers.1.attn.hook_z"],
+                                     sites="decoder.cross") as cache:
+        model(**x)
+    assert cache["layers.0.attn.hook_pattern"].shape == (2, 2, 7, 11)
+    assert cache["layers.1.attn.hook_z"].shape == (2, 7, 2, 32)
+    with headscope.model_hooks(model, {"layers.1.attn.hook_result": lambda r, hook: None}, sites="decoder.cross"):
+        assert (model(**x).logits - before).abs().max() <= 1e-5
+    corrupted = dict(x, input_ids=x["input_ids"].flip(1))
+    metric = lambda logits: logits[:, -1, 5] - logits[:, -1, 6]
+    loaded = Loaded.from_model(model, char_tokenizer(), "tiny-bart")
+    table = headscope.patch(loaded, x, corrupted, metric, sites="decoder.cross")
+    assert sorted(set(table.layer)) == [0, 1] and sorted(set(table["head"])) == [0, 1]
+    assert table.effect.notna().all()
+    assert not route.routed_models()
+
+
+def test_bart_is_analysed_as_its_encoder_and_whisper_is_refused_in_one_line():
+    """analyze runs bart's encoder (token ids), as T5's; whisper's encoder takes log-mel
+    features, so analyze refuses it, saying what works."""
+    from headscope.probes.kinds import TextProbe
+
+    loaded = Loaded.from_model(tiny_model("bart", kind="encoder_decoder"), char_tokenizer(), "tiny-bart")
+    assert not loaded.causal and loaded.attention_layers == (0, 1)
+    analysis = headscope.analyze(loaded, detectors=["previous_token", "sink"], probes=[TextProbe(n_examples=4, seq_len=24)],
+                                 explorer_examples=1)
+    assert sorted(set(analysis.scores.layer)) == [0, 1] and len(analysis.scores) == 2 * 2 * 4
+    assert analysis.scores.score.notna().all()
+    whisper = Loaded.from_model(tiny_model("whisper", kind="encoder_decoder"), char_tokenizer(), "tiny-whisper")
+    with pytest.raises(headscope.HeadscopeError, match="analyze is not available for whisper .*capture, ablate") as err:
+        headscope.analyze(whisper, detectors=["sink"], probes=[TextProbe(n_examples=2, seq_len=8)])
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family", ENCODER_DECODER_FAMILIES)
+def test_family_table_names_the_groups_each_model_has(family):
+    from headscope.hf.families import family_table
+    from headscope.hf.sites import group_names
+
+    row = next(r for r in family_table() if r.model_type == family)
+    model = tiny_model(family, kind="encoder_decoder")
+    assert row.sites.split(", ") == list(GROUPS)
+    assert set(GROUPS) <= set(group_names(sites(model)))
+    assert row.analyze == (family != "whisper")
+
+
+@pytest.mark.parametrize("family", ENCODER_DECODER_FAMILIES)
+@torch.no_grad()
+def test_lazy_and_head_group_paths_of_cross_attention_are_the_maps(family):
+    """Cross-attention's rectangular rows (7 decoder queries over the encoder's keys) through
+    the fused kernel's LazyPattern and through head groups of 1: the same column, entropy and
+    argmax as the map."""
+    from headscope.attention.pattern import as_pattern
+
+    model = tiny_model(family, kind="encoder_decoder")
+    x = tiny_seq2seq_inputs(family)
+    reduce = lambda layer, pattern, mask: {"column": as_pattern(pattern).column(0),
+                                           "entropy": as_pattern(pattern).entropy(),
+                                           "argmax": as_pattern(pattern).argmax().float()}
+    with headscope.capture(model, sites="decoder.cross", reduce=reduce) as maps:
+        model(**x)
+    with headscope.capture(model, sites="decoder.cross", reduce=reduce, lazy=True) as lazy:
+        model(**x)
+    with headscope.capture(model, sites="decoder.cross", reduce=reduce, chunk_heads=1) as groups:
+        model(**x)
+    for layer in (0, 1):
+        for name, ref in maps.results[layer][0].items():
+            torch.testing.assert_close(lazy.results[layer][0][name], ref, atol=1e-5, rtol=0)
+            torch.testing.assert_close(groups.results[layer][0][name], ref, atol=1e-5, rtol=0)
