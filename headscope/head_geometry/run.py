@@ -80,6 +80,10 @@ def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 
     check_count("seq_len", seq_len, least=2)
     if importance:
         check_count("pruning_steps", pruning_steps)
+    if loaded.attention_layers != tuple(range(loaded.n_layers)):
+        raise HeadscopeError(f"geometry needs attention in every layer; {loaded.name} has it in layers "
+                             f"{', '.join(map(str, loaded.attention_layers))} of {loaded.n_layers} (a hybrid): "
+                             f"analyze, capture and the OV table work on it")
     started = time.perf_counter()
     subspace_pairs, heads = subspace_tables(attention_modules(loaded.model))
     probe = text_probe(loaded.tokenizer, n_examples, seq_len)

@@ -50,12 +50,16 @@ class Rotary:
         interleaved: pairs are dims (2i, 2i + 1) (GPT-J, Cohere), not (i, i + dims / 2).
         sin_first: the model passes `position_embeddings` as (sin, cos) (GPT-J).
         switch: attribute of the core module that is False in layers without rotary (NoPE).
+        config_switch: `(config attribute, value)`: rotary only when the config's attribute has
+            that value (granitemoehybrid: `position_embedding_type` "rope"; otherwise no
+            positional encoding at all).
     """
 
     dims: Optional[str] = None
     interleaved: bool = False
     sin_first: bool = False
     switch: Optional[str] = None
+    config_switch: Optional[tuple[str, str]] = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,9 @@ class Adapter:
             self- and cross-attention), addressed with `sites=` ("decoder.cross"); a group whose
             layers the model lacks (T5EncoderModel has no decoder) is skipped.
         no_analyze: why `analyze` is refused ("" when it works).
+        hybrid: only some layers hold the attention block (the others a Mamba mixer, a
+            convolution or linear attention, possibly under the same path, as nemotron_h's
+            `mixer`): a layer counts when its block's core calls the attention interface.
         mixes_heads: path from the block to a module between the attention function and the
             output projection that mixes the heads' outputs (bitnet's `attn_sub_norm`, an
             RMSNorm over all heads together); z is then read and edited at the output
@@ -152,10 +159,12 @@ class Adapter:
     groups: tuple[SiteGroup, ...] = ()
     no_from_hf: str = ""
     no_analyze: str = ""
+    hybrid: bool = False
     notes: str = ""
 
 
 _QKV = Separate("q_proj", "k_proj", "v_proj")
+_HYBRID = "hybrid: only its attention layers ({}) are captured, under the model's own layer numbers"
 _BERT_QKV = Separate("self.query", "self.key", "self.value")
 # An encoder-decoder's decoder: causal self-attention and cross-attention over the encoder's output.
 _BART_DECODER = (SiteGroup("decoder", "self", "decoder.layers", "self_attn", heads="decoder_attention_heads"),
@@ -219,6 +228,24 @@ ADAPTERS = (
             no_from_hf="from_hf and verify are not available for bitnet (an RMSNorm over all heads sits between "
                        "attention and o_proj); capture, ablate and analyze work",
             notes="attn_sub_norm mixes heads before o_proj: z (hook_z, ablation, patching) is o_proj's input"),
+    # Hybrids: attention in some layers only, beside Mamba, convolutions or linear attention.
+    Adapter("jamba", ("jamba",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", hybrid=True,
+            notes=_HYBRID.format("beside Mamba layers") + "; no positional encoding in attention"),
+    Adapter("nemotron_h", ("nemotron_h",), layers="layers", block="mixer", core="", qkv=_QKV, out="o_proj",
+            hybrid=True, notes=_HYBRID.format("beside Mamba 2 and MLP layers, all under `mixer`") + "; no rotary"),
+    Adapter("bamba", ("bamba",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
+            hybrid=True, notes=_HYBRID.format("beside Mamba 2 layers")),
+    Adapter("granitemoehybrid", ("granitemoehybrid",), layers="layers", block="self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(config_switch=("position_embedding_type", "rope")), hybrid=True,
+            notes=_HYBRID.format("beside Mamba 2 layers") + "; attention_multiplier is the score scale; rotary "
+                                                              "only with position_embedding_type 'rope'"),
+    Adapter("falcon_h1", ("falcon_h1",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), hybrid=True, notes="hybrid: attention and Mamba 2 side by side in every layer; the attention is captured"),
+    Adapter("minimax", ("minimax",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), hybrid=True, notes=_HYBRID.format("beside lightning (linear) attention layers")),
+    Adapter("lfm2", ("lfm2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj", rotary=Rotary(),
+            qk_norm=QKNorm("q_layernorm", "k_layernorm"), hybrid=True,
+            notes=_HYBRID.format("beside short convolutions") + "; per-head q/k norm"),
     Adapter("bert", ("bert", "roberta", "electra"), layers="encoder.layer", block="attention", core="self",
             qkv=_BERT_QKV, out="output.dense", causal=False, notes="encoder"),
     Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",
@@ -286,10 +313,21 @@ def _sub(module: nn.Module, path: str) -> nn.Module:
 
 def attention_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """`[(layer index, attention block)]` for every layer of a Hugging Face model with an adapter
-    (of its text decoder, for a vision-language model)."""
+    (of its text decoder, for a vision-language model); a hybrid's attention layers only, under
+    the model's own numbers (`Adapter.hybrid`)."""
     adapter = _needs_adapter(model.config)
     layers = _sub(text_stack(model), adapter.layers)
-    return [(i, _sub(layer, adapter.block)) for i, layer in enumerate(layers)]
+    if not adapter.hybrid:
+        return [(i, _sub(layer, adapter.block)) for i, layer in enumerate(layers)]
+    found = []  # a hybrid's layers without attention (Mamba, convolutions) have no block, or another mixer there
+    for i, layer in enumerate(layers):
+        try:
+            block = _sub(layer, adapter.block)
+        except AttributeError:
+            continue
+        if _calls_interface(type(_sub(block, adapter.core))):
+            found.append((i, block))
+    return found
 
 
 def _calls_interface(cls: type) -> bool:

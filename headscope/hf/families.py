@@ -30,15 +30,12 @@ _VLM = ("vision-language: its text decoder (text_config) with text-only probes; 
 # its groups of attention sites where not only "text".
 _WITH_CROSS = "text, text.self, text.cross"  # the text stack holds self- and cross-attention layers
 DISCOVERED = (
-    ("jamba", _HYBRID.format("beside Mamba layers")),
-    ("bamba", _HYBRID.format("beside Mamba 2 layers")),
-    ("granitemoehybrid", _HYBRID.format("beside Mamba 2 layers")),
-    ("nemotron_h", _HYBRID.format("beside Mamba 2 and MLP layers")),
-    ("zamba2", _HYBRID.format("the shared transformer blocks, beside Mamba 2 layers")),
-    ("falcon_h1", "hybrid: attention and Mamba 2 side by side in every layer; the attention is captured"),
-    ("lfm2", _HYBRID.format("beside short convolutions")),
-    ("minimax", _HYBRID.format("beside lightning (linear) attention layers")),
-    ("qwen3_next", _HYBRID.format("beside Gated DeltaNet linear attention") + "; its output gate is per element"),
+    ("zamba2", _HYBRID.format("the shared transformer blocks, beside Mamba 2 layers") + "; one attention block "
+               "shared by several layers (optionally with per-layer LoRA on q, k, v) reading the hidden state joined "
+               "to the embeddings, so no adapter"),
+    ("qwen3_next", _HYBRID.format("beside Gated DeltaNet linear attention") + "; a sigmoid output gate "
+                   "(per element, from the layer's input) stands between attention and o_proj, so no adapter: zero "
+                   "ablation is exact, mean ablation substitutes the mean before the gate"),
     ("gemma3", _VLM, True),
     ("llava", _VLM, True),
     ("qwen2_5_vl", _VLM),

@@ -58,6 +58,8 @@ def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
     spec = adapter.rotary
     if spec is None or (spec.switch is not None and not getattr(core, spec.switch)):
         return 0
+    if spec.config_switch is not None and getattr(config, spec.config_switch[0], None) != spec.config_switch[1]:
+        return 0
     dims = getattr(core, spec.dims, None) if spec.dims else None
     if dims is None:
         params = getattr(config, "rope_parameters", None) or {}

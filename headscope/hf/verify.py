@@ -58,6 +58,7 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
     mine = {layer: MultiHeadAttention.from_hf(block, model.config) for layer, block in blocks}
     received: dict[int, dict] = {}
     produced: dict[int, torch.Tensor] = {}
+    weights: dict[int, torch.Tensor] = {}  # the eager probabilities each core returned
     handles = []
 
     def save_inputs(layer):
@@ -70,11 +71,18 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
             produced[layer] = output
         return hook
 
+    def save_weights(layer):
+        def hook(module, args, output):
+            if isinstance(output, tuple) and len(output) > 1 and isinstance(output[1], torch.Tensor):
+                weights[layer] = output[1]
+        return hook
+
     previous = model.config._attn_implementation
     try:
         for layer, block in blocks:
             core = _sub(block, adapter.core)
             handles.append(core.register_forward_pre_hook(save_inputs(layer), with_kwargs=True))
+            handles.append(core.register_forward_hook(save_weights(layer)))
             handles.append(out_projection(model, block).register_forward_hook(save_output(layer)))
         model.set_attn_implementation("eager")
         outputs = model(**inputs, output_attentions=True)
@@ -91,7 +99,9 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
             rotary=rotary_tables(mine[layer], model.config, got.get("position_embeddings")),
             return_pattern=True,
         )
-        theirs = outputs.attentions[layer]
+        # The core's own eager weights: a hybrid's `attentions` holds only its attention layers
+        # (or nothing), so the model's output tuple is not indexed by the model's layer numbers.
+        theirs = weights[layer] if layer in weights else outputs.attentions[layer]
         rows.append({
             "layer": layer,
             "max_abs_diff_output": (out - produced[layer]).abs().max().item(),

@@ -9,7 +9,7 @@ import torch
 
 import headscope
 from headscope.hf import route
-from headscope.hf.adapters import core_modules, discovered_cores
+from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
 from tests.support.contracts import assert_hook_contract
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
@@ -17,11 +17,14 @@ from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
 from headscope.probes.treebank import TreebankProbe
 from headscope.report import render_html
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import (COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_inputs, tiny_mllama,
-                                tiny_model)
+from tests.support.tiny import (COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config, tiny_inputs,
+                                tiny_mllama, tiny_model)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
+# Hybrids with an adapter of their own (from_hf, verify, the OV table); qwen3_next (an output gate
+# between attention and o_proj) and zamba2 (one attention block shared by several layers) have none.
+ADAPTED_HYBRIDS = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]
 CASES = [(f, "hybrid") for f in HYBRID_FAMILIES] + [(f, "composite") for f in COMPOSITE_FAMILIES]
 OUT = {"lfm2": "out_proj"}  # the output projection's name inside the attention module (default o_proj)
 
@@ -263,3 +266,67 @@ def test_mllamas_cross_attention_layer_is_a_cross_site_of_the_text_stack():
     with headscope.capture(model, sites="text.self") as cap:
         model(**tiny_inputs())
     assert sorted(cap.patterns) == [0, 2] and cap.not_run == []
+
+
+def test_hybrids_with_and_without_an_adapter():
+    assert set(HYBRID_FAMILIES) - set(ADAPTED_HYBRIDS) == {"qwen3_next", "zamba2"}
+
+
+@pytest.mark.parametrize("family", ADAPTED_HYBRIDS)
+@torch.no_grad()
+def test_a_hybrids_adapter_finds_the_attention_layers_and_verifies_them(family):
+    """The adapter's blocks are the modules discovery finds (the model's layer numbers, other
+    mixers under the same path skipped), and headscope's module loaded with each block's weights
+    gives the model's output and eager pattern."""
+    model = tiny_model(family, kind="hybrid")
+    assert [l for l, _ in attention_blocks(model)] == list(HYBRID_ATTENTION[family])
+    assert [id(c) for _, c in core_modules(model)] == [id(c) for c in discovered_cores(model)]
+    table = headscope.verify(model, tiny_inputs())
+    assert tuple(table.layer) == HYBRID_ATTENTION[family]
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+
+
+@torch.no_grad()
+def test_granitemoehybrid_takes_rotary_only_when_its_config_asks():
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("granitemoehybrid", "hybrid")
+    assert config.position_embedding_type is None  # the default: no positional encoding in attention
+    config.position_embedding_type = "rope"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    _, block = attention_blocks(model)[0]
+    assert headscope.MultiHeadAttention.from_hf(block, model.config).config.rotary_dim > 0
+    table = headscope.verify(model, tiny_inputs())
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["jamba", "nemotron_h", "lfm2"])
+def test_a_hybrids_ov_rows_are_its_attention_layers_read_from_the_weights(family):
+    """OV eigenvalue shares under the model's layer numbers, each equal to the share computed in
+    the test from that layer's own v and output projection weights."""
+    from headscope.head_geometry.ov_circuit import ov_copying, ov_scores
+
+    model = tiny_model(family, kind="hybrid")
+    loaded = Loaded.from_model(model, char_tokenizer(), f"tiny-{family}")
+    table = ov_copying(loaded, n_tokens=0)
+    assert tuple(sorted(set(table.layer))) == HYBRID_ATTENTION[family]
+    config = model.config
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_kv = config.num_attention_heads // config.num_key_value_heads
+    out = OUT.get(family, "o_proj")
+    W_E, W_U = model.get_input_embeddings().weight.float(), model.get_output_embeddings().weight.float().T
+    for row in table.itertuples(index=False):
+        block = attention_blocks(model)[[l for l, _ in attention_blocks(model)].index(row.layer)][1]
+        kv = row.head // per_kv
+        W_V = block.v_proj.weight[kv * d_head:(kv + 1) * d_head].float().T
+        W_O = getattr(block, out).weight[:, row.head * d_head:(row.head + 1) * d_head].float().T
+        _, share = ov_scores(W_E, W_V, W_O, W_U, rows=torch.zeros(0, dtype=torch.long))
+        assert row.positive_eig_share == pytest.approx(share, abs=1e-6)
+
+
+def test_geometry_refuses_a_hybrid_in_one_line():
+    loaded = Loaded.from_model(tiny_model("jamba", kind="hybrid"), char_tokenizer(), "tiny-jamba")
+    with pytest.raises(headscope.HeadscopeError, match=r"geometry needs attention in every layer.*layers 1, 3 of 4") as err:
+        headscope.geometry(loaded, n_examples=2, seq_len=16)
+    assert "\n" not in str(err.value)
