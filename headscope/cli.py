@@ -356,6 +356,7 @@ def detectors_command(
     for det in detectors.REGISTRY.values():
         typer.echo(f"{det.name:<16} threshold {det.threshold:<5} probe {det.probe:<9} {det.formula}")
         typer.echo(f"{'':<16} source: {det.source}")
+        typer.echo(f"{'':<16} sites: {', '.join(det.applies_to)}")
         if det.opt_in:
             typer.echo(f"{'':<16} opt-in: runs only when named (--detectors {det.name})")
 

@@ -56,6 +56,11 @@ SINK_NOTE = ("{n} of {total} layers have a learned sink logit per head: each pat
              "sink takes the rest), and every score reads the tokens' share only")
 
 
+# What a model must have for a detector that reads one kind of site (`Detector.applies_to`).
+MODEL_WITH = {"causal": "a causal model", "bidirectional": "a bidirectional model",
+              "cross": "an encoder-decoder model (cross-attention)"}
+
+
 def _chosen(loaded, names, batch_size):
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise HeadscopeError(f"batch_size must be at least 1, got {batch_size!r}")
@@ -63,9 +68,11 @@ def _chosen(loaded, names, batch_size):
     if not chosen:
         raise HeadscopeError("no detectors chosen")
     dets = [get(n) for n in chosen]
+    kind = "causal" if loaded.causal else "bidirectional"  # the model's self-attention
     for det in dets:
-        if det.bidirectional_only and loaded.causal:
-            raise HeadscopeError(f"detector {det.name!r} needs a bidirectional model; {loaded.name} is causal")
+        if kind not in det.applies_to:
+            needs = " or ".join(MODEL_WITH[k] for k in det.applies_to)
+            raise HeadscopeError(f"detector {det.name!r} needs {needs}; {loaded.name} is {kind}")
     return dets
 
 

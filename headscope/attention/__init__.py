@@ -7,6 +7,7 @@
 - `pattern`: the `Pattern` interface detectors read, dense or lazy.
 - `rotary`: rotary position embeddings.
 - `hook_points`: `HookPoint` and the `hooks()` context that always removes what it adds.
+- `site_kinds`: `SITE_KINDS`, the kinds of attention site (causal, bidirectional, cross).
 
 The re-export is lazy (`__getattr__`), so importing one of the modules above does not import
 the module (and with it `headscope.hf`).

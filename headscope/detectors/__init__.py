@@ -5,6 +5,7 @@ per-example values and finalizes them into rows of the scores table; see
 `headscope.detectors.protocol.Detector`.
 
 - `registry`: `REGISTRY` (name -> Detector), `get(name)`, `names()`, `defaults(causal)`,
+  `defaults_for(kind)` (per site kind: causal, bidirectional, cross),
   `register(detector)`, and `BUILTINS`, the explicit list of built-in detectors, imported the
   first time the registry is read. Importing this package registers nothing and loads no torch.
 - `protocol`: `Detector` (its fields checked when made: `check_detector`), `Collected`, `Finding`,
@@ -29,7 +30,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "REGISTRY": "registry", "BUILTINS": "registry", "register": "registry", "get": "registry", "names": "registry",
-    "defaults": "registry", "Detector": "protocol", "resolve": "protocol",
+    "defaults": "registry", "defaults_for": "registry", "Detector": "protocol", "resolve": "protocol",
     "induction": "patterns.induction", "duplicate_token": "patterns.duplicate_token", "previous_token": "patterns.previous_token",
     "next_token": "patterns.next_token", "positional": "patterns.positional", "rare_word": "patterns.rare_word", "self_attention": "patterns.self_token",
     "sink": "patterns.sink", "uniform": "patterns.uniform", "syntactic": "syntax.detector",

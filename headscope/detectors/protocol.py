@@ -49,6 +49,7 @@ import torch
 from ..errors import HeadscopeError
 from ..tables import SCORE_COLUMNS
 from ..attention.pattern import Pattern, as_pattern
+from ..attention.site_kinds import SITE_KINDS
 from ..probes.base import ProbeBatch
 from ..probes.kinds import PROBE_KINDS
 from .section import ReportSection
@@ -57,7 +58,7 @@ from .registry import REGISTRY, get, register
 from .variants import best_variant
 
 __all__ = ["Detector", "check_detector", "is_colour", "Collected", "Finding", "resolve", "masked_query_mean",
-           "score_patterns", "SCORE_COLUMNS", "Progress"]
+           "score_patterns", "SCORE_COLUMNS", "SITE_KINDS", "Progress"]
 
 Progress = Callable[[str, int, int], None]  # fn(stage, done, total), called as forward passes finish
 
@@ -119,7 +120,11 @@ class Detector:
         source: the paper (and what the threshold rests on).
         fn: `(pattern, batch) -> [batch, head]` per-example scores, `pattern` a
             `headscope.attention.pattern.Pattern`.
-        bidirectional_only: meaningless for causal models (e.g. next-token attention).
+        applies_to: the kinds of attention site the detector reads (`SITE_KINDS`): "causal"
+            (a decoder's self-attention), "bidirectional" (an encoder's), "cross" (decoder
+            queries over encoder positions). Default: causal and bidirectional self-attention;
+            next-token attention is bidirectional only, sink and uniform also read cross-attention
+            (`registry.defaults_for`).
         lazy: `fn` reads the pattern only through entries and row statistics (`diagonal`,
             `column`, `mass`, `entropy`), which a `LazyPattern` computes without the map.
         learned: passing claims the model learned the behaviour, so the label also needs the
@@ -162,7 +167,7 @@ class Detector:
     formula: str
     source: str
     fn: Callable
-    bidirectional_only: bool = False
+    applies_to: tuple[str, ...] = ("causal", "bidirectional")
     lazy: bool = False
     learned: bool = True
     outranks_resting: bool = False
@@ -180,6 +185,12 @@ class Detector:
 
     def __post_init__(self):
         check_detector(self)
+
+    @property
+    def bidirectional_only(self) -> bool:
+        """Whether it reads bidirectional self-attention but not causal (next-token attention);
+        `applies_to` says which sites it reads."""
+        return "bidirectional" in self.applies_to and "causal" not in self.applies_to
 
     def score(self, pattern, batch) -> torch.Tensor:
         """Per-example scores `[batch, head]` (`[batch, head, variant]` with `variants`) of one
@@ -222,7 +233,7 @@ class Detector:
         """Score heads of patterns a notebook has at hand.
 
         - `detector(pattern, probe_batch)`: per-example scores `[batch, head]` (the pure form).
-        - `detector(patterns, input_ids=None, attention_mask=None, causal=True)`: patterns
+        - `detector(patterns, input_ids=None, attention_mask=None, causal=True, key_mask=None)`: patterns
           captured by the user (`cap.patterns`, a `{layer: [batch, head, query, key]}` dict, or
           one such tensor) -> DataFrame layer, head, detector, score (mean over examples);
           see `score_patterns`.
@@ -268,6 +279,11 @@ def check_detector(detector: Detector) -> None:
         raise HeadscopeError(f"{where}: fn must be a function (pattern, batch) -> [batch, head], got {detector.fn!r}")
     if detector.run is not None and not callable(detector.run):
         raise HeadscopeError(f"{where}: run must be a function or None, got {detector.run!r}")
+    kinds = detector.applies_to
+    if not isinstance(kinds, tuple) or not kinds or not all(kind in SITE_KINDS for kind in kinds) \
+            or len(set(kinds)) != len(kinds):
+        raise HeadscopeError(f"{where}: applies_to must be a non-empty tuple of distinct site kinds from "
+                             f"{', '.join(SITE_KINDS)}, got {kinds!r}")
     if detector.gate not in GATES:
         raise HeadscopeError(f"{where}: gate must be one of {', '.join(GATES)}, got {detector.gate!r}")
     for field_name in ("formula", "source", "quantity"):
@@ -336,7 +352,7 @@ def masked_query_mean(values: torch.Tensor, queries: torch.Tensor) -> torch.Tens
 
 
 def score_patterns(detector: Detector, patterns, input_ids=None, attention_mask=None, causal: bool = True,
-                   content_start: int = 0):
+                   content_start: int = 0, key_mask=None):
     """Mean score per head of captured patterns.
 
     Args:
@@ -348,6 +364,10 @@ def score_patterns(detector: Detector, patterns, input_ids=None, attention_mask=
         attention_mask: `[batch, pos]`, 1 for real tokens (default all real).
         causal: whether the model was causal.
         content_start: index of the first non-special token (1 after a BOS).
+        key_mask: `[batch, key]` the encoder's attention mask, 1 for real positions: the
+            patterns are cross-attention (decoder queries, `input_ids` and `attention_mask`
+            the decoder's). Patterns with more keys than queries are read as cross-attention
+            with every key real when it is not given.
     Returns:
         pandas DataFrame layer, head, detector, score (and variant, the head's best one, for
         detectors with variants such as positional).
@@ -356,7 +376,7 @@ def score_patterns(detector: Detector, patterns, input_ids=None, attention_mask=
     rows = []
     for layer, pattern in layers.items():
         pattern = pattern[None] if pattern.dim() == 3 else pattern  # (B, H, Q, K)
-        b, _, q, _ = pattern.shape
+        b, _, q, k = pattern.shape
         ids = input_ids
         if ids is None:
             if detector.probe == "repeated":
@@ -365,7 +385,12 @@ def score_patterns(detector: Detector, patterns, input_ids=None, attention_mask=
         ids = torch.as_tensor(ids).reshape(b, q).to(pattern.device)
         mask = (torch.ones_like(ids, dtype=torch.bool) if attention_mask is None
                 else torch.as_tensor(attention_mask).bool().to(pattern.device))
-        per_example = detector.score(pattern.float(), ProbeBatch(ids, mask, causal, content_start))  # (B, H[, V])
+        keys = None
+        if key_mask is not None or k != q:  # cross-attention: keys over the encoder's positions
+            keys = (torch.ones(b, k, dtype=torch.bool, device=pattern.device) if key_mask is None
+                    else torch.as_tensor(key_mask).bool().reshape(b, k).to(pattern.device))
+        batch = ProbeBatch(ids, mask, causal and keys is None, content_start, key_mask=keys)
+        per_example = detector.score(pattern.float(), batch)  # (B, H[, V])
         chosen = {}
         if detector.variants:
             scores, chosen = best_variant({int(layer): per_example}, detector.variants)

@@ -4,7 +4,8 @@
   table. Adding a detector is its module plus one line here.
 - `REGISTRY`: name -> `Detector`, a mapping that imports the built-ins the first time it is
   read (importing `headscope.detectors` registers nothing, and loads no torch).
-- `register(detector)`, `get(name)`, `names()`, `defaults(causal)`.
+- `register(detector)`, `get(name)`, `names()`, `defaults_for(kind)` (the default detectors at
+  one kind of attention site), `defaults(causal)` (a decoder's or an encoder's self-attention).
 - `detector_spec(meta, label)`, `detector_specs(meta)`: what an analysis recorded about its
   detectors; the registry is consulted only for what the analysis did not record, so a saved
   analysis is read without it (and without torch).
@@ -17,9 +18,10 @@ from importlib import import_module
 from typing import NamedTuple, Optional
 
 from ..errors import HeadscopeError
+from ..attention.site_kinds import SITE_KINDS
 
-__all__ = ["BUILTINS", "Builtin", "REGISTRY", "SPEC_FIELDS", "register", "get", "names", "defaults", "detector_spec",
-           "detector_specs", "registry_order", "report_section"]
+__all__ = ["BUILTINS", "Builtin", "REGISTRY", "SPEC_FIELDS", "register", "get", "names", "defaults", "defaults_for",
+           "detector_spec", "detector_specs", "registry_order", "report_section"]
 
 class Builtin(NamedTuple):
     """Where a built-in detector is defined: `module.attribute`, registered as `name`; `section`
@@ -135,9 +137,19 @@ def get(name: str):
     return REGISTRY[name]
 
 
+def defaults_for(kind: str) -> list[str]:
+    """Detectors run at sites of `kind` ("causal", "bidirectional" or "cross";
+    `headscope.attention.site_kinds.SITE_KINDS`) when none are named: all that apply to it
+    (`Detector.applies_to`) and are not opt-in, in registry order."""
+    if kind not in SITE_KINDS:
+        raise HeadscopeError(f"unknown site kind {kind!r}; use one of {', '.join(SITE_KINDS)}")
+    return [n for n, d in REGISTRY.items() if kind in d.applies_to and not d.opt_in]
+
+
 def defaults(causal: bool) -> list[str]:
-    """Detectors run when none are named: all that apply to the model."""
-    return [n for n, d in REGISTRY.items() if not (causal and d.bidirectional_only) and not d.opt_in]
+    """Detectors run on a causal (decoder) or bidirectional (encoder) model when none are named:
+    `defaults_for` its self-attention."""
+    return defaults_for("causal" if causal else "bidirectional")
 
 
 def detector_spec(meta: dict, label: str) -> dict:

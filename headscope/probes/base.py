@@ -14,7 +14,9 @@
 - `special_tokens(tokenizer, bos=False)`: the ids put before and after a text, the one place
   that says how probes wrap special tokens (and put a BOS first when the tokenizer adds none).
 - `ProbeSet`: input_ids `[example, pos]`, attention_mask, and what the detectors need to know.
-- `ProbeBatch`: one batch as reducers see it (`WordContext` for treebank batches).
+- `ProbeBatch`: one batch as reducers see it (`WordContext` for treebank batches), for one kind
+  of attention site (`headscope.attention.site_kinds.SITE_KINDS`: causal or bidirectional
+  self-attention, cross-attention).
 - `EvalProbe`: inputs, targets and scored tokens of a causal check (`headscope.validate`).
 The probe kinds that build these from their settings are in `headscope.probes.kinds`.
 """
@@ -54,16 +56,24 @@ class WordContext:
 
 @dataclass
 class ProbeBatch:
-    """One batch as the detectors see it.
+    """One batch as the detectors see it, at one kind of attention site.
+
+    For self-attention the queries and the keys are the same tokens, `input_ids`. For
+    cross-attention (`key_mask` given) the queries are the decoder's tokens, `input_ids`, and
+    the keys the encoder's positions, `key_mask` (and `key_ids` where the encoder reads tokens).
 
     Attributes:
-        input_ids: `[batch, pos]`.
-        attention_mask: `[batch, pos]`, True for real tokens.
-        causal: whether the model is causal (a query sees keys <= itself).
+        input_ids: `[batch, query]` the queries' tokens (and the keys' in self-attention).
+        attention_mask: `[batch, query]`, True for real tokens.
+        causal: whether a query sees only keys <= itself (False for cross-attention).
         content_start: index of the first probe token (after a BOS/[CLS]).
         token_counts: `[vocab]` corpus frequency of each token id (None: unknown; the rare_word
             detector then counts the batch's own tokens).
         words: the token-to-word alignment of a treebank batch (None for other probes).
+        key_ids: `[batch, key]` the encoder's tokens at a cross-attention site (None: self-attention,
+            or an encoder that reads no tokens, like Whisper's audio encoder).
+        key_mask: `[batch, key]` True for real encoder positions at a cross-attention site;
+            None for self-attention, whose keys are the queries' tokens.
     """
 
     input_ids: torch.Tensor
@@ -72,13 +82,35 @@ class ProbeBatch:
     content_start: int = 0
     token_counts: Optional[torch.Tensor] = None
     words: Optional[WordContext] = None
+    key_ids: Optional[torch.Tensor] = None
+    key_mask: Optional[torch.Tensor] = None
     _cache: dict = field(default_factory=dict, repr=False)
 
+    def __post_init__(self):
+        if self.key_mask is None and self.key_ids is not None:
+            raise HeadscopeError("a cross-attention batch needs key_mask (the encoder's attention mask) with key_ids")
+        if self.key_mask is not None and self.causal:
+            raise HeadscopeError("cross-attention is not causal: a decoder query sees every encoder position")
+
+    @property
+    def site_kind(self) -> str:
+        """The kind of site the batch is read at: "causal", "bidirectional" or "cross"
+        (`headscope.attention.site_kinds.SITE_KINDS`)."""
+        if self.key_mask is not None:
+            return "cross"
+        return "causal" if self.causal else "bidirectional"
+
+    def for_site(self, kind: str) -> "ProbeBatch":
+        """The batch as a site of `kind` sees it: itself, the one kind it was built for."""
+        if kind != self.site_kind:
+            raise HeadscopeError(f"this probe batch is read at {self.site_kind} attention sites, not at {kind} ones")
+        return self
+
     def to(self, device) -> "ProbeBatch":
-        counts = None if self.token_counts is None else self.token_counts.to(device)
+        move = lambda tensor: None if tensor is None else tensor.to(device)
         words = None if self.words is None else self.words.to(device)
         return ProbeBatch(self.input_ids.to(device), self.attention_mask.to(device), self.causal, self.content_start,
-                          counts, words)
+                          move(self.token_counts), words, move(self.key_ids), move(self.key_mask))
 
     def cached(self, key: str, build):
         """Memoise per-batch masks shared by detectors across layers."""
@@ -87,10 +119,12 @@ class ProbeBatch:
         return self._cache[key]
 
     def key_allowed(self) -> torch.Tensor:
-        """`[batch, query, key]` bool: which keys each real query may attend to."""
+        """`[batch, query, key]` bool: which keys each real query may attend to (at a
+        cross-attention site: every real encoder position)."""
         def build():
             valid = self.attention_mask.bool()
-            allowed = valid[:, None, :] & valid[:, :, None]
+            keys = valid if self.key_mask is None else self.key_mask.bool()
+            allowed = keys[:, None, :] & valid[:, :, None]
             if self.causal:
                 t = valid.shape[1]
                 allowed = allowed & torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()

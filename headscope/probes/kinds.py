@@ -13,6 +13,9 @@ A probe kind carries its own parameters and builds, for a loaded model and a see
 - `NeedleProbe(lengths, depths, n_needles, max_len)`: needle-in-a-haystack prompts
   (`headscope.probes.needle`), built as a `NeedleSet`; read by detectors that run their own passes
   (`Detector.run`: retrieval), so it has no pattern batches.
+- `CopyProbe(n_examples, seq_len)`: the text through an encoder-decoder, the decoder teacher-forced
+  to copy it (`headscope.probes.copy`), built as a `CopySet` of `Seq2SeqBatch`es; read at
+  cross-attention sites (the alignment detector).
 - `PROBE_KINDS`: probe name -> kind; `probe_settings(probes)`: name -> settings, the defaults
   where none are given. A `ProbeSet` made by hand is also accepted (it builds itself).
 Special tokens and the BOS rule: `headscope.probes.base.special_tokens`, for every probe.
@@ -27,10 +30,11 @@ import torch
 from ..errors import HeadscopeError
 from . import conllu
 from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
+from .copy import CopySet, copy_probe
 from .base import EvalProbe, ProbeSet, repeat_periods, repeated_probe, special_tokens, text_probe
 from .treebank import TreebankProbe
 
-__all__ = ["TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe", "NeedleSet", "PROBE_KINDS", "probe_settings",
+__all__ = ["TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe", "NeedleSet", "CopyProbe", "PROBE_KINDS", "probe_settings",
            "command_line_probes"]
 
 
@@ -200,7 +204,42 @@ class NeedleSet:
         raise HeadscopeError("the needle probe has no pattern batches: it is read by detectors with `run` (retrieval)")
 
 
-PROBE_KINDS = {kind.name: kind for kind in (TextProbe, RepeatedProbe, TreebankProbe, NeedleProbe)}
+@dataclass(frozen=True)
+class CopyProbe:
+    """The text probe's windows as an encoder-decoder's input, the decoder reading them shifted
+    right behind its start token (`headscope.probes.copy.copy_probe`): decoder position i has
+    read encoder tokens 0..i-1 and predicts token i.
+
+    Attributes:
+        n_examples: windows (the bootstrap resamples these).
+        seq_len: tokens per window, special tokens included (the decoder's input is as long).
+    """
+
+    n_examples: int = 16
+    seq_len: int = 128
+    name: ClassVar[str] = "copy"
+
+    def build(self, loaded, seed: int) -> CopySet:
+        _at_least_one("n_examples", self.n_examples)
+        return copy_probe(loaded.tokenizer, self.n_examples, self.seq_len, decoder_start(loaded), seed)
+
+    def eval_probe(self, loaded, n_examples: int, seed: int) -> EvalProbe:
+        raise HeadscopeError("validate does not ablate encoder-decoders yet: the copy probe has no causal check")
+
+
+def decoder_start(loaded) -> int:
+    """The token id an encoder-decoder's decoder starts from (`decoder_start_token_id` of its
+    config or generation config); HeadscopeError for a model without one (not an encoder-decoder)."""
+    model = loaded.model
+    for config in (getattr(model, "config", None), getattr(model, "generation_config", None)):
+        start = getattr(config, "decoder_start_token_id", None)
+        if start is not None:
+            return int(start)
+    raise HeadscopeError(f"the copy probe feeds an encoder-decoder's decoder; {loaded.name} has no "
+                         f"decoder_start_token_id")
+
+
+PROBE_KINDS = {kind.name: kind for kind in (TextProbe, RepeatedProbe, TreebankProbe, NeedleProbe, CopyProbe)}
 
 
 def probe_settings(probes: Optional[Iterable] = None) -> dict:
@@ -209,7 +248,7 @@ def probe_settings(probes: Optional[Iterable] = None) -> dict:
     given = {}
     for probe in probes or ():
         if not hasattr(probe, "build") or not hasattr(probe, "name"):
-            raise HeadscopeError(f"a probe is a TextProbe, RepeatedProbe, TreebankProbe, NeedleProbe or ProbeSet, "
+            raise HeadscopeError(f"a probe is a TextProbe, RepeatedProbe, TreebankProbe, NeedleProbe, CopyProbe or ProbeSet, "
                                  f"got {probe!r}")
         given[probe.name] = probe
     return {**{name: kind() for name, kind in PROBE_KINDS.items() if name not in given}, **given}

@@ -2,13 +2,13 @@
 
 uniform: mean over queries with n_i >= 8 of H(A_i) / ln(n_i), where H is the entropy in nats
 and n_i the number of keys query i may attend to (earlier-or-equal real tokens in a causal
-model, all real tokens in an encoder). 1 means perfectly uniform.
+model, all real tokens in an encoder, all real encoder positions at a cross-attention site,
+`ProbeBatch.key_allowed`). 1 means perfectly uniform.
 Source: Clark et al. 2019 ("broad" heads put at most ~10% on any word; their code uses mean
 entropy >= 3.8 nats). headscope normalises by ln(n_i) so the score does not depend on length;
 threshold 0.9. Queries with fewer than 8 keys are skipped (their entropy says little).
 """
 from __future__ import annotations
-
 
 import torch
 
@@ -34,5 +34,5 @@ uniform = Detector(
     formula=f"mean over queries with n_i >= {MIN_KEYS} keys of H(A_i) / ln(n_i)",
     source="Clark et al. 2019 (broad heads, entropy >= 3.8 nats); normalised by ln(n_i), threshold 0.9",
     fn=lambda pattern, batch: uniform_score(pattern, batch), lazy=True, learned=False,
-    quantity="normalised entropy", colour="#bcbd22", short="unif",
+    quantity="normalised entropy", colour="#bcbd22", short="unif", applies_to=("causal", "bidirectional", "cross"),
 )

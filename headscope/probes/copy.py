@@ -1,0 +1,145 @@
+"""The copy probe: natural text through an encoder-decoder, the decoder teacher-forced to copy it.
+
+- `copy_probe(tokenizer, n_examples, seq_len, decoder_start, seed)`: a `CopySet`. The encoder
+  reads a window of the bundled text (`text_probe`, in the tokenizer's special tokens); the
+  decoder reads the same tokens shifted right by one behind the model's decoder start token,
+  as transformers' `shift_tokens_right` makes the decoder input from the labels. With the text
+  as its own labels this is BART's denoising objective with no noise (Lewis et al. 2020): the
+  decoder at position i has read encoder tokens 0..i-1 and predicts token i, so an aligned
+  cross-attention head attends from decoder position i to encoder position i (the token it
+  emits) or i - 1 (the one it just read).
+- `Seq2SeqBatch`: one batch of both inputs, in transformers' names (`input_ids`,
+  `attention_mask` the encoder's; `decoder_input_ids`, `decoder_attention_mask`), and
+  `for_site(kind)`: the `ProbeBatch` a detector at a site of that kind reads (encoder
+  self-attention, decoder self-attention, cross-attention).
+
+Text encoders only (BART, T5, mT5, Marian): Whisper's encoder reads audio features.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..errors import HeadscopeError
+from .base import ProbeBatch, text_probe
+
+__all__ = ["copy_probe", "CopySet", "Seq2SeqBatch"]
+
+
+@dataclass
+class Seq2SeqBatch:
+    """One batch of an encoder-decoder probe.
+
+    Attributes:
+        input_ids, attention_mask: `[batch, source]` the encoder's tokens and mask (True: real).
+        decoder_input_ids, decoder_attention_mask: `[batch, target]` the decoder's.
+        content_start: the encoder's first probe token (after its special tokens).
+        decoder_content_start: the decoder's first probe token.
+        token_counts: `[vocab]` corpus frequency of each token id, or None.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    decoder_input_ids: torch.Tensor
+    decoder_attention_mask: torch.Tensor
+    content_start: int = 0
+    decoder_content_start: int = 0
+    token_counts: Optional[torch.Tensor] = None
+    _views: dict = field(default_factory=dict, repr=False)
+
+    def to(self, device) -> "Seq2SeqBatch":
+        counts = None if self.token_counts is None else self.token_counts.to(device)
+        return Seq2SeqBatch(self.input_ids.to(device), self.attention_mask.to(device),
+                            self.decoder_input_ids.to(device), self.decoder_attention_mask.to(device),
+                            self.content_start, self.decoder_content_start, counts)
+
+    def for_site(self, kind: str) -> ProbeBatch:
+        """The `ProbeBatch` detectors read at a site of `kind`, made once per kind (its masks
+        are then shared across layers):
+
+        - "bidirectional": the encoder's self-attention over its tokens.
+        - "causal": the decoder's self-attention over its tokens.
+        - "cross": decoder queries over encoder keys (`key_ids`, `key_mask` the encoder's).
+        """
+        if kind not in self._views:
+            if kind == "bidirectional":
+                view = ProbeBatch(self.input_ids, self.attention_mask, False, self.content_start, self.token_counts)
+            elif kind == "causal":
+                view = ProbeBatch(self.decoder_input_ids, self.decoder_attention_mask, True,
+                                  self.decoder_content_start, self.token_counts)
+            elif kind == "cross":
+                view = ProbeBatch(self.decoder_input_ids, self.decoder_attention_mask, False,
+                                  self.decoder_content_start, self.token_counts, key_ids=self.input_ids,
+                                  key_mask=self.attention_mask)
+            else:
+                raise HeadscopeError(f"unknown site kind {kind!r}; use causal, bidirectional or cross")
+            self._views[kind] = view
+        return self._views[kind]
+
+
+@dataclass
+class CopySet:
+    """A built copy probe (`copy_probe`); every example the same length, no padding.
+
+    Attributes:
+        input_ids: `[example, pos]` the encoder's tokens.
+        decoder_input_ids: `[example, pos]` the decoder's: the decoder start token, then
+            `input_ids` without its last token.
+        content_start: the encoder's first probe token; the decoder's is one later.
+        description: what the probe holds, in words.
+        token_counts: `[vocab]` corpus frequency of each token id.
+    """
+
+    input_ids: torch.Tensor
+    decoder_input_ids: torch.Tensor
+    content_start: int
+    description: str
+    token_counts: Optional[torch.Tensor] = None
+    name: str = "copy"
+    extra_meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def meta(self) -> dict:
+        return {"n_examples": len(self), "seq_len": self.seq_len, "description": self.description}
+
+    def explorer_ids(self, n: int, length: int) -> torch.Tensor:
+        """`[n, length]` the first examples' encoder tokens, cut short."""
+        return self.input_ids[:n, :length]
+
+    def batches(self, batch_size: int, causal: bool, device) -> list[Seq2SeqBatch]:
+        """`Seq2SeqBatch`es of `batch_size` examples (`causal` is the decoder's, always causal here)."""
+        out = []
+        for start in range(0, len(self), batch_size):
+            source = self.input_ids[start:start + batch_size].to(device)
+            target = self.decoder_input_ids[start:start + batch_size].to(device)
+            out.append(Seq2SeqBatch(source, torch.ones_like(source, dtype=torch.bool), target,
+                                    torch.ones_like(target, dtype=torch.bool), self.content_start,
+                                    self.content_start + 1, self.token_counts))
+        return out
+
+
+def copy_probe(tokenizer, n_examples: int, seq_len: int, decoder_start: int, seed: int = 0) -> CopySet:
+    """`n_examples` windows of `seq_len` tokens of the bundled text (`text_probe`'s, for the same
+    seed) as the encoder's input, and the decoder's input they teacher-force.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        n_examples, seq_len: windows and tokens per window, special tokens included.
+        decoder_start: the model's decoder start token id (`config.decoder_start_token_id`).
+        seed: picks the windows.
+    """
+    text = text_probe(tokenizer, n_examples, seq_len, seed)
+    start = torch.full((n_examples, 1), int(decoder_start), dtype=torch.long)
+    decoder = torch.cat([start, text.input_ids[:, :-1]], dim=1)  # (N, T): shift_tokens_right
+    return CopySet(text.input_ids, decoder, text.content_start,
+                   f"natural English from probes/text, {n_examples} windows of {seq_len} tokens; the decoder reads "
+                   f"them shifted right behind its start token {int(decoder_start)} (teacher-forced copy)",
+                   text.token_counts)
