@@ -238,6 +238,7 @@ def analyze_command(
     control: Annotated[str, typer.Option("--control", help="random-init: score the same probes on an untrained twin and give learned labels only to heads that beat its best head; none: no control (labels then rest on thresholds alone).")] = "random-init",
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="Split a large model over devices: auto, balanced, sequential or a JSON {module: device} map (accelerate).")] = None,
     geometry: Annotated[bool, typer.Option("--geometry", help="Also add head geometry to the report: pattern-similarity map, subspace overlap, importance and pruning curve (docs/geometry.md; minutes on CPU for SmolLM2).")] = False,
+    sites: Annotated[Optional[str], typer.Option("--sites", help="Group of attention sites to analyse: decoder.self or decoder.cross for an encoder-decoder (default: its encoder; headscope models --families lists each family's groups).")] = None,
     no_cache: NoCacheOpt = False,
     plotlyjs: PlotlyOpt = "embed",
     force: ForceOpt = False,
@@ -251,6 +252,8 @@ def analyze_command(
     _check_plotlyjs(plotlyjs)
     if control not in CONTROL_KINDS:
         raise HeadscopeError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
+    if sites is not None and (geometry or validate):
+        raise HeadscopeError("--geometry and --validate work on the default sites only; leave out --sites or them")
     out = out or _default_out(model)
     names = _detector_names(detectors)
     from .probes.kinds import command_line_probes  # torch: only when analysing
@@ -266,7 +269,7 @@ def analyze_command(
     loaded = loader.load(model, device=device if placement else distributed.process_device(device), dtype=dtype, device_map=placement,
                   cache=not no_cache)
     analysis = headscope.analyze(loaded, names, probes, batch_size=batch_size, seed=seed, validate=validate,
-                       progress=_Bars(), control=control)
+                       progress=_Bars(), control=control, sites=sites)
     if rank != 0:
         return
     if geometry:  # rank 0 only: one process computes it

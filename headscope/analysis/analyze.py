@@ -31,14 +31,15 @@ from .. import __version__
 from .meta import AnalysisMeta
 from .result import Analysis, Example
 from ..loading.control import resolve_control
-from ..detectors.registry import defaults, get
+from ..detectors.registry import defaults_for, get
 from ..checks import check_count
 from ..errors import CannotScore, HeadscopeError
 from ..hf.adapters import adapter_for
 from ..hf.capture import capture
 from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
 from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
-from ..probes.kinds import probe_settings
+from ..probes.copy import as_copy
+from ..probes.kinds import decoder_start, probe_settings
 from ..detectors.protocol import SCORE_COLUMNS
 from ..detectors.protocol import Progress
 from ..detectors.runner import MAP_BUDGET, Timings, collect_with_control
@@ -56,6 +57,10 @@ SINK_NOTE = ("{n} of {total} layers have a learned sink logit per head: each pat
              "sink takes the rest), and every score reads the tokens' share only")
 
 
+SITE_WORDS = {"causal": "the decoder's causal self-attention",
+              "cross": "cross-attention: queries from the decoder's tokens, keys over the encoder's positions",
+              "bidirectional": "bidirectional self-attention"}
+
 # What a model must have for a detector that reads one kind of site (`Detector.applies_to`).
 MODEL_WITH = {"causal": "a causal model", "bidirectional": "a bidirectional model",
               "cross": "an encoder-decoder model (cross-attention)"}
@@ -64,15 +69,16 @@ MODEL_WITH = {"causal": "a causal model", "bidirectional": "a bidirectional mode
 def _chosen(loaded, names, batch_size):
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise HeadscopeError(f"batch_size must be at least 1, got {batch_size!r}")
-    chosen = defaults(loaded.causal) if names is None else list(dict.fromkeys(names))
+    kind = loaded.site_kind  # the analysed sites': a model's self-attention, or its decoder's or cross-attention
+    chosen = defaults_for(kind) if names is None else list(dict.fromkeys(names))
     if not chosen:
         raise HeadscopeError("no detectors chosen")
     dets = [get(n) for n in chosen]
-    kind = "causal" if loaded.causal else "bidirectional"  # the model's self-attention
     for det in dets:
         if kind not in det.applies_to:
             needs = " or ".join(MODEL_WITH[k] for k in det.applies_to)
-            raise HeadscopeError(f"detector {det.name!r} needs {needs}; {loaded.name} is {kind}")
+            where = f"{loaded.name}'s {loaded.sites} sites are" if loaded.sites else f"{loaded.name} is"
+            raise HeadscopeError(f"detector {det.name!r} needs {needs}; {where} {kind}")
     return dets
 
 
@@ -109,6 +115,7 @@ def analyze(
     control="random-init",
     map_budget: int = MAP_BUDGET,
     ov: bool = True,
+    sites: Optional[str] = None,
 ) -> Analysis:
     """Score every head of a loaded model.
 
@@ -141,6 +148,13 @@ def analyze(
             the copy_top1 of induction and duplicate-token heads, into `.ov`
             (`headscope.head_geometry.ov_circuit.ov_table`; skipped with a note in `meta["notes"]` when the
             model has no unembedding or adapter). False leaves `.ov` None.
+        sites: the group of attention sites to analyse (`headscope.hf.sites`): None, the
+            default stack (an encoder-decoder's encoder); "decoder.self" or "decoder.cross" for
+            an encoder-decoder's decoder, whose probes are read as teacher-forced copies (the
+            encoder reads each example, the decoder the same tokens shifted right,
+            `headscope.probes.copy.as_copy`) and whose detectors are those of the sites' kind
+            (`Detector.applies_to`). Outside the default there is no OV table, head explorer
+            or validation yet (said in `meta["notes"]`). Same as `analyze(loaded.at(sites))`.
     Returns:
         An `Analysis`.
     """
@@ -150,6 +164,10 @@ def analyze(
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise HeadscopeError(f"seed must be an integer from 0 to 2**63-1, got {seed!r}")
     check_count("explorer_examples", explorer_examples, least=0)
+    if sites is not None:
+        loaded = loaded.at(sites)
+    if loaded.sites is not None and validate:
+        raise HeadscopeError(f"validate does not ablate {loaded.sites} sites yet; analyze them without validate")
     adapter = adapter_for(loaded.model.config)
     if adapter is not None and adapter.no_analyze:  # whisper: its encoder takes audio features, not token ids
         raise HeadscopeError(adapter.no_analyze)
@@ -159,7 +177,8 @@ def analyze(
     run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings)
     scored = _score(loaded, plan, run, seed, ov, timings)
     with timings.step("explorer"):
-        examples = _explorer_examples(loaded, plan.built, explorer_examples, explorer_len) if explorer_examples else []
+        shown = explorer_examples and loaded.sites is None  # no explorer for decoder sites yet (two token axes)
+        examples = _explorer_examples(loaded, plan.built, explorer_examples, explorer_len) if shown else []
     timings.total()
     meta = _meta(loaded, plan, run, scored, seed, batch_size, ov, timings)
     analysis = Analysis(scores=scored.scores, labels=scored.labels, meta=meta.to_json(), examples=examples,
@@ -186,6 +205,7 @@ class _Plan:
     asked: bool  # the caller named the detectors
     twin: Optional[object]  # the control `Loaded`, or None
     control: dict  # its description, meta["control"]
+    skipped: dict = field(default_factory=dict)  # detector name -> why its probe cannot feed the sites
 
 
 @dataclass
@@ -222,17 +242,39 @@ def _plan(loaded, detectors, probes, batch_size, control, seed, timings) -> _Pla
     dets = _chosen(loaded, detectors, batch_size)
     with timings.step("control_init"):
         twin, control_meta = resolve_control(loaded, control, seed)
+        if twin is not None and loaded.sites is not None:
+            twin = twin.at(loaded.sites)  # the twin's same group of sites
     with timings.step("probes"):
         groups = {name: [d for d in dets if d.probe == name] for name in dict.fromkeys(d.probe for d in dets)}
         built = {name: settings[name].build(loaded, seed) for name in groups}
+        if loaded.two_inputs:  # a decoder's sites: each probe as the encoder's input and the decoder's copy
+            built, skipped = _as_copies(loaded, built, groups, detectors is not None, given)
+            groups = {name: group for name, group in groups.items() if name in built}
+            dets = [d for d in dets if d.probe in built]
         for name, probe in built.items():
             loaded.check_fits(f"the {name} probe", probe.seq_len)
-    return _Plan(dets, groups, built, given, detectors is not None, twin, control_meta)
+    return _Plan(dets, groups, built, given, detectors is not None, twin, control_meta,
+                 skipped if loaded.two_inputs else {})
+
+
+def _as_copies(loaded, built, groups, named, given):
+    """Each built probe as an encoder-decoder's copy input (`as_copy`); among the defaults, a
+    probe that cannot be one leaves its detectors out, saying why (named ones raise)."""
+    copies, skipped = {}, {}
+    start = decoder_start(loaded)
+    for name, probe in built.items():
+        try:
+            copies[name] = as_copy(probe, start)
+        except CannotScore as err:
+            if named or any(p.name == name for p in given):  # asked for: say why it cannot run
+                raise
+            skipped.update({d.name: str(err) for d in groups[name]})
+    return copies, skipped
 
 
 def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings) -> _Run:
     """Each probe's batches through the model and the twin, then every detector's `Finding`."""
-    run = _Run()
+    run = _Run(skipped=dict(plan.skipped))
     for name, probe_dets in plan.groups.items():
         patterned = [d for d in probe_dets if d.run is None]  # the others run their own passes
         model, twin_values = {}, {}
@@ -271,7 +313,9 @@ def _score(loaded, plan, run, seed, ov, timings) -> _Scored:
         names = {key: label for d in dets for key, label in run.findings[d.name].names.items()}
         labels = label_heads(scores, {d.name: d for d in dets}, names)
     ov_frame, ov_skipped = None, "not asked for (ov=False)"
-    if ov:
+    if ov and loaded.sites is not None:
+        ov_skipped = f"not computed for {loaded.sites} sites yet"
+    elif ov:
         with timings.step("ov"):
             qualified = labels[labels.label.isin(ov_qualified_labels())]  # copy_top1 only where it qualifies a label: cost
             heads = {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])}
@@ -307,6 +351,14 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
                      f"scores, and the explorer shows them empty")
     if ov and scored.ov_skipped:
         notes.append(f"OV copying not computed: {scored.ov_skipped}")
+    sites = {}
+    if loaded.sites is not None:
+        chosen = loaded.selection
+        sites = {"group": chosen.group, "kind": loaded.site_kind,
+                 "modules": {str(layer): site.name for layer, site in sorted(chosen.sites.items())}}
+        notes.append(f"sites: {chosen.group} ({SITE_WORDS.get(loaded.site_kind, loaded.site_kind)}), layers numbered "
+                     f"within the {next(iter(chosen.sites.values())).stack}; probes read as teacher-forced copies "
+                     f"(the encoder reads each example, the decoder the same tokens shifted right); no head explorer")
     return AnalysisMeta(
         model=loaded.name, family=loaded.family, causal=loaded.causal,
         n_layers=loaded.n_layers, n_heads=loaded.n_heads,
@@ -325,5 +377,5 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
         probe_entries={key: value for probe in plan.built.values() for key, value in probe.extra_meta.items()},
         detector_entries={key: value for d in plan.detectors if d.name in run.findings
                           for key, value in run.findings[d.name].meta.items()},
-        processes=rank_and_size()[1],
+        processes=rank_and_size()[1], sites=sites,
     )

@@ -21,7 +21,7 @@ __all__ = ["AnalysisMeta", "check_saved"]
 # optional keys are checked when present (older analyses lack some).
 _REQUIRED = {"n_layers": int, "n_heads": int, "causal": bool}
 _OPTIONAL = {"model": str, "created": str, "probes": dict, "detectors": dict, "control": dict, "ov": dict,
-             "notes": list}
+             "notes": list, "sites": dict}
 
 
 @dataclass
@@ -43,6 +43,9 @@ class AnalysisMeta:
         probe_entries: what the probes add at the top level (`extra_meta`, e.g. "treebank").
         detector_entries: what the detectors add at the top level (`Finding.meta`, e.g. "syntax_best").
         processes: torchrun processes that shared the batches (written only when more than one).
+        sites: the group of attention sites analysed, outside the default stack: group
+            ("decoder.cross"), kind ("cross"), modules (each layer's module path); written
+            only then (analyses of the default stack have no such key, as before).
     """
 
     model: str
@@ -68,6 +71,7 @@ class AnalysisMeta:
     probe_entries: dict = field(default_factory=dict)
     detector_entries: dict = field(default_factory=dict)
     processes: int = 1
+    sites: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """The mapping meta.json holds; keys as headscope has always written them."""
@@ -82,6 +86,8 @@ class AnalysisMeta:
         out.update(self.detector_entries)
         if self.processes > 1:
             out["processes"] = self.processes
+        if self.sites:
+            out["sites"] = self.sites
         return out
 
     @classmethod

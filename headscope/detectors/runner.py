@@ -119,14 +119,22 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     lazy = lazy and all(d.lazy for d in detectors)
     longest = max((b.input_ids.shape for b in batches), key=lambda shape: shape[0] * shape[1] ** 2, default=None)
     chunk = _head_chunk(longest[0], longest[1], loaded.n_heads, map_budget) if longest is not None and not lazy else None
+    if loaded.two_inputs and not (batches and hasattr(batches[0], "for_site")):
+        raise HeadscopeError(f"the {probe.name} probe gives one input, but {loaded.sites} sites read an encoder's and a "
+                             f"decoder's: build it through headscope.probes.copy")
     reducers = _Reducers(detectors)
     done = []
-    with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy) as cap:
+    kind = loaded.site_kind
+    with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy, sites=loaded.sites) as cap:
         for n, i in enumerate(todo):
-            reducers.start(batches[i])
-            ids = batches[i].input_ids.to(loaded.device)
-            mask = batches[i].attention_mask.long().to(loaded.device)
-            out = loaded.body(input_ids=ids, attention_mask=mask)
+            batch = batches[i]
+            two = hasattr(batch, "for_site")  # an encoder-decoder's batch: both inputs, the site's view
+            reducers.start(batch.for_site(kind) if two else batch)
+            ids = batch.input_ids.to(loaded.device)
+            mask = batch.attention_mask.long().to(loaded.device)
+            extra = {"decoder_input_ids": batch.decoder_input_ids.to(loaded.device),
+                     "decoder_attention_mask": batch.decoder_attention_mask.long().to(loaded.device)} if two else {}
+            out = loaded.body(input_ids=ids, attention_mask=mask, **extra)
             _check_finite(loaded, out, ids, mask, f"{stage}, batch {i + 1} of {len(batches)}")
             done.append((i, {layer: results.pop() for layer, results in cap.results.items()}))
             if report:

@@ -16,7 +16,7 @@ import importlib.util
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +25,7 @@ from ..errors import HeadscopeError
 from .gguf_file import config_and_tokenizer, model_from_gguf
 from .integrity import check_loading_info
 from ..hf.adapters import adapter_for, analysed_body, check_on_interface, core_modules, family_of, text_config
+from ..hf.sites import select
 
 __all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
 
@@ -71,6 +72,9 @@ class Loaded:
         name: the alias, path or hub id it was loaded from.
         family: adapter family ("llama", "bert", ...).
         causal: whether queries only see earlier tokens.
+        sites: the group of attention sites analysed (`headscope.hf.sites`; None: the default
+            stack, an encoder-decoder's encoder); `at("decoder.cross")` gives the same model
+            looking at another group.
     """
 
     model: Any
@@ -78,6 +82,7 @@ class Loaded:
     name: str
     family: str
     causal: bool
+    sites: Optional[str] = None
 
     @classmethod
     def from_model(cls, model, tokenizer, name: Optional[str] = None) -> "Loaded":
@@ -96,9 +101,39 @@ class Loaded:
             raise HeadscopeError(f"{type(model).__name__} is not a transformers model (it has no config)")
         family = family_of(config)
         cls_name = type(model).__name__
-        causal = cls_name.endswith(("ForCausalLM", "LMHeadModel")) or _is_causal_config(config)
+        causal = _is_causal_model(model)
         name = name or getattr(config, "name_or_path", "") or cls_name
         return cls(model=model.eval(), tokenizer=tokenizer, name=name, family=family, causal=causal)
+
+    def at(self, sites: Optional[str]) -> "Loaded":
+        """The same model with `sites` as the group analysed ("decoder.self", "decoder.cross"; None:
+        the default). Its `site_kind`, `n_heads`, `attention_layers` and `body` are the group's;
+        `causal` is True for a decoder's self-attention. HeadscopeError in one line for a group
+        the model lacks."""
+        chosen = select(self.model, sites)
+        if chosen.default or chosen.group == select(self.model).group:
+            return self if self.sites is None else replace(self, sites=None, causal=_is_causal_model(self.model))
+        first = next(iter(chosen.sites.values()))
+        causal = first.stack == "decoder" and first.kind == "self" if first.stack != "text" else self.causal
+        return replace(self, sites=chosen.group, causal=causal)
+
+    @property
+    def selection(self):
+        """The analysed group's `headscope.hf.sites.Selection`."""
+        return select(self.model, self.sites)
+
+    @property
+    def site_kind(self) -> str:
+        """"causal", "bidirectional" or "cross" (`headscope.attention.site_kinds.SITE_KINDS`): what
+        detectors read at the analysed sites."""
+        if self.sites is not None and any(site.kind == "cross" for site in self.selection.sites.values()):
+            return "cross"
+        return "causal" if self.causal else "bidirectional"
+
+    @property
+    def two_inputs(self) -> bool:
+        """The analysed sites need both an encoder's and a decoder's input (a decoder group)."""
+        return self.sites is not None and self.sites.startswith("decoder")
 
     @property
     def device(self):
@@ -130,6 +165,8 @@ class Loaded:
         """The model without its task head (no logits): what the detectors need to run (a
         vision-language model: its text decoder, which takes token ids alone; an encoder-decoder
         with an adapter: its encoder)."""
+        if self.two_inputs:
+            return self.model  # encoder and decoder inputs together: the whole encoder-decoder
         return analysed_body(self.model) if hasattr(self.model, "base_model") else self.model
 
     @property
@@ -139,16 +176,23 @@ class Loaded:
 
     @property
     def n_layers(self) -> int:
-        """Layers of the text decoder, attention or not (a hybrid numbers all of them)."""
+        """Layers of the text decoder, attention or not (a hybrid numbers all of them); of the
+        analysed group's stack outside the default."""
+        if self.sites is not None:
+            return max(self.selection.sites) + 1
         return self.text_config.num_hidden_layers
 
     @property
     def n_heads(self) -> int:
+        if self.sites is not None:
+            return self.selection.n_heads
         return self.text_config.num_attention_heads
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
         """The layers that hold attention, in the model's numbering (all of 0..n_layers-1 but in hybrids)."""
+        if self.sites is not None:
+            return tuple(self.selection.layers)
         return tuple(layer for layer, _ in core_modules(self.model))
 
 
@@ -222,6 +266,11 @@ def _locate(spec: str) -> tuple[str, dict]:
     return spec, {}
 
 
+def _is_causal_model(model) -> bool:
+    """Causal from the class (``...ForCausalLM``, ``...LMHeadModel``) or the config."""
+    return type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")) or _is_causal_config(model.config)
+
+
 def _is_causal_config(config) -> bool:
     """Causal LMs by their architecture name; a composite config's text decoder (a
     vision-language model's `text_config`) is causal; else as the family's adapter says."""
@@ -274,10 +323,13 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, cache: 
 
 
 def _model_class(config):
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
 
     if text_config(config) is not config and type(config) in AutoModelForImageTextToText._model_mapping:
         return AutoModelForImageTextToText  # a vision-language model, whole (its text decoder is analysed)
+    archs = getattr(config, "architectures", None) or []
+    if any(a.endswith("ForConditionalGeneration") for a in archs) and type(config) in AutoModelForSeq2SeqLM._model_mapping:
+        return AutoModelForSeq2SeqLM  # an encoder-decoder with its LM head (bart, t5): every site group
     return AutoModelForCausalLM if _is_causal_config(config) else AutoModel
 
 

@@ -22,10 +22,10 @@ from typing import Optional
 
 import torch
 
-from ..errors import HeadscopeError
+from ..errors import CannotScore, HeadscopeError
 from .base import ProbeBatch, text_probe
 
-__all__ = ["copy_probe", "CopySet", "Seq2SeqBatch"]
+__all__ = ["copy_probe", "as_copy", "CopySet", "Seq2SeqBatch"]
 
 
 @dataclass
@@ -143,3 +143,22 @@ def copy_probe(tokenizer, n_examples: int, seq_len: int, decoder_start: int, see
                    f"natural English from probes/text, {n_examples} windows of {seq_len} tokens; the decoder reads "
                    f"them shifted right behind its start token {int(decoder_start)} (teacher-forced copy)",
                    text.token_counts)
+
+
+def as_copy(probe, decoder_start: int) -> CopySet:
+    """A built probe as an encoder-decoder's input: the encoder reads its examples, the decoder
+    the same tokens shifted right behind `decoder_start` (as `copy_probe` does with text), so the
+    detectors of decoder and cross-attention sites read the probe they read elsewhere (the
+    repeated probe's copies stay copies in the decoder's input, one position later). A `CopySet`
+    passes through; probes with padding (the treebank's) raise `CannotScore`."""
+    if isinstance(probe, CopySet):
+        return probe
+    ids = getattr(probe, "input_ids", None)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or not hasattr(probe, "content_start") \
+            or hasattr(probe, "sentences"):
+        raise CannotScore(f"the {probe.name} probe cannot feed an encoder-decoder's decoder (it needs unpadded "
+                          f"examples of one length, as the text and repeated probes have)")
+    start = torch.full((ids.shape[0], 1), int(decoder_start), dtype=ids.dtype)
+    return CopySet(ids, torch.cat([start, ids[:, :-1]], dim=1), probe.content_start,
+                   f"{probe.description}; the decoder reads it shifted right behind its start token "
+                   f"{int(decoder_start)} (teacher-forced copy)", probe.token_counts, name=probe.name)

@@ -223,6 +223,13 @@ def header_fields(meta: dict) -> tuple:
         HeaderField("Family", str(meta.get("family", "?"))),
         HeaderField("Parameters", _count(meta.get("parameters"))),
         HeaderField("Heads", heads),
+    ]
+    sites = meta.get("sites")
+    if isinstance(sites, dict) and sites.get("group"):  # outside the default stack: which modules
+        modules = sites.get("modules") or {}
+        fields.append(HeaderField("Sites", f"{sites['group']} ({sites.get('kind', '?')}): "
+                                           + ", ".join(str(name) for name in modules.values())))
+    fields += [
         HeaderField("Probes", "; ".join(
             f"{name}: {p.get('n_examples', '?')} examples × {p.get('seq_len', '?')} tokens ({p.get('description', '')})"
             for name, p in probes.items()) or "?"),
