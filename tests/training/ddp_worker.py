@@ -35,3 +35,9 @@ else:
     ids, _ = repeated_segments(8 * 64, torch.Generator().manual_seed(0))
     callback = headscope.HeadscopeCallback(every=4, out=out)
     train_toy(tiny_llama(2), ids, 8, out + "-run", [callback], batch=32)
+    # End together and close gloo before exiting: a process that leaves while the other's gloo
+    # threads still run can abort it ("terminate called without an active exception", seen once
+    # at load 4 on two cores).
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
