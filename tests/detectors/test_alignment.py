@@ -1,8 +1,10 @@
 """The monotonic-alignment detector on planted cross-attention patterns: its per-example score
 is Spearman's rho between query position and argmax key over the real queries, computed here
 independently with `scipy.stats.spearmanr` (average ranks for ties, as the detector documents);
-a constant argmax scores 0; an untrained encoder-decoder's cross-attention earns no label."""
+a constant argmax scores 0; in a tiny BART the planted alignment head is found against the
+untrained twin, whose heads all stay far below the threshold."""
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,11 +12,13 @@ import torch
 from scipy.stats import spearmanr
 
 from headscope import detectors
-from headscope.detectors.labels import passes
+from headscope.detectors.labels import label_heads, passes
 from headscope.detectors.patterns.alignment import MIN_QUERIES
 from headscope.detectors.protocol import Collected
 from headscope.probes.base import ProbeBatch
 from headscope.probes.kinds import CopyProbe
+from tests.support.planted import char_tokenizer
+from tests.support.planted_cross import HEADS, planted_bart, random_bart
 
 alignment = detectors.alignment
 
@@ -155,38 +159,63 @@ def test_the_label_is_learned_and_needs_the_control_beaten():
     assert not passes(alignment, score=0.75, ci_low=0.70, control_max=0.10)  # under the threshold
 
 
-def _tiny_bart(seed):
-    from transformers import BartConfig, BartForConditionalGeneration
-
-    torch.manual_seed(seed)
-    config = BartConfig(vocab_size=99, d_model=48, encoder_layers=2, decoder_layers=2, encoder_attention_heads=3,
-                        decoder_attention_heads=3, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                        max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=1,
-                        decoder_start_token_id=2, attn_implementation="eager")
-    return BartForConditionalGeneration(config).eval()
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_an_untrained_encoder_decoder_has_no_alignment_head(seed):
-    """The copy probe through a random-init tiny BART (transformers' eager cross-attention
-    maps): no head of the untrained model comes near the threshold, so the label is one only
-    training earns (measured: |score| at most 0.114 over the 30 heads of seeds 0-4, 16 examples)."""
-    from types import SimpleNamespace
-
-    from tests.support.planted import char_tokenizer
-
-    model = _tiny_bart(seed)
+def _cross_attention_scores(model, n_examples=8, seq_len=48) -> Collected:
+    """The copy probe through a tiny BART (transformers' eager cross-attention maps), every
+    cross-attention layer scored by the detector: what `analyze` will collect at those sites."""
     loaded = SimpleNamespace(tokenizer=char_tokenizer(), model=model, name="tiny-bart")
-    probe = CopyProbe(n_examples=8, seq_len=48).build(loaded, seed=0)
-    per_layer = {0: [], 1: []}
+    probe = CopyProbe(n_examples=n_examples, seq_len=seq_len).build(loaded, seed=0)
+    batches, values = probe.batches(4, True, "cpu"), []
     with torch.no_grad():
-        for batch in probe.batches(4, True, "cpu"):
+        for batch in batches:
             out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),
                         decoder_input_ids=batch.decoder_input_ids,
                         decoder_attention_mask=batch.decoder_attention_mask.long(), output_attentions=True)
             cross = batch.for_site("cross")
-            for layer, pattern in enumerate(out.cross_attentions):  # (B, H, decoder, encoder)
-                assert pattern.shape == (4, 3, 48, 48)
-                per_layer[layer].append(alignment(pattern, cross))
-    scores = torch.stack([torch.cat(values).mean(dim=0) for values in per_layer.values()])  # (layer, head)
-    assert scores.abs().max().item() < 0.3 < alignment.threshold
+            for pattern in out.cross_attentions:  # (B, H, decoder, encoder)
+                assert pattern.shape == (batch.input_ids.shape[0], HEADS, seq_len, seq_len)
+            values.append({layer: alignment.reduce(layer, pattern, cross)
+                           for layer, pattern in enumerate(out.cross_attentions)})
+    return Collected(batches, values, n_layers=len(out.cross_attentions), n_heads=HEADS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_untrained_encoder_decoder_has_no_alignment_head(seed):
+    """No cross-attention head of a random-init tiny BART comes near the threshold on the copy
+    probe, so the label is one only training earns (measured: |score| at most 0.114 over the 30
+    heads of seeds 0-4, 16 examples)."""
+    rows = alignment.finalize(_cross_attention_scores(random_bart(seed)), None, probe=None, seed=0).rows
+    assert rows.score.abs().max() < 0.3 < alignment.threshold
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_planted_alignment_head_is_found_and_no_other(seed):
+    """Inside transformers' own BART cross-attention, the head planted to attend from decoder
+    position i to encoder position i is labelled `alignment` against the untrained twin, and no
+    other head is (`tests/support/planted_cross.py`)."""
+    model = _cross_attention_scores(planted_bart(seed))
+    twin = _cross_attention_scores(random_bart(seed + 100))
+    rows = alignment.finalize(model, twin, probe=None, seed=0).rows
+    planted = rows[(rows["layer"] == 0) & (rows["head"] == 0)].iloc[0]
+    assert planted.score > 0.99 and planted.ci_low > planted.control_max
+    assert (rows.drop(planted.name).score < alignment.threshold).all()
+    labels = label_heads(rows, {"alignment": alignment})
+    assert labels.set_index(["layer", "head"]).label.to_dict() == {
+        (layer, head): "alignment" if (layer, head) == (0, 0) else "none" for layer in range(2) for head in range(HEADS)}
+
+
+def test_sink_and_uniform_read_transformers_cross_attention_maps():
+    """On the planted BART's cross-attention: sink is the mean of A[i, 0] over every decoder
+    query, uniform the entropy over the 48 encoder positions; the planted head is sharp, the
+    untouched heads (small random weights) are nearly flat."""
+    model = planted_bart(0)
+    loaded = SimpleNamespace(tokenizer=char_tokenizer(), model=model, name="tiny-bart")
+    batch = CopyProbe(n_examples=4, seq_len=48).build(loaded, seed=0).batches(4, True, "cpu")[0]
+    with torch.no_grad():
+        maps = model(input_ids=batch.input_ids, decoder_input_ids=batch.decoder_input_ids,
+                     output_attentions=True).cross_attentions[0]  # (B, H, decoder, encoder)
+    cross = batch.for_site("cross")
+    assert torch.allclose(detectors.sink(maps, cross), maps[..., 0].mean(-1))
+    entropy = -torch.special.xlogy(maps, maps).sum(-1) / math.log(48)
+    uniform = detectors.uniform(maps, cross)
+    assert torch.allclose(uniform, entropy.mean(-1), atol=1e-6)
+    assert (uniform[:, 0] < 0.05).all() and (uniform[:, 1:] > 0.99).all()
