@@ -199,8 +199,8 @@ def test_the_planted_alignment_head_is_found_and_no_other(seed):
     assert planted.score > 0.99 and planted.ci_low > planted.control_max
     assert (rows.drop(planted.name).score < alignment.threshold).all()
     labels = label_heads(rows, {"alignment": alignment})
-    assert labels.set_index(["layer", "head"]).label.to_dict() == {
-        (layer, head): "alignment" if (layer, head) == (0, 0) else "none" for layer in range(2) for head in range(HEADS)}
+    expected = {(layer, head): "none" for layer in range(2) for head in range(HEADS)}
+    assert labels.set_index(["layer", "head"]).label.to_dict() == {**expected, (0, 0): "alignment"}
 
 
 def test_sink_and_uniform_read_transformers_cross_attention_maps():

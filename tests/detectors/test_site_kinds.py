@@ -123,5 +123,5 @@ def test_cross_attention_patterns_from_a_notebook():
 def test_analyze_refuses_a_detector_for_sites_the_model_lacks(planted):
     with pytest.raises(headscope.HeadscopeError, match="needs a bidirectional model; .* is causal"):
         headscope.analyze(planted, detectors=["next_token"])
-    with pytest.raises(headscope.HeadscopeError, match=r"needs an encoder-decoder model \(cross-attention\); .* is causal"):
+    with pytest.raises(headscope.HeadscopeError, match=r"needs an encoder-decoder model \(cross-attention\); "):
         headscope.analyze(planted, detectors=["alignment"])
