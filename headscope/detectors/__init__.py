@@ -12,7 +12,8 @@ per-example values and finalizes them into rows of the scores table; see
   `resolve(spec)` (a name or `mypkg.module:name`).
 - `patterns/`: one module per pattern detector: induction, duplicate_token (formulas shared in
   copying.py), previous_token, next_token, self_token (formula shared in offsets.py), sink,
-  uniform, positional (argmax at offset k, one variant per offset; see `variants`), rare_word.
+  uniform, positional (argmax at offset k, one variant per offset; see `variants`), rare_word,
+  alignment (cross-attention: the argmax advances with the query).
 - `syntax/`: syntactic (word attention against dependency arcs, `syntax/`), retrieval (needle copying,
   Wu et al. 2024; runs its own passes, `Detector.run`; `retrieval/`).
 - `labels` (the label rules), `stats` (bootstrap intervals), `templates` (`headscope.detector`:
@@ -33,7 +34,8 @@ _EXPORTS = {
     "defaults": "registry", "defaults_for": "registry", "Detector": "protocol", "resolve": "protocol",
     "induction": "patterns.induction", "duplicate_token": "patterns.duplicate_token", "previous_token": "patterns.previous_token",
     "next_token": "patterns.next_token", "positional": "patterns.positional", "rare_word": "patterns.rare_word", "self_attention": "patterns.self_token",
-    "sink": "patterns.sink", "uniform": "patterns.uniform", "syntactic": "syntax.detector",
+    "sink": "patterns.sink", "uniform": "patterns.uniform", "alignment": "patterns.alignment",
+    "syntactic": "syntax.detector",
 }
 
 __all__ = sorted(_EXPORTS)

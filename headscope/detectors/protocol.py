@@ -123,8 +123,8 @@ class Detector:
         applies_to: the kinds of attention site the detector reads (`SITE_KINDS`): "causal"
             (a decoder's self-attention), "bidirectional" (an encoder's), "cross" (decoder
             queries over encoder positions). Default: causal and bidirectional self-attention;
-            next-token attention is bidirectional only, sink and uniform also read cross-attention
-            (`registry.defaults_for`).
+            next-token attention is bidirectional only, sink and uniform also read cross-attention,
+            alignment only cross-attention (`registry.defaults_for`).
         lazy: `fn` reads the pattern only through entries and row statistics (`diagonal`,
             `column`, `mass`, `entropy`), which a `LazyPattern` computes without the map.
         learned: passing claims the model learned the behaviour, so the label also needs the

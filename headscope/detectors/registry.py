@@ -44,6 +44,8 @@ BUILTINS = (
     Builtin("self", "headscope.detectors.patterns.self_token", "self_attention"),
     Builtin("sink", "headscope.detectors.patterns.sink", "sink"),
     Builtin("uniform", "headscope.detectors.patterns.uniform", "uniform"),
+    # cross-attention only, on the copy probe
+    Builtin("alignment", "headscope.detectors.patterns.alignment", "alignment"),
     # after the pattern detectors: its rows follow theirs
     Builtin("syntactic", "headscope.detectors.syntax.detector", "syntactic", "headscope.detectors.syntax.report:SECTION"),
     # opt-in; runs its own passes on the needle probe

@@ -34,8 +34,8 @@ from .copy import CopySet, copy_probe
 from .base import EvalProbe, ProbeSet, repeat_periods, repeated_probe, special_tokens, text_probe
 from .treebank import TreebankProbe
 
-__all__ = ["TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe", "NeedleSet", "CopyProbe", "PROBE_KINDS", "probe_settings",
-           "command_line_probes"]
+__all__ = ["TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe", "NeedleSet", "CopyProbe", "PROBE_KINDS",
+           "probe_settings", "command_line_probes"]
 
 
 @dataclass(frozen=True)

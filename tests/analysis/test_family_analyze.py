@@ -15,7 +15,7 @@ from tests.support.tiny import tiny_model
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 PATTERN_DETECTORS = [d.name for d in detectors.REGISTRY.values()
-                     if d.probe != "treebank" and not d.bidirectional_only and not d.opt_in]  # the defaults
+                     if d.probe != "treebank" and "causal" in d.applies_to and not d.opt_in]  # the defaults
 SMALL = dict(detectors=PATTERN_DETECTORS, probes=[TextProbe(4, 24), RepeatedProbe(4, 6, 3)], batch_size=2,
              explorer_examples=1, explorer_len=12)
 

@@ -19,9 +19,7 @@ BIDIRECTIONAL_DEFAULTS = ["induction", "duplicate_token", "previous_token", "nex
 def test_defaults_per_site_kind():
     assert defaults(causal=True) == defaults_for("causal") == CAUSAL_DEFAULTS
     assert defaults(causal=False) == defaults_for("bidirectional") == BIDIRECTIONAL_DEFAULTS
-    cross = defaults_for("cross")
-    assert cross[:2] == ["sink", "uniform"]
-    assert set(cross) <= {"sink", "uniform", "alignment"}  # the cross-attention detectors, in registry order
+    assert defaults_for("cross") == ["sink", "uniform", "alignment"]
     with pytest.raises(headscope.HeadscopeError, match="unknown site kind 'decoder'"):
         defaults_for("decoder")
 
@@ -32,7 +30,9 @@ def test_applies_to_keeps_what_each_builtin_read_before():
             assert det.applies_to == ("bidirectional",) and det.bidirectional_only
         elif name in ("sink", "uniform"):
             assert det.applies_to == ("causal", "bidirectional", "cross") and not det.bidirectional_only
-        elif "cross" not in det.applies_to:
+        elif name == "alignment":
+            assert det.applies_to == ("cross",) and not det.bidirectional_only
+        else:
             assert det.applies_to == ("causal", "bidirectional") and not det.bidirectional_only
 
 
@@ -123,3 +123,5 @@ def test_cross_attention_patterns_from_a_notebook():
 def test_analyze_refuses_a_detector_for_sites_the_model_lacks(planted):
     with pytest.raises(headscope.HeadscopeError, match="needs a bidirectional model; .* is causal"):
         headscope.analyze(planted, detectors=["next_token"])
+    with pytest.raises(headscope.HeadscopeError, match=r"needs an encoder-decoder model \(cross-attention\); "):
+        headscope.analyze(planted, detectors=["alignment"])
