@@ -259,7 +259,8 @@ def command_line_probes(n_examples: int, seq_len: int, repeat_len: int, repeats:
     """The probe settings `headscope analyze`'s options ask for.
 
     Args:
-        n_examples, seq_len: the text probe; n_examples, repeat_len, repeats: the repeated probe.
+        n_examples, seq_len: the text probe (and the copy probe of cross-attention sites);
+            n_examples, repeat_len, repeats: the repeated probe.
         needle_lengths: `--needle-lengths`, comma-separated token counts ("1024,2048").
         treebank: a CoNLL-U file (read here, once: a bad file fails before any model loads) or None.
         n_sentences: treebank sentences to score (0: all). A treebank probe is added only when
@@ -274,7 +275,8 @@ def command_line_probes(n_examples: int, seq_len: int, repeat_len: int, repeats:
     if not lengths or min(lengths) < 1:
         raise HeadscopeError(f"--needle-lengths takes comma-separated token counts such as 1024,2048; "
                              f"got {needle_lengths!r}")
-    probes = [TextProbe(n_examples, seq_len), RepeatedProbe(n_examples, repeat_len, repeats), NeedleProbe(lengths)]
+    probes = [TextProbe(n_examples, seq_len), RepeatedProbe(n_examples, repeat_len, repeats), NeedleProbe(lengths),
+              CopyProbe(n_examples, seq_len)]
     if treebank is not None or n_sentences:
         sentences = None if treebank is None else conllu.read_conllu(treebank)
         probes.append(TreebankProbe(sentences, n_sentences or None, source=None if treebank is None else str(treebank)))
