@@ -26,6 +26,7 @@ from ..loading.distributed import gather, mine, rank_and_size
 from ..loading.integrity import check_hidden_states
 from ..hf.capture import capture
 from ..errors import HeadscopeError
+from ..probes.copy import Seq2SeqBatch
 from .protocol import Collected, Progress
 
 __all__ = ["collect", "collect_with_control", "Passes", "Timings", "Progress", "MAP_BUDGET"]
@@ -119,7 +120,7 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     lazy = lazy and all(d.lazy for d in detectors)
     longest = max((b.input_ids.shape for b in batches), key=lambda shape: shape[0] * shape[1] ** 2, default=None)
     chunk = _head_chunk(longest[0], longest[1], loaded.n_heads, map_budget) if longest is not None and not lazy else None
-    if loaded.two_inputs and not (batches and hasattr(batches[0], "for_site")):
+    if loaded.two_inputs and not (batches and isinstance(batches[0], Seq2SeqBatch)):
         raise HeadscopeError(f"the {probe.name} probe gives one input, but {loaded.sites} sites read an encoder's and a "
                              f"decoder's: build it through headscope.probes.copy")
     reducers = _Reducers(detectors)
@@ -128,7 +129,7 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy, sites=loaded.sites) as cap:
         for n, i in enumerate(todo):
             batch = batches[i]
-            two = hasattr(batch, "for_site")  # an encoder-decoder's batch: both inputs, the site's view
+            two = isinstance(batch, Seq2SeqBatch)  # an encoder-decoder's batch: both inputs, the site's view
             reducers.start(batch.for_site(kind) if two else batch)
             ids = batch.input_ids.to(loaded.device)
             mask = batch.attention_mask.long().to(loaded.device)

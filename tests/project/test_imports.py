@@ -148,10 +148,13 @@ PROBE_CLASSES = {"TextProbe", "RepeatedProbe", "TreebankProbe", "NeedleProbe"}
 
 
 def _builtin_names() -> set[str]:
+    """Built-in detector and probe names, less the words attention sites use too ("self" is a
+    detector and a site kind, "text" a probe and a stack): a string cannot say which it means."""
     from headscope.detectors.registry import REGISTRY
+    from headscope.hf.sites import KINDS, STACKS
     from headscope.probes.kinds import PROBE_KINDS
 
-    return set(REGISTRY) | set(PROBE_KINDS)
+    return (set(REGISTRY) | set(PROBE_KINDS)) - set(KINDS) - set(STACKS)
 
 
 def _lines_naming_builtins(path: Path, names: set[str]) -> set[int]:
