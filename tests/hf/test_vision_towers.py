@@ -207,3 +207,13 @@ def test_qwen2_5_vls_packed_vision_attention_is_refused_and_runs_right():
     assert sorted(cap.patterns) == [0, 1, 2]
     assert not route.routed_models()
 
+
+@pytest.mark.parametrize("family", FAMILIES + ("qwen2_5_vl",))
+def test_family_table_lists_the_vision_stack_where_it_works(family):
+    from headscope.hf.families import family_table
+
+    model = _model(family)
+    row = next(r for r in family_table() if r.model_type == family)
+    groups = row.sites.split(", ")
+    assert groups[0] == "text" and set(groups) <= set(group_names(sites(model)))
+    assert ("vision" in groups) == (family != "qwen2_5_vl")
