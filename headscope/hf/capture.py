@@ -239,12 +239,12 @@ def capture(
 def check_ran(session: Session, layers: Iterable[int], what: str, chosen_sites: Selection) -> None:
     """HeadscopeError when some attention ran inside a block but one of `layers` (of `chosen_sites`)
     never did (mllama's cross-attention without an image; a decoder's sites while only the
-    encoder ran): editing it changed nothing. `session.ran` holds the layers that ran."""
+    encoder ran; a vision tower's on text alone): editing it changed nothing. `session.ran` holds the layers that ran."""
     missing = sorted(set(layers) - session.ran)
     if session.attention_ran and missing:
         raise HeadscopeError(f"{what} {chosen_sites.noun} {', '.join(map(str, missing))} did nothing: its attention "
                              f"never ran in the block (cross-attention runs only with its other input, such as an "
-                             f"image or the encoder's output)")
+                             f"image or the encoder's output; a vision tower only with pixel_values)")
 
 
 class _Ablation(Session):

@@ -6,8 +6,9 @@ and vision-language models), one for any other model on transformers' attention 
 families known to bypass the interface. `headscope models --families` prints it,
 README.md holds it as `family_markdown()`, and tests/hf/test_families.py checks every row against
 tiny models of each family (capture, ablate, lazy analyze, verify; the encoder-decoders' site
-groups in tests/hf/test_encoder_decoders.py). A row's `sites` names the groups of attention
-sites that capture, ablate, hooks and patch address (`headscope.hf.sites`), the default first.
+groups in tests/hf/test_encoder_decoders.py, the vision towers in tests/hf/test_vision_towers.py).
+A row's `sites` names the groups of attention sites that capture, ablate, hooks and patch
+address (`headscope.hf.sites`), the default first.
 """
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ OTHER = "any other"
 OUTSIDE_INTERFACE = ("falcon", "bloom", "mpt", "gpt_neo")
 
 _HYBRID = "hybrid: only its attention layers ({}) are captured, under the model's own layer numbers"
-_VLM = ("vision-language: its text decoder (text_config) with text-only probes; the vision tower runs "
-        "untouched, not captured")
+_VLM = ("vision-language: its text decoder (text_config) with text-only probes; the vision tower is the "
+        "opt-in stack sites=\"vision\" (bidirectional self-attention over the image's patches)")
+_VLM_PACKED = ("vision-language: its text decoder (text_config) with text-only probes; its vision attention runs once "
+               "per image or window (cu_seqlens), so sites=\"vision\" is refused; the tower runs right, not captured")
 # Families with no adapter of their own, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py);
 # a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama); a fourth:
 # its groups of attention sites where not only "text".
+_WITH_VISION = "text, vision"  # the text decoder (the default), the vision tower (tests/hf/test_vision_towers.py)
 _WITH_CROSS = "text, text.self, text.cross"  # the text stack holds self- and cross-attention layers
 DISCOVERED = (
     ("zamba2", _HYBRID.format("the shared transformer blocks, beside Mamba 2 layers") + "; one attention block "
@@ -36,11 +40,12 @@ DISCOVERED = (
     ("qwen3_next", _HYBRID.format("beside Gated DeltaNet linear attention") + "; a sigmoid output gate "
                    "(per element, from the layer's input) stands between attention and o_proj, so no adapter: zero "
                    "ablation is exact, mean ablation substitutes the mean before the gate"),
-    ("gemma3", _VLM, True),
-    ("llava", _VLM, True),
-    ("qwen2_5_vl", _VLM),
-    ("mllama", _VLM + "; its cross-attention layers never run without an image: reported as not run, skipped by "
-               "analyze with a note, an error to ablate or hook", False, _WITH_CROSS),
+    ("gemma3", _VLM, True, _WITH_VISION),
+    ("llava", _VLM, True, _WITH_VISION),
+    ("qwen2_5_vl", _VLM_PACKED),
+    ("mllama", _VLM + "; its vision layers numbered local then global; its cross-attention layers never run "
+               "without an image: reported as not run, skipped by analyze with a note, an error to ablate or hook",
+     False, _WITH_CROSS + ", vision"),
     ("mllama_text_model", "mllama's text model (MllamaForCausalLM): its cross-attention layers never run without an "
                           "image: capture reports them as not run, analyze skips them with a note, ablating or "
                           "hooking them is an error", False, _WITH_CROSS),

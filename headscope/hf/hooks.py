@@ -154,6 +154,9 @@ def model_hooks(
         result_layers = sorted(layer for layer, point in points if point == "hook_result")
         if result_layers:
             adapter = _needs_adapter(model.config)
+            if any(layer not in chosen_sites.blocks for layer in result_layers):
+                raise HeadscopeError(f"hook_result needs an adapter for the {chosen_sites.group} sites (it reads W_O "
+                                     f"through one); the other points work there")
             for layer in result_layers:
                 out = out_projection(model, chosen_sites.blocks[layer])
                 hook = _result_hook(points[(layer, "hook_result")], out, adapter.out_is_conv1d, chosen_sites.n_heads)

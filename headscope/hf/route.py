@@ -139,7 +139,7 @@ class Session:
 HONOURED = ("softcap", "s_aux", "sinks", "position_bias", "is_causal")
 IGNORED = ("position_ids", "use_cache", "sliding_window", "encoder_hidden_states", "deterministic",
            "output_attentions", "cache_position", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
-           "output_router_logits")
+           "output_router_logits", "output_hidden_states")
 
 
 def _extras(module, kwargs) -> tuple[Optional[float], Optional[torch.Tensor], Optional[torch.Tensor]]:

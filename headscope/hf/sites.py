@@ -9,7 +9,14 @@ image). Stacks:
              vision-language model
     encoder  an encoder-decoder's encoder (bart, whisper, t5), bidirectional self-attention
     decoder  an encoder-decoder's decoder: causal self-attention and cross-attention in every layer
-(A vision-language model's vision tower is not a stack here yet: it runs untouched.)
+    vision   a vision-language model's vision tower (the module holding `config.vision_config`:
+             gemma3's SigLIP and llava's CLIP `model.vision_tower`, mllama's `model.vision_model`),
+             bidirectional self-attention over the image's patches; opt-in (`sites="vision"`),
+             found by what its modules do (they call the interface) and numbered in the order
+             the tower runs them (mllama: its local transformer's layers, then its global ones)
+A vision tower whose attention takes `cu_seqlens` (qwen2_5_vl's: the attention function runs
+once per image or window of patches, so a layer has no single pattern per forward pass) is
+listed by `sites` but refused by `select` in one line.
 
 A group of sites is named "STACK" or "STACK.KIND" ("encoder", "decoder.self", "decoder.cross");
 it must hold at most one site per layer, so "decoder" alone is refused. `capture`, `ablate`,
@@ -28,15 +35,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
-from .adapters import _sub, adapter_for, attention_blocks, core_modules, head_sizes, text_stack
+from .adapters import _calls_interface, _sub, adapter_for, attention_blocks, core_modules, head_sizes, text_stack
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
-__all__ = ["Site", "Selection", "STACKS", "KINDS", "sites", "select", "group_names"]
+__all__ = ["Site", "Selection", "STACKS", "KINDS", "sites", "select", "group_names", "vision_tower"]
 
-STACKS = ("text", "encoder", "decoder")
+STACKS = ("text", "encoder", "decoder", "vision")
 KINDS = ("self", "cross")
+# Where vision-language models keep their vision tower, when no submodule holds `config.vision_config` itself.
+_VISION_TOWERS = ("vision_tower", "visual", "vision_model")
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,7 @@ class Site:
     Attributes:
         name: its module path in the model (`model.decoder.layers.3.encoder_attn`).
         kind: "self" or "cross".
-        stack: "text", "encoder" or "decoder" (`STACKS`).
+        stack: "text", "encoder", "decoder" or "vision" (`STACKS`).
         layer: the model's index of its layer within the stack.
     """
 
@@ -90,9 +99,40 @@ class Selection:
         return "layer" if self.default else f"{self.group} layer"
 
 
-def _is_cross(core) -> bool:
-    """A discovered module is cross-attention when its forward takes `cross_attention_states` (mllama)."""
-    return "cross_attention_states" in inspect.signature(type(core).forward).parameters
+def _kind_of(core) -> str:
+    """A discovered module is cross-attention when its forward takes `cross_attention_states`
+    (mllama's text stack), else self-attention."""
+    return "cross" if "cross_attention_states" in inspect.signature(type(core).forward).parameters else "self"
+
+
+def _is_packed(core) -> bool:
+    """A module whose forward takes `cu_seqlens` (qwen2_5_vl's vision attention) calls the
+    attention function once per packed sequence (image or window), not once per forward pass."""
+    return "cu_seqlens" in inspect.signature(type(core).forward).parameters
+
+
+def vision_tower(model: nn.Module) -> Optional[nn.Module]:
+    """A vision-language model's vision tower: the submodule holding `config.vision_config`
+    (else `vision_tower`, `visual` or `vision_model` of the base model); None without one."""
+    config = getattr(model.config, "vision_config", None)
+    if config is None:
+        return None
+    held = next((m for m in model.modules() if m is not model and getattr(m, "config", None) is config), None)
+    if held is not None:
+        return held
+    return next((getattr(model.base_model, name) for name in _VISION_TOWERS if hasattr(model.base_model, name)), None)
+
+
+def _vision_sites(model: nn.Module, paths: dict) -> list[tuple[Site, None, nn.Module, int]]:
+    """The vision tower's modules calling the interface, numbered 0.. in module order (the order
+    gemma3's, llava's and mllama's towers run them)."""
+    tower = vision_tower(model)
+    if tower is None:
+        return []
+    cores = [m for m in tower.modules() if _calls_interface(type(m))]
+    heads = getattr(model.config.vision_config, "num_attention_heads", None)
+    return [(Site(paths[id(core)], _kind_of(core), "vision", layer), None, core, getattr(core, "num_heads", heads))
+            for layer, core in enumerate(cores)]
 
 
 def _located(model: nn.Module) -> list[tuple[Site, Optional[nn.Module], nn.Module, int]]:
@@ -102,12 +142,11 @@ def _located(model: nn.Module) -> list[tuple[Site, Optional[nn.Module], nn.Modul
     adapter = adapter_for(model.config)
     cores = core_modules(model)  # refuses, in one line, a model without attention or with it out of place
     n_heads = head_sizes(model.config)[1]
-    found = []
+    found = _vision_sites(model, paths)
     if adapter is None:  # discovered in the text stack: one per layer, the kind read from the module
         for layer, core in cores:
-            kind = "cross" if _is_cross(core) else "self"
-            found.append((Site(paths[id(core)], kind, "text", layer), None, core, n_heads))
-        return found
+            found.append((Site(paths[id(core)], _kind_of(core), "text", layer), None, core, n_heads))
+        return sorted(found, key=lambda item: order[item[0].name])
     for layer, block in attention_blocks(model):
         core = _sub(block, adapter.core)
         found.append((Site(paths[id(core)], "self", adapter.stack, layer), block, core, n_heads))
@@ -131,7 +170,7 @@ def sites(model: nn.Module) -> list[Site]:
         model: a transformers model headscope runs inside.
     Returns:
         `[Site]`; an encoder-decoder with an adapter lists its encoder's self-attention and its
-        decoder's self- and cross-attention.
+        decoder's self- and cross-attention, a vision-language model its vision tower's too.
     """
     return [site for site, *_ in _located(model)]
 
@@ -172,6 +211,11 @@ def select(model: nn.Module, sites: Optional[str] = None) -> Selection:
     available = ", ".join(group_names([item[0] for item in located]))
     if not chosen:
         raise HeadscopeError(f"{type(model).__name__} has no {sites!r} attention sites; it has: {available}")
+    packed = next((core for _, _, core, _ in chosen if _is_packed(core)), None)
+    if packed is not None:
+        raise HeadscopeError(f"{type(packed).__name__} runs the attention function once per image or window "
+                             f"(cu_seqlens), so its {sites!r} sites have no single pattern per forward pass; headscope "
+                             f"does not capture or edit them (they run untouched under the other groups)")
     by_layer = {item[0].layer: item for item in chosen}
     if len(by_layer) < len(chosen):
         raise HeadscopeError(f"{sites!r} holds several attention sites per layer; choose one kind ({available})")

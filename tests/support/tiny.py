@@ -17,7 +17,9 @@ Two kinds, each a table of configs:
   model's own layer numbers), COMMON's sizes otherwise; small state sizes for the other mixers.
 - `kind="composite"` (`COMPOSITE_FAMILIES`): vision-language models whose vocabulary, layer and
   head counts live in `config.text_config` (3 text layers, COMMON's sizes; a 2-layer vision
-  tower of 2 heads on 28-pixel images), built as `AutoModelForImageTextToText`.
+  tower of 2 heads on 28-pixel images), built as `AutoModelForImageTextToText`, with the
+  parameters that keep a fresh model's logits blind to the image (gates and projections
+  initialised to zero or nearly, `_IMAGE_GATES`) filled, so that the vision tower matters.
 
 - `kind="encoder_decoder"` (`ENCODER_DECODER_FAMILIES`: bart, whisper, t5, mt5), each as its
   ...ForConditionalGeneration: 2 encoder and 2 decoder layers, hidden 64; bart and whisper with
@@ -29,7 +31,13 @@ Two kinds, each a table of configs:
 
 - `tiny_mllama(full, seed)`: mllama's text model (`MllamaForCausalLM`), 3 layers with a
   cross-attention layer at 1 that runs only with an image (never, for token ids alone); with
-  `full`, the whole `MllamaForConditionalGeneration` around it (a 2-layer vision tower).
+  `full`, the whole `MllamaForConditionalGeneration` around it (a vision tower of 2 local layers
+  and 1 global one; its cross-attention gates open, as the composite kind's).
+
+- `tiny_image_inputs(family, seed)`: a vision-language model's inputs with one image per example
+  (`COMPOSITE_FAMILIES` and "mllama", the model of `tiny_mllama(full=True)`): `tiny_inputs()`
+  with the family's image tokens in the ids, `pixel_values` and what else the family needs
+  (mllama: aspect ratios and a cross-attention mask; qwen2_5_vl: `image_grid_thw`, 4 x 6 patches).
 
 - `tiny_config(family, kind, positions)`, `tiny_model(family, seed, kind, positions)`.
 - `tiny_inputs(batch, length, seed, pad)`: random ids in [3, 99) with right padding on the
@@ -41,7 +49,7 @@ import torch
 
 __all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
            "COMPOSITE_FAMILIES", "VERIFIED_COMPOSITES", "ENCODER_DECODER_FAMILIES", "tiny_config", "tiny_model",
-           "tiny_mllama", "tiny_inputs", "tiny_seq2seq_inputs", "output_of"]
+           "tiny_mllama", "tiny_inputs", "tiny_seq2seq_inputs", "tiny_image_inputs", "output_of"]
 
 VOCAB = 99
 ODD_FAMILIES = ("gpt2", "bert", "llama", "qwen2", "gpt_neox")
@@ -203,7 +211,8 @@ def tiny_model(family: str, seed: int = 0, kind: str = "odd", positions: int = 6
     if kind in ("hybrid", "composite"):
         torch.manual_seed(seed)
         cls = tf.AutoModelForCausalLM if kind == "hybrid" else tf.AutoModelForImageTextToText
-        return cls.from_config(tiny_config(family, kind)).eval()
+        model = cls.from_config(tiny_config(family, kind)).eval()
+        return _image_reaches_text(model) if kind == "composite" else model
 
     torch.manual_seed(seed)
     config = tiny_config(family, kind, positions)
@@ -223,7 +232,25 @@ def tiny_mllama(full: bool = False, seed: int = 0):
                   image_size=28, patch_size=14, vision_output_dim=64, intermediate_layers_indices=[0], max_num_tiles=1,
                   supported_aspect_ratios=[[1, 1]])
     config = tf.AutoConfig.for_model("mllama", text_config=text, vision_config=vision, image_token_index=98)
-    return tf.AutoModelForImageTextToText.from_config(config).eval()
+    return _image_reaches_text(tf.AutoModelForImageTextToText.from_config(config).eval())
+
+
+# Parameters that vision-language models initialise to zero or nearly, so that a fresh model's logits
+# ignore the image or parts of its tower: gemma3's image projection, mllama's cross-attention gates
+# (tanh(0) = 0) and the gates of its global vision layers (N(0, 0.02)).
+_IMAGE_GATES = ("mm_input_projection_weight", "cross_attn_attn_gate", "cross_attn_mlp_gate", "gate_attn", "gate_ffn")
+
+
+def _image_reaches_text(model):
+    """Fill the zero-initialised `_IMAGE_GATES` (from their own seed, so the other weights are
+    unchanged), so that the image, and what headscope does in the vision tower, reaches the logits.
+    Text-only inputs never pass through them."""
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.rsplit(".", 1)[-1] in _IMAGE_GATES:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.5 + 1.0)
+    return model
 
 
 def tiny_inputs(batch: int = 2, length: int = 11, seed: int = 1, pad: bool = True):
@@ -243,6 +270,27 @@ def tiny_seq2seq_inputs(family: str, seed: int = 1) -> dict:
     if family == "whisper":
         return {"input_features": torch.randn(2, 8, 12, generator=g), "decoder_input_ids": decoder_ids}
     return {**tiny_inputs(seed=seed), "decoder_input_ids": decoder_ids}
+
+
+def tiny_image_inputs(family: str, seed: int = 1) -> dict:
+    """Token ids with image tokens (id 98) at positions 2.., one 28-pixel image per example."""
+    x = tiny_inputs(seed=seed)
+    ids = x["input_ids"].clone()
+    g = torch.Generator().manual_seed(seed + 2)
+    if family == "mllama":
+        ids[:, 1] = 98  # one image token; the image reaches the text through cross-attention
+        return dict(x, input_ids=ids, pixel_values=torch.randn(2, 1, 1, 3, 28, 28, generator=g),
+                    aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long),
+                    aspect_ratio_mask=torch.ones(2, 1, 1, dtype=torch.long),
+                    cross_attention_mask=torch.ones(2, 11, 1, 1, dtype=torch.long))
+    if family == "qwen2_5_vl":  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens per image
+        ids[:, 2:8] = 98
+        return dict(x, input_ids=ids, pixel_values=torch.randn(2 * 24, 3 * 2 * 14 * 14, generator=g),
+                    image_grid_thw=torch.tensor([[1, 4, 6], [1, 4, 6]]))
+    ids[:, 2:6] = 98  # (28 / 14) ** 2 = 4 patches: gemma3's mm_tokens_per_image, llava's patches
+    if family == "gemma3":
+        ids[:, 1], ids[:, 6] = 97, 96  # begin and end of image
+    return dict(x, input_ids=ids, pixel_values=torch.randn(2, 3, 28, 28, generator=g))
 
 
 def output_of(out):
