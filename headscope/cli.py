@@ -198,7 +198,9 @@ def _summary(analysis, out: Path) -> None:
     heads with their OV qualifier), as the report's top-heads table, then the lines the detectors'
     own report sections add (`ReportSection.summary`) and the warnings."""
     counts = analysis.labels.label.value_counts()
-    typer.echo(f"\n{analysis.meta['model']}: {analysis.n_layers} layers x {analysis.n_heads} heads")
+    sites = analysis.meta.get("sites") or {}
+    where = f" at its {sites['group']} sites ({sites.get('kind', '?')})" if sites.get("group") else ""
+    typer.echo(f"\n{analysis.meta['model']}{where}: {analysis.n_layers} layers x {analysis.n_heads} heads")
     typer.echo(f"control: {control_text(analysis.meta)}")
     strongest: dict = {}
     for t in top_heads(analysis, k=3):

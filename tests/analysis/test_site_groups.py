@@ -117,6 +117,7 @@ def test_a_decoder_sites_analysis_saves_loads_renders_and_runs_from_the_cli(tmp_
                                       "--n-examples", "4", "--seq-len", "24", "--repeat-len", "6", "--device", "cpu",
                                       "--plotlyjs", "cdn", "--no-cache"])
     assert result.exit_code == 0, result.output
+    assert " at its decoder.cross sites (cross): 2 layers x 2 heads" in result.output
     assert Analysis.load(out).meta["sites"]["group"] == "decoder.cross"
     bad = CliRunner().invoke(app, ["analyze", str(folder), "--sites", "decoder.cross", "--validate", "--out",
                                    str(tmp_path / "never"), "--device", "cpu"])
@@ -139,3 +140,13 @@ def test_analyze_finds_the_planted_alignment_head_at_the_cross_sites(seed):
     labelled = analysis.labels[analysis.labels.labels.str.contains("alignment")]
     assert [(int(r.layer), int(r.head)) for r in labelled.itertuples()] == [(0, 0)]
     assert rows.loc[(0, 0), "control_max"] < 0.3
+
+
+def test_the_readme_lists_each_site_kinds_default_detectors():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for kind, words in (("causal", "causal self-attention"), ("bidirectional", "bidirectional self-attention"),
+                        ("cross", "cross-attention (`decoder.cross`)")):
+        line = next(l for l in readme.splitlines() if l.startswith(f"- {words}"))
+        assert line.split(": ", 1)[1].split(", ") == defaults_for(kind)
