@@ -256,11 +256,13 @@ ADAPTERS = (
             out="o", causal=False, body="encoder", stack="encoder", groups=_T5_DECODER,
             no_from_hf="from_hf and verify are not available for t5 (its relative position bias is computed inside "
                        "the attention module); capture, ablate and analyze of the encoder work",
-            notes=_ENCODER_DECODER + "; analyze runs the encoder (T5EncoderModel: the encoder alone)"),
+            notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross "
+                                     "the decoder's (teacher-forced copies; T5EncoderModel: the encoder alone)"),
     Adapter("bart", ("bart",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             causal=False, body="encoder", stack="encoder", groups=_BART_DECODER,
             no_from_hf="from_hf and verify are not available for bart; capture, ablate and analyze of the encoder work",
-            notes=_ENCODER_DECODER + "; analyze runs the encoder"),
+            notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross "
+                                     "the decoder's (teacher-forced copies)"),
     Adapter("whisper", ("whisper",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             causal=False, body="encoder", stack="encoder", groups=_BART_DECODER,
             no_from_hf="from_hf and verify are not available for whisper; capture and ablate work on every site",
