@@ -80,6 +80,12 @@ class CompareData:
     label_counts: tuple  # LabelCount
 
 
+def _sites_of(analysis) -> str:
+    """The group of attention sites an analysis read (`meta["sites"]`; "the default sites" without one)."""
+    sites = analysis.meta.get("sites")
+    return str(sites["group"]) if isinstance(sites, dict) and sites.get("group") else "the default sites"
+
+
 def compare_data(a, b) -> CompareData:
     """Compare two analyses.
 
@@ -88,10 +94,15 @@ def compare_data(a, b) -> CompareData:
     Returns:
         A `CompareData`.
     """
-    same_shape = (a.n_layers, a.n_heads) == (b.n_layers, b.n_heads)
+    sites_a, sites_b = _sites_of(a), _sites_of(b)
+    same_shape = (a.n_layers, a.n_heads) == (b.n_layers, b.n_heads) and sites_a == sites_b
     shared = [d for d in a.detectors if d in set(b.detectors)]
     notes = []
-    if not same_shape:
+    if sites_a != sites_b:
+        notes.append(f"The analyses read different attention sites (a: {sites_a}; b: {sites_b}): their layer.head "
+                     "numbers name different modules, so scores and labels are not compared head by head, only each "
+                     "detector's top heads.")
+    elif not same_shape:
         notes.append(f"The models have different shapes (a: {a.n_layers} layers × {a.n_heads} heads, "
                      f"b: {b.n_layers} × {b.n_heads}): scores and labels are not compared head by head, "
                      "only each detector's top heads.")

@@ -150,3 +150,16 @@ def test_the_readme_lists_each_site_kinds_default_detectors():
                         ("cross", "cross-attention (`decoder.cross`)")):
         line = next(l for l in readme.splitlines() if l.startswith(f"- {words}"))
         assert line.split(": ", 1)[1].split(", ") == defaults_for(kind)
+
+
+def test_compare_does_not_pair_heads_of_different_sites():
+    from headscope.report.compare import compare_data
+
+    loaded = _loaded("bart")
+    self_sites = headscope.analyze(loaded, sites="decoder.self", probes=PROBES, explorer_examples=0)
+    cross_sites = headscope.analyze(loaded, sites="decoder.cross", probes=PROBES, explorer_examples=0)
+    assert (self_sites.n_layers, self_sites.n_heads) == (cross_sites.n_layers, cross_sites.n_heads)
+    data = compare_data(self_sites, cross_sites)
+    assert not data.same_shape and data.changed == () and data.diffs == ()
+    assert any("different attention sites (a: decoder.self; b: decoder.cross)" in note for note in data.notes)
+    assert compare_data(cross_sites, cross_sites).same_shape
