@@ -170,3 +170,24 @@ def test_the_planted_alignment_head_is_found_but_the_planted_model_never_reads_i
         assert (analysis.validation[column] - math.log(99)).abs().max() < 1e-5
     assert (analysis.validation["delta"] == 0).all() and not analysis.validation["hurts_more"].any()
     assert all(d == "0.0" for d in ";".join(rows["random_deltas"]).split(";"))
+
+
+def test_ablating_the_planted_copying_head_breaks_the_copy_and_random_heads_do_not():
+    """Ground truth: the planted copying BART predicts token i at decoder position i only through
+    cross-attention head 0.0 (it reads encoder token i and writes it into the decoder)."""
+    from tests.support.planted_cross import planted_copying_bart
+
+    loaded = Loaded.from_model(planted_copying_bart(0), char_tokenizer(), "planted-copying-bart")
+    analysis = headscope.analyze(loaded, detectors=["alignment"], sites="decoder.cross",
+                                 probes=[CopyProbe(n_examples=8, seq_len=32)], explorer_examples=0, validate=True)
+    rows = analysis.validation.set_index("mode")
+    assert list(analysis.validation["label"]) == ["alignment", "alignment"] and set(rows["heads"]) == {"0.0"}
+    for mode in ("zero", "mean"):
+        row = rows.loc[mode]
+        assert row.baseline < 0.01 and row.baseline_accuracy == 1.0  # the model copies
+        assert row.delta > 5 and row.ablated_accuracy < 0.1 and row.hurts_more
+        assert {d.split(".")[0] for d in row.random_heads.split("|")} == {"0"}  # heads 0.1, 0.2 of the same layer
+        assert [float(d) for d in row.random_deltas.split(";")] == [0.0] * 5  # their output projections are zero
+    view = loaded.at("decoder.cross")
+    probe = as_copy_eval(TextProbe(seq_len=32).eval_probe(view, 8, seed=0), decoder_start(view))
+    assert rows.loc["zero", "ablated"] == pytest.approx(_reference_loss(view, "bart", probe, [(0, 0)], "zero"), abs=1e-5)
