@@ -254,8 +254,8 @@ def analyze_command(
     _check_plotlyjs(plotlyjs)
     if control not in CONTROL_KINDS:
         raise HeadscopeError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
-    if sites is not None and (geometry or validate):
-        raise HeadscopeError("--geometry and --validate work on the default sites only; leave out --sites or them")
+    if sites is not None and geometry:
+        raise HeadscopeError("--geometry works on the default sites only; leave out --sites or --geometry")
     out = out or _default_out(model)
     names = _detector_names(detectors)
     from .probes.kinds import command_line_probes  # torch: only when analysing

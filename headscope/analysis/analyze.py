@@ -153,8 +153,10 @@ def analyze(
             an encoder-decoder's decoder, whose probes are read as teacher-forced copies (the
             encoder reads each example, the decoder the same tokens shifted right,
             `headscope.probes.copy.as_copy`) and whose detectors are those of the sites' kind
-            (`Detector.applies_to`). Outside the default there is no OV table, head explorer
-            or validation yet (said in `meta["notes"]`). Same as `analyze(loaded.at(sites))`.
+            (`Detector.applies_to`); `validate` ablates heads of that group and measures the
+            decoder's loss of the copied tokens (`headscope.validate`). Outside the default there
+            is no OV table or head explorer yet (said in `meta["notes"]`). Same as
+            `analyze(loaded.at(sites))`.
     Returns:
         An `Analysis`.
     """
@@ -166,8 +168,6 @@ def analyze(
     check_count("explorer_examples", explorer_examples, least=0)
     if sites is not None:
         loaded = loaded.at(sites)
-    if loaded.sites is not None and validate:
-        raise HeadscopeError(f"validate does not ablate {loaded.sites} sites yet; analyze them without validate")
     adapter = adapter_for(loaded.model.config)
     if adapter is not None and adapter.no_analyze:  # whisper: its encoder takes audio features, not token ids
         raise HeadscopeError(adapter.no_analyze)

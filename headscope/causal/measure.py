@@ -4,9 +4,11 @@
   each probe kind builds its own (`headscope.probes.kinds`, `eval_probe`).
 - `masked_for_lm`: the masked-LM version of a probe.
 - `metric_for(loaded)`: "next_token_loss" (causal LMs), "masked_token_loss" (encoders with an LM
-  head), "hidden_change" (other encoders); `METRICS` says what each one means.
+  head), "hidden_change" (other encoders), "copy_token_loss" (an encoder-decoder's decoder sites:
+  the teacher-forced copy, `headscope.probes.copy.as_copy_eval`); `METRICS` says what each one means.
 - `ProbeRunner(loaded, probe, batch_size)`: runs the probe once unablated (recording each head's
-  mean z over the probe's real tokens, for mean ablation) and then `.measure(heads, mode)`.
+  mean z over the probe's real tokens, for mean ablation) and then `.measure(heads, mode)`, both
+  at the analysed group of sites (`loaded.sites`: a decoder's self- or cross-attention).
 - `Measurement`: the metric's mean over scored tokens, the accuracy, and the per-token values.
 - `icl_score(per_token, early, late)`, `icl_positions(seq_len)`: Olsson et al.'s in-context
   learning score.
@@ -34,6 +36,8 @@ METRICS = {
     "next_token_loss": "mean cross-entropy of the next token, nats",
     "masked_token_loss": "mean cross-entropy of masked tokens (15% of scored tokens), nats",
     "hidden_change": "mean relative L2 change of the final hidden states, ||h' - h|| / ||h|| (no LM head)",
+    "copy_token_loss": ("mean cross-entropy of the decoder predicting each token of a teacher-forced copy (decoder "
+                        "position t, having read tokens < t, predicts the encoder's token t), nats"),
     "icl_score": "loss at a late token minus loss at an early one (Olsson et al. 2022), nats",
 }
 ICL_LATE, ICL_EARLY, ICL_WINDOW = 500, 50, 10
@@ -51,7 +55,9 @@ class Measurement:
 
 
 def metric_for(loaded) -> str:
-    """Which metric a model gets (see `METRICS`)."""
+    """Which metric a model gets (see `METRICS`): at a decoder's sites the copy's loss."""
+    if loaded.two_inputs:
+        return "copy_token_loss"
     if loaded.causal:
         return "next_token_loss"
     has_head = loaded.model.get_output_embeddings() is not None
@@ -75,7 +81,8 @@ def masked_for_lm(probe: EvalProbe, mask_id: int, seed: int) -> EvalProbe:
 
 
 class _MeanRecorder(Session):
-    """Sums each head's z `[batch, pos, head, d_head]` over real tokens; returns z unchanged."""
+    """Sums each head's z `[batch, pos, head, d_head]` over real tokens (the queries': a decoder's
+    at its cross-attention) at the layers of `layer_of`; returns z unchanged."""
 
     def __init__(self, layer_of: dict[int, int]):
         self.layer_of = layer_of
@@ -97,6 +104,9 @@ class _MeanRecorder(Session):
 class ProbeRunner:
     """One probe through one model: the unablated run at construction, then ablated runs.
 
+    Layers and heads are those of the analysed group (`loaded.sites`; an encoder-decoder's
+    decoder group needs a probe with `decoder_input_ids`, and the model then reads both inputs).
+
     Attributes:
         baseline: the unablated `Measurement`.
         means: `{layer: [head, d_head]}` each head's mean z over the probe's real tokens (what
@@ -105,19 +115,24 @@ class ProbeRunner:
     """
 
     def __init__(self, loaded, probe: EvalProbe, batch_size: int = 8):
+        if probe.two_inputs != loaded.two_inputs:
+            needs = "a decoder input (probes.copy.as_copy_eval)" if loaded.two_inputs else "no decoder input"
+            raise HeadscopeError(f"the {probe.name} probe does not fit {loaded.name}'s {loaded.sites or 'default'} "
+                                 f"sites: they need {needs}")
         self.loaded = loaded
         self.probe = probe
         self.batch_size = batch_size
         self.metric = metric_for(loaded)
         self._reference: list[torch.Tensor] = []  # final hidden states per batch (hidden_change)
-        recorder = _MeanRecorder(layer_map(loaded.model))
+        recorder = _MeanRecorder(layer_map(loaded.model, loaded.sites))
         self.baseline = self._run(lambda: routed(loaded.model, recorder), recorder)
         self.means = recorder.means()
 
     def measure(self, heads: Sequence[tuple[int, int]], mode: str) -> Measurement:
         """The probe's metric with `heads` ablated ("zero", or "mean" with the probe's means)."""
         means = self.means if mode == "mean" else None
-        return self._run(lambda: ablate(self.loaded.model, heads, mode=mode, means=means), None)
+        return self._run(lambda: ablate(self.loaded.model, heads, mode=mode, means=means, sites=self.loaded.sites),
+                         None)
 
     @torch.no_grad()
     def _run(self, context, recorder: Optional[_MeanRecorder]) -> Measurement:
@@ -127,10 +142,13 @@ class ProbeRunner:
             rows = slice(start, start + self.batch_size)
             ids = self.probe.input_ids[rows].to(device)
             mask = self.probe.attention_mask[rows].to(device)
+            inputs = dict(input_ids=ids, attention_mask=mask.long())
+            if self.probe.two_inputs:  # unpadded copies (as_copy_eval): the decoder's mask is all True too
+                inputs["decoder_input_ids"] = self.probe.decoder_input_ids[rows].to(device)
             if recorder is not None:
-                recorder.mask = mask
+                recorder.mask = mask  # queries: the encoder's tokens, or the decoder's of the same length
             with context():
-                out = model(input_ids=ids, attention_mask=mask.long())
+                out = model(**inputs)
             value, hit = self._per_token(out, number, self.probe.targets[rows].to(device), recorder is not None)
             values.append(value)
             hits.append(hit)

@@ -7,6 +7,13 @@ random heads from the same layers (as many per layer, none carrying the label), 
 times. For detectors with `icl_check` (induction) the in-context learning score (Olsson et al.
 2022) is also measured with their heads ablated and with the same random draws, as rows
 labelled "icl_score". Labels come in the analysis's detector order.
+
+An analysis of an encoder-decoder's decoder sites (`analyze(loaded, sites="decoder.cross")`) is
+checked at the same group: each probe is read as a teacher-forced copy
+(`headscope.probes.copy.as_copy_eval`: the encoder reads the example, the decoder the same tokens
+shifted right), the metric is the decoder's loss of predicting each token ("copy_token_loss"),
+and heads are ablated, and means recorded, at that group's layers. No "icl_score" rows there:
+the decoder sees the whole text in the encoder, so a late token is easier for other reasons.
 """
 from __future__ import annotations
 
@@ -18,7 +25,8 @@ import numpy as np
 
 from ..errors import HeadscopeError
 from ..checks import check_analysis, check_loaded
-from ..probes.kinds import PROBE_KINDS, TextProbe, probe_settings
+from ..probes.copy import as_copy_eval
+from ..probes.kinds import PROBE_KINDS, TextProbe, decoder_start, probe_settings
 from ..detectors.protocol import Progress
 from ..detectors.registry import REGISTRY, detector_spec
 from ..detectors.stats import random_head_draws
@@ -63,7 +71,8 @@ def validate(
 
     Args:
         loaded: a `headscope.load(...)` result.
-        analysis: an `Analysis` of the same model (same layers x heads).
+        analysis: an `Analysis` of the same model (same layers x heads); one of a decoder's
+            sites (`meta["sites"]["group"]`) is checked at that group (`loaded.at(group)`).
         k: heads ablated per label (fewer when the label has fewer).
         mode: "mean" or "zero": which rows are primary.
         n_random: random draws of heads per label (the control).
@@ -76,8 +85,8 @@ def validate(
             `[TextProbe(seq_len=64), RepeatedProbe(repeat_len=25, repeats=4)]`; their
             `n_examples` give way to `n_examples` (the repeated probe's loss is taken from the
             second token of the second copy on).
-        icl: add "icl_score" rows (causal models, when a detector with `icl_check`, induction,
-            has heads checked): the ICL
+        icl: add "icl_score" rows (causal models, not a decoder's sites, when a detector with
+            `icl_check`, induction, has heads checked): the ICL
             score on text windows of min(icl_len, context) tokens, late index
             min(T - 1, 500) minus early index min(50, late // 2) (see `measure.icl_score`).
         icl_len: tokens per ICL text window (Olsson et al. score token 500).
@@ -95,13 +104,14 @@ def validate(
     import pandas as pd
 
     started = time.perf_counter()
+    loaded = _at_analysed_sites(loaded, analysis)
     _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size)
     settings = probe_settings(probes)
     chosen = _chosen_heads(analysis, k, labels)
     metric = metric_for(loaded)
     draws = {label: _random_draws(analysis, label, heads, n_random, seed) for label, heads in chosen.items()}
     icl_labels = [label for label in chosen if detector_spec(analysis.meta, label).get("icl_check")]
-    with_icl = icl and loaded.causal and bool(icl_labels)
+    with_icl = icl and loaded.causal and not loaded.two_inputs and bool(icl_labels)
     context = loaded.context_length
     icl_length = min(icl_len, context) if context else icl_len
     if with_icl and icl_length < 4:
@@ -152,7 +162,7 @@ def validate(
     early, late = icl_positions(icl_length) if with_icl else (None, None)
     frame.attrs = {
         "mode": mode, "k": k, "n_random": n_random, "seed": seed, "n_examples": n_examples,
-        "metric": metric, "metric_description": METRICS[metric],
+        "metric": metric, "metric_description": METRICS[metric], "sites": loaded.sites,
         "probes": {name: runner.probe.description for name, runner in runners.items()},
         "icl": {"seq_len": icl_length, "early": early, "late": late} if with_icl else None,
         "forward_passes": len(runners) + len(cache), "seconds": round(time.perf_counter() - started, 3),
@@ -200,6 +210,16 @@ def _label_order(labels: list[str], meta: dict) -> list[str]:
     for label in fixed:
         out += [label, ICL_LABEL] if detector_spec(meta, label).get("icl_check") else [label]
     return out + sorted(set(labels) - set(fixed))
+
+
+def _at_analysed_sites(loaded, analysis):
+    """`loaded` at the group of sites the analysis scored (`meta["sites"]["group"]`; none: the
+    default); HeadscopeError when `loaded` was pointed at another group."""
+    group = (analysis.meta.get("sites") or {}).get("group")
+    if loaded.sites is not None and loaded.sites != group:
+        raise HeadscopeError(f"the analysis scored {group or 'the default'} sites but the loaded model looks at "
+                             f"{loaded.sites}; pass the loaded model itself (validate follows the analysis)")
+    return loaded.at(group)
 
 
 def _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size):
@@ -253,4 +273,5 @@ def _build_probe(loaded, name, settings, n_examples, icl_length, seed):
     if name == "icl_text":
         return TextProbe(n_examples, icl_length).eval_probe(loaded, n_examples, seed, name="icl_text")
     kind = settings[name] if hasattr(settings[name], "eval_probe") else PROBE_KINDS[name]()
-    return kind.eval_probe(loaded, n_examples, seed)
+    probe = kind.eval_probe(loaded, n_examples, seed)
+    return as_copy_eval(probe, decoder_start(loaded)) if loaded.two_inputs else probe

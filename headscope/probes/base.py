@@ -303,13 +303,17 @@ class EvalProbe:
     """Inputs whose output a head ablation should change (`headscope.validate`).
 
     Attributes:
-        name: "repeated", "text", "treebank" or "icl_text".
-        input_ids: `[example, pos]` what the model reads ([MASK] at scored tokens for masked LMs).
+        name: "repeated", "text", "treebank", "copy" or "icl_text".
+        input_ids: `[example, pos]` what the model reads ([MASK] at scored tokens for masked LMs);
+            an encoder-decoder's encoder input when `decoder_input_ids` is given.
         targets: `[example, pos]` the tokens scored (input_ids, unless masked).
         attention_mask: `[example, pos]` bool, False on padding.
         scored: `[example, pos]` bool; for causal models, True at t means "the loss of predicting
-            token t from tokens < t" (so t >= 1).
+            token t from tokens < t" (so t >= 1); with `decoder_input_ids`, "the loss of decoder
+            position t predicting `targets[:, t]`".
         description: what the probe holds, in words.
+        decoder_input_ids: `[example, pos]` an encoder-decoder's decoder input (a teacher-forced
+            copy, `headscope.probes.copy.as_copy_eval`), or None for a one-input model.
     """
 
     name: str
@@ -318,9 +322,15 @@ class EvalProbe:
     attention_mask: torch.Tensor
     scored: torch.Tensor
     description: str
+    decoder_input_ids: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def two_inputs(self) -> bool:
+        """Whether the model reads an encoder and a decoder input (`decoder_input_ids` given)."""
+        return self.decoder_input_ids is not None
 
     @classmethod
     def span(cls, name: str, ids: torch.Tensor, start: int, stop: int, description: str) -> "EvalProbe":

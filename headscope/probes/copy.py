@@ -8,6 +8,10 @@
   decoder at position i has read encoder tokens 0..i-1 and predicts token i, so an aligned
   cross-attention head attends from decoder position i to encoder position i (the token it
   emits) or i - 1 (the one it just read).
+- `as_copy(probe, decoder_start)`: any built unpadded probe read the same way.
+- `as_copy_eval(probe, decoder_start)`: a causal check's `EvalProbe` read the same way, for
+  `headscope.validate` at a decoder's sites: decoder position t predicts encoder token t, the
+  decoder's next input, and the tokens the probe scored stay scored.
 - `Seq2SeqBatch`: one batch of both inputs, in transformers' names (`input_ids`,
   `attention_mask` the encoder's; `decoder_input_ids`, `decoder_attention_mask`), and
   `for_site(kind)`: the `ProbeBatch` a detector at a site of that kind reads (encoder
@@ -23,9 +27,9 @@ from typing import Optional
 import torch
 
 from ..errors import CannotScore, HeadscopeError
-from .base import ProbeBatch, text_probe
+from .base import EvalProbe, ProbeBatch, text_probe
 
-__all__ = ["copy_probe", "as_copy", "CopySet", "Seq2SeqBatch"]
+__all__ = ["copy_probe", "as_copy", "as_copy_eval", "CopySet", "Seq2SeqBatch"]
 
 
 @dataclass
@@ -162,3 +166,23 @@ def as_copy(probe, decoder_start: int) -> CopySet:
     return CopySet(ids, torch.cat([start, ids[:, :-1]], dim=1), probe.content_start,
                    f"{probe.description}; the decoder reads it shifted right behind its start token "
                    f"{int(decoder_start)} (teacher-forced copy)", probe.token_counts, name=probe.name)
+
+
+def as_copy_eval(probe: EvalProbe, decoder_start: int) -> EvalProbe:
+    """A causal check's probe as an encoder-decoder's teacher-forced copy (`headscope.validate` at
+    a decoder's sites): the encoder reads `probe.input_ids`, the decoder the same tokens shifted
+    right behind `decoder_start`, and decoder position t is scored on predicting token t (what
+    `scored` marked: the loss of token t from the tokens before it, which the decoder has read).
+    A probe that already has `decoder_input_ids` passes through; one with padding (the treebank's)
+    raises `CannotScore`."""
+    if probe.two_inputs:
+        return probe
+    if not probe.attention_mask.all():
+        raise CannotScore(f"the {probe.name} probe cannot feed an encoder-decoder's decoder (it needs unpadded "
+                          f"examples of one length, as the text and repeated probes have)")
+    ids = probe.input_ids
+    start = torch.full((ids.shape[0], 1), int(decoder_start), dtype=ids.dtype)
+    decoder = torch.cat([start, ids[:, :-1]], dim=1)  # (N, T): shift_tokens_right
+    return EvalProbe(probe.name, ids, probe.targets, probe.attention_mask, probe.scored,
+                     f"{probe.description}; the decoder reads it shifted right behind its start token "
+                     f"{int(decoder_start)} and predicts each token (teacher-forced copy)", decoder)

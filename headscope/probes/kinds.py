@@ -30,7 +30,7 @@ import torch
 from ..errors import HeadscopeError
 from . import conllu
 from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
-from .copy import CopySet, copy_probe
+from .copy import CopySet, as_copy_eval, copy_probe
 from .base import EvalProbe, ProbeSet, repeat_periods, repeated_probe, special_tokens, text_probe
 from .treebank import TreebankProbe
 
@@ -224,7 +224,16 @@ class CopyProbe:
         return copy_probe(loaded.tokenizer, self.n_examples, self.seq_len, decoder_start(loaded), seed)
 
     def eval_probe(self, loaded, n_examples: int, seed: int) -> EvalProbe:
-        raise HeadscopeError("validate does not ablate encoder-decoders yet: the copy probe has no causal check")
+        """The windows `build` gives for the seed, the decoder teacher-forced to copy them
+        (`headscope.probes.copy.as_copy_eval`): decoder position t is scored on predicting token
+        t, every content token (not the special tokens). Only at a decoder's sites
+        (`loaded.two_inputs`), where the copy is what the model is asked to do."""
+        if not loaded.two_inputs:
+            raise HeadscopeError(f"the copy probe's causal check is the decoder's copy loss; validate it at an "
+                                 f"encoder-decoder's decoder sites (loaded.at('decoder.cross')), not at "
+                                 f"{loaded.name}'s {loaded.sites or 'default'} sites")
+        text = TextProbe(n_examples, self.seq_len).eval_probe(loaded, n_examples, seed, name="copy")
+        return as_copy_eval(text, decoder_start(loaded))
 
 
 def decoder_start(loaded) -> int:

@@ -86,8 +86,6 @@ def test_a_detector_that_does_not_read_cross_attention_is_refused_in_one_line():
     with pytest.raises(headscope.HeadscopeError, match="'previous_token' needs .*decoder.cross sites are cross") as err:
         headscope.analyze(_loaded("bart"), detectors=["previous_token"], sites="decoder.cross", probes=PROBES)
     assert "\n" not in str(err.value)
-    with pytest.raises(headscope.HeadscopeError, match="validate does not ablate decoder.cross sites"):
-        headscope.analyze(_loaded("bart"), sites="decoder.cross", probes=PROBES, validate=True)
     with pytest.raises(headscope.HeadscopeError, match="no 'decoder.cross' attention sites"):
         headscope.analyze(Loaded.from_model(tiny_model("llama"), char_tokenizer(), "tiny-llama"), sites="decoder.cross")
 
@@ -119,7 +117,21 @@ def test_a_decoder_sites_analysis_saves_loads_renders_and_runs_from_the_cli(tmp_
     assert result.exit_code == 0, result.output
     assert " at its decoder.cross sites (cross): 2 layers x 2 heads" in result.output
     assert Analysis.load(out).meta["sites"]["group"] == "decoder.cross"
-    bad = CliRunner().invoke(app, ["analyze", str(folder), "--sites", "decoder.cross", "--validate", "--out",
+    from tests.support.planted_cross import planted_bart
+
+    planted = tmp_path / "planted"  # tiny random bart labels no head: the planted one labels all six
+    planted_bart(0).save_pretrained(planted)
+    loaded.tokenizer.save_pretrained(planted)
+    checked = tmp_path / "checked"
+    result = CliRunner().invoke(app, ["analyze", str(planted), "--sites", "decoder.cross", "--validate", "--out",
+                                      str(checked), "--detectors", "alignment,sink,uniform", "--n-examples", "8",
+                                      "--seq-len", "32", "--device", "cpu", "--plotlyjs", "cdn", "--no-cache",
+                                      "--control", "none"])
+    assert result.exit_code == 0, result.output
+    validation = Analysis.load(checked).validation
+    assert list(dict.fromkeys(validation["label"])) == ["alignment", "uniform"]
+    assert set(validation["metric"]) == {"copy_token_loss"}
+    bad = CliRunner().invoke(app, ["analyze", str(folder), "--sites", "decoder.cross", "--geometry", "--out",
                                    str(tmp_path / "never"), "--device", "cpu"])
     assert bad.exit_code != 0 and "--sites" in bad.output and not (tmp_path / "never").exists()
 

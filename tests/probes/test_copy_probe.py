@@ -15,9 +15,10 @@ from tests.support.planted import char_tokenizer
 START = 2  # the char tokenizer's [BOS], standing in for BART's </s> or T5's pad
 
 
-def _encoder_decoder(start=START):
+def _encoder_decoder(start=START, sites=None):
     config = SimpleNamespace(decoder_start_token_id=start)
-    return SimpleNamespace(tokenizer=char_tokenizer(), model=SimpleNamespace(config=config), name="tiny-seq2seq")
+    return SimpleNamespace(tokenizer=char_tokenizer(), model=SimpleNamespace(config=config), name="tiny-seq2seq",
+                           sites=sites, two_inputs=sites is not None)
 
 
 def test_the_decoder_reads_the_encoders_tokens_shifted_right():
@@ -56,8 +57,39 @@ def test_each_site_kind_reads_its_own_batch():
 def test_a_model_without_a_decoder_start_token_is_refused():
     with pytest.raises(headscope.HeadscopeError, match="has no decoder_start_token_id"):
         CopyProbe(2, 16).build(_encoder_decoder(start=None), seed=0)
-    with pytest.raises(headscope.HeadscopeError, match="no causal check"):
+    with pytest.raises(headscope.HeadscopeError, match="has no decoder_start_token_id"):
+        CopyProbe(2, 16).eval_probe(_encoder_decoder(start=None, sites="decoder.cross"), 2, seed=0)
+
+
+def test_the_copy_probes_causal_check_scores_the_decoder_on_the_copied_tokens():
+    loaded = _encoder_decoder(sites="decoder.cross")
+    built = CopyProbe(n_examples=3, seq_len=20).build(loaded, seed=1)
+    probe = CopyProbe(n_examples=16, seq_len=20).eval_probe(loaded, 3, seed=1)  # n_examples: the argument's
+    assert probe.name == "copy" and probe.two_inputs
+    assert torch.equal(probe.input_ids, built.input_ids) and torch.equal(probe.decoder_input_ids, built.decoder_input_ids)
+    assert torch.equal(probe.targets, built.input_ids)  # decoder position t predicts encoder token t
+    text = TextProbe(3, 20).eval_probe(loaded, 3, seed=1)
+    assert torch.equal(probe.scored, text.scored) and bool(probe.attention_mask.all())
+    assert "teacher-forced copy" in probe.description
+    with pytest.raises(headscope.HeadscopeError, match="copy probe's causal check is the decoder's copy loss") as err:
         CopyProbe(2, 16).eval_probe(_encoder_decoder(), 2, seed=0)
+    assert "\n" not in str(err.value)
+
+
+def test_a_padded_causal_check_cannot_be_a_copy():
+    from headscope.errors import CannotScore
+    from headscope.probes.base import EvalProbe
+    from headscope.probes.copy import as_copy_eval
+
+    ids = torch.arange(12).view(2, 6)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    probe = EvalProbe("text", ids, ids, mask, mask, "six tokens")
+    copy = as_copy_eval(probe, START)
+    assert torch.equal(copy.decoder_input_ids, torch.tensor([[2, 0, 1, 2, 3, 4], [2, 6, 7, 8, 9, 10]]))
+    assert as_copy_eval(copy, START) is copy
+    mask[1, 4:] = False
+    with pytest.raises(CannotScore, match="text probe cannot feed an encoder-decoder's decoder"):
+        as_copy_eval(EvalProbe("text", ids, ids, mask, mask, "padded"), START)
 
 
 def test_todays_probes_build_self_attention_batches_as_before():

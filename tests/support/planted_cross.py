@@ -1,11 +1,15 @@
-"""Tiny BART encoder-decoders for the cross-attention detectors: a random-init one, and one with a
-planted alignment head.
+"""Tiny BART encoder-decoders for the cross-attention detectors: a random-init one, one with a
+planted alignment head, and one whose planted head also copies.
 
 - `random_bart(seed)`: `BartForConditionalGeneration`, vocab 99 (the planted char tokenizer's),
   d_model 48, 2 + 2 layers, 3 heads of 16, eager attention (so `output_attentions` returns
   the maps), random init.
 - `planted_bart(seed)`: the same with hand-set weights where cross-attention head 0.0 attends
   from decoder position i to encoder position i, and every other head keeps its random init.
+  Its logits are 0 (token embeddings and every output projection are zero): the head is seen,
+  never used.
+- `planted_copying_bart(seed)`: `planted_bart` whose head 0.0 also copies encoder token i into
+  decoder position i, the only way the model predicts it (validate's ground truth).
 
 How the head is planted: token embeddings are 0, so both stacks' hidden states are their
 position embeddings, set to the same `[position, 48]` matrix P, whose rows are random
@@ -18,7 +22,7 @@ encoder j is GAIN * P_i . P_j / sqrt(16): largest at j = i.
 """
 import torch
 
-__all__ = ["random_bart", "planted_bart", "D_MODEL", "HEADS", "GAIN"]
+__all__ = ["random_bart", "planted_bart", "planted_copying_bart", "D_MODEL", "HEADS", "GAIN", "TOKEN_NORM", "COPY_GAIN"]
 
 D_MODEL, HEADS, HEAD_DIM, MAX_POSITIONS = 48, 3, 16, 64
 GAIN = 4.0
@@ -68,4 +72,30 @@ def planted_bart(seed: int = 0):
     cross.k_proj.weight[:HEAD_DIM] = u.T
     cross.q_proj.bias[:HEAD_DIM] = 0.0
     cross.k_proj.bias[:HEAD_DIM] = 0.0
+    return model
+
+
+TOKEN_NORM, COPY_GAIN = 3.0, 4.0
+
+
+@torch.no_grad()
+def planted_copying_bart(seed: int = 0):
+    """`planted_bart` whose alignment head 0.0 also copies: token embeddings (tied to the LM head)
+    are rows of norm `TOKEN_NORM` in a 16-dimensional subspace T orthogonal to the positions' and
+    to the all-ones vector (so LayerNorms only rescale), head 0.0's value reads T's coordinates
+    and its output projection writes them back times `COPY_GAIN`. Decoder position i then holds
+    the token it read (i - 1) plus `COPY_GAIN` times encoder token i, so the LM head predicts
+    token i; without head 0.0 nothing carries it. Every other output projection stays zero."""
+    model = planted_bart(seed)
+    _, u = _positions(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    ones = torch.ones(D_MODEL, 1) / D_MODEL ** 0.5
+    frame = torch.linalg.qr(torch.cat([ones, u, torch.randn(D_MODEL, HEAD_DIM, generator=gen)], dim=1)).Q
+    tokens = frame[:, 1 + HEAD_DIM:]  # (D_MODEL, HEAD_DIM): T, orthogonal to ones and to U
+    directions = torch.nn.functional.normalize(torch.randn(model.config.vocab_size, HEAD_DIM, generator=gen), dim=-1)
+    model.model.shared.weight.copy_(TOKEN_NORM * directions @ tokens.T)  # (vocab, D_MODEL)
+    cross = model.model.decoder.layers[0].encoder_attn
+    cross.v_proj.weight[:HEAD_DIM] = tokens.T
+    cross.v_proj.bias[:HEAD_DIM] = 0.0
+    cross.out_proj.weight[:, :HEAD_DIM] = COPY_GAIN * tokens
     return model
