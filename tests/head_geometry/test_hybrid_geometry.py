@@ -126,3 +126,9 @@ def test_the_folder_reads_back_to_the_same_result(measured, tmp_path):
 
     similarity = pd.read_csv(tmp_path / "similarity.csv")
     assert set(similarity.layer_a) | set(similarity.layer_b) == set(HYBRID_ATTENTION[family])
+
+
+def test_a_hybrid_without_an_adapter_is_refused_in_one_line():
+    with pytest.raises(headscope.HeadscopeError, match="'qwen3_next' has no headscope adapter") as err:
+        headscope.geometry(hybrid("qwen3_next"), **PROBE)
+    assert "\n" not in str(err.value)
