@@ -9,7 +9,7 @@ import torch
 
 import headscope
 from headscope.attention import MultiHeadAttention
-from headscope.hf.adapters import attention_blocks
+from headscope.hf.adapters import adapter_for, attention_blocks
 from headscope.head_geometry.importance import head_importance, probe_loss
 from headscope.head_geometry.run import write_geometry
 from headscope.head_geometry.similarity import DivergenceAccumulator, row_js
@@ -18,11 +18,11 @@ from headscope.head_geometry.tables import read_geometry_tables
 from headscope.loading.loader import Loaded
 from headscope.probes.base import text_probe
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import HYBRID_ATTENTION, tiny_model
+from tests.support.tiny import HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-FAMILIES = ["jamba", "lfm2", "nemotron_h"]
+FAMILIES = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]  # the seven adapted
 PROBE = dict(n_examples=3, seq_len=16)
 BATCH = 2
 
@@ -58,7 +58,7 @@ def test_the_tables_hold_exactly_the_attention_layers(measured):
     assert tuple(sorted(set(result.pairs.layer))) == layers and len(result.pairs) == len(layers) * 6
     assert result.divergence.shape == (n, n)
     assert result.heads.importance.notna().all() and result.heads.importance_normalized.notna().all()
-    assert sorted(set(result.curve.removed)) == [0, 2, 4, 6, 8]  # attention heads only: 8, not 16
+    assert sorted(set(result.curve.removed)) == [round(i * n / 4) for i in range(5)]  # attention heads only
 
 
 @torch.no_grad()
@@ -110,7 +110,7 @@ def test_importance_has_rows_for_attention_layers_only_and_pruning_ablates_them(
     assert scores.shape == (len(HYBRID_ATTENTION[family]), 4)
     assert result.heads.importance.to_numpy() == pytest.approx(scores.ravel(), rel=1e-6)
     everything = [(l, h) for l in HYBRID_ATTENTION[family] for h in range(4)]
-    last = result.curve[(result.curve.order == "importance") & (result.curve.removed == 8)].loss.iloc[0]
+    last = result.curve[(result.curve.order == "importance") & (result.curve.removed == len(everything))].loss.iloc[0]
     assert last == pytest.approx(probe_loss(loaded, probe, BATCH, everything), rel=1e-6)
 
 
@@ -126,6 +126,22 @@ def test_the_folder_reads_back_to_the_same_result(measured, tmp_path):
 
     similarity = pd.read_csv(tmp_path / "similarity.csv")
     assert set(similarity.layer_a) | set(similarity.layer_b) == set(HYBRID_ATTENTION[family])
+
+
+def test_the_accumulator_numbers_heads_by_their_layers_position_and_needs_every_layer():
+    pattern = torch.rand(1, 2, 4, 4).tril()  # (B, H, Tq, Tk)
+    allowed = torch.ones(4, 4, dtype=torch.bool).tril()[None]
+    acc = DivergenceAccumulator((1, 3), 2, top_k=4)
+    acc.add_layer(3, pattern.flip(1), allowed)
+    acc.add_layer(1, pattern, allowed)
+    acc.end_batch()
+    js = acc.divergence().numpy()  # layer 1's heads are 0, 1; layer 3's 2, 3 (3's head 0 is 1's head 1)
+    assert js.shape == (4, 4) and js[1, 2] == pytest.approx(0, abs=1e-6) and js[0, 3] == pytest.approx(0, abs=1e-6)
+    with pytest.raises(headscope.HeadscopeError, match="layer 2 is not one of the accumulator's layers 1, 3"):
+        acc.add_layer(2, pattern, allowed)
+    acc.add_layer(1, pattern, allowed)
+    with pytest.raises(headscope.HeadscopeError, match="layers 3 gave no pattern in this batch"):
+        acc.end_batch()
 
 
 def test_a_hybrid_without_an_adapter_is_refused_in_one_line():
