@@ -7,13 +7,13 @@
 - `redundant_pairs(subspace_pairs, divergence, n_heads, js_max, overlap_min, layers)`: within-layer
   pairs with their JS, flagged redundant when JS <= js_max bits AND overlap >= overlap_min.
 - `attention_modules(model)`: `[(layer, MultiHeadAttention)]` of the attention layers.
+- `plot_geometry(result)`: the MDS map coloured by cluster, sized by importance (plotly).
+- `write_geometry(result, out)`: the tables (`headscope.head_geometry.tables`) and geometry.html in `out`.
 
 Hybrids (attention in some layers only, `Loaded.attention_layers`): every table holds the
 attention layers under the model's own numbers, the divergence matrix is over their heads in
 order (`headscope.head_geometry.tables`), importance and the pruning curve cover attention
 heads only.
-- `plot_geometry(result)`: the MDS map coloured by cluster, sized by importance (plotly).
-- `write_geometry(result, out)`: the tables (`headscope.head_geometry.tables`) and geometry.html in `out`.
 
 Redundancy thresholds (defaults): JS <= 0.05 bits (max 1) means the two heads' rows are nearly
 the same distribution; overlap >= 0.5, the mean over Q, K, V, O of the mean squared cosine of
