@@ -162,10 +162,17 @@ class Analysis:
         return rows.sort_values("score", ascending=False)
 
     def with_geometry(self, result) -> "Analysis":
-        """A copy of this analysis holding `result` (a `GeometryResult` of the same model shape)."""
-        if result.shape != (self.n_layers, self.n_heads):
-            raise HeadscopeError(f"the geometry is of a {result.shape[0]} x {result.shape[1]} model, the analysis of "
-                                 f"{self.n_layers} x {self.n_heads} ({self.meta.get('model', 'model')})")
+        """A copy of this analysis holding `result` (a `GeometryResult` of the same model shape: the
+        analysis's heads per layer, and its scored layers, a hybrid's attention layers)."""
+        scored = tuple(sorted({int(l) for l in self.scores.layer})) or tuple(range(self.n_layers))
+        if (result.layers, result.shape[1]) != (scored, self.n_heads):
+            def grid(layers, n_layers, n_heads):
+                if layers == tuple(range(n_layers)):
+                    return f"{n_layers} x {n_heads}"
+                return f"layers {', '.join(map(str, layers))} x {n_heads}"
+            raise HeadscopeError(f"the geometry is of a {grid(result.layers, len(result.layers), result.shape[1])} "
+                                 f"model, the analysis of {grid(scored, self.n_layers, self.n_heads)} "
+                                 f"({self.meta.get('model', 'model')})")
         return replace(self, geometry=result)
 
     # Display: figures come from the report's builders (headscope.report.plotting, headscope.report.notebook).

@@ -4,7 +4,8 @@
   with the given heads zero-ablated.
 - `head_importance(loaded, probe, batch_size)`: I_h = E_x |dL(x)/d xi_h| for every head, with a
   gate xi_h = 1 multiplying head h's output z (before W_O) and L(x) the mean next-token
-  cross-entropy of example x; `[n_layers, n_heads]`, the raw proxy. One gate per example, so the
+  cross-entropy of example x; `[attention layers, n_heads]` (rows: `loaded.attention_layers`, all
+  layers of a dense model, a hybrid's attention layers only), the raw proxy. One gate per example, so the
   absolute value is taken per example.
 - `normalize_per_layer(importance)`: Michel et al.'s per-layer normalisation ("we normalize the
   importance scores by layer (using the l2 norm)", after Molchanov et al. 2017):
@@ -58,17 +59,19 @@ def probe_loss(loaded, probe, batch_size: int = 4, heads: Sequence[tuple[int, in
 
 
 def head_importance(loaded, probe, batch_size: int = 4) -> np.ndarray:
-    """Michel et al.'s proxy E_x |dL(x)/d xi_h| per head, `[n_layers, n_heads]`."""
+    """Michel et al.'s proxy E_x |dL(x)/d xi_h| per head, `[len(loaded.attention_layers), n_heads]`
+    (row i: the layer `loaded.attention_layers[i]`; every layer of a dense model)."""
     _check_lm(loaded)
-    total = torch.zeros(loaded.n_layers, loaded.n_heads, dtype=torch.float64)
+    position = {layer: i for i, layer in enumerate(loaded.attention_layers)}
+    total = torch.zeros(len(position), loaded.n_heads, dtype=torch.float64)
     count = 0
     for batch in probe.batches(batch_size, True, loaded.device):
         ids = batch.input_ids
-        gates = torch.ones(ids.shape[0], loaded.n_layers, loaded.n_heads, device=ids.device, requires_grad=True)
+        gates = torch.ones(ids.shape[0], len(position), loaded.n_heads, device=ids.device, requires_grad=True)
 
-        def gate(z, hook):  # z (B, T, H, D); hook.name = "layers.{L}.attn.hook_z"
-            layer = int(hook.name.split(".")[1])
-            return z * gates[:, layer, None, :, None].to(z.dtype)
+        def gate(z, hook):  # z (B, T, H, D); hook.name = "layers.{L}.attn.hook_z", L the model's number
+            row = position[int(hook.name.split(".")[1])]
+            return z * gates[:, row, None, :, None].to(z.dtype)
 
         with torch.enable_grad(), model_hooks(loaded.model, {"layers.*.attn.hook_z": gate}):
             losses = _example_losses(loaded.model, ids)  # (B,)
@@ -79,10 +82,10 @@ def head_importance(loaded, probe, batch_size: int = 4) -> np.ndarray:
 
 
 def normalize_per_layer(importance: np.ndarray) -> np.ndarray:
-    """Each layer's importance divided by its l2 norm, `[n_layers, n_heads]` (zero layers stay zero).
+    """Each layer's importance divided by its l2 norm, same shape (zero layers stay zero).
 
     Args:
-        importance: `[n_layers, n_heads]` from `head_importance`.
+        importance: `[attention layers, n_heads]` from `head_importance`.
     Returns:
         A new array; within a layer the order of heads is unchanged.
     """
@@ -96,7 +99,8 @@ def pruning_curve(loaded, probe, importance: np.ndarray, steps: int = 10, seeds:
     """Loss as heads are zeroed least-important first vs in random orders.
 
     Args:
-        importance: `[n_layers, n_heads]` from `head_importance`.
+        importance: `[attention layers, n_heads]` from `head_importance` (rows
+            `loaded.attention_layers`: a hybrid's layers without attention are never ablated).
         steps: number of points after 0 (heads removed at round(i * n / steps)).
         seeds: random orders to compare.
     Returns:
@@ -105,8 +109,11 @@ def pruning_curve(loaded, probe, importance: np.ndarray, steps: int = 10, seeds:
     """
     import pandas as pd
 
-    n_layers, n_heads = importance.shape
-    heads = [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    layers = loaded.attention_layers
+    if importance.shape[0] != len(layers):
+        raise HeadscopeError(f"importance has {importance.shape[0]} rows, {loaded.name} {len(layers)} attention "
+                             f"layers ({', '.join(map(str, layers))})")
+    heads = [(l, h) for l in layers for h in range(importance.shape[1])]
     orders = {("importance", -1): [heads[i] for i in np.argsort(importance.ravel(), kind="stable")]}
     for seed in seeds:
         perm = np.random.default_rng(seed).permutation(len(heads))

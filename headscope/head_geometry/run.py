@@ -4,10 +4,16 @@
   weights (`headscope.head_geometry.subspaces`), pairwise JS divergence of patterns on the text probe with an
   MDS map and clusters (`headscope.head_geometry.similarity`), redundant pairs, and for causal LMs Michel et
   al.'s importance and the pruning curve (`headscope.head_geometry.importance`).
-- `redundant_pairs(subspace_pairs, divergence, n_heads, js_max, overlap_min)`: within-layer
+- `redundant_pairs(subspace_pairs, divergence, n_heads, js_max, overlap_min, layers)`: within-layer
   pairs with their JS, flagged redundant when JS <= js_max bits AND overlap >= overlap_min.
+- `attention_modules(model)`: `[(layer, MultiHeadAttention)]` of the attention layers.
 - `plot_geometry(result)`: the MDS map coloured by cluster, sized by importance (plotly).
 - `write_geometry(result, out)`: the tables (`headscope.head_geometry.tables`) and geometry.html in `out`.
+
+Hybrids (attention in some layers only, `Loaded.attention_layers`): every table holds the
+attention layers under the model's own numbers, the divergence matrix is over their heads in
+order (`headscope.head_geometry.tables`), importance and the pruning curve cover attention
+heads only.
 
 Redundancy thresholds (defaults): JS <= 0.05 bits (max 1) means the two heads' rows are nearly
 the same distribution; overlap >= 0.5, the mean over Q, K, V, O of the mean squared cosine of
@@ -19,7 +25,7 @@ unrelated subspaces; heads may also reach the same pattern from different subspa
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -38,17 +44,23 @@ __all__ = ["geometry", "GeometryResult", "redundant_pairs", "plot_geometry", "wr
 JS_MAX, OVERLAP_MIN, CLUSTER_THRESHOLD = 0.05, 0.5, 0.3
 
 
-def attention_modules(model) -> list[MultiHeadAttention]:
-    """One `MultiHeadAttention` per layer holding the weights of a Hugging Face model's blocks."""
-    return [MultiHeadAttention.from_hf(block, model.config) for _, block in attention_blocks(model)]
+def attention_modules(model) -> list[tuple[int, MultiHeadAttention]]:
+    """`(layer, MultiHeadAttention)` holding the weights of each attention block of a Hugging Face
+    model, under the model's layer numbers (a hybrid's attention layers only)."""
+    return [(layer, MultiHeadAttention.from_hf(block, model.config)) for layer, block in attention_blocks(model)]
 
 
 def redundant_pairs(subspace_pairs, divergence: np.ndarray, n_heads: int, js_max: float = JS_MAX,
-                    overlap_min: float = OVERLAP_MIN):
-    """Add `js` and `redundant` to the within-layer pair table (a copy)."""
+                    overlap_min: float = OVERLAP_MIN, layers: Optional[Sequence[int]] = None):
+    """Add `js` and `redundant` to the within-layer pair table (a copy).
+
+    Args:
+        layers: the model's numbers of the divergence matrix's layers, in order (default 0, 1, ...).
+    """
     pairs = subspace_pairs.copy()
-    a = pairs.layer * n_heads + pairs.head_a
-    b = pairs.layer * n_heads + pairs.head_b
+    position = pairs.layer if layers is None else pairs.layer.map({int(l): i for i, l in enumerate(layers)})
+    a = position * n_heads + pairs.head_a
+    b = position * n_heads + pairs.head_b
     pairs["js"] = np.asarray(divergence)[a.to_numpy(), b.to_numpy()]
     pairs["redundant"] = (pairs.js <= js_max) & (pairs.overlap >= overlap_min)  # overlap: roles with empty bases skipped
     return pairs
@@ -58,7 +70,9 @@ def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 
              cluster_threshold: float = CLUSTER_THRESHOLD, js_max: float = JS_MAX, overlap_min: float = OVERLAP_MIN,
              importance: bool = True, pruning_steps: int = 10, seeds: Sequence[int] = (0, 1, 2),
              normalize: bool = False) -> GeometryResult:
-    """Subspaces, pattern similarity, redundancy and importance of every head of `loaded`.
+    """Subspaces, pattern similarity, redundancy and importance of every attention head of `loaded`.
+
+    A hybrid's layers without attention are left out; its tables keep the model's layer numbers.
 
     Args:
         loaded: a `headscope.Loaded` of a family with a `from_hf` adapter.
@@ -80,12 +94,12 @@ def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 
     check_count("seq_len", seq_len, least=2)
     if importance:
         check_count("pruning_steps", pruning_steps)
-    if loaded.attention_layers != tuple(range(loaded.n_layers)):
-        raise HeadscopeError(f"geometry needs attention in every layer; {loaded.name} has it in layers "
-                             f"{', '.join(map(str, loaded.attention_layers))} of {loaded.n_layers} (a hybrid): "
-                             f"analyze, capture and the OV table work on it")
     started = time.perf_counter()
-    subspace_pairs, heads = subspace_tables(attention_modules(loaded.model))
+    layers, modules = zip(*attention_modules(loaded.model))  # a hybrid's attention layers only
+    if layers != loaded.attention_layers:
+        raise HeadscopeError(f"{loaded.name}'s adapter finds attention in layers {', '.join(map(str, layers))}, "
+                             f"its captures in {', '.join(map(str, loaded.attention_layers))}")
+    subspace_pairs, heads = subspace_tables(modules, layers)
     probe = text_probe(loaded.tokenizer, n_examples, seq_len)
     acc = pattern_divergence(loaded, probe, batch_size, top_k)
     js = acc.divergence().numpy()
@@ -101,7 +115,7 @@ def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 
         if pruning_steps:
             order = normalize_per_layer(scores) if normalize else scores
             curve = pruning_curve(loaded, probe, order, pruning_steps, list(seeds), batch_size)
-    pairs = redundant_pairs(subspace_pairs, js, loaded.n_heads, js_max, overlap_min)
+    pairs = redundant_pairs(subspace_pairs, js, loaded.n_heads, js_max, overlap_min, layers)
     settings = dict(n_examples=n_examples, seq_len=seq_len, top_k=top_k, cluster_threshold=cluster_threshold,
                     js_max=js_max, overlap_min=overlap_min, batch_size=batch_size,
                     pruning_order="importance_normalized" if normalize else "importance", seeds=list(seeds),

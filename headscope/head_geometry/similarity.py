@@ -1,8 +1,10 @@
 """How alike heads' attention patterns are: Jensen-Shannon divergence, MDS map and clusters.
 
-- `DivergenceAccumulator(n_layers, n_heads, top_k)`: fed one layer's pattern at a time
+- `DivergenceAccumulator(layers, n_heads, top_k)`: fed one layer's pattern at a time
   (`add_layer`), batch by batch (`end_batch`); `divergence()` is the mean JS divergence between
-  every pair of heads' attention rows over the counted queries, `[n_layers * n_heads]` squared.
+  every pair of heads' attention rows over the counted queries, `[len(layers) * n_heads]` squared.
+  `layers` are the model's own numbers of the layers that hold attention (a hybrid's 1 and 3 of
+  4), or a count n for layers 0..n-1; head h of the i-th of them is index i * n_heads + h.
 - `pattern_divergence(loaded, probe, batch_size, top_k)`: the same on a probe inside a Hugging
   Face model, through `capture(reduce=...)`; no layer's map outlives its reducer call.
 - `classical_mds(distance, dims=2)`: Torgerson's classical multidimensional scaling.
@@ -24,11 +26,12 @@ Memory per batch: `top_k` values and indices per row for every head of every lay
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Sequence, Union
 
 import numpy as np
 import torch
 
+from ..errors import HeadscopeError
 from ..hf.capture import capture
 
 __all__ = ["DivergenceAccumulator", "pattern_divergence", "classical_mds", "average_linkage_clusters", "row_js"]
@@ -55,19 +58,34 @@ def _pair_term(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 class DivergenceAccumulator:
     """Mean pairwise JS divergence between heads' attention rows; see the module docstring.
 
-    Heads are numbered `layer * n_heads + head`.
+    Args:
+        layers: the model's numbers of the attention layers, in order, or their count n (layers
+            0..n-1, a dense model).
+        n_heads: heads per layer.
+        top_k: keys kept per row for cross-layer pairs.
+
+    Heads are numbered `position * n_heads + head`, position the layer's place in `layers`
+    (`layer * n_heads + head` for a dense model).
     """
 
-    def __init__(self, n_layers: int, n_heads: int, top_k: int = 8):
-        self.n_layers, self.n_heads, self.top_k = n_layers, n_heads, top_k
-        n = n_layers * n_heads
-        self.exact_sum = torch.zeros(n_layers, n_heads, n_heads, dtype=torch.float64)
+    def __init__(self, layers: Union[int, Sequence[int]], n_heads: int, top_k: int = 8):
+        self.layers = tuple(range(layers)) if isinstance(layers, int) else tuple(int(l) for l in layers)
+        self.n_layers, self.n_heads, self.top_k = len(self.layers), n_heads, top_k
+        self._position = {layer: i for i, layer in enumerate(self.layers)}
+        n = self.n_layers * n_heads
+        self.exact_sum = torch.zeros(self.n_layers, n_heads, n_heads, dtype=torch.float64)
         self.approx_sum = torch.zeros(n, n, dtype=torch.float64)
         self.rows = 0
         self._batch: dict[int, tuple] = {}
 
     def add_layer(self, layer: int, pattern: torch.Tensor, allowed: torch.Tensor) -> None:
-        """Count one layer's pattern `[batch, head, query, key]`; `allowed` `[batch, query, key]` bool."""
+        """Count one layer's pattern `[batch, head, query, key]`; `allowed` `[batch, query, key]` bool.
+
+        `layer` is the model's number of the layer (one of `layers`)."""
+        if layer not in self._position:
+            raise HeadscopeError(f"layer {layer} is not one of the accumulator's layers "
+                                 f"{', '.join(map(str, self.layers))}")
+        position = self._position[layer]
         allowed = allowed.to(pattern.device)
         counted = allowed.sum(-1) >= 2  # (B, Tq)
         p = pattern.detach().float().masked_fill(~allowed[:, None], 0.0)
@@ -75,7 +93,7 @@ class DivergenceAccumulator:
         rows = p.permute(1, 0, 2, 3)[:, counted]  # (H, R, Tk)
         n_keys = allowed.sum(-1)[counted].float()  # (R,)
         for a in range(self.n_heads):  # exact JS of head a against every head of the layer
-            self.exact_sum[layer, a] += row_js(rows[a:a + 1], rows).sum(-1).double().cpu()  # (H,)
+            self.exact_sum[position, a] += row_js(rows[a:a + 1], rows).sum(-1).double().cpu()  # (H,)
         k = min(self.top_k, rows.shape[-1])
         values, index = rows.topk(k, dim=-1)  # (H, R, k)
         rest = (1 - values.sum(-1)).clamp(min=0)  # (H, R)
@@ -85,7 +103,10 @@ class DivergenceAccumulator:
         """Cross-layer (and, for the error estimate, within-layer) pairs from this batch's top-k rows."""
         if not self._batch:
             return
-        layers = sorted(self._batch)
+        missing = [l for l in self.layers if l not in self._batch]
+        if missing:  # a head's index is its layer's position: every layer must be in the batch
+            raise HeadscopeError(f"layers {', '.join(map(str, missing))} gave no pattern in this batch")
+        layers = self.layers
         values = torch.cat([self._batch[l][0] for l in layers])  # (N, R, k)
         index = torch.cat([self._batch[l][1] for l in layers])
         rest = torch.cat([self._batch[l][2] for l in layers])  # (N, R)
@@ -112,9 +133,9 @@ class DivergenceAccumulator:
         """`[N, N]` mean JS in bits: exact within layers, top-k approximation across them."""
         js = self.approximate()
         h = self.n_heads
-        for layer in range(self.n_layers):
-            block = self.exact_sum[layer] / max(self.rows, 1)
-            js[layer * h:(layer + 1) * h, layer * h:(layer + 1) * h] = (block + block.T) / 2
+        for i in range(self.n_layers):  # i: the layer's position in `layers`
+            block = self.exact_sum[i] / max(self.rows, 1)
+            js[i * h:(i + 1) * h, i * h:(i + 1) * h] = (block + block.T) / 2
         return js.clamp(min=0)
 
     def approximate(self) -> torch.Tensor:
@@ -133,7 +154,8 @@ class DivergenceAccumulator:
 
 @torch.no_grad()
 def pattern_divergence(loaded, probe, batch_size: int = 4, top_k: int = 8) -> DivergenceAccumulator:
-    """Run `probe` (a `ProbeSet`) through `loaded` and accumulate pairwise JS of all heads.
+    """Run `probe` (a `ProbeSet`) through `loaded` and accumulate pairwise JS of all its attention heads
+    (a hybrid's attention layers only, `loaded.attention_layers`, in order).
 
     Args:
         loaded: a `headscope.Loaded`.
@@ -143,7 +165,7 @@ def pattern_divergence(loaded, probe, batch_size: int = 4, top_k: int = 8) -> Di
     Returns:
         The filled `DivergenceAccumulator`.
     """
-    acc = DivergenceAccumulator(loaded.n_layers, loaded.n_heads, top_k)
+    acc = DivergenceAccumulator(loaded.attention_layers, loaded.n_heads, top_k)
     for batch in probe.batches(batch_size, loaded.causal, loaded.device):
         allowed = batch.key_allowed()  # (B, Tq, Tk)
         with capture(loaded.model, reduce=lambda layer, pattern, mask: acc.add_layer(layer, pattern, allowed)):

@@ -5,7 +5,7 @@
   row space of the head's rows of the output projection).
 - `subspace_overlap(basis_a, basis_b)`: mean squared cosine of the principal angles.
 - `effective_rank(singular_values)`: Roy & Vetterli's entropy-based effective rank.
-- `subspace_tables(modules)`: per layer, the pairwise overlaps of its heads and each head's
+- `subspace_tables(modules, layers)`: per layer, the pairwise overlaps of its heads and each head's
   QK and OV effective ranks, as two tidy DataFrames.
 - `chance_overlap(d, n)`: the expected overlap of two independent random subspaces.
 
@@ -31,11 +31,12 @@ empty subspace: its overlaps are NaN.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from ..attention.module import MultiHeadAttention
+from ..errors import HeadscopeError
 
 __all__ = ["head_bases", "subspace_overlap", "effective_rank", "subspace_tables", "chance_overlap", "ROLES"]
 
@@ -104,11 +105,13 @@ def _circuit_singular_values(left: torch.Tensor, right: torch.Tensor) -> torch.T
     return torch.linalg.svdvals(r_left @ r_right.T)
 
 
-def subspace_tables(modules: Sequence[MultiHeadAttention]):
+def subspace_tables(modules: Sequence[MultiHeadAttention], layers: Optional[Sequence[int]] = None):
     """Pairwise overlaps within each layer and per-head circuit ranks.
 
     Args:
-        modules: one `MultiHeadAttention` per layer (layer index = position in the list).
+        modules: one `MultiHeadAttention` per attention layer.
+        layers: the model's number of each module's layer (a hybrid's 1 and 3 of 4); by default
+            its position in `modules`.
     Returns:
         `(pairs, heads)` DataFrames. `pairs`: layer, head_a, head_b (a < b), overlap_q,
         overlap_k, overlap_v, overlap_o, overlap (mean of those not NaN), same_kv_group, chance
@@ -117,8 +120,11 @@ def subspace_tables(modules: Sequence[MultiHeadAttention]):
     """
     import pandas as pd
 
+    layers = range(len(modules)) if layers is None else [int(l) for l in layers]
+    if len(layers) != len(modules):
+        raise HeadscopeError(f"subspace_tables got {len(modules)} modules and {len(layers)} layer numbers")
     pair_rows, head_rows = [], []
-    for layer, module in enumerate(modules):
+    for layer, module in zip(layers, modules):
         cfg = module.config
         group = cfg.n_heads // cfg.n_kv_heads
         kv_of = lambda h: h // group

@@ -82,7 +82,8 @@ class GeometryData(NamedTuple):
     """What the geometry section shows."""
 
     points: tuple  # MapPoint, layer-major
-    importance: Optional[np.ndarray]  # [layer, head] by the curve's order; None without a LM loss
+    importance: Optional[np.ndarray]  # [layer, head] over the model's layers by the curve's order, NaN in a
+    # hybrid's layers without attention; None without a LM loss
     importance_kind: str  # "importance" or "importance_normalized"
     ranking: tuple  # ImportanceRow, the TOP_IMPORTANT most important
     label_ranks: tuple  # LabelRanks per label but "none", the label with the best-ranked head first; ()
@@ -136,9 +137,12 @@ def geometry_data(analysis) -> Optional[GeometryData]:
     curve, baseline, random_mean = _curve(result.curve)
     redundant = tuple(RedundantPair(int(r.layer), int(r.head_a), int(r.head_b), float(r.js), float(r.overlap))
                       for r in result.redundant.itertuples(index=False))
-    n_layers, n_heads = result.shape
+    grid = None
+    if has_importance:  # the label map's grid: every layer of the model, blank where there is no attention
+        grid = np.full((max(analysis.n_layers, max(result.layers) + 1), result.shape[1]), np.nan)
+        grid[heads.layer.to_numpy(), heads["head"].to_numpy()] = scores
     return GeometryData(
-        points=tuple(points), importance=scores.reshape(n_layers, n_heads) if has_importance else None,
+        points=tuple(points), importance=grid,
         importance_kind=kind, ranking=ranking, label_ranks=label_ranks, curve=curve, baseline_loss=baseline,
         random_removable_mean=random_mean, redundant=redundant, n_clusters=int(heads.cluster.nunique()),
         approximation_error=float(result.approximation_error), settings=dict(result.settings),

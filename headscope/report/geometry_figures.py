@@ -4,7 +4,8 @@
   similarity, one trace per label in the label map's colours (`grid`: the `LabelGrid`), marker
   size by importance; each point carries `customdata = [layer, head]`, so a click opens the head
   in the explorer (`EXPLORER_JS`).
-- `importance_figure(data)`: importance as a layer x head heatmap (click a cell: the explorer).
+- `importance_figure(data)`: importance as a layer x head heatmap (click a cell: the explorer);
+  a hybrid's layers without attention are blank rows, as in the label map.
 - `pruning_figure(data)`: loss vs heads removed, importance order against each random order,
   with the +10% line.
 - Fixed div ids: `GEOMETRY_MAP_ID`, `IMPORTANCE_ID`, `PRUNING_ID`.
@@ -89,6 +90,7 @@ def importance_figure(data):
     n_layers, n_heads = data.importance.shape
     name = data.importance_kind.replace("_", " ")
     hover = [[f"<b>layer {layer} head {head}</b><br>{name} {data.importance[layer, head]:.3g}"
+              if np.isfinite(data.importance[layer, head]) else f"<b>layer {layer}</b>: no attention"
               for head in range(n_heads)] for layer in range(n_layers)]
     fig = go.Figure(go.Heatmap(
         z=_rounded(data.importance), x=list(range(n_heads)), y=list(range(n_layers)), colorscale="Reds",

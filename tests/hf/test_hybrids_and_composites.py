@@ -323,10 +323,3 @@ def test_a_hybrids_ov_rows_are_its_attention_layers_read_from_the_weights(family
         W_O = getattr(block, out).weight[:, row.head * d_head:(row.head + 1) * d_head].float().T
         _, share = ov_scores(W_E, W_V, W_O, W_U, rows=torch.zeros(0, dtype=torch.long))
         assert row.positive_eig_share == pytest.approx(share, abs=1e-6)
-
-
-def test_geometry_refuses_a_hybrid_in_one_line():
-    loaded = Loaded.from_model(tiny_model("jamba", kind="hybrid"), char_tokenizer(), "tiny-jamba")
-    with pytest.raises(headscope.HeadscopeError, match=r"geometry needs attention in every layer.*layers 1, 3 of 4") as err:
-        headscope.geometry(loaded, n_examples=2, seq_len=16)
-    assert "\n" not in str(err.value)

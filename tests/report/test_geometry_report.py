@@ -1,17 +1,25 @@
 """Geometry inside an analysis and its report: the section's data and figures against the
-`GeometryResult`, per-layer normalised importance, save/load, and `headscope geometry --into`."""
+`GeometryResult`, per-layer normalised importance, save/load, and `headscope geometry --into`;
+a hybrid's geometry in its report."""
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 
+import headscope
 from tests.support.fake_analysis import fake_analysis
 from tests.support.geometry_fixture import fake_analysis_with_geometry
+from tests.support.planted import char_tokenizer
+from tests.support.tiny import tiny_model
 from headscope.analysis import Analysis
 from headscope.errors import HeadscopeError
+from headscope.loading.loader import Loaded
+from headscope.probes.kinds import TextProbe
 from headscope.head_geometry.importance import normalize_per_layer, probe_loss, pruning_curve
 from headscope.head_geometry.tables import removable_heads
 from headscope.probes.base import text_probe
-from headscope.report import report_data
+from headscope.report import render_html, report_data
 from headscope.report.geometry_data import LOSS_RISE, TOP_IMPORTANT
 from headscope.report.geometry_figures import (
     GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID, geometry_figures, geometry_map_figure, importance_figure,
@@ -243,3 +251,41 @@ def test_analyze_with_geometry_writes_it_into_the_report(planted_dir, tmp_path):
     assert analysis.geometry is not None and len(analysis.geometry.heads) == 8
     assert report_data(analysis).geometry is not None
     assert 'id="hs-geometry-map"' in (out / "index.html").read_text()
+
+
+def test_a_hybrids_geometry_in_its_report_saved_and_from_the_command_line(tmp_path):
+    """Jamba (attention in layers 1 and 3 of 4): the section's points are its attention heads, the
+    importance grid is the label map's (every layer, blank where there is no attention), the page
+    renders, the analysis folder reads back; `headscope geometry` works on the saved model."""
+    from typer.testing import CliRunner
+
+    from headscope.cli import app
+
+    model, tokenizer = tiny_model("jamba", kind="hybrid"), char_tokenizer()
+    loaded = Loaded.from_model(model, tokenizer, "tiny-jamba")
+    analysis = headscope.analyze(loaded, detectors=["previous_token"], probes=[TextProbe(n_examples=2, seq_len=16)],
+                                 explorer_examples=1)
+    measured = headscope.add_geometry(analysis, loaded, n_examples=2, seq_len=16, pruning_steps=2, seeds=(0,))
+    heads = measured.geometry.heads
+    data = report_data(measured).geometry
+    assert [(p.layer, p.head) for p in data.points] == [(layer, head) for layer in (1, 3) for head in range(4)]
+    assert data.importance.shape == (4, 4) and np.isnan(data.importance[[0, 2]]).all()
+    assert data.importance[[1, 3]] == pytest.approx(heads.importance.to_numpy().reshape(2, 4))
+    hover = importance_figure(data).data[0].customdata
+    assert hover[0][0] == "<b>layer 0</b>: no attention" and hover[3][2].startswith("<b>layer 3 head 2</b>")
+    page = render_html(measured, plotlyjs="cdn")
+    assert 'id="geometry"' in page and IMPORTANCE_ID in page and PRUNING_ID in page
+    measured.save(tmp_path / "analysis")
+    back = Analysis.load(tmp_path / "analysis").geometry
+    assert back.layers == (1, 3) and back.divergence == pytest.approx(measured.geometry.divergence, abs=1e-12)
+    dense = measured.geometry.heads.assign(layer=measured.geometry.heads.layer.map({1: 0, 3: 1}))
+    with pytest.raises(HeadscopeError, match=r"the geometry is of a 2 x 4 model, the analysis of layers 1, 3 x 4"):
+        analysis.with_geometry(replace(measured.geometry, heads=dense))
+
+    model.save_pretrained(tmp_path / "jamba")
+    tokenizer.save_pretrained(tmp_path / "jamba")
+    result = CliRunner().invoke(app, ["geometry", str(tmp_path / "jamba"), "--out", str(tmp_path / "geometry"),
+                                      "--device", "cpu", "--examples", "2", "--seq-len", "16", "--steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert sorted(set(pd.read_csv(tmp_path / "geometry" / "heads.csv").layer)) == [1, 3]
+    assert (tmp_path / "geometry" / "geometry.html").exists()
