@@ -309,7 +309,8 @@ def test_explorer_payload_holds_the_uint8_patterns(report_analysis, page):
 
 
 def test_a_square_examples_payload_has_no_key_fields(page):
-    assert all(not {"m", "keyTokens", "keyTicks"} & set(stored) for stored in _json_block(page, "hs-explorer-data")["examples"])
+    examples = _json_block(page, "hs-explorer-data")["examples"]
+    assert all(not {"m", "keyTokens", "keyTicks"} & set(stored) for stored in examples)
 
 
 def test_a_cross_attention_example_has_each_axis_tokens_escaped():
