@@ -84,20 +84,48 @@ def _chosen(loaded, names, batch_size):
 
 @torch.no_grad()
 def _explorer_examples(loaded, built, n_show, length) -> list[Example]:
+    """The first examples of each probe with every analysed head's map, for the report's explorer.
+    At a decoder's sites the queries are the decoder's tokens, and cross-attention's keys the
+    encoder's (`Example.key_tokens`)."""
     examples = []
     for name, probe in built.items():
+        shown = _explorer_inputs(loaded, probe, n_show, length)
+        if shown is None:
+            continue
+        inputs, queries, keys = shown
+        maps = _explorer_maps(loaded, inputs)
+        for i in range(queries.shape[0]):
+            tokens = display_tokens(loaded.tokenizer, queries[i].tolist())  # " word", not "Ġword"; bad bytes as <0xNN>
+            key_tokens = None if keys is None else display_tokens(loaded.tokenizer, keys[i].tolist())
+            examples.append(Example.from_float(name, i, tokens, maps[i].numpy(), key_tokens))
+    return examples
+
+
+def _explorer_inputs(loaded, probe, n_show, length):
+    """`(inputs, queries, keys)`: the model's keyword inputs for a probe's first examples, the
+    query axis's token ids `[example, query]` and the key axis's `[example, key]` (None: the
+    queries'); None for a probe whose examples keep no maps."""
+    if not loaded.two_inputs:
         ids = probe.explorer_ids(n_show, length)
         if ids is None:
-            continue
+            return None
         ids = ids.to(loaded.device)
-        with capture(loaded.model, to="cpu") as cap:
-            loaded.body(input_ids=ids, attention_mask=torch.ones_like(ids))
-        empty = torch.zeros_like(next(iter(cap.patterns.values())))  # a hybrid's layer without attention
-        maps = torch.stack([cap.patterns.get(l, empty) for l in range(loaded.n_layers)], dim=1)  # (N, L, H, T, T)
-        for i in range(ids.shape[0]):
-            tokens = display_tokens(loaded.tokenizer, ids[i].tolist())  # " word", not "Ġword"; bad bytes as <0xNN>
-            examples.append(Example.from_float(name, i, tokens, maps[i].numpy()))
-    return examples
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, ids, None
+    batch = probe.explorer_batch(n_show, length).to(loaded.device)  # both inputs, as the runner passes them
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask.long(),
+              "decoder_input_ids": batch.decoder_input_ids,
+              "decoder_attention_mask": batch.decoder_attention_mask.long()}
+    view = batch.for_site(loaded.site_kind)  # decoder self-attention: its tokens both ways; cross: encoder keys
+    return inputs, view.input_ids, view.key_ids
+
+
+@torch.no_grad()
+def _explorer_maps(loaded, inputs) -> torch.Tensor:
+    """`[example, layer, head, query, key]` the analysed sites' maps on `inputs` (on the CPU)."""
+    with capture(loaded.model, to="cpu", sites=loaded.sites) as cap:
+        loaded.body(**inputs)
+    empty = torch.zeros_like(next(iter(cap.patterns.values())))  # a hybrid's layer without attention
+    return torch.stack([cap.patterns.get(l, empty) for l in range(loaded.n_layers)], dim=1)  # (N, L, H, Tq, Tk)
 
 
 def analyze(
@@ -154,9 +182,10 @@ def analyze(
             encoder reads each example, the decoder the same tokens shifted right,
             `headscope.probes.copy.as_copy`) and whose detectors are those of the sites' kind
             (`Detector.applies_to`); `validate` ablates heads of that group and measures the
-            decoder's loss of the copied tokens (`headscope.validate`). Outside the default there
-            is no OV table or head explorer yet (said in `meta["notes"]`). Same as
-            `analyze(loaded.at(sites))`.
+            decoder's loss of the copied tokens (`headscope.validate`); the explorer's examples
+            have the decoder's tokens as queries and, at cross-attention, the encoder's as keys
+            (`Example.key_tokens`). Outside the default there is no OV table yet (said in
+            `meta["notes"]`). Same as `analyze(loaded.at(sites))`.
     Returns:
         An `Analysis`.
     """
@@ -177,8 +206,7 @@ def analyze(
     run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings)
     scored = _score(loaded, plan, run, seed, ov, timings)
     with timings.step("explorer"):
-        shown = explorer_examples and loaded.sites is None  # no explorer for decoder sites yet (two token axes)
-        examples = _explorer_examples(loaded, plan.built, explorer_examples, explorer_len) if shown else []
+        examples = _explorer_examples(loaded, plan.built, explorer_examples, explorer_len) if explorer_examples else []
     timings.total()
     meta = _meta(loaded, plan, run, scored, seed, batch_size, ov, timings)
     analysis = Analysis(scores=scored.scores, labels=scored.labels, meta=meta.to_json(), examples=examples,
@@ -358,7 +386,7 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
                  "modules": {str(layer): site.name for layer, site in sorted(chosen.sites.items())}}
         notes.append(f"sites: {chosen.group} ({SITE_WORDS.get(loaded.site_kind, loaded.site_kind)}), layers numbered "
                      f"within the {next(iter(chosen.sites.values())).stack}; probes read as teacher-forced copies "
-                     f"(the encoder reads each example, the decoder the same tokens shifted right); no head explorer")
+                     f"(the encoder reads each example, the decoder the same tokens shifted right)")
     return AnalysisMeta(
         model=loaded.name, family=loaded.family, causal=loaded.causal,
         n_layers=loaded.n_layers, n_heads=loaded.n_heads,

@@ -13,7 +13,8 @@
   atomically (a temporary folder renamed into place). Every other `<name>.csv` of the folder
   is a table, so folders of any version load.
 - `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
-  rounded) to keep reports small.
+  rounded) to keep reports small; cross-attention's keys are other tokens than its queries
+  (`key_tokens`, the encoder's), saved only where present so older folders read the same.
 - `atomic_dir` (from `headscope.atomic`): the temporary folder renamed into place.
 Column lists and the validation table's CSV form come from `headscope.tables` (no torch).
 """
@@ -54,36 +55,58 @@ class Example:
     Attributes:
         probe: probe name ("text", "repeated", ...).
         index: example number within the probe.
-        tokens: token strings as the tokenizer gives them (escape before putting in HTML).
+        tokens: token strings as the tokenizer gives them, the query axis's (escape before
+            putting in HTML); at an encoder-decoder's decoder sites, the decoder's input.
         patterns: uint8 `[layer, head, query, key]`, attention x 255 rounded.
+        key_tokens: the key axis's tokens where they are not `tokens` (cross-attention: the
+            encoder's input), else None: keys are the query tokens.
     """
 
     probe: str
     index: int
     tokens: list[str]
     patterns: np.ndarray
+    key_tokens: Optional[list[str]] = None
+
+    def __post_init__(self):
+        queries, keys = self.patterns.shape[-2:]
+        if (queries, keys) != (len(self.tokens), len(self.keys)):
+            raise HeadscopeError(f"example {self.probe} #{self.index}: [query, key] maps of {queries} x {keys} do not "
+                                 f"fit {len(self.tokens)} query and {len(self.keys)} key tokens")
+
+    @property
+    def keys(self) -> list[str]:
+        """The key axis's tokens: `key_tokens`, or `tokens` where keys are the queries."""
+        return self.tokens if self.key_tokens is None else self.key_tokens
 
     def pattern(self, layer: int, head: int) -> np.ndarray:
         """Float `[query, key]` pattern of one head (to within 1/510)."""
         return self.patterns[layer, head].astype(np.float32) / 255.0
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "probe": self.probe, "index": self.index, "tokens": self.tokens,
             "shape": list(self.patterns.shape),
             "patterns_uint8_base64": base64.b64encode(np.ascontiguousarray(self.patterns, dtype=np.uint8).tobytes()).decode(),
         }
+        if self.key_tokens is not None:  # written only when present: older examples save as they did
+            data["key_tokens"] = self.key_tokens
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "Example":
         raw = np.frombuffer(base64.b64decode(data["patterns_uint8_base64"]), dtype=np.uint8)
-        return cls(data["probe"], int(data["index"]), list(data["tokens"]), raw.reshape(data["shape"]).copy())
+        keys = data.get("key_tokens")
+        return cls(data["probe"], int(data["index"]), list(data["tokens"]), raw.reshape(data["shape"]).copy(),
+                   None if keys is None else list(keys))
 
     @classmethod
-    def from_float(cls, probe: str, index: int, tokens: list[str], patterns) -> "Example":
-        """Quantise float patterns `[layer, head, query, key]` in [0, 1]."""
+    def from_float(cls, probe: str, index: int, tokens: list[str], patterns,
+                   key_tokens: Optional[list[str]] = None) -> "Example":
+        """Quantise float patterns `[layer, head, query, key]` in [0, 1]; `key_tokens` as the attribute."""
         arr = np.asarray(patterns, dtype=np.float32)
-        return cls(probe, index, list(tokens), np.clip(np.rint(arr * 255.0), 0, 255).astype(np.uint8))
+        return cls(probe, index, list(tokens), np.clip(np.rint(arr * 255.0), 0, 255).astype(np.uint8),
+                   None if key_tokens is None else list(key_tokens))
 
 
 @dataclass(init=False)

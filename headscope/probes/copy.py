@@ -8,7 +8,8 @@
   decoder at position i has read encoder tokens 0..i-1 and predicts token i, so an aligned
   cross-attention head attends from decoder position i to encoder position i (the token it
   emits) or i - 1 (the one it just read).
-- `as_copy(probe, decoder_start)`: any built unpadded probe read the same way.
+- `as_copy(probe, decoder_start)`: any built unpadded probe read the same way;
+  `CopySet.explorer_batch(n, length)`: its first examples cut short, for the report's explorer.
 - `as_copy_eval(probe, decoder_start)`: a causal check's `EvalProbe` read the same way, for
   `headscope.validate` at a decoder's sites: decoder position t predicts encoder token t, the
   decoder's next input, and the tokens the probe scored stay scored.
@@ -117,6 +118,14 @@ class CopySet:
     def explorer_ids(self, n: int, length: int) -> torch.Tensor:
         """`[n, length]` the first examples' encoder tokens, cut short."""
         return self.input_ids[:n, :length]
+
+    def explorer_batch(self, n: int, length: int) -> Seq2SeqBatch:
+        """The first `n` examples, both inputs cut to `length` tokens, whose maps the report's
+        explorer keeps at a decoder's sites."""
+        source, target = self.input_ids[:n, :length], self.decoder_input_ids[:n, :length]
+        return Seq2SeqBatch(source, torch.ones_like(source, dtype=torch.bool), target,
+                            torch.ones_like(target, dtype=torch.bool), self.content_start, self.content_start + 1,
+                            self.token_counts)
 
     def batches(self, batch_size: int, causal: bool, device) -> list[Seq2SeqBatch]:
         """`Seq2SeqBatch`es of `batch_size` examples (`causal` is the decoder's, always causal here)."""

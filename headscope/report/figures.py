@@ -6,8 +6,9 @@
 - `validation_figure(rows)`: per label, the metric's change with its top heads ablated (bars) and
   with each random draw of heads (markers).
 - `explorer_figure()`: the head explorer's empty frame; the page's script fills it in.
-- `pattern_figure(pattern, tokens, ticks, title)`: that frame filled in Python with one
-  `[query, key]` pattern, as the script fills it (the notebook helpers in `headscope.report.plotting`).
+- `pattern_figure(pattern, tokens, ticks, title, key_tokens, key_ticks)`: that frame filled in
+  Python with one `[query, key]` pattern, as the script fills it (the notebook helpers in
+  `headscope.report.plotting`); a cross-attention map's keys have tokens of their own.
 - `diff_figure(detector, diff, hover)`: a b - a score difference (compare page).
 - Fixed div ids: `LABEL_MAP_ID`, `detector_id(i)`, `VALIDATION_ID`, `EXPLORER_ID`; a detector's
   own section draws its figures with its own ids (`ReportSection.figures`), in the shared style
@@ -142,28 +143,35 @@ def explorer_figure():
     return fig
 
 
-def pattern_figure(pattern, tokens, ticks, title: str = ""):
+def pattern_figure(pattern, tokens, ticks, title: str = "", key_tokens=None, key_ticks=None):
     """The explorer's frame filled with one `[query, key]` pattern, as `EXPLORER_JS` fills it.
 
     Args:
-        pattern: `[query, key]` attention weights (query and key over the same tokens).
-        tokens: one display string per position for the hover (escaped for plotly's pseudo-HTML).
-        ticks: one shorter display string per position for the axes.
+        pattern: `[query, key]` attention weights.
+        tokens: one display string per query position for the hover (escaped for plotly's
+            pseudo-HTML); the keys' too unless `key_tokens` is given.
+        ticks: one shorter display string per query position for the axes.
         title: figure title (plotly pseudo-HTML, escaped by the caller); none by default.
+        key_tokens, key_ticks: the same per key position, where the keys are other tokens
+            (cross-attention: the encoder's).
     Returns:
         A plotly `go.Figure`.
     """
-    n = len(tokens)
-    positions = list(range(n))
-    shown = positions[:: -(-n // 32) or 1]  # at most ~32 labelled ticks per axis; the hover names every token
-    hover = [[f"query {i}: {q}<br>key {j}: {k}" for j, k in enumerate(tokens)] for i, q in enumerate(tokens)]
+    key_tokens, key_ticks = (tokens, ticks) if key_tokens is None else (key_tokens, key_ticks)
+    queries, keys = list(range(len(tokens))), list(range(len(key_tokens)))
+    hover = [[f"query {i}: {q}<br>key {j}: {k}" for j, k in enumerate(key_tokens)] for i, q in enumerate(tokens)]
     fig = explorer_figure()
-    fig.update_traces(z=_rounded(np.asarray(pattern, dtype=np.float64)), x=positions, y=positions, text=hover)
-    axis = {"tickvals": shown, "ticktext": [ticks[t] for t in shown]}
-    fig.update_layout(xaxis=axis, yaxis=axis)
+    fig.update_traces(z=_rounded(np.asarray(pattern, dtype=np.float64)), x=keys, y=queries, text=hover)
+    fig.update_layout(xaxis=_labelled(keys, key_ticks), yaxis=_labelled(queries, ticks))
     if title:
         fig.update_layout(title={"text": title, "font": {"size": 13}}, margin={"t": 40})
     return fig
+
+
+def _labelled(positions: list, ticks) -> dict:
+    """At most ~32 labelled ticks on an axis; the hover names every token."""
+    shown = positions[:: -(-len(positions) // 32) or 1]
+    return {"tickvals": shown, "ticktext": [ticks[t] for t in shown]}
 
 def diff_figure(detector: str, diff: np.ndarray, hover):
     """`b - a` for one detector on a red-blue scale centred on 0.

@@ -238,13 +238,26 @@ def _display_token(token: str) -> str:
 
 
 def _example_payload(example) -> dict:
-    """One example for the explorer: tokens (escaped for plotly) and zlib + base64 uint8 patterns."""
+    """One example for the explorer: tokens (escaped for plotly) and zlib + base64 uint8 patterns;
+    where the keys are other tokens (cross-attention's encoder), their count `m` and
+    `keyTokens`, `keyTicks` too."""
     raw = example.patterns.astype("uint8", copy=False).tobytes()  # [layer, head, query, key]
-    return {
+    payload = {
         "name": f"{example.probe} #{example.index}", "n": len(example.tokens),
         **dict(zip(("tokens", "ticks"), axis_tokens(example.tokens))),
         "encoding": "zlib+base64", "data": base64.b64encode(zlib.compress(raw, 6)).decode("ascii"),
     }
+    if example.key_tokens is not None:  # only then: a square example's payload stays as it was
+        payload["m"] = len(example.key_tokens)
+        payload.update(zip(("keyTokens", "keyTicks"), axis_tokens(example.key_tokens)))
+    return payload
+
+
+def _example_size(example) -> str:
+    """"24 tokens", or "24 query × 30 key tokens" where the keys are other tokens."""
+    if example.key_tokens is None:
+        return f"{len(example.tokens)} tokens"
+    return f"{len(example.tokens)} query × {len(example.key_tokens)} key tokens"
 
 
 def _explorer_section(data, initial) -> str:
@@ -252,15 +265,18 @@ def _explorer_section(data, initial) -> str:
     for i, example in enumerate(data.examples):
         preview = "".join(example.tokens)[:40]
         options.append(f"<option value=\"{i}\">{html.escape(example.probe)} #{int(example.index)}: "
-                       f"{html.escape(preview)} ({len(example.tokens)} tokens)</option>")
+                       f"{html.escape(preview)} ({_example_size(example)})</option>")
     label = data.label_grid.labels[initial[0]][initial[1]] or "no label"
     picker = (f"<label>Example <select id=\"hs-example\">{''.join(options)}</select></label>" if options
               else "<p class=\"note\">This analysis stores no example patterns.</p><select id=\"hs-example\" hidden></select>")
+    axes = "Query on y, key on x."
+    if any(example.key_tokens is not None for example in data.examples):
+        axes = "Query (the decoder's tokens) on y, key (the encoder's tokens) on x."
     return "\n".join([
         "<aside><section id=\"explorer\"><h2>Head explorer</h2>", picker,
         f"<p id=\"hs-explorer-title\">layer {initial[0]} head {initial[1]} — {html.escape(label)}</p>",
         figure_div(figures.EXPLORER_ID),
-        "<p class=\"hint\" id=\"hs-explorer-note\">Query on y, key on x. Click any cell of the label map "
+        f"<p class=\"hint\" id=\"hs-explorer-note\">{axes} Click any cell of the label map "
         "or a detector heatmap, or a head button in the tables.</p></section></aside>",
     ])
 

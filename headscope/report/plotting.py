@@ -11,8 +11,9 @@
   with syntax scores or a `headscope.detectors.syntax.standalone.SyntaxResult`.
 - `plot_geometry_map(analysis)`, `plot_pruning(analysis)`: the report's MDS map of heads coloured
   by label and its pruning curve, from an analysis holding geometry (`headscope.add_geometry`).
-- `plot_pattern(pattern, tokens, title=None, head=None)`: any captured map, e.g.
-  `cap.patterns[layer][0]` (`[head, query, key]`, pick `head=`) or one `[query, key]` map.
+- `plot_pattern(pattern, tokens, title=None, head=None, key_tokens=None)`: any captured map, e.g.
+  `cap.patterns[layer][0]` (`[head, query, key]`, pick `head=`) or one `[query, key]` map;
+  a cross-attention map takes the encoder's tokens as `key_tokens`.
 
 Every function returns a `plotly.graph_objects.Figure` whose numbers are the report's
 (`headscope.report.report_data`). plotly is imported only when a figure is built.
@@ -106,7 +107,8 @@ def plot_head(analysis, layer: int, head: int, probe: Optional[str] = None, exam
         probe: only examples of this probe ("text", "repeated", ...); default: all, in stored order.
         example: position among those examples (0 = first).
     Returns:
-        A plotly `go.Figure`: query on y, key on x, titled with the head's label.
+        A plotly `go.Figure`: query on y, key on x (at cross-attention the decoder's and the
+        encoder's tokens, `Example.key_tokens`), titled with the head's label.
     Raises:
         HeadscopeError: no such head or example.
     """
@@ -123,7 +125,7 @@ def plot_head(analysis, layer: int, head: int, probe: Optional[str] = None, exam
     label, passing = grid.labels[layer][head] or "no label", grid.passing[layer][head]
     title = f"layer {layer} head {head} — {label}" + (f" ({passing})" if passing and passing != label else "")
     title += f" · {shown.probe} #{shown.index}"
-    return _pattern_figure(shown.pattern(layer, head), shown.tokens, _plotly_text(title))
+    return _pattern_figure(shown.pattern(layer, head), shown.tokens, _plotly_text(title), shown.key_tokens)
 
 
 def plot_syntax(source):
@@ -156,15 +158,19 @@ def plot_section(source, detector: str):
     return section.plot(source)
 
 
-def plot_pattern(pattern, tokens, title: Optional[str] = None, head: Optional[int] = None):
+def plot_pattern(pattern, tokens, title: Optional[str] = None, head: Optional[int] = None, key_tokens=None):
     """Any attention map with its tokens on the axes.
 
     Args:
         pattern: `[query, key]`, or `[head, query, key]` with `head=` (e.g. `cap.patterns[layer][0]`);
             a torch tensor (any device or dtype) or an array.
-        tokens: one string per position, e.g. `[tokenizer.decode([t]) for t in input_ids[0]]`.
+        tokens: one string per position, e.g. `[tokenizer.decode([t]) for t in input_ids[0]]`;
+            the queries' only where `key_tokens` is given.
         title: figure title (plain text; escaped here).
         head: which head of a `[head, query, key]` map.
+        key_tokens: one string per key position where the keys are other tokens than the
+            queries (cross-attention: the encoder's input, e.g. `cap.patterns` of
+            `capture(model, sites="decoder.cross")`).
     Returns:
         A plotly `go.Figure`: query on y, key on x.
     Raises:
@@ -183,16 +189,23 @@ def plot_pattern(pattern, tokens, title: Optional[str] = None, head: Optional[in
     elif head is not None:
         raise HeadscopeError("head= needs a [head, query, key] pattern; this one is [query, key]")
     tokens = [str(t) for t in tokens]
-    if values.shape != (len(tokens), len(tokens)):
-        raise HeadscopeError(f"a [query, key] pattern of shape {tuple(values.shape)} does not fit {len(tokens)} tokens")
-    return _pattern_figure(values, tokens, _plotly_text(title or ""))
+    key_tokens = None if key_tokens is None else [str(t) for t in key_tokens]
+    keys = tokens if key_tokens is None else key_tokens
+    if values.shape != (len(tokens), len(keys)):
+        fits = (f"{len(tokens)} tokens" if key_tokens is None
+                else f"{len(tokens)} query and {len(key_tokens)} key tokens")
+        raise HeadscopeError(f"a [query, key] pattern of shape {tuple(values.shape)} does not fit {fits}")
+    return _pattern_figure(values, tokens, _plotly_text(title or ""), key_tokens)
 
 
-def _pattern_figure(pattern, tokens: list, title: str):
+def _pattern_figure(pattern, tokens: list, title: str, key_tokens=None):
     """The report's explorer figure, with tokens shown exactly as the report's explorer shows them."""
 
     shown, ticks = axis_tokens(tokens)
-    return pattern_figure(pattern, shown, ticks, title)
+    if key_tokens is None:
+        return pattern_figure(pattern, shown, ticks, title)
+    key_shown, key_ticks = axis_tokens(key_tokens)
+    return pattern_figure(pattern, shown, ticks, title, key_shown, key_ticks)
 
 
 def _as_array(pattern) -> np.ndarray:

@@ -7,7 +7,8 @@
   and redraws the explorer on `plotly_click` in any listed figure, on the head buttons of the
   tables, and on a change of the example `<select>`. Sets `<html data-headscope="ready">`
   once the first head is drawn. Text is set with `textContent`; tokens arrive pre-escaped for
-  plotly's pseudo-HTML.
+  plotly's pseudo-HTML. An example with `m`, `keyTokens` and `keyTicks` (cross-attention) is
+  drawn `n` queries by `m` keys, each axis labelled with its own tokens.
 """
 
 __all__ = ["PLOT_JS", "EXPLORER_JS"]
@@ -63,11 +64,24 @@ EXPLORER_JS = r"""
 
   function hoverText(ex) {
     if (!ex.hover) {
+      var keys = ex.keyTokens || ex.tokens;  // cross-attention: the encoder's tokens
       ex.hover = ex.tokens.map(function (q, i) {
-        return ex.tokens.map(function (k, j) { return "query " + i + ": " + q + "<br>key " + j + ": " + k; });
+        return keys.map(function (k, j) { return "query " + i + ": " + q + "<br>key " + j + ": " + k; });
       });
     }
     return ex.hover;
+  }
+
+  function labelled(count, ticks) {  // at most ~32 labelled ticks per axis (the hover names every token)
+    var step = Math.ceil(count / 32), vals = [];
+    for (var t = 0; t < count; t += step) vals.push(t);
+    return {tickvals: vals, ticktext: vals.map(function (t) { return ticks[t]; })};
+  }
+
+  function positions(count) {
+    var out = new Array(count);
+    for (var t = 0; t < count; t++) out[t] = t;
+    return out;
   }
 
   function headTitle(layer, head) {
@@ -89,23 +103,20 @@ EXPLORER_JS = r"""
     title.textContent = headTitle(layer, head);
     highlight(layer, head);
     if (!payload.examples.length) return Promise.resolve();
-    var i = Number(select.value), ex = payload.examples[i], n = ex.n;
+    // n query rows of m keys each; m is n unless the keys are other tokens (cross-attention).
+    var i = Number(select.value), ex = payload.examples[i], n = ex.n, m = ex.m || ex.n;
     return patterns(i).then(function (data) {
       if (mine !== drawing) return;
-      var start = (layer * payload.n_heads + head) * n * n, z = [], ticks = [];
+      var start = (layer * payload.n_heads + head) * n * m, z = [];
       for (var q = 0; q < n; q++) {
-        var row = new Array(n);
-        for (var k = 0; k < n; k++) row[k] = data[start + q * n + k] / 255;
+        var row = new Array(m);
+        for (var k = 0; k < m; k++) row[k] = data[start + q * m + k] / 255;
         z.push(row);
-        ticks.push(q);
       }
-      // At most ~32 labelled ticks per axis (the hover names every token).
-      var step = Math.ceil(n / 32), shown = ticks.filter(function (t) { return t % step === 0; });
-      var text = shown.map(function (t) { return ex.ticks[t]; });
       var layout = JSON.parse(JSON.stringify(frame.layout));
-      layout.xaxis.tickvals = shown; layout.xaxis.ticktext = text;
-      layout.yaxis.tickvals = shown; layout.yaxis.ticktext = text;
-      var trace = Object.assign({}, frame.data[0], {z: z, x: ticks, y: ticks, text: hoverText(ex)});
+      Object.assign(layout.xaxis, labelled(m, ex.keyTicks || ex.ticks));
+      Object.assign(layout.yaxis, labelled(n, ex.ticks));
+      var trace = Object.assign({}, frame.data[0], {z: z, x: positions(m), y: positions(n), text: hoverText(ex)});
       return Plotly.react(payload.explorer, [trace], layout).then(function (gd) {
         gd.dataset.head = layer + "," + head;
         gd.dataset.example = String(i);

@@ -2,19 +2,28 @@
 each probe read as a teacher-forced copy (the encoder reads the example, the decoder the same
 tokens shifted right), the detectors of the sites' kind, scores equal to the detectors' formulas
 on the model's own eager attention maps (`decoder_attentions`, `cross_attentions`), the control
-twin looking at the same group, and the group recorded in meta.json, the report and the CLI."""
+twin looking at the same group, the group recorded in meta.json, the report and the CLI, and
+the head explorer's maps with the decoder's tokens as queries and, at cross-attention, the
+encoder's as keys."""
+import json
+import re
+
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 
 import headscope
 from headscope.analysis import Analysis
+from headscope.analysis.analyze import _explorer_inputs, _explorer_maps
 from headscope.cli import app
 from headscope.detectors.registry import defaults_for, get
 from headscope.loading.loader import Loaded
 from headscope.probes.copy import as_copy
 from headscope.probes.kinds import CopyProbe, RepeatedProbe, TextProbe, decoder_start
+from headscope.probes.tokens import display_tokens
 from headscope.report import render_html
+from headscope.report.html import axis_tokens
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import tiny_model
 
@@ -69,8 +78,61 @@ def test_decoder_sites_score_as_the_formulas_on_the_models_eager_maps(family, si
             assert row.score == pytest.approx(float(reference[row.layer][row.head]), abs=1e-5), (name, row.layer, row.head)
     assert analysis.scores.control.notna().all()  # the twin scored the same group
     assert analysis.meta["sites"]["group"] == sites and analysis.meta["sites"]["kind"] == KIND[sites]
-    assert analysis.examples == []  # no head explorer for two token axes yet, said in the notes
+    assert [e.probe for e in analysis.examples] == list(dict.fromkeys(d.probe for d in map(get, expected_detectors)))
+    assert all((e.key_tokens is not None) == (sites == "decoder.cross") for e in analysis.examples)
     assert any(note.startswith(f"sites: {sites}") for note in analysis.meta["notes"])
+    assert not any("explorer" in note for note in analysis.meta["notes"])
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+@pytest.mark.parametrize("sites", ["decoder.self", "decoder.cross"])
+def test_the_explorer_keeps_the_models_own_maps_with_each_axis_tokens(family, sites, tmp_path):
+    """The explorer's maps are the model's eager `decoder_attentions` / `cross_attentions` on the
+    same examples; the queries are the decoder's tokens (its start token, then the example shifted
+    right by one) and cross-attention's keys the encoder's; both survive saving and reach the page."""
+    loaded = _loaded(family)
+    text = TextProbe(n_examples=4, seq_len=24)
+    analysis = headscope.analyze(loaded, detectors=["sink"], sites=sites, probes=[text], explorer_examples=2,
+                                 explorer_len=20, control="none")
+    copy = as_copy(text.build(loaded, 0), decoder_start(loaded))
+    source, target = copy.input_ids[:2, :20], copy.decoder_input_ids[:2, :20]
+    model = loaded.model
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(input_ids=source, attention_mask=torch.ones_like(source), decoder_input_ids=target,
+                        decoder_attention_mask=torch.ones_like(target), output_attentions=True)
+    finally:
+        model.set_attn_implementation(previous)
+    eager = torch.stack(out.decoder_attentions if sites == "decoder.self" else out.cross_attentions, dim=1)
+    view = loaded.at(sites)
+    inputs, queries, keys = _explorer_inputs(view, copy, 2, 20)
+    torch.testing.assert_close(_explorer_maps(view, inputs), eager.float(), atol=1e-5, rtol=0)  # (N, L, H, Tq, Tk)
+
+    assert [(e.probe, e.index) for e in analysis.examples] == [("text", 0), ("text", 1)]
+    start = display_tokens(loaded.tokenizer, [decoder_start(loaded)])
+    for i, example in enumerate(analysis.examples):
+        assert np.abs(example.patterns.astype(float) - eager[i].numpy() * 255).max() <= 0.5 + 1e-3  # uint8 rounding
+        encoder = display_tokens(loaded.tokenizer, source[i].tolist())
+        assert example.tokens == display_tokens(loaded.tokenizer, target[i].tolist())
+        assert example.tokens == start + encoder[:-1]  # the decoder reads the encoder's tokens one later
+        assert example.key_tokens == (encoder if sites == "decoder.cross" else None)
+    assert keys is None if sites == "decoder.self" else keys.tolist() == source.tolist()
+
+    analysis.save(tmp_path / "a")
+    again = Analysis.load(tmp_path / "a")
+    assert [(e.tokens, e.key_tokens) for e in again.examples] == [(e.tokens, e.key_tokens) for e in analysis.examples]
+    page = render_html(again, plotlyjs="cdn")
+    payload = json.loads(re.search(r'<script type="application/json" id="hs-explorer-data">(.*?)</script>',
+                                   page, re.S).group(1))
+    for shown, example in zip(payload["examples"], again.examples):
+        assert (shown["tokens"], shown["ticks"]) == axis_tokens(example.tokens)
+        if sites == "decoder.cross":
+            assert (shown["m"], shown["keyTokens"], shown["keyTicks"]) == (20, *axis_tokens(example.key_tokens))
+        else:
+            assert "keyTokens" not in shown
+    assert ("query × 20 key tokens" in page) == (sites == "decoder.cross")
 
 
 def test_the_treebank_probe_cannot_feed_a_decoder_and_says_so():
@@ -146,7 +208,9 @@ def test_analyze_finds_the_planted_alignment_head_at_the_cross_sites(seed):
     loaded = Loaded.from_model(planted_bart(seed), char_tokenizer(), "planted-bart")
     analysis = headscope.analyze(loaded, detectors=["alignment", "sink", "uniform"], sites="decoder.cross",
                                  probes=[CopyProbe(n_examples=16, seq_len=48), TextProbe(n_examples=16, seq_len=48)],
-                                 explorer_examples=0)
+                                 explorer_examples=1)
+    for example in analysis.examples:  # the explorer shows the planted head: decoder i on encoder i
+        assert example.pattern(0, 0).argmax(-1).tolist() == list(range(48))
     rows = analysis.scores[analysis.scores.detector == "alignment"].set_index(["layer", "head"])
     assert rows.loc[(0, 0), "score"] > 0.99 and rows.loc[(0, 0), "ci_low"] > rows.loc[(0, 0), "control_max"]
     labelled = analysis.labels[analysis.labels.labels.str.contains("alignment")]

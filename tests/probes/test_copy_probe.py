@@ -34,6 +34,17 @@ def test_the_decoder_reads_the_encoders_tokens_shifted_right():
     assert built.meta()["seq_len"] == 32 and len(built) == 4
 
 
+def test_the_explorer_batch_is_the_first_examples_both_inputs_cut_short():
+    built = CopyProbe(n_examples=5, seq_len=24).build(_encoder_decoder(), seed=0)
+    batch = built.explorer_batch(2, 10)
+    assert torch.equal(batch.input_ids, built.input_ids[:2, :10])
+    assert torch.equal(batch.decoder_input_ids, built.decoder_input_ids[:2, :10])
+    assert batch.attention_mask.all() and batch.decoder_attention_mask.all()
+    assert (batch.content_start, batch.decoder_content_start) == (built.content_start, built.content_start + 1)
+    cross = batch.for_site("cross")  # the explorer's axes: decoder tokens as queries, encoder tokens as keys
+    assert torch.equal(cross.input_ids, batch.decoder_input_ids) and torch.equal(cross.key_ids, batch.input_ids)
+
+
 def test_each_site_kind_reads_its_own_batch():
     built = CopyProbe(n_examples=5, seq_len=24).build(_encoder_decoder(), seed=0)
     batches = built.batches(2, True, "cpu")

@@ -147,6 +147,21 @@ def test_plot_syntax_from_analysis_and_from_run_syntax_result(plotting_analysis,
         fake_analysis(with_syntax=False).plot_syntax()
 
 
+def test_plot_head_of_a_cross_attention_example_is_the_report_explorer():
+    analysis = fake_analysis(n_examples=1, seq_len=9, key_len=12)
+    shown = _explorer_payload(analysis)["examples"][0]
+    fig = analysis.plot_head(1, 2)
+    heatmap = fig.data[0]
+    assert np.array(heatmap.z, dtype=float).shape == (9, 12)  # decoder queries on y, encoder keys on x
+    np.testing.assert_allclose(np.array(heatmap.z, dtype=float), analysis.examples[0].pattern(1, 2), atol=1e-4)
+    assert list(heatmap.y) == list(range(9)) and list(heatmap.x) == list(range(12))
+    assert heatmap.text[3][7] == f"query 3: {shown['tokens'][3]}<br>key 7: {shown['keyTokens'][7]}"
+    assert list(fig.layout.xaxis.ticktext) == [shown["keyTicks"][t] for t in fig.layout.xaxis.tickvals]
+    assert list(fig.layout.yaxis.ticktext) == [shown["ticks"][t] for t in fig.layout.yaxis.tickvals]
+    assert heatmap.text[0][3].endswith("key 3: &lt;script&gt;alert(1)&lt;/script&gt;")  # the keys' nasties, escaped
+    assert fig.layout.xaxis.ticktext[3] == "&lt;script&gt;alert…"  # cut on the axis, as in the page
+
+
 # --- plot_pattern: any captured map -------------------------------------------------------------
 
 def test_plot_pattern_takes_tensors_and_arrays_of_both_shapes():
@@ -158,6 +173,16 @@ def test_plot_pattern_takes_tensors_and_arrays_of_both_shapes():
     np.testing.assert_allclose(np.array(by_head.data[0].z, dtype=float), maps[1].numpy(), atol=1e-2)  # bfloat16
     assert list(from_array.layout.xaxis.ticktext) == ["a", "␣b", "c\\n", "&lt;d&gt;", "∅"]
     assert plot_pattern(maps[0], tokens, title="<b>mine</b>").layout.title.text == "&lt;b&gt;mine&lt;/b&gt;"
+
+
+def test_plot_pattern_of_a_cross_attention_map_labels_each_axis_with_its_tokens():
+    cross = torch.softmax(torch.randn(2, 3, 4), dim=-1)  # [head, decoder query, encoder key]
+    fig = plot_pattern(cross, ["<s>", "a", "b"], head=1, key_tokens=["a", "b", "<c>", "</s>"])
+    np.testing.assert_allclose(np.array(fig.data[0].z, dtype=float), cross[1].numpy(), atol=1e-4)
+    assert list(fig.layout.yaxis.ticktext) == ["&lt;s&gt;", "a", "b"]
+    assert list(fig.layout.xaxis.ticktext) == ["a", "b", "&lt;c&gt;", "&lt;/s&gt;"]
+    with pytest.raises(HeadscopeError, match=r"shape \(3, 4\) does not fit 3 query and 3 key tokens"):
+        plot_pattern(cross[0], ["<s>", "a", "b"], key_tokens=["a", "b", "c"])
 
 
 @pytest.mark.parametrize("args, kwargs, message", [

@@ -308,6 +308,28 @@ def test_explorer_payload_holds_the_uint8_patterns(report_analysis, page):
         assert np.array_equal(np.frombuffer(raw, np.uint8).reshape(example.patterns.shape), example.patterns)
 
 
+def test_a_square_examples_payload_has_no_key_fields(page):
+    examples = _json_block(page, "hs-explorer-data")["examples"]
+    assert all(not {"m", "keyTokens", "keyTicks"} & set(stored) for stored in examples)
+
+
+def test_a_cross_attention_example_has_each_axis_tokens_escaped():
+    analysis = fake_analysis(n_examples=2, seq_len=10, key_len=13)
+    page = render_html(analysis, plotlyjs="cdn")
+    payload = _json_block(page, "hs-explorer-data")
+    for example, stored in zip(analysis.examples, payload["examples"]):
+        assert (stored["n"], stored["m"]) == (10, 13)
+        raw = zlib.decompress(base64.b64decode(stored["data"]))
+        assert np.array_equal(np.frombuffer(raw, np.uint8).reshape(example.patterns.shape), example.patterns)
+        for tokens, shown in ((example.tokens, stored["tokens"]), (example.key_tokens, stored["keyTokens"])):
+            assert [html.unescape(t) for t in shown] == [t.replace(" ", "\u2423") for t in tokens]
+        assert stored["keyTicks"][4] == stored["keyTokens"][4] == "Le" and stored["ticks"][0] == "&lt;s&gt;"
+    # The key axis's nasties reach the page escaped, as the queries' do.
+    assert "<script>alert" not in page and page.count("</script>") == page.count("<script")
+    assert "\\u0026lt;/script\\u0026gt;" in page.split('id="hs-explorer-data">')[1]
+    assert "(10 query × 13 key tokens)" in page and "key (the encoder's tokens) on x" in page
+
+
 def test_figures_have_fixed_ids(report_analysis, report_analysis_data, page):
     figs = _json_block(page, "hs-figures")
     ids = [fig_id for fig_id, _ in figs]

@@ -184,6 +184,25 @@ def test_screenshot(browser_page):
     assert errors == []
 
 
+def test_a_cross_attention_example_is_drawn_decoder_by_encoder(browser, tmp_path):
+    """n decoder queries by m encoder keys, each axis labelled with its own tokens."""
+    analysis = fake_analysis(N_LAYERS, N_HEADS, seed=1, n_examples=2, seq_len=10, key_len=40)
+    page, errors = _open(browser, write_report(analysis, tmp_path / "cross"), "ready")
+    layer, head = 2, 3
+    _click_cell(page, figures.LABEL_MAP_ID, layer, head)
+    page.select_option("#hs-example", "1")
+    page.wait_for_function("document.getElementById('hs-explorer').dataset.example === '1'", timeout=5_000)
+    example = analysis.examples[1]
+    np.testing.assert_allclose(_explorer_z(page), example.pattern(layer, head), atol=1e-6)  # (10, 40)
+    axes = page.evaluate("(() => { const l = document.getElementById('hs-explorer').layout;"
+                         " return [l.xaxis.tickvals, l.xaxis.ticktext, l.yaxis.tickvals, l.yaxis.ticktext]; })()")
+    assert axes[0] == list(range(0, 40, 2)) and axes[2] == list(range(10))  # at most ~32 labelled ticks per axis
+    assert axes[1][2] == "Le" and axes[3][0] == "&lt;s&gt;"
+    assert page.locator("#hs-explorer text", has_text="</script>").count() >= 1  # a key's nasty, as text
+    page.close()
+    assert errors == []
+
+
 def test_compare_page_draws_every_figure(browser, tmp_path):
     from headscope.report import write_compare
 

@@ -4,8 +4,9 @@
   control model's scores (`control`, `control_max`) for every detector, labels that include
   "mixed", "none" and (with syntax) "syntactic:obj", metadata shaped like `headscope.analyze`'s
   (detector quantities, `control`, `treebank`), example patterns whose heads do what their label says, and tokens with
-  HTML nasties (`<script>alert(1)</script>`, `&amp;`, `<b>&`, `</script>`).
-- `NASTY_TOKENS`: those tokens, for escaping tests.
+  HTML nasties (`<script>alert(1)</script>`, `&amp;`, `<b>&`, `</script>`); with `key_len`,
+  cross-attention examples whose keys are other tokens (`Example.key_tokens`, nasties first).
+- `NASTY_TOKENS`: those tokens, for escaping tests; `KEY_WORDS`: the cross-attention keys' words.
 - `DETECTORS`: the detectors it scores (plus "syntactic" with syntax). What each one is (threshold,
   formula, source, probe, learned, gate, quantity, ...) is read from the registered `Detector`
   (`headscope.detectors.REGISTRY`), as `headscope.analyze` records it, so the fake cannot drift
@@ -13,24 +14,27 @@
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from headscope.analysis import Analysis, Example
 from headscope.detectors import REGISTRY
 
-__all__ = ["fake_analysis", "NASTY_TOKENS", "DETECTORS"]
+__all__ = ["fake_analysis", "NASTY_TOKENS", "KEY_WORDS", "DETECTORS"]
 
 NASTY_TOKENS = ["<script>alert(1)</script>", "&amp;", "<b>&", "</script>"]
 DETECTORS = ("previous_token", "induction", "duplicate_token", "self", "next_token", "sink", "uniform")
 RELATIONS = ["nsubj", "obj", "det", "amod", "advmod"]
 _PLAN = ["previous_token", "induction", "sink", "mixed", "none", "uniform", "duplicate_token",
          "syntactic:obj", "self", "none", "previous_token", "sink", "mixed", "induction"]
+KEY_WORDS = ["Le", " chat", " assis", " sur", " le", " tapis"]  # cross-attention's keys: the encoder's tokens
 _WORDS = ["The", " cat", " sat", " on", " the", " mat", ".", " A", " dog", " ran", ",", " and"]
 
 
 def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_syntax: bool = True,
                   *, n_examples: int = 2, seq_len: int = 14, created: str = "2025-01-02T03:04:05+00:00",
-                  control: bool = True) -> Analysis:
+                  control: bool = True, key_len: Optional[int] = None) -> Analysis:
     """A deterministic synthetic Analysis.
 
     Args:
@@ -42,6 +46,8 @@ def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_synta
         n_examples: number of stored examples (probes "text" and "repeated" alternate).
         seq_len: tokens per example (at least 8).
         created: the meta["created"] timestamp.
+        key_len: None (self-attention examples), or that many key tokens of their own per
+            example, as cross-attention's encoder tokens, with random `[query, key]` rows.
     Returns:
         An `Analysis`.
     """
@@ -82,6 +88,8 @@ def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_synta
     labels_df = pd.DataFrame(label_rows, columns=["layer", "head", "label", "score", "labels"])
 
     examples = [_example(rng, plan, i, max(8, seq_len)) for i in range(n_examples)]
+    if key_len is not None:
+        examples = [_cross_example(rng, example, key_len) for example in examples]
     meta = _meta(n_layers, n_heads, seed, detectors, seq_len, n_examples, created)
     meta["control"] = (
         {"kind": "random-init", "seed": seed + 1_000_003, "name": f"{meta['model']} (random-init control)",
@@ -108,6 +116,14 @@ def _example(rng, plan, index: int, seq_len: int) -> Example:
         for head in range(n_heads):
             patterns[layer, head] = _pattern(rng, plan[layer][head], tokens)
     return Example.from_float(probe, index, tokens, patterns)
+
+
+def _cross_example(rng, example: Example, key_len: int) -> Example:
+    """`example`'s queries over `key_len` keys of their own: `KEY_WORDS` behind the nasties."""
+    keys = [(list(reversed(NASTY_TOKENS)) + KEY_WORDS * key_len)[k] for k in range(key_len)]
+    n_layers, n_heads, n_queries = example.patterns.shape[:3]
+    patterns = rng.dirichlet(np.full(key_len, 0.3), size=(n_layers, n_heads, n_queries))  # [layer, head, query, key]
+    return Example.from_float(example.probe, example.index, example.tokens, patterns, key_tokens=keys)
 
 
 def _pattern(rng, kind: str, tokens: list[str]) -> np.ndarray:
