@@ -184,8 +184,8 @@ def analyze(
             (`Detector.applies_to`); `validate` ablates heads of that group and measures the
             decoder's loss of the copied tokens (`headscope.validate`); the explorer's examples
             have the decoder's tokens as queries and, at cross-attention, the encoder's as keys
-            (`Example.key_tokens`). Outside the default there is no OV table yet (said in
-            `meta["notes"]`). Same as `analyze(loaded.at(sites))`.
+            (`Example.key_tokens`); the OV table is the group's heads' (norms not folded,
+            `meta["ov"]["fold_norms"]` False). Same as `analyze(loaded.at(sites))`.
     Returns:
         An `Analysis`.
     """
@@ -341,9 +341,7 @@ def _score(loaded, plan, run, seed, ov, timings) -> _Scored:
         names = {key: label for d in dets for key, label in run.findings[d.name].names.items()}
         labels = label_heads(scores, {d.name: d for d in dets}, names)
     ov_frame, ov_skipped = None, "not asked for (ov=False)"
-    if ov and loaded.sites is not None:
-        ov_skipped = f"not computed for {loaded.sites} sites yet"
-    elif ov:
+    if ov:
         with timings.step("ov"):
             qualified = labels[labels.label.isin(ov_qualified_labels())]  # copy_top1 only where it qualifies a label: cost
             heads = {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])}
@@ -399,7 +397,7 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         detectors={d.name: d.describe() for d in plan.detectors if d.name in run.findings},
         control=plan.control,
-        ov={"n_tokens": OV_TOKENS, "copy_top1_of": list(ov_qualified_labels()), "fold_norms": True,
+        ov={"n_tokens": OV_TOKENS, "copy_top1_of": list(ov_qualified_labels()), "fold_norms": loaded.sites is None,
             "copies_share": OV_COPIES_SHARE, "skipped": scored.ov_skipped},
         skipped_detectors=run.skipped, notes=notes,
         probe_entries={key: value for probe in plan.built.values() for key, value in probe.extra_meta.items()},

@@ -34,7 +34,9 @@ import torch
 from ..attention.module import MultiHeadAttention
 from ..errors import HeadscopeError
 from ..checks import check_count, check_loaded
-from ..hf.adapters import attention_blocks
+from ..hf.adapters import _sub, adapter_for, attention_blocks
+from ..hf.layouts import conv1d, linear
+from ..hf.sites import select
 from .norm_gains import norm_gains
 
 __all__ = ["ov_copying", "ov_scores", "head_ov_weights", "ov_table", "OV_TOKENS", "OV_COLUMNS"]
@@ -74,13 +76,17 @@ def ov_scores(W_E: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, W_U: torc
     return hits / len(rows) if len(rows) else float("nan"), share
 
 
-def head_ov_weights(model):
-    """Every head's OV weights, layer by layer (through `MultiHeadAttention.from_hf`).
+def head_ov_weights(model, sites: Optional[str] = None):
+    """Every head's OV weights, layer by layer (through `MultiHeadAttention.from_hf`; for another
+    group of sites, `sites="decoder.cross"`, read from its blocks by the family's adapter layout).
 
     Yields:
         `(layer, head, W_V, W_O)`: W_V `[d_model, d_head]` (the head's key/value head under GQA)
         and W_O `[d_head, d_model]`, fp32, row convention x @ W; norms not folded.
     """
+    if sites is not None:
+        yield from _group_ov_weights(model, sites)
+        return
     for layer, block in attention_blocks(model):
         mha = MultiHeadAttention.from_hf(block, model.config)
         cfg = mha.config
@@ -90,6 +96,28 @@ def head_ov_weights(model):
         for head in range(cfg.n_heads):
             kv = head // per_kv
             yield layer, head, W_v[:, kv * cfg.d_head:(kv + 1) * cfg.d_head], W_o[head * cfg.d_head:(head + 1) * cfg.d_head]
+
+
+def _group_ov_weights(model, sites: str):
+    """`head_ov_weights` of a group of sites other than the default (an encoder-decoder's decoder
+    self- or cross-attention): W_V from the block's value projection, W_O from its output
+    projection, by the family's adapter (`Adapter.qkv`, `Adapter.out`). At cross-attention the
+    circuit reads a token's embedding through the value projection as the encoder would hand it
+    over unchanged (Elhage et al.'s simplified circuit, here across the two stacks)."""
+    chosen = select(model, sites)
+    adapter = adapter_for(model.config)
+    if adapter is None or not chosen.blocks:
+        raise HeadscopeError(f"OV copying of {sites} sites needs the family's adapter ({type(model).__name__} has none)")
+    for layer, block in sorted(chosen.blocks.items()):
+        out = _sub(block, adapter.out)
+        wo = (conv1d(out) if adapter.out_is_conv1d else linear(out))[0].detach().float()  # (D, H * dh)
+        n_heads = chosen.n_heads
+        d_head = wo.shape[1] // n_heads
+        wv = adapter.qkv.extract(block, n_heads, n_heads, d_head)[2][0].detach().float()  # (n_kv * dh, D)
+        per_kv = n_heads // (wv.shape[0] // d_head)
+        for head in range(n_heads):
+            kv = head // per_kv
+            yield layer, head, wv[kv * d_head:(kv + 1) * d_head].T, wo[:, head * d_head:(head + 1) * d_head].T
 
 
 def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, seed: int = 0, fold_norms: bool = False,
@@ -104,7 +132,8 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
         seed: chooses the sample.
         fold_norms: fold the gains of each layer's attention input norm into W_V and of the
             final norm into W_U (layers whose norm is not found stay unfolded; `attrs["folded"]`
-            counts what was folded).
+            counts what was folded). A model looking at another group of sites (`Loaded.at`)
+            is scored on that group's heads, its norms not folded.
         top1_heads: the `(layer, head)`s whose copy_top1 is computed (None: all); the others get
             NaN and only the eigenvalue share, which is cheap (W_O W_U of one head is `[d_head,
             vocab]`, most of the cost).
@@ -126,7 +155,8 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
                              "them from memory")
     W_E = model.get_input_embeddings().weight.detach().float()  # (V, D)
     W_U = unembed.weight.detach().float().T[:, : W_E.shape[0]].to(W_E.device)  # (D, V): nn.Linear stores (V, D)
-    gains, final = norm_gains(model) if fold_norms else ({}, None)
+    sites = getattr(loaded, "sites", None)
+    gains, final = norm_gains(model) if fold_norms and sites is None else ({}, None)  # other sites: not folded
     if final is not None:
         W_U = final.to(W_E.device)[:, None] * W_U  # diag(g_final) W_U
     rows = None
@@ -136,7 +166,7 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
         rows = torch.arange(W_E.shape[0])
     UE = W_U @ W_E  # (D, D), once: each head's eigenvalues then cost O(D^2 dh), not O(V D dh)
     out = []
-    for layer, head, W_v, W_o in head_ov_weights(model):
+    for layer, head, W_v, W_o in head_ov_weights(model, sites):
         W_v, W_o = W_v.to(W_E.device), W_o.to(W_E.device)  # layers may sit on other devices (device_map)
         if gains.get(layer) is not None:
             W_v = gains[layer].to(W_E.device)[:, None] * W_v  # diag(g_in) W_V

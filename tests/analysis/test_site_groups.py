@@ -239,3 +239,30 @@ def test_compare_does_not_pair_heads_of_different_sites():
     assert not data.same_shape and data.changed == () and data.diffs == ()
     assert any("different attention sites (a: decoder.self; b: decoder.cross)" in note for note in data.notes)
     assert compare_data(cross_sites, cross_sites).same_shape
+
+
+@pytest.mark.parametrize("family, out", [("bart", "out_proj"), ("t5", "o")])
+@pytest.mark.parametrize("sites", ["decoder.self", "decoder.cross"])
+def test_the_ov_table_is_the_groups_heads_read_from_their_own_weights(family, out, sites):
+    """Analysis.ov of a decoder group: one row per head of the group, each eigenvalue share the
+    one computed in the test from that site's value and output projections (norms not folded)."""
+    from headscope.head_geometry.ov_circuit import ov_scores
+
+    loaded = _loaded(family)
+    analysis = headscope.analyze(loaded, detectors=["sink"], sites=sites, probes=PROBES, explorer_examples=0)
+    view = loaded.at(sites)
+    assert not analysis.meta["ov"]["skipped"] and analysis.meta["ov"]["fold_norms"] is False
+    assert len(analysis.ov) == len(view.attention_layers) * view.n_heads
+    model = loaded.model
+    W_E = model.get_input_embeddings().weight.float()
+    W_U = model.get_output_embeddings().weight.float().T
+    modules = dict(model.named_modules())
+    value = "v_proj" if family == "bart" else "v"
+    for row in analysis.ov.itertuples(index=False):
+        site = modules[view.selection.sites[row.layer].name]
+        v, o = getattr(site, value).weight.float(), getattr(site, out).weight.float()
+        d = o.shape[1] // view.n_heads
+        _, share = ov_scores(W_E, v[row.head * d:(row.head + 1) * d].T, o[:, row.head * d:(row.head + 1) * d].T, W_U,
+                             rows=torch.zeros(0, dtype=torch.long))
+        assert row.positive_eig_share == pytest.approx(share, abs=1e-6)
+    assert analysis.ov.control_positive_eig_share.notna().all()  # the twin's same group
