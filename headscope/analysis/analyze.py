@@ -275,14 +275,14 @@ def _plan(loaded, detectors, probes, batch_size, control, seed, timings) -> _Pla
     with timings.step("probes"):
         groups = {name: [d for d in dets if d.probe == name] for name in dict.fromkeys(d.probe for d in dets)}
         built = {name: settings[name].build(loaded, seed) for name in groups}
+        skipped = {}  # detector -> why its probe cannot feed the sites (a decoder's, below)
         if loaded.two_inputs:  # a decoder's sites: each probe as the encoder's input and the decoder's copy
             built, skipped = _as_copies(loaded, built, groups, detectors is not None, given)
             groups = {name: group for name, group in groups.items() if name in built}
             dets = [d for d in dets if d.probe in built]
         for name, probe in built.items():
             loaded.check_fits(f"the {name} probe", probe.seq_len)
-    return _Plan(dets, groups, built, given, detectors is not None, twin, control_meta,
-                 skipped if loaded.two_inputs else {})
+    return _Plan(dets, groups, built, given, detectors is not None, twin, control_meta, skipped)
 
 
 def _as_copies(loaded, built, groups, named, given):

@@ -12,6 +12,7 @@ import headscope
 from headscope.hf import route
 from headscope.hf.sites import select, sites
 from headscope.loading.loader import Loaded
+from tests.support.contracts import head_zeroed_at
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import ENCODER_DECODER_FAMILIES, tiny_model, tiny_seq2seq_inputs
 
@@ -105,17 +106,8 @@ def test_ablation_is_zeroing_the_heads_slice_of_the_output_projections_input(fam
     with headscope.ablate(model, heads=[(layer, head)], sites=group):
         ablated = model(**x).logits
 
-    def zero_slice(module, args):
-        z = args[0].clone()  # (B, T, H * D)
-        d = z.shape[-1] // n_heads
-        z[..., head * d:(head + 1) * d] = 0
-        return (z,)
-
-    handle = out.register_forward_pre_hook(zero_slice)
-    try:
+    with head_zeroed_at(out, head, n_heads):
         reference = model(**x).logits
-    finally:
-        handle.remove()
     assert (ablated - before).abs().max() > 1e-3
     assert (ablated - reference).abs().max() <= 1e-4
     assert torch.equal(before, model(**x).logits)

@@ -19,7 +19,7 @@ from headscope.hf.verify import _named_inputs
 from headscope.probes.base import ProbeBatch
 from tests.support.tiny import (COMPOSITE_FAMILIES, ENCODER_DECODER_FAMILIES, ENCODERS, HYBRID_FAMILIES,
                                 INTERFACE_FAMILIES, VERIFIED_COMPOSITES, tiny_config, tiny_inputs, tiny_model, output_of)
-from tests.support.contracts import assert_hook_contract
+from tests.support.contracts import assert_hook_contract, head_zeroed_at
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -126,17 +126,8 @@ def test_ablation_is_zeroing_the_heads_slice_of_the_output_projections_input(fam
     with headscope.ablate(model, heads=[(layer, head)]):
         ablated = output_of(model(**x))
 
-    def zero_slice(module, args):
-        z = args[0].clone()  # (B, T, H * D)
-        d = z.shape[-1] // n_heads
-        z[..., head * d:(head + 1) * d] = 0
-        return (z,)
-
-    handle = out.register_forward_pre_hook(zero_slice)
-    try:
+    with head_zeroed_at(out, head, n_heads):
         reference = output_of(model(**x))
-    finally:
-        handle.remove()
     assert (ablated - before).abs().max() > 1e-3
     assert (ablated - reference).abs().max() <= 1e-4
     assert torch.equal(before, output_of(model(**x)))

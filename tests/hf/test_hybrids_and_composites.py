@@ -10,7 +10,7 @@ import torch
 import headscope
 from headscope.hf import route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
-from tests.support.contracts import assert_hook_contract
+from tests.support.contracts import assert_hook_contract, eager_weights, head_zeroed_at
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
@@ -34,26 +34,8 @@ def _attention_layers(family, kind, model):
 
 
 def _eager_patterns(model, x) -> dict[int, torch.Tensor]:
-    """The weights each attention module's own eager path returns, by the model's layer number
-    (read with forward hooks on the modules, which return `(output, weights)`)."""
-    seen, handles = {}, []
-
-    def keep(layer):
-        def hook(module, args, out):
-            seen[layer] = out[1]  # returns None: the output stays the model's
-        return hook
-
-    for layer, core in core_modules(model):
-        handles.append(core.register_forward_hook(keep(layer)))
-    default = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        model(**x)
-    finally:
-        model.set_attn_implementation(default)
-        for h in handles:
-            h.remove()
-    return seen
+    """The weights each attention module's own eager path returns, by the model's layer number."""
+    return eager_weights(model, dict(core_modules(model)), x)
 
 
 @pytest.mark.parametrize("family, kind", CASES)
@@ -85,21 +67,12 @@ def test_ablation_is_removing_the_head_at_the_output_projection_and_restores(fam
     x = tiny_inputs()
     layer, head = _attention_layers(family, kind, model)[-1], 1
     core = dict(core_modules(model))[layer]
-    d_head = core.head_dim
+    out = core.get_submodule(OUT.get(family, "o_proj"))
     before = model(**x).logits
     with headscope.ablate(model, heads=[(layer, head)]):
         ablated = model(**x).logits
-
-    def zero_slice(module, args):
-        z = args[0].clone()
-        z[..., head * d_head:(head + 1) * d_head] = 0
-        return (z,)
-
-    handle = core.get_submodule(OUT.get(family, "o_proj")).register_forward_pre_hook(zero_slice)
-    try:
+    with head_zeroed_at(out, head, out.in_features // core.head_dim):
         reference = model(**x).logits
-    finally:
-        handle.remove()
     assert (ablated - before).abs().max() > 1e-3
     assert (ablated - reference).abs().max() <= 1e-4
     assert torch.equal(before, model(**x).logits)

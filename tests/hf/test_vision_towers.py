@@ -13,6 +13,7 @@ import torch
 import headscope
 from headscope.hf import route
 from headscope.hf.sites import group_names, select, sites, vision_tower
+from tests.support.contracts import eager_weights, head_zeroed_at
 from tests.support.tiny import tiny_image_inputs, tiny_inputs, tiny_mllama, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -30,27 +31,10 @@ def _model(family):
 
 
 def _eager_vision_patterns(model, x) -> dict[int, torch.Tensor]:
-    """The weights each vision attention module's eager path returns (forward hooks on the modules
-    found by path, which return `(output, weights)`), by vision layer."""
-    seen, handles = {}, []
-    chosen = select(model, "vision").sites
-
-    def keep(layer):
-        def hook(module, args, out):
-            seen[layer] = out[1]
-        return hook
-
-    for layer, site in chosen.items():
-        handles.append(model.get_submodule(site.name).register_forward_hook(keep(layer)))
-    default = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        model(**x)
-    finally:
-        model.set_attn_implementation(default)
-        for handle in handles:
-            handle.remove()
-    return seen
+    """The weights each vision attention module's eager path returns, by vision layer (modules
+    found by their site's path)."""
+    return eager_weights(model, {layer: model.get_submodule(site.name)
+                                 for layer, site in select(model, "vision").sites.items()}, x)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -114,17 +98,8 @@ def test_vision_ablation_is_zeroing_the_heads_slice_of_the_output_projections_in
     with headscope.ablate(model, heads=[(layer, head)], sites="vision"):
         ablated = _run(model, x)
 
-    def zero_slice(module, args):
-        z = args[0].clone()  # (B, T, H * D)
-        d = z.shape[-1] // 2
-        z[..., head * d:(head + 1) * d] = 0
-        return (z,)
-
-    handle = out.register_forward_pre_hook(zero_slice)
-    try:
+    with head_zeroed_at(out, head, 2):
         reference = _run(model, x)
-    finally:
-        handle.remove()
     assert (ablated[1] - before[1]).abs().max() > 1e-3  # the tower's output
     assert (ablated[0] - before[0]).abs().max() > (1e-4 if family == "mllama" else 1e-3)  # the logits
     for mine, theirs in zip(ablated, reference):

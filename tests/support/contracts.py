@@ -1,4 +1,9 @@
-"""The hook contract of an adapter, shared by the five-family and the all-family tests."""
+"""What the family tests share: the hook contract of an adapter (the five-family and the
+all-family tests), and the two references they hold headscope to, independent of its kernel:
+each attention module's own eager weights (`eager_weights`) and removing a head at its output
+projection's input (`head_zeroed_at`)."""
+from contextlib import contextmanager
+
 import torch
 
 from headscope.attention import MultiHeadAttention
@@ -24,3 +29,44 @@ def assert_hook_contract(model) -> None:
     with m.hooks({n: (lambda n: lambda v, h: seen.setdefault(n, []).append(tuple(v.shape)))(n) for n in expected}):
         m(torch.randn(B, T, c.d_model))
     assert seen == {n: [s] for n, s in expected.items()}
+
+
+def eager_weights(model, modules: dict, x: dict) -> dict:
+    """`{layer: weights}` the attention modules `{layer: module}` return on their own eager path
+    (`(output, weights)`, read with forward hooks) for `model(**x)`; the model's implementation
+    is restored."""
+    seen, handles = {}, []
+
+    def keep(layer):
+        def hook(module, args, out):
+            seen[layer] = out[1]  # returns None: the output stays the model's
+        return hook
+
+    for layer, module in modules.items():
+        handles.append(module.register_forward_hook(keep(layer)))
+    default = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        model(**x)
+    finally:
+        model.set_attn_implementation(default)
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+@contextmanager
+def head_zeroed_at(projection, head: int, n_heads: int):
+    """Inside the block, a forward pre-hook on an output projection zeroes head `head`'s slice of
+    its input `[..., n_heads * d_head]`: the ablation reference of the family tests."""
+    def zero_slice(module, args):
+        z = args[0].clone()  # (B, T, H * D)
+        d = z.shape[-1] // n_heads
+        z[..., head * d:(head + 1) * d] = 0
+        return (z,)
+
+    handle = projection.register_forward_pre_hook(zero_slice)
+    try:
+        yield
+    finally:
+        handle.remove()
