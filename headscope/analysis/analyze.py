@@ -197,6 +197,9 @@ def analyze(
     check_count("explorer_examples", explorer_examples, least=0)
     if sites is not None:
         loaded = loaded.at(sites)
+    if loaded.sites is not None and loaded.sites.split(".")[0] not in ("text", "decoder"):
+        raise HeadscopeError(f"analyze reads token probes, which never reach {loaded.sites} sites (a vision tower runs "
+                             f"only with images); capture, ablate and model_hooks address them with sites=")
     adapter = adapter_for(loaded.model.config)
     if adapter is not None and adapter.no_analyze:  # whisper: its encoder takes audio features, not token ids
         raise HeadscopeError(adapter.no_analyze)

@@ -114,8 +114,9 @@ class Loaded:
         if chosen.default or chosen.group == select(self.model).group:
             return self if self.sites is None else replace(self, sites=None, causal=_is_causal_model(self.model))
         first = next(iter(chosen.sites.values()))
-        causal = first.stack == "decoder" and first.kind == "self" if first.stack != "text" else self.causal
-        return replace(self, sites=chosen.group, causal=causal)
+        if first.stack == "text":  # another kind in the text stack (mllama's cross-attention): the model's rule
+            return replace(self, sites=chosen.group)
+        return replace(self, sites=chosen.group, causal=first.stack == "decoder" and first.kind == "self")
 
     @property
     def selection(self):

@@ -148,6 +148,10 @@ def test_a_detector_that_does_not_read_cross_attention_is_refused_in_one_line():
     with pytest.raises(headscope.HeadscopeError, match="'previous_token' needs .*decoder.cross sites are cross") as err:
         headscope.analyze(_loaded("bart"), detectors=["previous_token"], sites="decoder.cross", probes=PROBES)
     assert "\n" not in str(err.value)
+    gemma3 = Loaded.from_model(tiny_model("gemma3", kind="composite"), char_tokenizer(), "tiny-gemma3")
+    with pytest.raises(headscope.HeadscopeError, match="never reach vision sites .*capture, ablate") as err:
+        headscope.analyze(gemma3, sites="vision", detectors=["sink"], probes=PROBES)
+    assert "\n" not in str(err.value)
     with pytest.raises(headscope.HeadscopeError, match="no 'decoder.cross' attention sites"):
         headscope.analyze(Loaded.from_model(tiny_model("llama"), char_tokenizer(), "tiny-llama"), sites="decoder.cross")
 
