@@ -112,9 +112,7 @@ def _explorer_inputs(loaded, probe, n_show, length):
         ids = ids.to(loaded.device)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, ids, None
     batch = probe.explorer_batch(n_show, length).to(loaded.device)  # both inputs, as the runner passes them
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask.long(),
-              "decoder_input_ids": batch.decoder_input_ids,
-              "decoder_attention_mask": batch.decoder_attention_mask.long()}
+    inputs = batch.model_inputs()
     view = batch.for_site(loaded.site_kind)  # decoder self-attention: its tokens both ways; cross: encoder keys
     return inputs, view.input_ids, view.key_ids
 

@@ -131,12 +131,12 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
             batch = batches[i]
             two = isinstance(batch, Seq2SeqBatch)  # an encoder-decoder's batch: both inputs, the site's view
             reducers.start(batch.for_site(kind) if two else batch)
-            ids = batch.input_ids.to(loaded.device)
-            mask = batch.attention_mask.long().to(loaded.device)
-            extra = {"decoder_input_ids": batch.decoder_input_ids.to(loaded.device),
-                     "decoder_attention_mask": batch.decoder_attention_mask.long().to(loaded.device)} if two else {}
-            out = loaded.body(input_ids=ids, attention_mask=mask, **extra)
-            _check_finite(loaded, out, ids, mask, f"{stage}, batch {i + 1} of {len(batches)}")
+            inputs = batch.model_inputs(loaded.device) if two else {
+                "input_ids": batch.input_ids.to(loaded.device),
+                "attention_mask": batch.attention_mask.long().to(loaded.device)}
+            out = loaded.body(**inputs)
+            _check_finite(loaded, out, inputs["input_ids"], inputs["attention_mask"],
+                          f"{stage}, batch {i + 1} of {len(batches)}")
             done.append((i, {layer: results.pop() for layer, results in cap.results.items()}))
             if report:
                 report(stage, n + 1, len(todo))

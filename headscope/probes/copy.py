@@ -60,6 +60,13 @@ class Seq2SeqBatch:
                             self.decoder_input_ids.to(device), self.decoder_attention_mask.to(device),
                             self.content_start, self.decoder_content_start, counts)
 
+    def model_inputs(self, device=None) -> dict:
+        """The keyword inputs of the encoder-decoder's forward pass (masks as integers), on `device`
+        (default: where they are)."""
+        return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.long().to(device),
+                "decoder_input_ids": self.decoder_input_ids.to(device),
+                "decoder_attention_mask": self.decoder_attention_mask.long().to(device)}
+
     def for_site(self, kind: str) -> ProbeBatch:
         """The `ProbeBatch` detectors read at a site of `kind`, made once per kind (its masks
         are then shared across layers):
