@@ -2,6 +2,9 @@
 
 - `SCORE_COLUMNS`: the scores table (a detector's `Finding.rows`, `Analysis.scores`).
 - `LABEL_COLUMNS`: the labels table (`headscope.detectors.labels.label_heads`, `Analysis.labels`).
+- `SITE`, `with_sites(frame, modules)`: an analysis's tables name each head's attention site,
+  the module path of its layer's attention (`headscope.hf.sites.Site.name`), in a last column
+  `site` beside `layer` and `head`; `Analysis.scores` and `.labels` are the columns above plus it.
 - `VALIDATION_COLUMNS`, `write_csv(frame, path)`, `read_csv(path)`: the table of
   `headscope.validate` (`Analysis.validation`), saved and loaded without mangling it.
 
@@ -10,16 +13,28 @@ a saved folder (`headscope report`, which needs no model) all share these.
 """
 from __future__ import annotations
 
-__all__ = ["SCORE_COLUMNS", "LABEL_COLUMNS", "VALIDATION_COLUMNS", "write_csv", "read_csv"]
+__all__ = ["SCORE_COLUMNS", "LABEL_COLUMNS", "SITE", "with_sites", "VALIDATION_COLUMNS", "write_csv", "read_csv"]
 
 SCORE_COLUMNS = ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
 LABEL_COLUMNS = ["layer", "head", "label", "score", "labels"]
+SITE = "site"  # the column naming a head's attention module (its module path)
 VALIDATION_COLUMNS = [
     "label", "mode", "primary", "metric", "probe", "heads", "n_heads", "baseline", "ablated", "delta",
     "baseline_accuracy", "ablated_accuracy", "random_deltas", "random_mean", "random_max", "ratio",
     "hurts_more", "random_heads",
 ]
 TEXT_COLUMNS = ("heads", "random_deltas", "random_heads")  # "10.10" must not come back as 10.1
+
+
+def with_sites(frame, modules: dict):
+    """`frame` with a last column `site`: each row's layer's module path in `modules`
+    (`{layer: path}`; None where the layer has none). A frame without `layer` and `head`, or
+    with a `site` column already, comes back as it was."""
+    if SITE in frame.columns or not {"layer", "head"} <= set(frame.columns):
+        return frame
+    out = frame.copy()
+    out[SITE] = [modules.get(int(layer)) for layer in out["layer"]]
+    return out
 
 
 def write_csv(frame, path) -> None:

@@ -46,6 +46,7 @@ from ..detectors.runner import MAP_BUDGET, Timings, collect_with_control
 from ..loading.distributed import rank_and_size
 from ..loading.integrity import check_weights
 from ..loading.loader import Loaded
+from ..tables import with_sites
 from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
 
@@ -353,7 +354,10 @@ def _score(loaded, plan, run, seed, ov, timings) -> _Scored:
             if name in tables:
                 raise HeadscopeError(f"detector {det.name!r} returns a table {name!r}, which the analysis already has")
             tables[name] = table
-    return _Scored(scores, labels, tables, ov_skipped)
+    # Every table of heads names each head's attention module (`site`, its module path).
+    modules = loaded.site_names
+    tables = {name: with_sites(table, modules) for name, table in tables.items()}
+    return _Scored(with_sites(scores, modules), with_sites(labels, modules), tables, ov_skipped)
 
 
 def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisMeta:

@@ -1,8 +1,8 @@
 """The result of `headscope.analyze`: per-head scores, labels, metadata, tables and example patterns.
 
 - `Analysis`: `.scores` (layer, head, detector, score, ci_low, ci_high, n, control,
-  control_max: the control model's score for the head and its best over heads), `.labels` (layer,
-  head, label, score, labels), `.meta` (dict), `.examples` (list of `Example`), `.tables` (name ->
+  control_max: the control model's score for the head and its best over heads; site: the module
+  path of the head's attention), `.labels` (layer, head, label, score, labels, site), `.meta` (dict), `.examples` (list of `Example`), `.tables` (name ->
   DataFrame: every detector's `Finding.tables` and the OV circuit's `ov`, each saved as
   `<name>.csv`; a table also reads as an attribute, `analysis.my_table`, and `.syntax`,
   `.retrieval`, `.needles`, `.ov`, once fields, read as None when absent), `.validation` (what ablating each label's heads did, when
@@ -31,7 +31,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..atomic import atomic_dir, check_manifest, write_manifest
-from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, read_csv, write_csv
+from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, SITE, read_csv, with_sites, write_csv
 from ..errors import HeadscopeError
 from .meta import check_saved
 from ..report.notebook import analysis_html, analysis_text
@@ -242,8 +242,8 @@ class Analysis:
     def write_into(self, folder: Path) -> None:
         """Write the analysis files into an existing folder (no atomicity of its own)."""
         folder = Path(folder)
-        self.scores.reindex(columns=SCORE_COLUMNS).to_csv(folder / "scores.csv", index=False)
-        self.labels[LABEL_COLUMNS].to_csv(folder / "labels.csv", index=False)
+        self.scores.reindex(columns=SCORE_COLUMNS + [SITE]).to_csv(folder / "scores.csv", index=False)
+        self.labels.reindex(columns=LABEL_COLUMNS + [SITE]).to_csv(folder / "labels.csv", index=False)
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
         (folder / "examples.json").write_text(json.dumps([e.to_json() for e in self.examples]))
         for name, table in self.tables.items():
@@ -286,6 +286,11 @@ class Analysis:
         except (ValueError, KeyError, OSError) as err:
             raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
         check_saved(meta, scores, labels, folder)
+        # Folders saved before tables named sites: the module paths meta.json records (a decoder's
+        # group), else none known.
+        modules = {int(layer): path for layer, path in meta.get("sites", {}).get("modules", {}).items()
+                   if str(layer).isdigit()}
+        scores, labels = with_sites(scores, modules), with_sites(labels, modules)
         return cls(scores=scores, labels=labels, meta=meta, examples=examples, tables=tables, validation=validation,
                    geometry=geometry)
 

@@ -124,6 +124,11 @@ class Loaded:
         return select(self.model, self.sites)
 
     @property
+    def site_names(self) -> dict:
+        """`{layer: module path}` of the analysed group's attention sites (the tables' `site`)."""
+        return {layer: site.name for layer, site in self.selection.sites.items()}
+
+    @property
     def site_kind(self) -> str:
         """"causal", "bidirectional" or "cross" (`headscope.attention.site_kinds.SITE_KINDS`): what
         detectors read at the analysed sites."""

@@ -244,7 +244,10 @@ def label_grid(analysis, categories: Optional[tuple] = None, meta: Optional[dict
     labels = [["" for _ in range(n_heads)] for _ in range(n_layers)]
     passing = [["" for _ in range(n_heads)] for _ in range(n_layers)]
     scores = np.full((n_layers, n_heads), np.nan)
+    sites = {}  # layer -> the module path of its attention (labels saved before tables named sites: none)
     for row in analysis.labels.itertuples(index=False):
+        if not _missing(getattr(row, "site", None)):
+            sites[row.layer] = str(row.site)
         labels[row.layer][row.head] = str(row.label)
         passing[row.layer][row.head] = "" if _missing(row.labels) else str(row.labels)
         scores[row.layer, row.head] = float(row.score)
@@ -256,7 +259,7 @@ def label_grid(analysis, categories: Optional[tuple] = None, meta: Optional[dict
                        for l in range(n_layers)) if ov else ()
     hover = tuple(
         tuple(_label_hover(layer, head, labels[layer][head], passing[layer][head], detector_lines.get((layer, head), []),
-                           ov.get((layer, head)))
+                           ov.get((layer, head)), sites.get(layer, ""))
               for head in range(n_heads))
         for layer in range(n_layers)
     )
@@ -372,10 +375,14 @@ def _num(value: float) -> str:
     return "–" if np.isnan(value) else f"{value:.3f}"
 
 
-def _label_hover(layer: int, head: int, label: str, passing: str, lines: list, ov: Optional[OvRow] = None) -> str:
-    """Label (with its OV qualifier), what else passed, every detector's score and the head's OV copying."""
+def _label_hover(layer: int, head: int, label: str, passing: str, lines: list, ov: Optional[OvRow] = None,
+                 site: str = "") -> str:
+    """Label (with its OV qualifier), the head's attention module, what else passed, every
+    detector's score and the head's OV copying."""
     qualified = f"{label}, {ov.qualifier}" if ov is not None and ov.qualifier else (label or "no label")
     top = f"<b>layer {layer} head {head}</b>: {html.escape(qualified)}"
+    if site:
+        top += f"<br>{html.escape(site)}"
     if passing and passing != label:
         top += f"<br>passing: {html.escape(passing)}"
     if ov is not None:

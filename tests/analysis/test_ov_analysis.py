@@ -40,7 +40,7 @@ def test_planted_induction_head_copies_and_duplicate_token_head_does_not(planted
     labels = planted_ov_analysis.labels.set_index(["layer", "head"]).label
     assert labels[(1, 0)] == "induction" and labels[(1, 1)] == "duplicate_token"
     ov = planted_ov_analysis.ov.set_index(["layer", "head"])
-    assert list(planted_ov_analysis.ov.columns) == OV_COLUMNS and len(ov) == 8
+    assert list(planted_ov_analysis.ov.columns) == OV_COLUMNS + ["site"] and len(ov) == 8
     assert ov.positive_eig_share[(1, 0)] == pytest.approx(1.0) and ov.copy_top1[(1, 0)] == 1.0
     assert planted_ov_analysis.ov.control_positive_eig_share.between(0.0, 0.9).all()  # the random twin does not copy
     assert ov_qualifiers(planted_ov_analysis.labels, planted_ov_analysis.ov) == {(1, 0): "copies", (1, 1): "no OV copying"}

@@ -265,7 +265,8 @@ def test_detectors_called_on_a_loaded_model_and_on_captured_patterns(planted):
     table = analyze(planted, detectors=["induction"], **SMALL).scores
     with pytest.raises(headscope.HeadscopeError, match=r"headscope.analyze\(loaded, detectors=\['induction'\]\)"):
         induction(planted)  # a detector scores patterns; running a model is analyze's job
-    assert list(table.columns) == ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max"]
+    assert list(table.columns) == ["layer", "head", "detector", "score", "ci_low", "ci_high", "n", "control", "control_max",
+                                   "site"]
     assert table.set_index(["layer", "head"]).score[(1, 0)] > 0.99
     text_ids = planted.tokenizer("the cat sat on the mat. the cat sat on the mat.", return_tensors="pt")["input_ids"]
     ids = torch.cat([torch.tensor([[planted.tokenizer.bos_token_id]]), text_ids], dim=1)

@@ -42,8 +42,8 @@ def test_planted_induction_head_is_a_retrieval_head(planted, planted_retrieval_a
         expected.append(int(predicted.sum()) / len(predicted))
     score = planted_retrieval_analysis.scores.set_index(["layer", "head"]).loc[(1, 0), "score"]
     assert score == pytest.approx(sum(expected) / len(expected)) and score >= THRESHOLD
-    assert list(planted_retrieval_analysis.scores.columns) == SCORE_COLUMNS
-    assert set(planted_retrieval_analysis.retrieval.columns) == {"layer", "head", "length", "score", "n"}
+    assert list(planted_retrieval_analysis.scores.columns) == SCORE_COLUMNS + ["site"]
+    assert set(planted_retrieval_analysis.retrieval.columns) == {"layer", "head", "length", "score", "n", "site"}
     assert planted_retrieval_analysis.needles.counted.all() and len(planted_retrieval_analysis.needles) == 3
     assert planted_retrieval_analysis.meta["probes"]["needle"]["lengths"] == [POSITIONS]
 

@@ -47,6 +47,7 @@ import torch
 from ...loading.control import resolve_control
 from ...errors import HeadscopeError
 from ...checks import check_loaded
+from ...tables import with_sites
 from ...hf.adapters import core_modules
 from ...hf.capture import ablate
 from ...hf.route import Session, layer_map, routed
@@ -158,8 +159,8 @@ class RetrievalResult:
 
     Attributes:
         scores: one row per head: layer, head, detector ("retrieval"), score, ci_low, ci_high, n,
-            control, control_max, retrieval (bool: the label rule).
-        by_length: layer, head, length, score (mean over that length's counted examples).
+            control, control_max, site (the head's attention module), retrieval (bool: the label rule).
+        by_length: layer, head, length, score (mean over that length's counted examples), site.
         examples: one row per needle example: length, depth, needle, accuracy (share of answer
             tokens predicted), counted (accuracy >= SUCCESS).
         meta: settings, the control's description.
@@ -277,13 +278,14 @@ def retrieval_scores(loaded, lengths: Sequence[int] = (2048, 4096, 8192), depths
     probe = settings.build(loaded, seed)
     twin, control_meta = resolve_control(loaded, control, seed)  # as analyze resolves it
     finding = RETRIEVAL.run(loaded, twin, probe, seed, progress)  # what analyze calls
-    frame = finding.rows
+    frame = with_sites(finding.rows, loaded.site_names)  # each table names its heads' sites, as analyze's do
     if twin is not None:
         control_meta["lengths"] = sorted({e.length for e in probe.control_examples()})
     frame["retrieval"] = [passes(RETRIEVAL, s, lo, c) for s, lo, c in zip(frame.score, frame.ci_low, frame.control_max)]
     meta = {"model": loaded.name, "lengths": probe.lengths, "depths": list(depths), "n_needles": n_needles, "seed": seed,
             "threshold": THRESHOLD, "success": SUCCESS, "control": control_meta, "detector": RETRIEVAL.describe()}
-    return RetrievalResult(frame, finding.tables["retrieval"], finding.tables["needles"], meta, probe.examples)
+    by_length, examples = (with_sites(finding.tables[name], loaded.site_names) for name in ("retrieval", "needles"))
+    return RetrievalResult(frame, by_length, examples, meta, probe.examples)
 
 
 @torch.no_grad()
