@@ -127,13 +127,17 @@ def verify_command(
     dtype: DtypeOpt = None,
     tolerance: Annotated[Optional[float], typer.Option(help="Largest allowed difference (default by dtype).")] = None,
     no_cache: NoCacheOpt = False,
+    sites: Annotated[Optional[str], typer.Option("--sites", help="Group of attention sites to compare: decoder.self or decoder.cross for an encoder-decoder (default: its encoder; headscope models --families lists each family's groups).")] = None,
 ) -> None:
-    """Run headscope's attention beside the model's own on every layer; exit 1 past the tolerance."""
+    """Run headscope's attention beside the model's own on every layer; exit 1 past the tolerance.
+
+    An encoder-decoder's decoder reads the texts teacher-forced (its start token, then the texts
+    shifted right by one)."""
     if tolerance is not None and not 0 < tolerance < float("inf"):
         raise HeadscopeError(f"--tolerance must be a positive number such as 1e-4, got {tolerance}")
     import torch
 
-    from .hf.verify import DEFAULT_TOLERANCE, verify  # torch and transformers: only when verifying
+    from .hf.verify import DEFAULT_TOLERANCE, teacher_forced, verify  # torch and transformers: only when verifying
 
     loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
     tok = loaded.tokenizer
@@ -142,14 +146,15 @@ def verify_command(
     context = loaded.context_length  # a short-context model verifies on the texts' first tokens
     batch = tok(list(VERIFY_TEXT), return_tensors="pt", padding=True, truncation=context is not None,
                 max_length=context).to(loaded.device)
-    table = verify(loaded.model, dict(batch))
+    table = verify(loaded.model, teacher_forced(loaded.model, batch), sites=sites)
     limit = tolerance if tolerance is not None else DEFAULT_TOLERANCE.get(loaded.model.dtype, 1e-4)
     typer.echo(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     worst = table[["max_abs_diff_output", "max_abs_diff_pattern"]].to_numpy().max()
     if not worst <= limit:
         typer.echo(f"FAIL: largest difference {worst:.3g} exceeds tolerance {limit:g}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"OK: all {len(table)} layers within {limit:g}")
+    where = f" of the {sites} sites" if sites else ""
+    typer.echo(f"OK: all {len(table)} layers{where} within {limit:g}")
 
 
 PlotlyOpt = Annotated[str, typer.Option("--plotlyjs", help="embed (works offline) or cdn (small file).")]

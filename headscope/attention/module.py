@@ -6,12 +6,14 @@ models use: grouped-query attention (`n_kv_heads`), optional biases, a head size
 `d_model / n_heads`, causal or bidirectional masking, padding masks, rotary position embedding
 (full or partial, "rotate half" or interleaved pairs), a scaling override, dropout, and the
 extras of recent models: q/k norms before rotary (Qwen3, Gemma 3, OLMo 2), clipping of q/k/v
-(OLMo), score soft-capping (Gemma 2) and a learned sink logit per head (gpt-oss).
+(OLMo), score soft-capping (Gemma 2) and a learned sink logit per head (gpt-oss). Given a
+`context`, keys and values come from it instead of `x`: cross-attention (an encoder-decoder's
+decoder reading the encoder's output), with no rotary and no causal mask.
 
 Hook points (read or replace with `headscope.attention.hook_points.hooks(module, {...})` or `module.hooks(...)`):
     hook_q       [batch, head, pos, d_head]      queries, after q/k norm and rotary
-    hook_k       [batch, kv_head, pos, d_head]   keys, after q/k norm and rotary
-    hook_v       [batch, kv_head, pos, d_head]   values
+    hook_k       [batch, kv_head, key, d_head]   keys, after q/k norm and rotary
+    hook_v       [batch, kv_head, key, d_head]   values (key = pos, or the context's positions)
     hook_scores  [batch, head, query, key]       pre-softmax scores, fp32, masked entries at min
     hook_pattern [batch, head, query, key]       attention probabilities, fp32
     hook_z       [batch, pos, head, d_head]      per-head weighted values, before W_O
@@ -149,8 +151,8 @@ class MultiHeadAttention(nn.Module):
         self.k_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(n_heads, **kw)) if sinks else None  # (H,)
         self.hook_q = HookPoint("hook_q")  # (B, H, T, D)
-        self.hook_k = HookPoint("hook_k")  # (B, Hkv, T, D)
-        self.hook_v = HookPoint("hook_v")  # (B, Hkv, T, D)
+        self.hook_k = HookPoint("hook_k")  # (B, Hkv, S, D), S = T or the context's length
+        self.hook_v = HookPoint("hook_v")  # (B, Hkv, S, D)
         self.hook_scores = HookPoint("hook_scores")  # (B, H, Tq, Tk)
         self.hook_pattern = HookPoint("hook_pattern")  # (B, H, Tq, Tk)
         self.hook_z = HookPoint("hook_z")  # (B, T, H, D)
@@ -174,17 +176,23 @@ class MultiHeadAttention(nn.Module):
         x: torch.Tensor,
         attention_mask: Optional[torch.Tensor] = None,
         *,
+        context: Optional[torch.Tensor] = None,
         positions: Optional[torch.Tensor] = None,
         rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
         return_pattern: bool = False,
     ):
-        """Attend over a sequence.
+        """Attend over a sequence, or from it over a context.
 
         Args:
-            x: `[batch, pos, d_model]`.
+            x: `[batch, pos, d_model]`, the queries' (and, without `context`, the keys' and
+                values') input.
+            context: `[batch, key, d_model]`: cross-attention, keys and values projected from
+                `context` (an encoder's output), queries from `x`; no rotary and no causal mask
+                (every query may read every key the mask allows).
             attention_mask: `[batch, key]` padding mask (1/True = real token), or a boolean
                 (True = may attend) or additive float mask broadcastable to
-                `[batch, head, query, key]`. Combined with the causal mask when `causal`.
+                `[batch, head, query, key]` (T5's relative position bias arrives this way).
+                Combined with the causal mask when `causal` and there is no `context`.
             positions: `[pos]` or `[batch, pos]` positions for rotary (default 0..pos-1).
             rotary: precomputed `(cos, sin)`, each `[pos, rot]` or `[batch, pos, rot]`; used
                 instead of `positions` (e.g. a model's own scaled rotary tables).
@@ -195,16 +203,18 @@ class MultiHeadAttention(nn.Module):
         """
         cfg = self.config
         B, T, _ = x.shape
-        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
+        source = x if context is None else context  # keys and values read it
+        S = source.shape[1]
+        q, k, v = self.W_q(x), self.W_k(source), self.W_v(source)  # (B, T, H * D), (B, S, Hkv * D) twice
         if cfg.clip is not None:
             q, k, v = (t.clamp(-cfg.clip, cfg.clip) for t in (q, k, v))
         q = q.view(B, T, cfg.n_heads, cfg.d_head)  # (B, T, H, D)
-        k = k.view(B, T, cfg.n_kv_heads, cfg.d_head)  # (B, T, Hkv, D)
+        k = k.view(B, S, cfg.n_kv_heads, cfg.d_head)  # (B, S, Hkv, D)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, Hkv, T, D)
-        v = v.view(B, T, cfg.n_kv_heads, cfg.d_head).transpose(1, 2)  # (B, Hkv, T, D)
-        if cfg.rotary_dim:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, Hkv, S, D)
+        v = v.view(B, S, cfg.n_kv_heads, cfg.d_head).transpose(1, 2)  # (B, Hkv, S, D)
+        if cfg.rotary_dim and context is None:  # cross-attention: positions of two sequences, no rotary
             if rotary is None:
                 pos = torch.arange(T, device=x.device) if positions is None else positions
                 rotary = rotary_cos_sin(pos, cfg.rotary_dim, cfg.rotary_base, interleaved=cfg.rotary_interleaved)
@@ -217,7 +227,8 @@ class MultiHeadAttention(nn.Module):
 
         mask = _as_4d_mask(attention_mask)
         z, pattern = attention(
-            q, k, v, mask=mask, is_causal=cfg.causal, scale=cfg.scale, softcap=cfg.softcap, sinks=self.sinks,
+            q, k, v, mask=mask, is_causal=cfg.causal and context is None, scale=cfg.scale, softcap=cfg.softcap,
+            sinks=self.sinks,
             dropout_p=cfg.dropout if self.training else 0.0,
             need_pattern=return_pattern,
             on_scores=self.hook_scores if self.hook_scores.hooked else None,

@@ -134,6 +134,13 @@ class Adapter:
             RMSNorm over all heads together); z is then read and edited at the output
             projection's input, after the mixing (`z_at_out`), so removing a head removes
             its slice there.
+        heads: core attribute holding its query head count, where the stacks of a model have
+            their own (bart's encoder and decoder; None: the config's, `head_sizes`); the head
+            size is then the query projection's rows over it (T5's `d_kv`).
+        returns: what the core's forward returns, in order: ("output", "weights"), or T5's
+            ("output", "position_bias", "weights"), the additive score bias it used (its relative
+            positions, computed by the first layer of each stack and handed on), which `verify`
+            adds to the mask.
         no_from_hf: why `from_hf` and `verify` are not available ("" when they are).
         notes: one line for the family table.
     """
@@ -160,6 +167,8 @@ class Adapter:
     no_from_hf: str = ""
     no_analyze: str = ""
     hybrid: bool = False
+    heads: Optional[str] = None
+    returns: tuple[str, ...] = ("output", "weights")
     notes: str = ""
 
 
@@ -253,23 +262,24 @@ ADAPTERS = (
     Adapter("modernbert", ("modernbert",), layers="layers", block="attn", core="", qkv=FusedRows("Wqkv"), out="Wo",
             rotary=Rotary(), causal=False, notes="encoder, fused Wqkv, local and global attention"),
     Adapter("t5", ("t5", "mt5"), layers="encoder.block", block="layer.0.SelfAttention", core="", qkv=Separate("q", "k", "v"),
-            out="o", causal=False, body="encoder", stack="encoder", groups=_T5_DECODER,
-            no_from_hf="from_hf and verify are not available for t5 (its relative position bias is computed inside "
-                       "the attention module); capture, ablate and analyze of the encoder work",
+            out="o", causal=False, body="encoder", stack="encoder", groups=_T5_DECODER, heads="n_heads",
+            returns=("output", "position_bias", "weights"),
             notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross "
-                                     "the decoder's (teacher-forced copies; T5EncoderModel: the encoder alone)"),
+                                     "the decoder's (teacher-forced copies; T5EncoderModel: the encoder alone); "
+                                     "scores unscaled, the relative position bias of each stack's first layer "
+                                     "joins every layer's mask"),
     Adapter("bart", ("bart",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
-            causal=False, body="encoder", stack="encoder", groups=_BART_DECODER,
-            no_from_hf="from_hf and verify are not available for bart; capture, ablate and analyze of the encoder work",
+            causal=False, body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
             notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross "
                                      "the decoder's (teacher-forced copies)"),
     Adapter("whisper", ("whisper",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
-            causal=False, body="encoder", stack="encoder", groups=_BART_DECODER,
-            no_from_hf="from_hf and verify are not available for whisper; capture and ablate work on every site",
+            causal=False, body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
+            query_prescaled=True,
             no_analyze="analyze is not available for whisper (its encoder takes log-mel input_features, not token "
                        "ids); capture, ablate, model_hooks and patch work on its encoder, decoder.self and "
                        "decoder.cross sites",
-            notes=_ENCODER_DECODER + "; the encoder takes log-mel input_features; analyze not available"),
+            notes=_ENCODER_DECODER + "; the encoder takes log-mel input_features; analyze not available; queries "
+                                     "pre-scaled, k_proj without bias"),
 )
 
 

@@ -4,6 +4,10 @@
   its q/k norms (copies of the model's own modules), clip, soft-cap and sink logits.
 - `rotary_tables(block, config, position_embeddings)`: the `(cos, sin)` the model passed to the
   block, in the layout and width `MultiHeadAttention` takes (None for a layer without rotary).
+- `call_arguments(module, config, received, returned)`: the arguments that make such a module
+  compute what the model's attention computed, from what that received (its forward's named
+  inputs) and returned: hidden states, mask (with T5's position bias), the cross-attention's
+  context, rotary tables.
 """
 from __future__ import annotations
 
@@ -14,11 +18,17 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
+from ..attention.kernel import with_bias
 from ..attention.rotary import full_width
 from .adapters import Adapter, _needs_adapter, _sub, head_sizes, text_config
 from .layouts import conv1d, linear
 
-__all__ = ["module_from_hf", "rotary_tables"]
+__all__ = ["module_from_hf", "rotary_tables", "call_arguments"]
+
+# What models name the inputs of their attention modules: the mask (T5: `mask`) and
+# cross-attention's source of keys and values (bart, whisper, T5: the encoder's output).
+_MASK_NAMES = ("attention_mask", "mask")
+_CONTEXT_NAME = "key_value_states"
 
 
 class _HeadsFirst(nn.Module):
@@ -81,7 +91,11 @@ def module_from_hf(cls: Callable, block: nn.Module, config):
         raise HeadscopeError(adapter.no_from_hf)
     core = _sub(block, adapter.core)
     d_model, n_heads, n_kv, d_head = head_sizes(config)
+    if adapter.heads:  # the module's own count (an encoder-decoder's stacks may differ)
+        n_heads = n_kv = int(getattr(core, adapter.heads))
     (wq, bq), (wk, bk), (wv, bv) = adapter.qkv.extract(block, n_heads, n_kv, d_head)
+    if adapter.heads:
+        d_head = wq.shape[0] // n_heads  # T5's d_kv need not be d_model / n_heads
     out = _sub(block, adapter.out)
     wo, bo = conv1d(out) if adapter.out_is_conv1d else linear(out)
     scale = getattr(core, "scaling", None)
@@ -92,7 +106,7 @@ def module_from_hf(cls: Callable, block: nn.Module, config):
     module = cls(
         d_model, n_heads, n_kv, d_head,
         causal=bool(getattr(core, "is_causal", True)),
-        bias=bq is not None, out_bias=bo is not None,
+        bias=any(b is not None for b in (bq, bk, bv)), out_bias=bo is not None,
         rotary_dim=_rotary_dim(adapter, core, config, d_head), rotary_base=_rotary_base(config),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
         scale=scale, qk_norm=norms is not None,
@@ -106,6 +120,8 @@ def module_from_hf(cls: Callable, block: nn.Module, config):
             lin.weight.copy_(w)
             if b is not None:
                 lin.bias.copy_(b)
+            elif lin.bias is not None:  # whisper's k_proj has none while q and v have theirs
+                lin.bias.zero_()
         if sinks is not None:
             module.sinks.copy_(sinks)
     if norms is not None:
@@ -123,3 +139,25 @@ def rotary_tables(module, config, position_embeddings) -> Optional[tuple[torch.T
     first, second = position_embeddings
     cos, sin = (second, first) if spec.sin_first else (first, second)
     return full_width(cos, sin, dim, spec.interleaved)
+
+
+def call_arguments(module, config, received: dict, returned) -> dict:
+    """Keyword arguments for `module` (built by `module_from_hf`) that reproduce one call of the
+    model's attention module.
+
+    Args:
+        module: the `MultiHeadAttention` of that attention module.
+        config: the model's config.
+        received: the attention module's forward inputs by name (`hidden_states`, its mask,
+            `key_value_states` at cross-attention, `position_embeddings`).
+        returned: what its forward returned (T5's holds the position bias it used,
+            `Adapter.returns`).
+    Returns:
+        `{"x", "attention_mask", "context", "rotary"}`.
+    """
+    returns = _needs_adapter(text_config(config)).returns
+    mask = next((received[name] for name in _MASK_NAMES if received.get(name) is not None), None)
+    if "position_bias" in returns:  # [1 or batch, head, query, key], added to the scores like the mask
+        mask = with_bias(mask, returned[returns.index("position_bias")])
+    return {"x": received["hidden_states"], "attention_mask": mask, "context": received.get(_CONTEXT_NAME),
+            "rotary": rotary_tables(module, config, received.get("position_embeddings"))}

@@ -1,28 +1,39 @@
 """Side-by-side check of headscope's attention against a Hugging Face model's own.
 
-`verify(model, inputs)` runs the model once with its eager attention and
-`output_attentions=True`, records what every attention layer received (hidden states, mask,
-rotary tables) and what its output projection produced, then runs a `MultiHeadAttention` built
-with `from_hf` on exactly those inputs. Families whose adapter says from_hf is not available
-(multi-head latent attention, T5) and families without an adapter get a one-line HeadscopeError.
-It returns one row per layer: layer, max_abs_diff_output, max_abs_diff_pattern.
+`verify(model, inputs, sites=None)` runs the model once with its eager attention and
+`output_attentions=True`, records what every attention module of a group of sites received
+(hidden states, mask, cross-attention's context, rotary tables) and returned (T5: the position
+bias it used) and what its output projection produced, then runs a `MultiHeadAttention` built
+with `from_hf` on exactly those inputs. `sites` names the group (`headscope.hf.sites`: an
+encoder-decoder's "encoder", the default, "decoder.self" or "decoder.cross"); the reference
+patterns are the model's own `encoder_attentions`, `decoder_attentions` or `cross_attentions`
+where its output has them, else each module's eager weights. Families whose adapter says
+from_hf is not available (multi-head latent attention, bitnet) and families without an adapter
+get a one-line HeadscopeError. It returns one row per layer of the group: layer, site (the module
+path), max_abs_diff_output, max_abs_diff_pattern.
+`teacher_forced(model, inputs)` adds an encoder-decoder's decoder_input_ids (its start token, then
+the encoder's ids shifted right), which its decoder sites need (`headscope verify --sites`).
 """
 from __future__ import annotations
 
 import inspect
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 from torch import nn
 
 from ..errors import HeadscopeError
 from ..attention.module import MultiHeadAttention
-from .adapters import _sub, adapter_for, attention_blocks, out_projection
-from .from_hf import rotary_tables
+from .adapters import _needs_adapter, out_projection
+from .from_hf import call_arguments
+from .sites import select
 
-__all__ = ["verify", "DEFAULT_TOLERANCE"]
+__all__ = ["verify", "teacher_forced", "DEFAULT_TOLERANCE"]
 
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+# The model output holding each group's eager patterns, by layer of the group (an encoder-decoder's).
+_EAGER_OUTPUTS = {"encoder.self": "encoder_attentions", "decoder.self": "decoder_attentions",
+                  "decoder.cross": "cross_attentions"}
 
 
 def _named_inputs(module: nn.Module, args, kwargs) -> dict:
@@ -32,33 +43,67 @@ def _named_inputs(module: nn.Module, args, kwargs) -> dict:
     return named
 
 
+def _check_inputs(model: nn.Module, inputs) -> None:
+    main = getattr(model, "main_input_name", "input_ids")  # whisper: input_features
+    given = isinstance(inputs, Mapping) and (isinstance(inputs.get(main), torch.Tensor)
+                                             or inputs.get("encoder_outputs") is not None)  # the encoder skipped
+    if not given:
+        raise HeadscopeError(f"verify needs inputs={{'{main}': tensor, ...}} (e.g. dict(tokenizer(texts, "
+                             f"return_tensors='pt')))")
+    ids = inputs.get("input_ids")
+    rows = model.get_input_embeddings().num_embeddings
+    if isinstance(ids, torch.Tensor) and ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < rows:
+        raise HeadscopeError(f"input_ids reach {int(ids.max())} but the model's embedding has {rows} rows: "
+                             f"the tokenizer does not match the model")
+
+
+def teacher_forced(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict:
+    """`inputs` with an encoder-decoder's `decoder_input_ids`: its decoder start token, then
+    `input_ids` shifted right by one (as transformers makes them from labels); unchanged for
+    other models and where decoder_input_ids are given."""
+    inputs = dict(inputs)
+    if not getattr(model.config, "is_encoder_decoder", False) or "decoder_input_ids" in inputs:
+        return inputs
+    configs = (model.config, getattr(model, "generation_config", None))
+    start = next((c.decoder_start_token_id for c in configs if getattr(c, "decoder_start_token_id", None) is not None),
+                 None)
+    if start is None or not isinstance(inputs.get("input_ids"), torch.Tensor):
+        raise HeadscopeError(f"{type(model).__name__}'s decoder needs decoder_input_ids, and it has no "
+                             f"decoder_start_token_id (or the inputs no input_ids) to make them from")
+    ids = inputs["input_ids"]
+    inputs["decoder_input_ids"] = torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], dim=1)
+    return inputs
+
+
 @torch.no_grad()
-def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
+def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional[str] = None):
     """Compare every layer's headscope module with the model's attention on the same inputs.
 
     Args:
-        model: a transformers model of a supported family.
-        inputs: keyword inputs for `model(...)` (input_ids, attention_mask, ...).
+        model: a transformers model of a family with an adapter.
+        inputs: keyword inputs for `model(...)` (input_ids, attention_mask, ...; an
+            encoder-decoder's decoder sites need decoder_input_ids, whisper input_features).
+        sites: the group of attention sites to compare ("decoder.cross"; None: the default stack).
     Returns:
-        pandas DataFrame with columns layer, max_abs_diff_output, max_abs_diff_pattern.
+        pandas DataFrame with columns layer (within the group), site (the module path),
+        max_abs_diff_output, max_abs_diff_pattern.
     """
     import pandas as pd
 
     if not isinstance(model, nn.Module):
         raise HeadscopeError(f"verify needs a transformers model (loaded.model), got {type(model).__name__}")
-    if not isinstance(inputs, Mapping) or not isinstance(inputs.get("input_ids"), torch.Tensor):
-        raise HeadscopeError("verify needs inputs={'input_ids': tensor, ...} (e.g. dict(tokenizer(texts, return_tensors='pt')))")
-    rows = model.get_input_embeddings().num_embeddings
-    if inputs["input_ids"].numel() and not 0 <= int(inputs["input_ids"].min()) <= int(inputs["input_ids"].max()) < rows:
-        raise HeadscopeError(f"input_ids reach {int(inputs['input_ids'].max())} but the model's embedding has {rows} rows: "
-                             f"the tokenizer does not match the model")
-    blocks = attention_blocks(model)  # raises without an adapter
-    adapter = adapter_for(model.config)
+    _check_inputs(model, inputs)
+    adapter = _needs_adapter(model.config)
+    selection = select(model, sites)
+    if not selection.blocks:
+        raise HeadscopeError(f"verify compares the sites a family adapter describes; {type(model).__name__}'s "
+                             f"{selection.group!r} sites have none (capture, ablate and hooks work on them)")
+    blocks = sorted(selection.blocks.items())
     # Built first: from_hf raises where the family's adapter says it is not available.
     mine = {layer: MultiHeadAttention.from_hf(block, model.config) for layer, block in blocks}
     received: dict[int, dict] = {}
+    returned: dict[int, tuple] = {}
     produced: dict[int, torch.Tensor] = {}
-    weights: dict[int, torch.Tensor] = {}  # the eager probabilities each core returned
     handles = []
 
     def save_inputs(layer):
@@ -66,23 +111,22 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
             received[layer] = _named_inputs(module, args, kwargs)
         return hook
 
+    def save_returned(layer):
+        def hook(module, args, output):
+            returned[layer] = output
+        return hook
+
     def save_output(layer):
         def hook(module, args, output):
             produced[layer] = output
         return hook
 
-    def save_weights(layer):
-        def hook(module, args, output):
-            if isinstance(output, tuple) and len(output) > 1 and isinstance(output[1], torch.Tensor):
-                weights[layer] = output[1]
-        return hook
-
     previous = model.config._attn_implementation
     try:
         for layer, block in blocks:
-            core = _sub(block, adapter.core)
+            core = selection.cores[layer]
             handles.append(core.register_forward_pre_hook(save_inputs(layer), with_kwargs=True))
-            handles.append(core.register_forward_hook(save_weights(layer)))
+            handles.append(core.register_forward_hook(save_returned(layer)))
             handles.append(out_projection(model, block).register_forward_hook(save_output(layer)))
         model.set_attn_implementation("eager")
         outputs = model(**inputs, output_attentions=True)
@@ -91,19 +135,27 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor]):
             handle.remove()
         model.set_attn_implementation(previous)
 
+    missing = [layer for layer, _ in blocks if layer not in received]
+    if missing:
+        raise HeadscopeError(f"{selection.noun} {missing[0]} ({selection.sites[missing[0]].name}) never ran on these "
+                             f"inputs, so verify has nothing to compare (an encoder-decoder's encoder runs unless "
+                             f"encoder_outputs are given, its decoder only with decoder_input_ids)")
+    group = selection.sites[blocks[0][0]].group
+    eager = getattr(outputs, _EAGER_OUTPUTS.get(group, ""), None)
+    at = adapter.returns.index("weights")
     rows = []
-    for layer, block in blocks:
-        got = received[layer]
-        out, pattern = mine[layer](
-            got["hidden_states"], got.get("attention_mask"),
-            rotary=rotary_tables(mine[layer], model.config, got.get("position_embeddings")),
-            return_pattern=True,
-        )
-        # The core's own eager weights: a hybrid's `attentions` holds only its attention layers
-        # (or nothing), so the model's output tuple is not indexed by the model's layer numbers.
-        theirs = weights[layer] if layer in weights else outputs.attentions[layer]
+    for layer, _ in blocks:
+        out, pattern = mine[layer](**call_arguments(mine[layer], model.config, received[layer], returned[layer]),
+                                   return_pattern=True)
+        # A hybrid's `attentions` holds only its attention layers (or nothing), so it is not indexed
+        # by the model's layer numbers: there the module's own eager weights are the reference.
+        own = returned[layer]
+        weights = own[at] if isinstance(own, tuple) and len(own) > at else None
+        theirs = eager[layer] if eager is not None else (weights if isinstance(weights, torch.Tensor)
+                                                           else outputs.attentions[layer])
         rows.append({
             "layer": layer,
+            "site": selection.sites[layer].name,
             "max_abs_diff_output": (out - produced[layer]).abs().max().item(),
             "max_abs_diff_pattern": (pattern.to(theirs.dtype) - theirs).abs().max().item(),
         })

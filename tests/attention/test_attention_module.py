@@ -85,6 +85,50 @@ def test_padding_mask_hides_keys_and_additive_mask_agrees():
     torch.testing.assert_close(m(x, mask)[1, :5], out_short[0], atol=1e-5, rtol=0)
 
 
+def _cross_reference(x, context, m, key_mask):
+    """Cross-attention written out with einsum: queries from x, keys and values from context,
+    every key the padding mask keeps visible (no causal mask, no rotary)."""
+    c = m.config
+    B, T, S = x.shape[0], x.shape[1], context.shape[1]
+    q = (x @ m.W_q.weight.T + m.W_q.bias).view(B, T, c.n_heads, c.d_head)
+    k = (context @ m.W_k.weight.T + m.W_k.bias).view(B, S, c.n_kv_heads, c.d_head)
+    v = (context @ m.W_v.weight.T + m.W_v.bias).view(B, S, c.n_kv_heads, c.d_head)
+    share = c.n_heads // c.n_kv_heads
+    k, v = k.repeat_interleave(share, dim=2), v.repeat_interleave(share, dim=2)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * c.scale
+    scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+    pattern = torch.softmax(scores, dim=-1)
+    z = torch.einsum("bhts,bshd->bthd", pattern, v).reshape(B, T, c.n_heads * c.d_head)
+    return z @ m.W_o.weight.T + m.W_o.bias, pattern
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_cross_attention_over_a_context_equals_einsum_reference(causal):
+    """With `context`, keys and values come from it (9 positions, the second example's last 3
+    padded) and queries from x (5 positions); `causal` and rotary do not apply across the two."""
+    m = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=5, bias=True, causal=causal, rotary_dim=4)
+    x, context = torch.randn(2, 5, 20), torch.randn(2, 9, 20)
+    key_mask = torch.ones(2, 9, dtype=torch.bool)
+    key_mask[1, -3:] = False
+    expected, expected_pattern = _cross_reference(x, context, m, key_mask)
+    out, pattern = m(x, key_mask, context=context, return_pattern=True)
+    assert pattern.shape == (2, 6, 5, 9)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(pattern, expected_pattern, atol=1e-6, rtol=0)
+    torch.testing.assert_close(m(x, key_mask, context=context), expected, atol=1e-5, rtol=0)  # fast path
+    seen = {}
+
+    def shape_of(name):
+        def record(value, hook):
+            seen[name] = tuple(value.shape)
+        return record
+
+    with m.hooks({n: shape_of(n) for n in ("hook_q", "hook_k", "hook_v", "hook_scores", "hook_z")}):
+        m(x, key_mask, context=context)
+    assert seen == {"hook_q": (2, 6, 5, 5), "hook_k": (2, 2, 9, 5), "hook_v": (2, 2, 9, 5),
+                    "hook_scores": (2, 6, 5, 9), "hook_z": (2, 5, 6, 5)}
+
+
 def test_rotary_from_positions_equals_given_tables():
     from headscope.attention.rotary import rotary_cos_sin
 

@@ -3,13 +3,16 @@ kind "encoder_decoder") and their three groups of attention sites: the encoder's
 (the default), the decoder's causal self-attention and its cross-attention over the encoder's
 output. For every group: headscope inside the model changes nothing, its patterns are the
 model's eager ones (`encoder_attentions`, `decoder_attentions`, `cross_attentions`), ablation
-equals zeroing the head's slice of the output projection's input and restores the model, and
-a group that never ran is an error to ablate or hook."""
+equals zeroing the head's slice of the output projection's input and restores the model, a
+group that never ran is an error to ablate, hook or verify, and `verify` and `from_hf` agree with
+every site (outputs 1e-4, patterns 1e-5 of the model's eager attentions)."""
 import pytest
 import torch
 
 import headscope
+from headscope.attention import MultiHeadAttention
 from headscope.hf import route
+from headscope.hf.verify import _named_inputs
 from headscope.hf.sites import select, sites
 from headscope.loading.loader import Loaded
 from tests.support.contracts import head_zeroed_at
@@ -21,6 +24,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 GROUPS = ("encoder", "decoder.self", "decoder.cross")
 EAGER = {"encoder": "encoder_attentions", "decoder.self": "decoder_attentions", "decoder.cross": "cross_attentions"}
 OUT = {"bart": "out_proj", "whisper": "out_proj", "t5": "o", "mt5": "o"}  # output projection inside the site
+KEYS = {"bart": "k_proj", "whisper": "k_proj", "t5": "k", "mt5": "k"}  # key projection (whisper's has no bias)
 CASES = [(family, group) for family in ENCODER_DECODER_FAMILIES for group in GROUPS]
 
 
@@ -226,3 +230,108 @@ def test_lazy_and_head_group_paths_of_cross_attention_are_the_maps(family):
         for name, ref in maps.results[layer][0].items():
             torch.testing.assert_close(lazy.results[layer][0][name], ref, atol=1e-5, rtol=0)
             torch.testing.assert_close(groups.results[layer][0][name], ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family, group", CASES)
+@torch.no_grad()
+def test_verify_every_group_agrees_with_the_models_eager_attention(family, group):
+    """verify at each group: one row per layer of the group, named by its module path, within
+    1e-4 of each site's output projection and 1e-5 of the model's own eager patterns."""
+    model = tiny_model(family, kind="encoder_decoder")
+    x = tiny_seq2seq_inputs(family)
+    table = headscope.verify(model, x, sites=group)
+    assert list(table.layer) == [0, 1]
+    assert list(table.site) == [select(model, group).sites[layer].name for layer in (0, 1)]
+    assert table.max_abs_diff_output.max() <= 1e-4
+    assert table.max_abs_diff_pattern.max() <= 1e-5
+    print(f"{family} {group}: output {table.max_abs_diff_output.max():.2e}, "
+          f"pattern {table.max_abs_diff_pattern.max():.2e}")
+    assert not route.routed_models()
+
+
+def _site_call(model, x, site):
+    """What one site's attention module received (its forward's inputs by name) and returned,
+    and what its output projection produced, on the model's eager path."""
+    module = model.get_submodule(site.name)
+    seen = {}
+    handles = [module.register_forward_pre_hook(lambda m, a, kw: seen.update(_named_inputs(m, a, kw)),
+                                                with_kwargs=True),
+               module.register_forward_hook(lambda m, a, out: seen.update(returned=out))]
+    default = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        model(**x)
+    finally:
+        model.set_attn_implementation(default)
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("family, group", CASES)
+@torch.no_grad()
+def test_from_hf_module_reproduces_a_site_from_its_captured_inputs(family, group):
+    """from_hf on layer 1's site, run by hand on what the site received (its hidden states, its
+    mask, at cross-attention the encoder's output as `context`; T5: plus the relative position
+    bias the site returned, which its first layer computed): the site's own output (out
+    projection included) and the model's eager pattern. Without T5's bias the pattern is off."""
+    model = tiny_model(family, kind="encoder_decoder")
+    x = tiny_seq2seq_inputs(family)
+    site = select(model, group).sites[1]
+    seen = _site_call(model, x, site)
+    mine = MultiHeadAttention.from_hf(model.get_submodule(site.name), model.config)
+    assert mine.config.n_heads == _heads(family, group, model)
+    assert mine.config.causal == (group == "decoder.self")
+    mask = seen.get("attention_mask", seen.get("mask"))
+    bias = seen["returned"][1] if family in ("t5", "mt5") else None
+    additive = mask if bias is None else (bias if mask is None else bias + mask)
+    got = {}
+    with mine.hooks({"hook_k": lambda k, hook: got.update(k=k)}):
+        out, pattern = mine(seen["hidden_states"], additive, context=seen.get("key_value_states"), return_pattern=True)
+    theirs = _eager(model, x, group)[1]
+    assert (out - seen["returned"][0]).abs().max() <= 1e-4
+    assert (pattern - theirs).abs().max() <= 1e-5
+    source = seen["hidden_states"] if seen.get("key_value_states") is None else seen["key_value_states"]
+    keys = model.get_submodule(site.name).get_submodule(KEYS[family])(source)  # (B, S, H * D)
+    assert (got["k"].transpose(1, 2).flatten(2) - keys).abs().max() <= 1e-5
+    if bias is not None and group != "decoder.cross":  # cross-attention's bias is zero
+        _, unbiased = mine(seen["hidden_states"], mask, context=seen.get("key_value_states"), return_pattern=True)
+        assert (unbiased - theirs).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ENCODER_DECODER_FAMILIES)
+@torch.no_grad()
+def test_verify_refuses_in_one_line_a_group_that_never_ran_or_missing_inputs(family):
+    """The encoder skipped (its output handed over as encoder_outputs): verify at the encoder's
+    sites is one line, never an empty or stale table; whisper without input_features too."""
+    model = tiny_model(family, kind="encoder_decoder")
+    x = tiny_seq2seq_inputs(family)
+    encoder_inputs = {k: v for k, v in x.items() if not k.startswith("decoder_")}
+    skipped = {k: v for k, v in x.items() if k != "input_ids" and k != "input_features"}
+    skipped["encoder_outputs"] = model.get_encoder()(**encoder_inputs)
+    calls = [(lambda: headscope.verify(model, skipped, sites="encoder"), "layer 0 .*never ran on these inputs")]
+    if family == "whisper":
+        calls.append((lambda: headscope.verify(model, {"input_ids": x["decoder_input_ids"]}),
+                      r"verify needs inputs=\{'input_features'"))
+    for call, message in calls:
+        with pytest.raises(headscope.HeadscopeError, match=message) as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert not route.routed_models()
+
+
+@pytest.mark.parametrize("group", ["decoder.self", "decoder.cross"])
+def test_verify_command_takes_sites_and_teacher_forces_the_decoder(group, monkeypatch):
+    """`headscope verify MODEL --sites decoder.cross` on a tiny T5 (whose decoder runs only with
+    decoder_input_ids): the group's two layers, each named, within the tolerance."""
+    from typer.testing import CliRunner
+
+    import headscope.cli
+
+    model = tiny_model("t5", kind="encoder_decoder")
+    monkeypatch.setattr(headscope.cli.loader, "load",
+                        lambda *a, **kw: Loaded.from_model(model, char_tokenizer(), "tiny-t5"))
+    result = CliRunner().invoke(headscope.cli.app, ["verify", "tiny-t5", "--sites", group])
+    assert result.exit_code == 0, result.output
+    assert f"OK: all 2 layers of the {group} sites within 0.0001" in result.output
+    assert all(select(model, group).sites[layer].name in result.output for layer in (0, 1))

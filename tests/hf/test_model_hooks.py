@@ -8,7 +8,7 @@ import headscope
 from headscope.attention import MultiHeadAttention
 from headscope.hf import route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules
-from headscope.hf.from_hf import rotary_tables
+from headscope.hf.from_hf import call_arguments
 from headscope.hf.hooks import POINTS
 from headscope.hf.verify import _named_inputs
 from tests.support.tiny import INTERFACE_FAMILIES, tiny_config, tiny_inputs, tiny_model, output_of
@@ -30,15 +30,21 @@ def test_inside_equals_alongside_hook_by_hook(family):
     model = tiny_model(family, kind="interface")
     x = tiny_inputs()
     default = model.config._attn_implementation
-    received, inside = {}, {}
+    received, returned, inside = {}, {}, {}
 
     def keep(layer):
         def pre_hook(module, args, kwargs):
             received[layer] = _named_inputs(module, args, kwargs)
         return pre_hook
 
+    def keep_returned(layer):
+        def hook(module, args, output):
+            returned[layer] = output  # T5's holds the position bias it used
+        return hook
+
     cores = dict(core_modules(model))
     handles = [core.register_forward_pre_hook(keep(layer), with_kwargs=True) for layer, core in cores.items()]
+    handles += [core.register_forward_hook(keep_returned(layer)) for layer, core in cores.items()]
     try:
         with headscope.model_hooks(model, {"layers.*.attn.hook_*": _recorder(inside)}):
             model(**x)
@@ -53,8 +59,7 @@ def test_inside_equals_alongside_hook_by_hook(family):
         got = received[layer]
         alongside = {}
         with mine.hooks({p: _recorder(alongside) for p in POINTS}):
-            mine(got["hidden_states"], got.get("attention_mask"),
-                 rotary=rotary_tables(mine, model.config, got.get("position_embeddings")))
+            mine(**call_arguments(mine, model.config, got, returned[layer]))
         for p in POINTS:
             theirs, ours = alongside[p], inside[f"layers.{layer}.attn.{p}"]
             assert ours.shape == theirs.shape, p
