@@ -199,7 +199,10 @@ def analyze(
             decoder's loss of the copied tokens (`headscope.validate`); the explorer's examples
             have the decoder's tokens as queries and, at cross-attention, the encoder's as keys
             (`Example.key_tokens`); the OV table is the group's heads' (norms not folded,
-            `meta["ov"]["fold_norms"]` False). Same as `analyze(loaded.at(sites))`.
+            `meta["ov"]["fold_norms"]` False). Same as `analyze(loaded.at(sites))`. An
+            encoder that reads audio (Whisper's) is fed the log-mel features of silence
+            (`headscope.probes.audio`, `meta["sites"]["encoder_input"]`): only its decoder's
+            groups run, without the copy probe's detectors (alignment) and without `validate`.
     Returns:
         An `Analysis`.
     """
