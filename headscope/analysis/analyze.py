@@ -382,7 +382,10 @@ def _score(loaded, plan, run, seed, ov, timings) -> _Scored:
         names = {key: label for d in dets for key, label in run.findings[d.name].names.items()}
         labels = label_heads(scores, {d.name: d for d in dets}, names)
     ov_frame, ov_skipped = None, "not asked for (ov=False)"
-    if ov:
+    if ov and plan.audio is not None and loaded.site_kind == "cross":
+        ov_skipped = ("cross-attention's values here are an audio encoder's outputs, which no token embedding enters, "
+                      "so a token's embedding through its value projection means nothing")
+    elif ov:
         with timings.step("ov"):
             qualified = labels[labels.label.isin(ov_qualified_labels())]  # copy_top1 only where it qualifies a label: cost
             heads = {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])}

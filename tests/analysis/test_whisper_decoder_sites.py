@@ -137,6 +137,11 @@ def test_whispers_decoder_sites_score_as_the_formulas_on_the_models_eager_maps(s
     assert "control twin" in note
     assert ("left out: alignment" in note) == (sites == "decoder.cross")
     assert all("hears silence" in p["description"] for p in analysis.meta["probes"].values())
+    if sites == "decoder.self":  # the decoder's own tokens: the OV table of its heads
+        assert not analysis.meta["ov"]["skipped"] and len(analysis.ov) == 2 * 2
+    else:  # values from audio: no token embedding to read through them
+        assert analysis.ov is None and "audio encoder's outputs" in analysis.meta["ov"]["skipped"]
+        assert any(n.startswith("OV copying not computed: cross-attention's values") for n in analysis.meta["notes"])
 
 
 @pytest.mark.parametrize("sites", ["decoder.self", "decoder.cross"])
