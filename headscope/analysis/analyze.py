@@ -326,7 +326,11 @@ def _as_copies(loaded, built, groups, named, given, audio=None):
     `audio` where it reads audio); among the defaults, a probe that cannot be one leaves its
     detectors out, saying why (named ones raise). A copy of the encoder's tokens (the copy
     probe) has nothing to copy from an encoder that hears silence: its detectors are left out
-    even when its settings were given (the command line always gives them), and listed third."""
+    even when its settings were given (the command line always gives them).
+
+    Returns:
+        (copies by probe name, skipped detector -> why, the detectors left out because the
+        encoder hears silence)."""
     copies, skipped, unheard = {}, {}, []
     start = decoder_start(loaded)
     for name, probe in built.items():
