@@ -111,7 +111,7 @@ def models_command(
         typer.echo(f"{'family':<14} {'capture':<8} {'verify':<7} {'analyze':<8} {'sites':<36} notes")
         for row in family_table():
             yes = {True: "yes", False: "no"}
-            typer.echo(f"{row.model_type:<14} {yes[row.capture]:<8} {yes[row.verify]:<7} {yes[row.analyze]:<8} "
+            typer.echo(f"{row.model_type:<14} {yes[row.capture]:<8} {yes[row.verify]:<7} {row.analyze_sites or yes[row.analyze]:<8} "
                        f"{row.sites or '-':<36} {row.notes}")
         return
     for entry in loader.models():

@@ -17,6 +17,11 @@ copying of every head and of its control twin (`headscope.head_geometry.ov_circu
 `_run` (each probe's passes, each detector's `Finding`), `_score` (scores, labels and tables),
 the explorer examples, `_meta` (an `AnalysisMeta`, `headscope.analysis.meta`), and the optional
 validation; every step is timed by one `Timings`.
+
+An encoder that reads audio (the adapter's `audio_encoder`: Whisper's) is analysed at its
+decoder's sites only: the decoder reads each probe's tokens as elsewhere, the encoder (the
+model's and the control twin's) the log-mel features of silence (`headscope.probes.audio`), and
+`meta["sites"]["encoder_input"]` says so.
 """
 from __future__ import annotations
 
@@ -38,7 +43,8 @@ from ..hf.adapters import adapter_for
 from ..hf.capture import capture
 from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
 from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
-from ..probes.copy import as_copy
+from ..probes.audio import SilentAudio
+from ..probes.copy import CopySet, as_copy
 from ..probes.kinds import decoder_start, probe_settings
 from ..detectors.protocol import SCORE_COLUMNS
 from ..detectors.protocol import Progress
@@ -49,6 +55,7 @@ from ..loading.loader import Loaded
 from ..tables import with_sites
 from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
+from ..causal.validate import NO_VALIDATE_AUDIO
 
 __all__ = ["analyze", "Progress", "MAX_SEED"]
 
@@ -97,7 +104,7 @@ def _explorer_examples(loaded, built, n_show, length) -> list[Example]:
         maps = _explorer_maps(loaded, inputs)
         for i in range(queries.shape[0]):
             tokens = display_tokens(loaded.tokenizer, queries[i].tolist())  # " word", not "Ġword"; bad bytes as <0xNN>
-            key_tokens = None if keys is None else display_tokens(loaded.tokenizer, keys[i].tolist())
+            key_tokens = _key_tokens(loaded, probe, keys, i)
             examples.append(Example.from_float(name, i, tokens, maps[i].numpy(), key_tokens))
     return examples
 
@@ -115,7 +122,16 @@ def _explorer_inputs(loaded, probe, n_show, length):
     batch = probe.explorer_batch(n_show, length).to(loaded.device)  # both inputs, as the runner passes them
     inputs = batch.model_inputs()
     view = batch.for_site(loaded.site_kind)  # decoder self-attention: its tokens both ways; cross: encoder keys
-    return inputs, view.input_ids, view.key_ids
+    return inputs, view.input_ids, view.key_ids  # key_ids None at an audio encoder's cross-attention
+
+
+def _key_tokens(loaded, probe, keys, i):
+    """Example i's key axis for the explorer: the encoder's tokens at cross-attention, the audio
+    encoder's positions of silence there (`SilentAudio.key_tokens`), None at self-attention."""
+    if keys is not None:
+        return display_tokens(loaded.tokenizer, keys[i].tolist())
+    audio = probe.audio if loaded.two_inputs else None
+    return audio.key_tokens() if audio is not None and loaded.site_kind == "cross" else None
 
 
 @torch.no_grad()
@@ -184,7 +200,10 @@ def analyze(
             decoder's loss of the copied tokens (`headscope.validate`); the explorer's examples
             have the decoder's tokens as queries and, at cross-attention, the encoder's as keys
             (`Example.key_tokens`); the OV table is the group's heads' (norms not folded,
-            `meta["ov"]["fold_norms"]` False). Same as `analyze(loaded.at(sites))`.
+            `meta["ov"]["fold_norms"]` False). Same as `analyze(loaded.at(sites))`. An
+            encoder that reads audio (Whisper's) is fed the log-mel features of silence
+            (`headscope.probes.audio`, `meta["sites"]["encoder_input"]`): only its decoder's
+            groups run, without the copy probe's detectors (alignment) and without `validate`.
     Returns:
         An `Analysis`.
     """
@@ -200,11 +219,14 @@ def analyze(
         raise HeadscopeError(f"analyze reads token probes, which never reach {loaded.sites} sites (a vision tower runs "
                              f"only with images); capture, ablate and model_hooks address them with sites=")
     adapter = adapter_for(loaded.model.config)
-    if adapter is not None and adapter.no_analyze:  # whisper: its encoder takes audio features, not token ids
+    audio = silent_audio(loaded)
+    if adapter is not None and adapter.no_analyze and audio is None:  # whisper's encoder: audio features, no tokens
         raise HeadscopeError(adapter.no_analyze)
+    if validate and audio is not None:
+        raise HeadscopeError(NO_VALIDATE_AUDIO.format(name=loaded.name))
     timings = Timings()
     check_weights(loaded.model, loaded.name)  # a NaN in the weights would score as n=0, silently
-    plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings)
+    plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings, audio)
     run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings)
     scored = _score(loaded, plan, run, seed, ov, timings)
     with timings.step("explorer"):
@@ -236,6 +258,8 @@ class _Plan:
     twin: Optional[object]  # the control `Loaded`, or None
     control: dict  # its description, meta["control"]
     skipped: dict = field(default_factory=dict)  # detector name -> why its probe cannot feed the sites
+    audio: Optional[SilentAudio] = None  # what an audio encoder hears (None: the encoder reads the tokens)
+    unheard: tuple = ()  # detectors left out because that encoder reads none of their probe's tokens
 
 
 @dataclass
@@ -265,8 +289,19 @@ class _Scored:
     ov_skipped: str  # why the OV table is missing ("" when computed)
 
 
-def _plan(loaded, detectors, probes, batch_size, control, seed, timings) -> _Plan:
-    """Choose the detectors, resolve the control twin, build each probe they read."""
+def silent_audio(loaded) -> Optional[SilentAudio]:
+    """What the encoder hears at a decoder's sites when it reads audio (the adapter's
+    `audio_encoder`): silence at the sizes the config gives; None for an encoder of tokens, or
+    sites that need no encoder input."""
+    adapter = adapter_for(loaded.model.config)
+    if not loaded.two_inputs or adapter is None or adapter.audio_encoder is None:
+        return None
+    return SilentAudio(*adapter.audio_encoder.sizes(loaded.model.config))
+
+
+def _plan(loaded, detectors, probes, batch_size, control, seed, timings, audio=None) -> _Plan:
+    """Choose the detectors, resolve the control twin, build each probe they read (at a decoder's
+    sites as copies, the encoder hearing `audio` where it reads audio)."""
     given = list(probes or ())
     settings = probe_settings(given)
     dets = _chosen(loaded, detectors, batch_size)
@@ -277,29 +312,38 @@ def _plan(loaded, detectors, probes, batch_size, control, seed, timings) -> _Pla
     with timings.step("probes"):
         groups = {name: [d for d in dets if d.probe == name] for name in dict.fromkeys(d.probe for d in dets)}
         built = {name: settings[name].build(loaded, seed) for name in groups}
-        skipped = {}  # detector -> why its probe cannot feed the sites (a decoder's, below)
+        skipped, unheard = {}, ()  # detector -> why its probe cannot feed the sites (a decoder's, below)
         if loaded.two_inputs:  # a decoder's sites: each probe as the encoder's input and the decoder's copy
-            built, skipped = _as_copies(loaded, built, groups, detectors is not None, given)
+            built, skipped, unheard = _as_copies(loaded, built, groups, detectors is not None, given, audio)
             groups = {name: group for name, group in groups.items() if name in built}
             dets = [d for d in dets if d.probe in built]
         for name, probe in built.items():
             loaded.check_fits(f"the {name} probe", probe.seq_len)
-    return _Plan(dets, groups, built, given, detectors is not None, twin, control_meta, skipped)
+    return _Plan(dets, groups, built, given, detectors is not None, twin, control_meta, skipped, audio, unheard)
 
 
-def _as_copies(loaded, built, groups, named, given):
-    """Each built probe as an encoder-decoder's copy input (`as_copy`); among the defaults, a
-    probe that cannot be one leaves its detectors out, saying why (named ones raise)."""
-    copies, skipped = {}, {}
+def _as_copies(loaded, built, groups, named, given, audio=None):
+    """Each built probe as an encoder-decoder's copy input (`as_copy`, the encoder hearing
+    `audio` where it reads audio); among the defaults, a probe that cannot be one leaves its
+    detectors out, saying why (named ones raise). A copy of the encoder's tokens (the copy
+    probe) has nothing to copy from an encoder that hears silence: its detectors are left out
+    even when its settings were given (the command line always gives them).
+
+    Returns:
+        (copies by probe name, skipped detector -> why, the detectors left out because the
+        encoder hears silence)."""
+    copies, skipped, unheard = {}, {}, []
     start = decoder_start(loaded)
     for name, probe in built.items():
         try:
-            copies[name] = as_copy(probe, start)
+            copies[name] = as_copy(probe, start, audio)
         except CannotScore as err:
-            if named or any(p.name == name for p in given):  # asked for: say why it cannot run
+            silent = audio is not None and isinstance(probe, CopySet)
+            if named or (not silent and any(p.name == name for p in given)):  # asked for: say why it cannot run
                 raise
             skipped.update({d.name: str(err) for d in groups[name]})
-    return copies, skipped
+            unheard += [d.name for d in groups[name]] if silent else []
+    return copies, skipped, tuple(unheard)
 
 
 def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings) -> _Run:
@@ -343,7 +387,10 @@ def _score(loaded, plan, run, seed, ov, timings) -> _Scored:
         names = {key: label for d in dets for key, label in run.findings[d.name].names.items()}
         labels = label_heads(scores, {d.name: d for d in dets}, names)
     ov_frame, ov_skipped = None, "not asked for (ov=False)"
-    if ov:
+    if ov and plan.audio is not None and loaded.site_kind == "cross":
+        ov_skipped = ("cross-attention's values here are an audio encoder's outputs, which no token embedding enters, "
+                      "so a token's embedding through its value projection means nothing")
+    elif ov:
         with timings.step("ov"):
             qualified = labels[labels.label.isin(ov_qualified_labels())]  # copy_top1 only where it qualifies a label: cost
             heads = {(int(l), int(h)) for l, h in zip(qualified.layer, qualified["head"])}
@@ -358,6 +405,20 @@ def _score(loaded, plan, run, seed, ov, timings) -> _Scored:
     modules = loaded.site_names
     tables = {name: with_sites(table, modules) for name, table in tables.items()}
     return _Scored(with_sites(scores, modules), with_sites(labels, modules), tables, ov_skipped)
+
+
+def _silence_note(loaded, plan) -> str:
+    """What an audio encoder heard, for `meta["notes"]`; at cross-attention, which detectors that
+    leaves (those whose probe needs no encoder tokens) and which it left out."""
+    note = (f"encoder input: {plan.audio.description}, the same in every example and in the control twin; the "
+            f"decoder's attention is read with an encoder that heard nothing")
+    if loaded.site_kind != "cross":
+        return note
+    left_out = f"; left out: {', '.join(plan.unheard)} (needs the encoder to read the copied tokens)" if plan.unheard \
+        else ""
+    kept = ", ".join(d.name for d in plan.detectors)
+    return (f"{note}; cross-attention's keys are positions of that silence, so only detectors that read no encoder "
+            f"tokens run ({kept}){left_out}")
 
 
 def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisMeta:
@@ -387,9 +448,14 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
         chosen = loaded.selection
         sites = {"group": chosen.group, "kind": loaded.site_kind,
                  "modules": {str(layer): site.name for layer, site in sorted(chosen.sites.items())}}
+        read = ("(the encoder reads each example, the decoder the same tokens shifted right)" if plan.audio is None
+                else "(the decoder reads each example shifted right; the encoder reads audio and hears silence)")
         notes.append(f"sites: {chosen.group} ({SITE_WORDS.get(loaded.site_kind, loaded.site_kind)}), layers numbered "
                      f"within the {next(iter(chosen.sites.values())).stack}; probes read as teacher-forced copies "
-                     f"(the encoder reads each example, the decoder the same tokens shifted right)")
+                     f"{read}")
+        if plan.audio is not None:
+            sites["encoder_input"] = plan.audio.description
+            notes.append(_silence_note(loaded, plan))
     return AnalysisMeta(
         model=loaded.name, family=loaded.family, causal=loaded.causal,
         n_layers=loaded.n_layers, n_heads=loaded.n_heads,

@@ -14,6 +14,8 @@ checked at the same group: each probe is read as a teacher-forced copy
 shifted right), the metric is the decoder's loss of predicting each token ("copy_token_loss"),
 and heads are ablated, and means recorded, at that group's layers. No "icl_score" rows there:
 the decoder sees the whole text in the encoder, so a late token is easier for other reasons.
+An encoder that reads audio (Whisper's, analysed with silence as its input) has no tokens to
+copy, so its decoder's sites are refused in one line (`NO_VALIDATE_AUDIO`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from ..errors import HeadscopeError
 from ..checks import check_analysis, check_loaded
+from ..hf.adapters import adapter_for
 from ..probes.copy import as_copy_eval
 from ..probes.kinds import PROBE_KINDS, TextProbe, decoder_start, probe_settings
 from ..detectors.protocol import Progress
@@ -33,12 +36,16 @@ from ..detectors.stats import random_head_draws
 from ..tables import VALIDATION_COLUMNS, read_csv, write_csv
 from .measure import METRICS, ProbeRunner, icl_positions, icl_score, masked_for_lm, metric_for
 
-__all__ = ["validate", "read_csv", "write_csv", "COLUMNS", "MODES", "ICL_LABEL", "SKIPPED", "probe_for"]
+__all__ = ["validate", "read_csv", "write_csv", "COLUMNS", "MODES", "ICL_LABEL", "SKIPPED", "probe_for",
+           "NO_VALIDATE_AUDIO"]
 
 MODES = ("zero", "mean")
 SKIPPED = frozenset({"none", "mixed"})
 ICL_LABEL = "icl_score"
 COLUMNS = VALIDATION_COLUMNS
+NO_VALIDATE_AUDIO = ("validate is not available at {name}'s decoder sites: its metric is the decoder's loss of copying "
+                     "the tokens the encoder read, and this encoder reads audio (silence in the analysis); analyze "
+                     "without validate")
 
 
 def probe_for(label: str, meta: Optional[dict] = None) -> str:
@@ -105,6 +112,9 @@ def validate(
 
     started = time.perf_counter()
     loaded = _at_analysed_sites(loaded, analysis)
+    adapter = adapter_for(loaded.model.config)
+    if loaded.two_inputs and adapter is not None and adapter.audio_encoder is not None:
+        raise HeadscopeError(NO_VALIDATE_AUDIO.format(name=loaded.name))
     _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size)
     settings = probe_settings(probes)
     chosen = _chosen_heads(analysis, k, labels)

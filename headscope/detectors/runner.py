@@ -135,8 +135,7 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
                 "input_ids": batch.input_ids.to(loaded.device),
                 "attention_mask": batch.attention_mask.long().to(loaded.device)}
             out = loaded.body(**inputs)
-            _check_finite(loaded, out, inputs["input_ids"], inputs["attention_mask"],
-                          f"{stage}, batch {i + 1} of {len(batches)}")
+            _check_finite(loaded, out, inputs, f"{stage}, batch {i + 1} of {len(batches)}")
             done.append((i, {layer: results.pop() for layer, results in cap.results.items()}))
             if report:
                 report(stage, n + 1, len(todo))
@@ -150,14 +149,16 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     return Passes(collected, how, sink_layers, kernels, tuple(sorted(set(loaded.attention_layers) - set(ran))))
 
 
-def _check_finite(loaded, out, ids, mask, where: str) -> None:
+def _check_finite(loaded, out, inputs: dict, where: str) -> None:
     """HeadscopeError when the batch's last hidden state is NaN or inf at a real token; the batch
-    then runs once more with every layer's output kept, to name the layer it started in."""
+    then runs once more with every layer's output kept, to name the layer it started in. (An
+    encoder-decoder's last hidden state is its decoder's, read at the decoder's real tokens.)"""
     last = getattr(out, "last_hidden_state", None)
+    mask = inputs.get("decoder_attention_mask", inputs["attention_mask"])
     if last is None or torch.isfinite(last[mask.bool()]).all():
         return
-    again = loaded.body(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-    check_hidden_states(again.hidden_states, mask.bool(), where)
+    again = loaded.body(**inputs, output_hidden_states=True)
+    check_hidden_states(getattr(again, "decoder_hidden_states", None) or again.hidden_states, mask.bool(), where)
     raise HeadscopeError(f"non-finite activations (NaN or inf) in the model's output on {where}")
 
 

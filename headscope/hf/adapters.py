@@ -12,6 +12,8 @@ Capture, ablation and analysis need no adapter: in a model of another family, th
 - `adapter_for(config)`: the adapter of a model's family, or None.
 - `family_of(config)`: the adapter's family name, else the config's model type.
 - `attention_blocks(model)`: `[(layer, block)]` for every layer of the default sites (needs an adapter).
+- `AudioEncoder`: where a family's encoder reads log-mel features instead of tokens (Whisper's),
+  the sizes it takes read from the config.
 - `SiteGroup`: a family's other attention sites (an encoder-decoder's decoder self- and
   cross-attention); `headscope.hf.sites` lists them all and selects a group.
 - `core_modules(model)`: `[(layer, module calling the attention interface)]`, layers numbered as
@@ -35,7 +37,7 @@ from .layouts import FusedConv1D, FusedPerHead, FusedRows, Separate
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
-__all__ = ["Adapter", "SiteGroup", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
+__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
            "discovered_cores", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
            "text_stack"]
 
@@ -99,6 +101,27 @@ class SiteGroup:
 
 
 @dataclass(frozen=True)
+class AudioEncoder:
+    """An encoder that reads log-mel features `[batch, mel bin, frame]`, not token ids.
+
+    Attributes:
+        mel_bins: config attribute holding the number of mel bins.
+        positions: config attribute holding the encoder's output positions (cross-attention's keys).
+        frames_per_position: input frames per output position (Whisper: 2, its second
+            convolution has stride 2; the encoder refuses any other number of frames).
+    """
+
+    mel_bins: str
+    positions: str
+    frames_per_position: int
+
+    def sizes(self, config) -> tuple[int, int, int]:
+        """(mel bins, frames, positions) of the features a model of `config` takes."""
+        positions = int(getattr(config, self.positions))
+        return int(getattr(config, self.mel_bins)), positions * self.frames_per_position, positions
+
+
+@dataclass(frozen=True)
 class Adapter:
     """How one architecture family names its attention.
 
@@ -125,7 +148,11 @@ class Adapter:
         groups: the family's other attention sites (`SiteGroup`: an encoder-decoder's decoder
             self- and cross-attention), addressed with `sites=` ("decoder.cross"); a group whose
             layers the model lacks (T5EncoderModel has no decoder) is skipped.
-        no_analyze: why `analyze` is refused ("" when it works).
+        no_analyze: why `analyze` is refused ("" when it works); with `audio_encoder`, at the
+            default sites only.
+        audio_encoder: the encoder reads log-mel features (`AudioEncoder`), not tokens (None:
+            tokens): `analyze` runs at the decoder's sites only, with the encoder fed silence
+            (`headscope.probes.audio`).
         hybrid: only some layers hold the attention block (the others a Mamba mixer, a
             convolution or linear attention, possibly under the same path, as nemotron_h's
             `mixer`): a layer counts when its block's core calls the attention interface.
@@ -166,6 +193,7 @@ class Adapter:
     groups: tuple[SiteGroup, ...] = ()
     no_from_hf: str = ""
     no_analyze: str = ""
+    audio_encoder: Optional[AudioEncoder] = None
     hybrid: bool = False
     heads: Optional[str] = None
     returns: tuple[str, ...] = ("output", "weights")
@@ -275,10 +303,12 @@ ADAPTERS = (
     Adapter("whisper", ("whisper",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             causal=False, body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
             query_prescaled=True,
-            no_analyze="analyze is not available for whisper (its encoder takes log-mel input_features, not token "
-                       "ids); capture, ablate, model_hooks and patch work on its encoder, decoder.self and "
-                       "decoder.cross sites",
-            notes=_ENCODER_DECODER + "; the encoder takes log-mel input_features; analyze not available; queries "
+            no_analyze="analyze of whisper's encoder is not available (it takes log-mel input_features, not token "
+                       "ids); use sites='decoder.self' or 'decoder.cross' (--sites in the CLI): the decoder on the "
+                       "text probes, the encoder fed silence",
+            audio_encoder=AudioEncoder("num_mel_bins", "max_source_positions", frames_per_position=2),
+            notes=_ENCODER_DECODER + "; the encoder takes log-mel input_features: analyze runs at decoder.self and "
+                                     "decoder.cross only, the encoder fed the log-mel features of silence; queries "
                                      "pre-scaled, k_proj without bias"),
 )
 

@@ -8,7 +8,8 @@ README.md holds it as `family_markdown()`, and tests/hf/test_families.py checks 
 tiny models of each family (capture, ablate, lazy analyze, verify; the encoder-decoders' site
 groups in tests/hf/test_encoder_decoders.py, the vision towers in tests/hf/test_vision_towers.py).
 A row's `sites` names the groups of attention sites that capture, ablate, hooks and patch
-address (`headscope.hf.sites`), the default first.
+address (`headscope.hf.sites`), the default first; its `analyze_sites` the groups analyze runs
+at where not the default (an audio encoder's family: its decoder's, the encoder fed silence).
 """
 from __future__ import annotations
 
@@ -57,16 +58,24 @@ class FamilyRow(NamedTuple):
     capture: bool  # capture, ablate, model_hooks, cache_activations and patch
     verify: bool  # MultiHeadAttention.from_hf and verify
     notes: str
-    analyze: bool = True  # headscope analyze
+    analyze: bool = True  # headscope analyze, at the default sites
     sites: str = "text"  # the groups of attention sites, default first (headscope.hf.sites)
+    analyze_sites: str = ""  # where analyze runs at other groups only (whisper: the decoder's, with silent audio)
 
 
 def _site_groups(adapter) -> str:
     return ", ".join([adapter.stack] + [f"{g.stack}.{g.kind}" for g in adapter.groups])
 
 
+def _analyze_sites(adapter) -> str:
+    """The groups analyze runs at when it refuses the default one: an audio encoder's decoder."""
+    if adapter.audio_encoder is None:
+        return ""
+    return ", ".join(f"{g.stack}.{g.kind}" for g in adapter.groups) + " (silent audio)"
+
+
 def family_table() -> tuple[FamilyRow, ...]:
-    rows = [FamilyRow(t, True, not a.no_from_hf, a.notes, not a.no_analyze, _site_groups(a))
+    rows = [FamilyRow(t, True, not a.no_from_hf, a.notes, not a.no_analyze, _site_groups(a), _analyze_sites(a))
             for a in ADAPTERS for t in a.model_types]
     for model_type, notes, *extra in DISCOVERED:
         verify, groups = tuple(extra) + (False, "text")[len(extra):]
@@ -86,6 +95,6 @@ def family_markdown() -> str:
     """The table as Markdown (the copy in README.md must equal it; a test checks)."""
     yes = {True: "yes", False: "no"}
     lines = ["| family | capture / ablate | from_hf / verify | analyze | sites | notes |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r.model_type} | {yes[r.capture]} | {yes[r.verify]} | {yes[r.analyze]} | {r.sites or '-'} | {r.notes} |"
-              for r in family_table()]
+    lines += [f"| {r.model_type} | {yes[r.capture]} | {yes[r.verify]} | {r.analyze_sites or yes[r.analyze]} | "
+              f"{r.sites or '-'} | {r.notes} |" for r in family_table()]
     return "\n".join(lines)

@@ -329,13 +329,16 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, cache: 
 
 
 def _model_class(config):
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
+    from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM,
+                              AutoModelForSpeechSeq2Seq)
 
     if text_config(config) is not config and type(config) in AutoModelForImageTextToText._model_mapping:
         return AutoModelForImageTextToText  # a vision-language model, whole (its text decoder is analysed)
     archs = getattr(config, "architectures", None) or []
-    if any(a.endswith("ForConditionalGeneration") for a in archs) and type(config) in AutoModelForSeq2SeqLM._model_mapping:
-        return AutoModelForSeq2SeqLM  # an encoder-decoder with its LM head (bart, t5): every site group
+    if any(a.endswith("ForConditionalGeneration") for a in archs):
+        for auto in (AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq):  # an encoder of tokens or of audio (whisper)
+            if type(config) in auto._model_mapping:
+                return auto  # an encoder-decoder with its LM head (bart, t5, whisper): every site group
     return AutoModelForCausalLM if _is_causal_config(config) else AutoModel
 
 

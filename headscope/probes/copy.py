@@ -8,7 +8,9 @@
   decoder at position i has read encoder tokens 0..i-1 and predicts token i, so an aligned
   cross-attention head attends from decoder position i to encoder position i (the token it
   emits) or i - 1 (the one it just read).
-- `as_copy(probe, decoder_start)`: any built unpadded probe read the same way;
+- `as_copy(probe, decoder_start, audio=None)`: any built unpadded probe read the same way (with
+  `audio`, a `SilentAudio`, an audio encoder's input instead of the tokens: the decoder still
+  reads them, the encoder hears silence);
   `CopySet.explorer_batch(n, length)`: its first examples cut short, for the report's explorer.
 - `as_copy_eval(probe, decoder_start)`: a causal check's `EvalProbe` read the same way, for
   `headscope.validate` at a decoder's sites: decoder position t predicts encoder token t, the
@@ -18,7 +20,9 @@
   `for_site(kind)`: the `ProbeBatch` a detector at a site of that kind reads (encoder
   self-attention, decoder self-attention, cross-attention).
 
-Text encoders only (BART, T5, mT5, Marian): Whisper's encoder reads audio features.
+The encoder reads the tokens in text encoders (BART, T5, mT5, Marian); Whisper's encoder reads
+audio features, so there it reads silence (`headscope.probes.audio`) and the copy probe, whose
+decoder copies what the encoder read, has nothing to copy.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from typing import Optional
 import torch
 
 from ..errors import CannotScore, HeadscopeError
+from .audio import SilentAudio
 from .base import EvalProbe, ProbeBatch, text_probe
 
 __all__ = ["copy_probe", "as_copy", "as_copy_eval", "CopySet", "Seq2SeqBatch"]
@@ -43,6 +48,12 @@ class Seq2SeqBatch:
         content_start: the encoder's first probe token (after its special tokens).
         decoder_content_start: the decoder's first probe token.
         token_counts: `[vocab]` corpus frequency of each token id, or None.
+        input_features: `[batch, mel bin, frame]` what an audio encoder reads instead of
+            `input_ids` (None: the encoder reads `input_ids`); `attention_mask` then covers its
+            frames, and `input_ids` are the probe's tokens, which only the decoder reads.
+        key_mask: `[batch, encoder position]` the positions cross-attention reads where they are
+            not the encoder's input positions (an audio encoder's, fewer than its frames; None:
+            `attention_mask`).
     """
 
     input_ids: torch.Tensor
@@ -52,18 +63,24 @@ class Seq2SeqBatch:
     content_start: int = 0
     decoder_content_start: int = 0
     token_counts: Optional[torch.Tensor] = None
+    input_features: Optional[torch.Tensor] = None
+    key_mask: Optional[torch.Tensor] = None
     _views: dict = field(default_factory=dict, repr=False)
 
     def to(self, device) -> "Seq2SeqBatch":
-        counts = None if self.token_counts is None else self.token_counts.to(device)
+        move = lambda tensor: None if tensor is None else tensor.to(device)
         return Seq2SeqBatch(self.input_ids.to(device), self.attention_mask.to(device),
                             self.decoder_input_ids.to(device), self.decoder_attention_mask.to(device),
-                            self.content_start, self.decoder_content_start, counts)
+                            self.content_start, self.decoder_content_start, move(self.token_counts),
+                            move(self.input_features), move(self.key_mask))
 
     def model_inputs(self, device=None) -> dict:
         """The keyword inputs of the encoder-decoder's forward pass (masks as integers), on `device`
-        (default: where they are)."""
-        return {"input_ids": self.input_ids.to(device), "attention_mask": self.attention_mask.long().to(device),
+        (default: where they are): the encoder's `input_features` in place of `input_ids` where
+        it reads audio."""
+        encoder = ({"input_ids": self.input_ids.to(device)} if self.input_features is None
+                   else {"input_features": self.input_features.to(device)})
+        return {**encoder, "attention_mask": self.attention_mask.long().to(device),
                 "decoder_input_ids": self.decoder_input_ids.to(device),
                 "decoder_attention_mask": self.decoder_attention_mask.long().to(device)}
 
@@ -73,18 +90,24 @@ class Seq2SeqBatch:
 
         - "bidirectional": the encoder's self-attention over its tokens.
         - "causal": the decoder's self-attention over its tokens.
-        - "cross": decoder queries over encoder keys (`key_ids`, `key_mask` the encoder's).
+        - "cross": decoder queries over encoder keys (`key_ids`, `key_mask` the encoder's; an
+          audio encoder's keys have no tokens, `key_ids` None).
         """
         if kind not in self._views:
+            if kind == "bidirectional" and self.input_features is not None:
+                raise HeadscopeError("an audio encoder's self-attention reads no tokens: a token probe cannot be "
+                                     "read at its sites")
             if kind == "bidirectional":
                 view = ProbeBatch(self.input_ids, self.attention_mask, False, self.content_start, self.token_counts)
             elif kind == "causal":
                 view = ProbeBatch(self.decoder_input_ids, self.decoder_attention_mask, True,
                                   self.decoder_content_start, self.token_counts)
             elif kind == "cross":
+                tokens = self.input_features is None
                 view = ProbeBatch(self.decoder_input_ids, self.decoder_attention_mask, False,
-                                  self.decoder_content_start, self.token_counts, key_ids=self.input_ids,
-                                  key_mask=self.attention_mask)
+                                  self.decoder_content_start, self.token_counts,
+                                  key_ids=self.input_ids if tokens else None,
+                                  key_mask=self.attention_mask if self.key_mask is None else self.key_mask)
             else:
                 raise HeadscopeError(f"unknown site kind {kind!r}; use causal, bidirectional or cross")
             self._views[kind] = view
@@ -102,6 +125,8 @@ class CopySet:
         content_start: the encoder's first probe token; the decoder's is one later.
         description: what the probe holds, in words.
         token_counts: `[vocab]` corpus frequency of each token id.
+        audio: what an audio encoder reads instead of `input_ids` (`SilentAudio`; None: the
+            encoder reads `input_ids`).
     """
 
     input_ids: torch.Tensor
@@ -111,6 +136,7 @@ class CopySet:
     token_counts: Optional[torch.Tensor] = None
     name: str = "copy"
     extra_meta: dict = field(default_factory=dict)
+    audio: Optional[SilentAudio] = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -130,20 +156,26 @@ class CopySet:
         """The first `n` examples, both inputs cut to `length` tokens, whose maps the report's
         explorer keeps at a decoder's sites."""
         source, target = self.input_ids[:n, :length], self.decoder_input_ids[:n, :length]
-        return Seq2SeqBatch(source, torch.ones_like(source, dtype=torch.bool), target,
-                            torch.ones_like(target, dtype=torch.bool), self.content_start, self.content_start + 1,
-                            self.token_counts)
+        return self._batch(source, target)
 
     def batches(self, batch_size: int, causal: bool, device) -> list[Seq2SeqBatch]:
         """`Seq2SeqBatch`es of `batch_size` examples (`causal` is the decoder's, always causal here)."""
-        out = []
-        for start in range(0, len(self), batch_size):
-            source = self.input_ids[start:start + batch_size].to(device)
-            target = self.decoder_input_ids[start:start + batch_size].to(device)
-            out.append(Seq2SeqBatch(source, torch.ones_like(source, dtype=torch.bool), target,
-                                    torch.ones_like(target, dtype=torch.bool), self.content_start,
-                                    self.content_start + 1, self.token_counts))
-        return out
+        return [self._batch(self.input_ids[start:start + batch_size].to(device),
+                            self.decoder_input_ids[start:start + batch_size].to(device))
+                for start in range(0, len(self), batch_size)]
+
+    def _batch(self, source, target) -> Seq2SeqBatch:
+        """Both inputs of these examples, unpadded; an audio encoder's silence for each of them,
+        every frame and position real."""
+        every = lambda n: torch.ones(source.shape[0], n, dtype=torch.bool, device=source.device)
+        if self.audio is None:
+            return Seq2SeqBatch(source, torch.ones_like(source, dtype=torch.bool), target,
+                                torch.ones_like(target, dtype=torch.bool), self.content_start, self.content_start + 1,
+                                self.token_counts)
+        features = self.audio.features(source.shape[0]).to(source.device)  # (B, mel, frames)
+        return Seq2SeqBatch(source, every(self.audio.n_frames), target, torch.ones_like(target, dtype=torch.bool),
+                            self.content_start, self.content_start + 1, self.token_counts, features,
+                            every(self.audio.n_positions))
 
 
 def copy_probe(tokenizer, n_examples: int, seq_len: int, decoder_start: int, seed: int = 0) -> CopySet:
@@ -165,23 +197,35 @@ def copy_probe(tokenizer, n_examples: int, seq_len: int, decoder_start: int, see
                    text.token_counts)
 
 
-def as_copy(probe, decoder_start: int) -> CopySet:
+def as_copy(probe, decoder_start: int, audio: Optional[SilentAudio] = None) -> CopySet:
     """A built probe as an encoder-decoder's input: the encoder reads its examples, the decoder
     the same tokens shifted right behind `decoder_start` (as `copy_probe` does with text), so the
     detectors of decoder and cross-attention sites read the probe they read elsewhere (the
     repeated probe's copies stay copies in the decoder's input, one position later). A `CopySet`
-    passes through; probes with padding (the treebank's) raise `CannotScore`."""
+    passes through; probes with padding (the treebank's) raise `CannotScore`.
+
+    With `audio` (an audio encoder's `SilentAudio`) the encoder hears that silence instead and
+    only the decoder reads the tokens; a `CopySet` of the encoder's tokens (the copy probe, whose
+    decoder copies what the encoder read) then raises `CannotScore`: there is nothing to copy."""
     if isinstance(probe, CopySet):
-        return probe
+        if probe.audio == audio:
+            return probe
+        if audio is None:
+            raise CannotScore(f"the {probe.name} probe was built for an audio encoder's silence; this encoder reads "
+                              f"tokens")
+        raise CannotScore(f"the {probe.name} probe's decoder copies what the encoder reads, and this encoder hears "
+                          f"{audio.description}, not the probe's tokens: there is nothing to copy")
     ids = getattr(probe, "input_ids", None)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or not hasattr(probe, "content_start") \
             or hasattr(probe, "sentences"):
         raise CannotScore(f"the {probe.name} probe cannot feed an encoder-decoder's decoder (it needs unpadded "
                           f"examples of one length, as the text and repeated probes have)")
     start = torch.full((ids.shape[0], 1), int(decoder_start), dtype=ids.dtype)
+    heard = "" if audio is None else f"; the encoder hears {audio.description}"
     return CopySet(ids, torch.cat([start, ids[:, :-1]], dim=1), probe.content_start,
                    f"{probe.description}; the decoder reads it shifted right behind its start token "
-                   f"{int(decoder_start)} (teacher-forced copy)", probe.token_counts, name=probe.name)
+                   f"{int(decoder_start)} (teacher-forced copy){heard}", probe.token_counts, name=probe.name,
+                   audio=audio)
 
 
 def as_copy_eval(probe: EvalProbe, decoder_start: int) -> EvalProbe:

@@ -178,9 +178,10 @@ def test_hooks_cache_and_patch_address_cross_attention():
     assert not route.routed_models()
 
 
-def test_bart_is_analysed_as_its_encoder_and_whisper_is_refused_in_one_line():
+def test_bart_is_analysed_as_its_encoder_and_whispers_encoder_is_refused_in_one_line():
     """analyze runs bart's encoder (token ids), as T5's; whisper's encoder takes log-mel
-    features, so analyze refuses it, saying what works."""
+    features, so analyze refuses it, naming the decoder's groups it runs at instead
+    (tests/analysis/test_whisper_decoder_sites.py)."""
     from headscope.probes.kinds import TextProbe
 
     loaded = Loaded.from_model(tiny_model("bart", kind="encoder_decoder"), char_tokenizer(), "tiny-bart")
@@ -190,7 +191,8 @@ def test_bart_is_analysed_as_its_encoder_and_whisper_is_refused_in_one_line():
     assert sorted(set(analysis.scores.layer)) == [0, 1] and len(analysis.scores) == 2 * 2 * 4
     assert analysis.scores.score.notna().all()
     whisper = Loaded.from_model(tiny_model("whisper", kind="encoder_decoder"), char_tokenizer(), "tiny-whisper")
-    with pytest.raises(headscope.HeadscopeError, match="analyze is not available for whisper .*capture, ablate") as err:
+    with pytest.raises(headscope.HeadscopeError, match="analyze of whisper's encoder is not available .*"
+                                                       "sites='decoder.self' or 'decoder.cross'") as err:
         headscope.analyze(whisper, detectors=["sink"], probes=[TextProbe(n_examples=2, seq_len=8)])
     assert "\n" not in str(err.value)
 
@@ -204,7 +206,8 @@ def test_family_table_names_the_groups_each_model_has(family):
     model = tiny_model(family, kind="encoder_decoder")
     assert row.sites.split(", ") == list(GROUPS)
     assert set(GROUPS) <= set(group_names(sites(model)))
-    assert row.analyze == (family != "whisper")
+    assert row.analyze == (family != "whisper")  # at the default group, the encoder
+    assert row.analyze_sites == ("decoder.self, decoder.cross (silent audio)" if family == "whisper" else "")
 
 
 @pytest.mark.parametrize("family", ENCODER_DECODER_FAMILIES)

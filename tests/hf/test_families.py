@@ -345,7 +345,8 @@ def test_family_table_is_the_matrix():
     cross = {"mllama", "mllama_text_model"}  # tiny_mllama, in test_hybrids_and_composites.py
     assert working == (set(INTERFACE_FAMILIES) | set(HYBRID_FAMILIES) | set(COMPOSITE_FAMILIES) | cross
                        | set(ENCODER_DECODER_FAMILIES))
-    assert {r.model_type for r in rows if not r.analyze} == {"whisper"} | set(OUTSIDE_INTERFACE)
+    assert {r.model_type for r in rows if not r.analyze} == {"whisper"} | set(OUTSIDE_INTERFACE)  # default sites
+    assert {r.model_type for r in rows if r.analyze_sites} == {"whisper"}  # its decoder's, the encoder fed silence
     assert len(INTERFACE_FAMILIES) >= 25
     adapted_hybrids = {f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None}
     assert {r.model_type for r in rows if r.verify} == (set(VERIFIED) | set(VERIFIED_COMPOSITES) | adapted_hybrids
@@ -367,8 +368,9 @@ def test_models_families_command_prints_the_table():
     assert len(lines) == len(rows)
     for line, row in zip(lines, rows):
         assert line.startswith(row.model_type)
-        assert line[len(row.model_type):].split()[:3] == ["yes" if row.capture else "no", "yes" if row.verify else "no",
-                                                          "yes" if row.analyze else "no"]
+        assert line[len(row.model_type):].split()[:2] == ["yes" if row.capture else "no", "yes" if row.verify else "no"]
+        analyze = row.analyze_sites or ("yes" if row.analyze else "no")  # whisper: the decoder's groups
+        assert line[len(row.model_type):].split(maxsplit=2)[2].startswith(f"{analyze} ")
         assert f" {row.sites or '-'} " in line
         assert line.endswith(row.notes)
 
