@@ -169,6 +169,14 @@ class Adapter:
             positions, computed by the first layer of each stack and handed on), which `verify`
             adds to the mask.
         no_from_hf: why `from_hf` and `verify` are not available ("" when they are).
+        decoder_only: the adapter of a family's decoder alone (BartForCausalLM: the decoder
+            without its encoder, `config.is_encoder_decoder` False), chosen over the family's
+            encoder-decoder adapter for such a config; its table row is named `family`.
+        default_sites: the default group where it is not the whole `stack` (a decoder alone
+            has self- and cross-attention in every layer: "text.self").
+        counts: config attributes holding the default stack's layer and head counts, where
+            they are not `num_hidden_layers` and `num_attention_heads` (a BART config maps
+            those to its encoder's).
         notes: one line for the family table.
     """
 
@@ -197,6 +205,9 @@ class Adapter:
     hybrid: bool = False
     heads: Optional[str] = None
     returns: tuple[str, ...] = ("output", "weights")
+    decoder_only: bool = False
+    default_sites: str = ""
+    counts: tuple[str, ...] = ()
     notes: str = ""
 
 
@@ -300,6 +311,14 @@ ADAPTERS = (
             causal=False, body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
             notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross "
                                      "the decoder's (teacher-forced copies)"),
+    Adapter("bart_causal_lm", ("bart",), layers="decoder.layers", block="self_attn", core="", qkv=_QKV,
+            out="out_proj", body="decoder", groups=(SiteGroup("text", "cross", "decoder.layers", "encoder_attn",
+                                                              heads="decoder_attention_heads"),),
+            heads="num_heads", decoder_only=True, default_sites="text.self",
+            counts=("decoder_layers", "decoder_attention_heads"),
+            notes="BartForCausalLM: bart's decoder alone, a causal LM; sites: text.self (the default), text.cross "
+                  "(over encoder_hidden_states, which a causal LM's forward rarely gets: without them capture "
+                  "reports it as not run, analyze skips it with a note, ablating or hooking it is an error)"),
     Adapter("whisper", ("whisper",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             causal=False, body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
             query_prescaled=True,
@@ -322,7 +341,9 @@ def adapter_for(config) -> Optional[Adapter]:
     """The adapter for a model config, or None when its family has none; a vision-language
     model's is its text decoder's (llava's text_config is a llama config)."""
     types = (getattr(config, "model_type", None), getattr(text_config(config), "model_type", None))
-    return next((a for model_type in types for a in ADAPTERS if model_type in a.model_types), None)
+    matches = [a for model_type in types for a in ADAPTERS if model_type in a.model_types]
+    alone = getattr(config, "is_encoder_decoder", None) is False  # BartForCausalLM's config says so
+    return next((a for a in matches if a.decoder_only == alone), matches[0] if matches else None)
 
 
 def family_of(config) -> str:

@@ -64,7 +64,7 @@ class FamilyRow(NamedTuple):
 
 
 def _site_groups(adapter) -> str:
-    return ", ".join([adapter.stack] + [f"{g.stack}.{g.kind}" for g in adapter.groups])
+    return ", ".join([adapter.default_sites or adapter.stack] + [f"{g.stack}.{g.kind}" for g in adapter.groups])
 
 
 def _analyze_sites(adapter) -> str:
@@ -76,7 +76,7 @@ def _analyze_sites(adapter) -> str:
 
 def family_table() -> tuple[FamilyRow, ...]:
     rows = [FamilyRow(t, True, not a.no_from_hf, a.notes, not a.no_analyze, _site_groups(a), _analyze_sites(a))
-            for a in ADAPTERS for t in a.model_types]
+            for a in ADAPTERS for t in ((a.family,) if a.decoder_only else a.model_types)]
     for model_type, notes, *extra in DISCOVERED:
         verify, groups = tuple(extra) + (False, "text")[len(extra):]
         how = "; from_hf/verify through its text decoder's adapter" if verify else "; from_hf/verify need an adapter"

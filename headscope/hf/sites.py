@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
-from .adapters import _calls_interface, _sub, adapter_for, attention_blocks, core_modules, head_sizes, text_stack
+from .adapters import (_calls_interface, _sub, adapter_for, attention_blocks, core_modules, head_sizes, text_config,
+                       text_stack)
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
@@ -142,6 +143,8 @@ def _located(model: nn.Module) -> list[tuple[Site, Optional[nn.Module], nn.Modul
     adapter = adapter_for(model.config)
     cores = core_modules(model)  # refuses, in one line, a model without attention or with it out of place
     n_heads = head_sizes(model.config)[1]
+    if adapter is not None and adapter.counts:  # the default stack's own count (BartForCausalLM: the decoder's)
+        n_heads = getattr(text_config(model.config), adapter.counts[1])
     found = _vision_sites(model, paths)
     if adapter is None:  # discovered in the text stack: one per layer, the kind read from the module
         for layer, core in cores:
@@ -203,7 +206,7 @@ def select(model: nn.Module, sites: Optional[str] = None) -> Selection:
     default = sites is None
     if default:
         adapter = adapter_for(model.config)
-        sites = adapter.stack if adapter is not None else "text"
+        sites = (adapter.default_sites or adapter.stack) if adapter is not None else "text"
     if not isinstance(sites, str):
         raise HeadscopeError(f"sites must name a group such as 'decoder.cross', got {sites!r}")
     stack, _, kind = sites.partition(".")

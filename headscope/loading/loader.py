@@ -186,13 +186,21 @@ class Loaded:
         analysed group's stack outside the default."""
         if self.sites is not None:
             return max(self.selection.sites) + 1
-        return self.text_config.num_hidden_layers
+        counts = self._counts
+        return getattr(self.text_config, counts[0]) if counts else self.text_config.num_hidden_layers
 
     @property
     def n_heads(self) -> int:
         if self.sites is not None:
             return self.selection.n_heads
-        return self.text_config.num_attention_heads
+        counts = self._counts
+        return getattr(self.text_config, counts[1]) if counts else self.text_config.num_attention_heads
+
+    @property
+    def _counts(self) -> tuple:
+        """The adapter's config attributes for the default stack's layer and head counts (`Adapter.counts`)."""
+        adapter = adapter_for(self.model.config)
+        return adapter.counts if adapter is not None else ()
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
