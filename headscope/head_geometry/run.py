@@ -33,6 +33,7 @@ from ..checks import check_count, check_loaded
 from ..errors import HeadscopeError
 from ..attention.module import MultiHeadAttention
 from ..hf.adapters import attention_blocks
+from ..tables import with_sites
 from .tables import GeometryResult, write_geometry_tables
 from .importance import head_importance, normalize_per_layer, pruning_curve
 from ..probes.base import text_probe
@@ -120,6 +121,7 @@ def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 
                     js_max=js_max, overlap_min=overlap_min, batch_size=batch_size,
                     pruning_order="importance_normalized" if normalize else "importance", seeds=list(seeds),
                     seconds=round(time.perf_counter() - started, 2))
+    heads = with_sites(heads, loaded.site_names)  # each head's attention module, as an analysis's tables name it
     return GeometryResult(heads, pairs, js, acc.approximation_error(), curve, settings)
 
 

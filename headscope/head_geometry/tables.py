@@ -40,7 +40,8 @@ class GeometryResult:
     Attributes:
         heads: one row per head: layer, head, kv_head, dim_q/k/v/o, qk_effective_rank,
             ov_effective_rank, cluster, mds_x, mds_y, importance and importance_normalized
-            (Michel et al.'s proxy raw and divided by its layer's l2 norm; NaN without a LM loss).
+            (Michel et al.'s proxy raw and divided by its layer's l2 norm; NaN without a LM loss),
+            site (the module path of the head's attention; absent in folders saved before it).
         pairs: within-layer pairs: subspace overlaps, js (bits), redundant.
         divergence: `[n_heads_total, n_heads_total]` mean JS in bits over the attention heads, in
             the order of `heads` (position of the layer in `layers` * H + head; exact within

@@ -109,3 +109,11 @@ def test_a_hybrids_sites_keep_the_models_layer_numbers():
     assert attending != list(range(len(attending)))  # numbered as the model numbers them, not 0..n-1
     for layer, site in zip(analysis.scores.layer, analysis.scores.site):
         assert model.get_submodule(site) is model.model.layers[int(layer)].self_attn
+
+
+def test_the_geometry_heads_table_names_each_heads_module(planted):
+    result = headscope.geometry(planted, n_examples=2, seq_len=16, importance=False)
+    blocks = planted.model.transformer.h
+    assert result.heads.site.notna().all()
+    assert all(planted.model.get_submodule(site) is blocks[int(layer)].attn
+               for layer, site in zip(result.heads.layer, result.heads.site))
