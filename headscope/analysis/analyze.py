@@ -15,13 +15,13 @@ copying of every head and of its control twin (`headscope.head_geometry.ov_circu
 
 `analyze` reads as its steps: `_plan` (detectors chosen, control resolved, probes built),
 `_run` (each probe's passes, each detector's `Finding`), `_score` (scores, labels and tables),
-the explorer examples, `_meta` (an `AnalysisMeta`, `headscope.analysis.meta`), and the optional
+the explorer examples (`headscope.analysis.explorer`), `_meta` (an `AnalysisMeta`, `headscope.analysis.meta`), and the optional
 validation; every step is timed by one `Timings`.
 
 An encoder that reads audio (the adapter's `audio_encoder`: Whisper's) is analysed at its
 decoder's sites only: the decoder reads each probe's tokens as elsewhere, the encoder (the
 model's and the control twin's) the log-mel features of silence (`headscope.probes.audio`), and
-`meta["sites"]["encoder_input"]` says so.
+`meta["sites"]["encoder_input"]` says so (`headscope.analysis.decoder_sites`).
 """
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ from ..hf.capture import capture
 from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
 from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
 from ..probes.audio import SilentAudio
-from ..probes.copy import CopySet, as_copy
-from ..probes.kinds import decoder_start, probe_settings
+from ..probes.kinds import probe_settings
+from .decoder_sites import as_copies, silence_note, silent_audio
+from .explorer import shown_examples
 from ..detectors.protocol import SCORE_COLUMNS
 from ..detectors.protocol import Progress
 from ..detectors.runner import MAP_BUDGET, Timings, collect_with_control
@@ -53,7 +54,6 @@ from ..loading.distributed import rank_and_size
 from ..loading.integrity import check_weights
 from ..loading.loader import Loaded
 from ..tables import with_sites
-from ..probes.tokens import display_tokens
 from ..causal import validate as run_validation
 from ..causal.validate import NO_VALIDATE_AUDIO
 
@@ -88,59 +88,6 @@ def _chosen(loaded, names, batch_size):
             where = f"{loaded.name}'s {loaded.sites} sites are" if loaded.sites else f"{loaded.name} is"
             raise HeadscopeError(f"detector {det.name!r} needs {needs}; {where} {kind}")
     return dets
-
-
-@torch.no_grad()
-def _explorer_examples(loaded, built, n_show, length) -> list[Example]:
-    """The first examples of each probe with every analysed head's map, for the report's explorer.
-    At a decoder's sites the queries are the decoder's tokens, and cross-attention's keys the
-    encoder's (`Example.key_tokens`)."""
-    examples = []
-    for name, probe in built.items():
-        shown = _explorer_inputs(loaded, probe, n_show, length)
-        if shown is None:
-            continue
-        inputs, queries, keys = shown
-        maps = _explorer_maps(loaded, inputs)
-        for i in range(queries.shape[0]):
-            tokens = display_tokens(loaded.tokenizer, queries[i].tolist())  # " word", not "Ġword"; bad bytes as <0xNN>
-            key_tokens = _key_tokens(loaded, probe, keys, i)
-            examples.append(Example.from_float(name, i, tokens, maps[i].numpy(), key_tokens))
-    return examples
-
-
-def _explorer_inputs(loaded, probe, n_show, length):
-    """`(inputs, queries, keys)`: the model's keyword inputs for a probe's first examples, the
-    query axis's token ids `[example, query]` and the key axis's `[example, key]` (None: the
-    queries'); None for a probe whose examples keep no maps."""
-    if not loaded.two_inputs:
-        ids = probe.explorer_ids(n_show, length)
-        if ids is None:
-            return None
-        ids = ids.to(loaded.device)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, ids, None
-    batch = probe.explorer_batch(n_show, length).to(loaded.device)  # both inputs, as the runner passes them
-    inputs = batch.model_inputs()
-    view = batch.for_site(loaded.site_kind)  # decoder self-attention: its tokens both ways; cross: encoder keys
-    return inputs, view.input_ids, view.key_ids  # key_ids None at an audio encoder's cross-attention
-
-
-def _key_tokens(loaded, probe, keys, i):
-    """Example i's key axis for the explorer: the encoder's tokens at cross-attention, the audio
-    encoder's positions of silence there (`SilentAudio.key_tokens`), None at self-attention."""
-    if keys is not None:
-        return display_tokens(loaded.tokenizer, keys[i].tolist())
-    audio = probe.audio if loaded.two_inputs else None
-    return audio.key_tokens() if audio is not None and loaded.site_kind == "cross" else None
-
-
-@torch.no_grad()
-def _explorer_maps(loaded, inputs) -> torch.Tensor:
-    """`[example, layer, head, query, key]` the analysed sites' maps on `inputs` (on the CPU)."""
-    with capture(loaded.model, to="cpu", sites=loaded.sites) as cap:
-        loaded.body(**inputs)
-    empty = torch.zeros_like(next(iter(cap.patterns.values())))  # a hybrid's layer without attention
-    return torch.stack([cap.patterns.get(l, empty) for l in range(loaded.n_layers)], dim=1)  # (N, L, H, Tq, Tk)
 
 
 def analyze(
@@ -230,7 +177,7 @@ def analyze(
     run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings)
     scored = _score(loaded, plan, run, seed, ov, timings)
     with timings.step("explorer"):
-        examples = _explorer_examples(loaded, plan.built, explorer_examples, explorer_len) if explorer_examples else []
+        examples = shown_examples(loaded, plan.built, explorer_examples, explorer_len) if explorer_examples else []
     timings.total()
     meta = _meta(loaded, plan, run, scored, seed, batch_size, ov, timings)
     analysis = Analysis(scores=scored.scores, labels=scored.labels, meta=meta.to_json(), examples=examples,
@@ -289,16 +236,6 @@ class _Scored:
     ov_skipped: str  # why the OV table is missing ("" when computed)
 
 
-def silent_audio(loaded) -> Optional[SilentAudio]:
-    """What the encoder hears at a decoder's sites when it reads audio (the adapter's
-    `audio_encoder`): silence at the sizes the config gives; None for an encoder of tokens, or
-    sites that need no encoder input."""
-    adapter = adapter_for(loaded.model.config)
-    if not loaded.two_inputs or adapter is None or adapter.audio_encoder is None:
-        return None
-    return SilentAudio(*adapter.audio_encoder.sizes(loaded.model.config))
-
-
 def _plan(loaded, detectors, probes, batch_size, control, seed, timings, audio=None) -> _Plan:
     """Choose the detectors, resolve the control twin, build each probe they read (at a decoder's
     sites as copies, the encoder hearing `audio` where it reads audio)."""
@@ -314,36 +251,12 @@ def _plan(loaded, detectors, probes, batch_size, control, seed, timings, audio=N
         built = {name: settings[name].build(loaded, seed) for name in groups}
         skipped, unheard = {}, ()  # detector -> why its probe cannot feed the sites (a decoder's, below)
         if loaded.two_inputs:  # a decoder's sites: each probe as the encoder's input and the decoder's copy
-            built, skipped, unheard = _as_copies(loaded, built, groups, detectors is not None, given, audio)
+            built, skipped, unheard = as_copies(loaded, built, groups, detectors is not None, given, audio)
             groups = {name: group for name, group in groups.items() if name in built}
             dets = [d for d in dets if d.probe in built]
         for name, probe in built.items():
             loaded.check_fits(f"the {name} probe", probe.seq_len)
     return _Plan(dets, groups, built, given, detectors is not None, twin, control_meta, skipped, audio, unheard)
-
-
-def _as_copies(loaded, built, groups, named, given, audio=None):
-    """Each built probe as an encoder-decoder's copy input (`as_copy`, the encoder hearing
-    `audio` where it reads audio); among the defaults, a probe that cannot be one leaves its
-    detectors out, saying why (named ones raise). A copy of the encoder's tokens (the copy
-    probe) has nothing to copy from an encoder that hears silence: its detectors are left out
-    even when its settings were given (the command line always gives them).
-
-    Returns:
-        (copies by probe name, skipped detector -> why, the detectors left out because the
-        encoder hears silence)."""
-    copies, skipped, unheard = {}, {}, []
-    start = decoder_start(loaded)
-    for name, probe in built.items():
-        try:
-            copies[name] = as_copy(probe, start, audio)
-        except CannotScore as err:
-            silent = audio is not None and isinstance(probe, CopySet)
-            if named or (not silent and any(p.name == name for p in given)):  # asked for: say why it cannot run
-                raise
-            skipped.update({d.name: str(err) for d in groups[name]})
-            unheard += [d.name for d in groups[name]] if silent else []
-    return copies, skipped, tuple(unheard)
 
 
 def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings) -> _Run:
@@ -407,20 +320,6 @@ def _score(loaded, plan, run, seed, ov, timings) -> _Scored:
     return _Scored(with_sites(scores, modules), with_sites(labels, modules), tables, ov_skipped)
 
 
-def _silence_note(loaded, plan) -> str:
-    """What an audio encoder heard, for `meta["notes"]`; at cross-attention, which detectors that
-    leaves (those whose probe needs no encoder tokens) and which it left out."""
-    note = (f"encoder input: {plan.audio.description}, the same in every example and in the control twin; the "
-            f"decoder's attention is read with an encoder that heard nothing")
-    if loaded.site_kind != "cross":
-        return note
-    left_out = f"; left out: {', '.join(plan.unheard)} (needs the encoder to read the copied tokens)" if plan.unheard \
-        else ""
-    kept = ", ".join(d.name for d in plan.detectors)
-    return (f"{note}; cross-attention's keys are positions of that silence, so only detectors that read no encoder "
-            f"tokens run ({kept}){left_out}")
-
-
 def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisMeta:
     """What the run records (`AnalysisMeta`); `to_json()` is `Analysis.meta`."""
     import transformers  # heavy: imported when an analysis is made, not with headscope
@@ -455,7 +354,7 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
                      f"{read}")
         if plan.audio is not None:
             sites["encoder_input"] = plan.audio.description
-            notes.append(_silence_note(loaded, plan))
+            notes.append(silence_note(loaded, plan))
     return AnalysisMeta(
         model=loaded.name, family=loaded.family, causal=loaded.causal,
         n_layers=loaded.n_layers, n_heads=loaded.n_heads,

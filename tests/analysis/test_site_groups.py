@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import headscope
 from headscope.analysis import Analysis
-from headscope.analysis.analyze import _explorer_inputs, _explorer_maps
+from headscope.analysis.explorer import explorer_inputs, explorer_maps
 from headscope.cli import app
 from headscope.detectors.registry import defaults_for, get
 from headscope.loading.loader import Loaded
@@ -107,8 +107,8 @@ def test_the_explorer_keeps_the_models_own_maps_with_each_axis_tokens(family, si
         model.set_attn_implementation(previous)
     eager = torch.stack(out.decoder_attentions if sites == "decoder.self" else out.cross_attentions, dim=1)
     view = loaded.at(sites)
-    inputs, queries, keys = _explorer_inputs(view, copy, 2, 20)
-    torch.testing.assert_close(_explorer_maps(view, inputs), eager.float(), atol=1e-5, rtol=0)  # (N, L, H, Tq, Tk)
+    inputs, queries, keys = explorer_inputs(view, copy, 2, 20)
+    torch.testing.assert_close(explorer_maps(view, inputs), eager.float(), atol=1e-5, rtol=0)  # (N, L, H, Tq, Tk)
 
     assert [(e.probe, e.index) for e in analysis.examples] == [("text", 0), ("text", 1)]
     start = display_tokens(loaded.tokenizer, [decoder_start(loaded)])

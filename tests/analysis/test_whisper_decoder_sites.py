@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 import headscope
 from headscope.analysis import Analysis
-from headscope.analysis.analyze import _explorer_inputs, _explorer_maps, silent_audio
+from headscope.analysis.decoder_sites import silent_audio
+from headscope.analysis.explorer import explorer_inputs, explorer_maps
 from headscope.cli import app
 from headscope.detectors.registry import defaults_for, get
 from headscope.loading.control import CONTROL_SEED_OFFSET, random_twin
@@ -168,9 +169,9 @@ def test_the_explorer_keeps_the_models_own_maps_and_the_report_renders(sites, tm
     eager = torch.stack(out.decoder_attentions if sites == "decoder.self" else out.cross_attentions, dim=1)
     view = loaded.at(sites)
     copy = as_copy(text.build(loaded, 0), model.config.decoder_start_token_id, silent_audio(view))
-    inputs, queries, keys = _explorer_inputs(view, copy, 2, 20)
+    inputs, queries, keys = explorer_inputs(view, copy, 2, 20)
     assert keys is None and queries.tolist() == target.tolist()
-    torch.testing.assert_close(_explorer_maps(view, inputs), eager.float(), atol=1e-5, rtol=0)  # (N, L, H, Tq, Tk)
+    torch.testing.assert_close(explorer_maps(view, inputs), eager.float(), atol=1e-5, rtol=0)  # (N, L, H, Tq, Tk)
     silence = [f"silence {j}" for j in range(POSITIONS)]
     for i, example in enumerate(analysis.examples):
         assert np.abs(example.patterns.astype(float) - eager[i].numpy() * 255).max() <= 0.5 + 1e-3  # uint8 rounding
