@@ -46,8 +46,9 @@ from .probes import IdTokenizer, has_text_tokenizer, timeline_probes
 __all__ = ["Timeline", "TIMELINE_COLUMNS", "LABEL_COLUMNS", "STEP_COLUMNS", "DEFAULT_DETECTORS", "untouched",
            "unwrap"]
 
-TIMELINE_COLUMNS = ["step", "layer", "head", "detector", "score", "ci_low", "ci_high", "control"]
-LABEL_COLUMNS = ["step", "layer", "head", "label"]
+# site: the head's attention module, as in an analysis's tables (timelines saved before it read it as missing)
+TIMELINE_COLUMNS = ["step", "layer", "head", "detector", "score", "ci_low", "ci_high", "control", "site"]
+LABEL_COLUMNS = ["step", "layer", "head", "label", "site"]
 STEP_COLUMNS = ["step", "icl_score", "loss", "train_loss"]
 DEFAULT_DETECTORS = ("previous_token", "induction", "duplicate_token", "sink", "uniform")
 FILES = {"scores": "timeline.csv", "labels": "labels.csv", "steps": "steps.csv"}
@@ -278,6 +279,6 @@ class Timeline:
 def _frame(parts: list, columns: list) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=columns)
-    frame = pd.concat(parts, ignore_index=True)[columns]
+    frame = pd.concat(parts, ignore_index=True).reindex(columns=columns)
     return frame.sort_values(["step", "layer", "head"] if "detector" not in columns else
                              ["step", "detector", "layer", "head"], kind="stable", ignore_index=True)

@@ -38,8 +38,10 @@ def test_a_trainer_folder_gives_a_timeline_of_its_checkpoints(trainer_folder, tm
     result = _invoke(trainer_folder / "run", "--out", out)
     assert result.exit_code == 0, result.output
     scores = pd.read_csv(out / "timeline.csv")
-    assert list(scores.columns) == ["step", "layer", "head", "detector", "score", "ci_low", "ci_high", "control"]
+    assert list(scores.columns) == ["step", "layer", "head", "detector", "score", "ci_low", "ci_high", "control",
+                                    "site"]
     assert sorted(scores.step.unique()) == [4, 8, 12]
+    assert set(scores.site) == {f"model.layers.{layer}.self_attn" for layer in set(scores.layer)}  # the Llama's modules
     steps = pd.read_csv(out / "steps.csv")
     assert steps.train_loss.notna().all()  # read from the last checkpoint's log_history
     history = json.loads((trainer_folder / "run" / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
