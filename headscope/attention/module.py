@@ -6,7 +6,8 @@ models use: grouped-query attention (`n_kv_heads`), optional biases, a head size
 `d_model / n_heads`, causal or bidirectional masking, padding masks, rotary position embedding
 (full or partial, "rotate half" or interleaved pairs), a scaling override, dropout, and the
 extras of recent models: q/k norms before rotary (Qwen3, Gemma 3, OLMo 2), clipping of q/k/v
-(OLMo), score soft-capping (Gemma 2) and a learned sink logit per head (gpt-oss). Given a
+(OLMo), score soft-capping (Gemma 2), a learned sink logit per head (gpt-oss) and a sigmoid output gate
+(Qwen3-Next: z * sigmoid(W_gate x), per element of each head, before W_O). Given a
 `context`, keys and values come from it instead of `x`: cross-attention (an encoder-decoder's
 decoder reading the encoder's output), with no rotary and no causal mask.
 
@@ -16,7 +17,8 @@ Hook points (read or replace with `headscope.attention.hook_points.hooks(module,
     hook_v       [batch, kv_head, key, d_head]   values (key = pos, or the context's positions)
     hook_scores  [batch, head, query, key]       pre-softmax scores, fp32, masked entries at min
     hook_pattern [batch, head, query, key]       attention probabilities, fp32
-    hook_z       [batch, pos, head, d_head]      per-head weighted values, before W_O
+    hook_z       [batch, pos, head, d_head]      per-head weighted values, W_O's input (with an
+                                                 output gate: after it, z * sigmoid(W_gate x))
     hook_result  [batch, pos, head, d_model]     per-head output after W_O (no bias); computed
                                                  only when hooked
 The fast path (SDPA) runs unless a hook on scores or pattern, or `return_pattern`, needs them.
@@ -61,6 +63,9 @@ class AttentionConfig:
         clip: q, k and v are clamped to [-clip, clip] after the projections (None: no clip).
         softcap: scores become softcap * tanh(scores / softcap) (None: no cap).
         sinks: each head has a learned sink logit (`sinks` `[head]`) in its softmax.
+        output_gate: z is multiplied per element by sigmoid(W_gate x) before W_O (`W_gate`,
+            `d_model -> n_heads * d_head`, from the queries' input; each head's gate reads
+            only its own slice, so heads stay separate).
     """
 
     d_model: int
@@ -79,6 +84,7 @@ class AttentionConfig:
     clip: Optional[float] = None
     softcap: Optional[float] = None
     sinks: bool = False
+    output_gate: bool = False
 
 
 class MultiHeadAttention(nn.Module):
@@ -101,6 +107,8 @@ class MultiHeadAttention(nn.Module):
         clip: clamp q, k and v to [-clip, clip].
         softcap: cap scores at softcap * tanh(scores / softcap).
         sinks: add a learned sink logit per head (`sinks` `[head]`, initialised to 0).
+        output_gate: gate z per element by sigmoid(W_gate x) before W_O (`W_gate` with a bias
+            when `bias`); `hook_z` and `hook_result` see the gated z.
     """
 
     def __init__(
@@ -122,6 +130,7 @@ class MultiHeadAttention(nn.Module):
         clip: Optional[float] = None,
         softcap: Optional[float] = None,
         sinks: bool = False,
+        output_gate: bool = False,
         device=None,
         dtype=None,
     ):
@@ -140,13 +149,14 @@ class MultiHeadAttention(nn.Module):
             qkv_bias=bias, out_bias=bias if out_bias is None else out_bias, rotary_dim=rotary_dim,
             rotary_base=float(rotary_base), scale=d_head ** -0.5 if scale is None else float(scale),
             dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
-            softcap=softcap, sinks=sinks,
+            softcap=softcap, sinks=sinks, output_gate=output_gate,
         )
         kw = dict(device=device, dtype=dtype)
         self.W_q = nn.Linear(d_model, n_heads * d_head, bias=bias, **kw)
         self.W_k = nn.Linear(d_model, n_kv_heads * d_head, bias=bias, **kw)
         self.W_v = nn.Linear(d_model, n_kv_heads * d_head, bias=bias, **kw)
         self.W_o = nn.Linear(n_heads * d_head, d_model, bias=self.config.out_bias, **kw)
+        self.W_gate = nn.Linear(d_model, n_heads * d_head, bias=bias, **kw) if output_gate else None
         self.q_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None  # on (B, T, H, D)
         self.k_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(n_heads, **kw)) if sinks else None  # (H,)
@@ -234,7 +244,10 @@ class MultiHeadAttention(nn.Module):
             on_scores=self.hook_scores if self.hook_scores.hooked else None,
             on_pattern=self.hook_pattern if self.hook_pattern.hooked else None,
         )
-        z = self.hook_z(z.transpose(1, 2))  # (B, T, H, D)
+        z = z.transpose(1, 2)  # (B, T, H, D)
+        if cfg.output_gate:  # per element of each head: heads stay separate, z is W_O's input
+            z = z * torch.sigmoid(self.W_gate(x)).view(B, T, cfg.n_heads, cfg.d_head)
+        z = self.hook_z(z)  # (B, T, H, D)
         if self.hook_result.hooked:
             w_o = self.W_o.weight.view(cfg.d_model, cfg.n_heads, cfg.d_head)  # (d_model, H, D)
             result = torch.einsum("bthd,mhd->bthm", z, w_o)  # (B, T, H, d_model)

@@ -12,6 +12,12 @@ W_O W_U W_E W_V (`[d_head, d_head]`; AB and BA share nonzero eigenvalues).
   1 for a copying circuit (all eigenvalues positive). Chance: 0.5 for a random matrix with real
   eigenvalues; with complex pairs less (about 0.32 for eigenvalues uniform in a disk).
 
+A head whose z passes an output gate (`AttentionConfig.output_gate`: Qwen3-Next's z * sigmoid(W_gate x),
+per element, from the query's input) has no such fixed circuit: its map is W_V diag(sigmoid(W_gate x))
+W_O, which depends on the input, and dropping the gate scores a circuit the model never runs (a
+positive diagonal between W_V and W_O can change the signs of the eigenvalues), so `head_ov_weights`
+and `ov_copying` refuse such a model in one line and `analyze` notes the OV table as not computed.
+
 Layer norms are not included by default (treated as identity), and neither are biases: the
 per-token scale of a norm multiplies a whole row and does not change copy_top1, but its gains
 (and the final norm's) are left out, as in Elhage et al.'s simplified circuit. With
@@ -83,6 +89,8 @@ def head_ov_weights(model, sites: Optional[str] = None):
     Yields:
         `(layer, head, W_V, W_O)`: W_V `[d_model, d_head]` (the head's key/value head under GQA)
         and W_O `[d_head, d_model]`, fp32, row convention x @ W; norms not folded.
+    Raises:
+        HeadscopeError: a layer's z passes an output gate (no input-free OV circuit).
     """
     if sites is not None:
         yield from _group_ov_weights(model, sites)
@@ -90,6 +98,10 @@ def head_ov_weights(model, sites: Optional[str] = None):
     for layer, block in attention_blocks(model):
         mha = MultiHeadAttention.from_hf(block, model.config)
         cfg = mha.config
+        if cfg.output_gate:
+            raise HeadscopeError(f"OV copying is not available for layer {layer}: a sigmoid output gate, which depends "
+                                 f"on the input, scales z per element between W_V and W_O, so the head has no fixed OV "
+                                 f"circuit (from_hf, verify, capture, ablate and the other detectors work)")
         per_kv = cfg.n_heads // cfg.n_kv_heads
         W_v = mha.W_v.weight.detach().float().T  # (D, n_kv * dh)
         W_o = mha.W_o.weight.detach().float().T  # (n_heads * dh, D)

@@ -23,7 +23,10 @@ d_head x d_head product (W = U R by QR, so A B^T = U_A (R_A R_B^T) U_B^T).
 
 What is left out, and why: biases (they add a constant, not a direction), q/k norms and rotary
 (the QK circuit here is the position-free bilinear form before rotary), layer norms before the
-block (not folded in). With grouped-query attention the K and V bases are per key/value head;
+block (not folded in), and an output gate (Qwen3-Next's z * sigmoid(W_gate x)): it scales each of a
+head's d_head coordinates by a positive factor that depends on the input, so the head's read and
+write subspaces are exact without it, while its OV effective rank is that of W_V W_O, the gate left
+out (the OV table refuses such heads, `headscope.head_geometry.ov_circuit`). With grouped-query attention the K and V bases are per key/value head;
 query heads of one group share them, so their K and V overlaps are 1 by construction
 (`same_kv_group` in the table says which pairs). A head whose projection is all zeros has an
 empty subspace: its overlaps are NaN.

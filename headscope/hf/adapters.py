@@ -22,7 +22,8 @@ Capture, ablation and analysis need no adapter: in a model of another family, th
   `body` inside it: T5's encoder).
 - `text_config(config)`: the config of a model's text decoder (a composite config's
   `text_config`, else the config itself); `text_stack(model)`: the module it belongs to.
-- `z_at_out(model)`: the output projections whose input is z (a norm mixes heads before them).
+- `z_at_out(model)`: the output projections whose input is z (a norm mixes heads before them, or
+  an output gate scales z after the attention function).
 - `check_on_interface(model_class, model_type)`: the one-line refusal for models that bypass it.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
-from .layouts import FusedConv1D, FusedPerHead, FusedRows, Separate
+from .layouts import FusedConv1D, FusedPerHead, FusedRows, GatedQuery, Separate
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
@@ -161,6 +162,12 @@ class Adapter:
             RMSNorm over all heads together); z is then read and edited at the output
             projection's input, after the mixing (`z_at_out`), so removing a head removes
             its slice there.
+        output_gate: z is multiplied per element by sigmoid(gate(x)) between the attention
+            function and the output projection (Qwen3-Next), the gate's rows read by the layout's
+            `gate` (`GatedQuery`). The gate keeps heads apart, but z is still read and edited at
+            the output projection's input, after it (`z_at_out`), as where a norm mixes heads:
+            hook_z, patching and mean ablation see the gated z, and zero ablation is the same
+            either side of the gate. `MultiHeadAttention` takes it as `output_gate`.
         heads: core attribute holding its query head count, where the stacks of a model have
             their own (bart's encoder and decoder; None: the config's, `head_sizes`); the head
             size is then the query projection's rows over it (T5's `d_kv`).
@@ -197,6 +204,7 @@ class Adapter:
     causal: bool = True
     body: str = ""
     mixes_heads: Optional[str] = None
+    output_gate: bool = False
     stack: str = "text"
     groups: tuple[SiteGroup, ...] = ()
     no_from_hf: str = ""
@@ -294,6 +302,13 @@ ADAPTERS = (
     Adapter("lfm2", ("lfm2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj", rotary=Rotary(),
             qk_norm=QKNorm("q_layernorm", "k_layernorm"), hybrid=True,
             notes=_HYBRID.format("beside short convolutions") + "; per-head q/k norm"),
+    Adapter("qwen3_next", ("qwen3_next",), layers="layers", block="self_attn", core="",
+            qkv=GatedQuery("q_proj", "k_proj", "v_proj"), out="o_proj", rotary=Rotary(),
+            qk_norm=QKNorm("q_norm", "k_norm"), output_gate=True, hybrid=True,
+            notes=_HYBRID.format("beside Gated DeltaNet linear attention") + "; per-head q/k RMSNorm, partial "
+                  "rotary; a sigmoid output gate (per element, from the layer's input) between attention and o_proj: "
+                  "z (hook_z, ablation, patching) is o_proj's input, after the gate; no OV table (the gate, "
+                  "which depends on the input, sits inside the OV circuit)"),
     Adapter("bert", ("bert", "roberta", "electra"), layers="encoder.layer", block="attention", core="self",
             qkv=_BERT_QKV, out="output.dense", causal=False, notes="encoder"),
     Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",
@@ -482,11 +497,12 @@ def core_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
 
 
 def z_at_out(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
-    """`[(core module, output projection)]` for the layers where something mixes heads between
-    the attention function and the output projection (`Adapter.mixes_heads`): there z is the
-    output projection's input. Empty for every other model."""
+    """`[(core module, output projection)]` for the layers where something stands between the
+    attention function and the output projection (a norm mixing heads, `Adapter.mixes_heads`, or
+    an output gate, `Adapter.output_gate`): there z is the output projection's input. Empty for
+    every other model."""
     adapter = adapter_for(model.config)
-    if adapter is None or adapter.mixes_heads is None:
+    if adapter is None or (adapter.mixes_heads is None and not adapter.output_gate):
         return []
     return [(_sub(block, adapter.core), _sub(block, adapter.out)) for _, block in attention_blocks(model)]
 

@@ -38,9 +38,6 @@ DISCOVERED = (
     ("zamba2", _HYBRID.format("the shared transformer blocks, beside Mamba 2 layers") + "; one attention block "
                "shared by several layers (optionally with per-layer LoRA on q, k, v) reading the hidden state joined "
                "to the embeddings, so no adapter"),
-    ("qwen3_next", _HYBRID.format("beside Gated DeltaNet linear attention") + "; a sigmoid output gate "
-                   "(per element, from the layer's input) stands between attention and o_proj, so no adapter: zero "
-                   "ablation is exact, mean ablation substitutes the mean before the gate"),
     ("gemma3", _VLM, True, _WITH_VISION),
     ("llava", _VLM, True, _WITH_VISION),
     ("qwen2_5_vl", _VLM_PACKED),

@@ -1,7 +1,7 @@
 """Building headscope's `MultiHeadAttention` from a Hugging Face attention block, by its adapter.
 
 - `module_from_hf(cls, block, config)`: a `MultiHeadAttention` holding the block's weights,
-  its q/k norms (copies of the model's own modules), clip, soft-cap and sink logits.
+  its q/k norms (copies of the model's own modules), clip, soft-cap, sink logits and output gate.
 - `rotary_tables(block, config, position_embeddings)`: the `(cos, sin)` the model passed to the
   block, in the layout and width `MultiHeadAttention` takes (None for a layer without rotary).
 - `call_arguments(module, config, received, returned)`: the arguments that make such a module
@@ -103,6 +103,7 @@ def module_from_hf(cls: Callable, block: nn.Module, config):
         wq, bq, scale = wq * scale, (bq * scale if bq is not None else None), 1.0
     norms = _norms(adapter, core)
     sinks = getattr(core, adapter.sinks) if adapter.sinks else None
+    wg, bg = adapter.qkv.gate(block, n_heads, d_head) if adapter.output_gate else (None, None)
     module = cls(
         d_model, n_heads, n_kv, d_head,
         causal=bool(getattr(core, "is_causal", True)),
@@ -112,11 +113,12 @@ def module_from_hf(cls: Callable, block: nn.Module, config):
         scale=scale, qk_norm=norms is not None,
         clip=getattr(config, adapter.clip, None) if adapter.clip else None,
         softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,
-        sinks=sinks is not None,
+        sinks=sinks is not None, output_gate=wg is not None,
         device=wq.device, dtype=wq.dtype,
     )
     with torch.no_grad():
-        for lin, w, b in ((module.W_q, wq, bq), (module.W_k, wk, bk), (module.W_v, wv, bv), (module.W_o, wo, bo)):
+        pairs = [(module.W_q, wq, bq), (module.W_k, wk, bk), (module.W_v, wv, bv), (module.W_o, wo, bo)]
+        for lin, w, b in pairs + ([(module.W_gate, wg, bg)] if wg is not None else []):
             lin.weight.copy_(w)
             if b is not None:
                 lin.bias.copy_(b)

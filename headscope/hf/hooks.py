@@ -18,7 +18,8 @@ cross-attention, whose key axis is the encoder's positions). The points and shap
     hook_scores  [batch, head, query, key]       pre-softmax scores, fp32, masked entries at min
     hook_pattern [batch, head, query, key]       attention probabilities, fp32
     hook_z       [batch, pos, head, d_head]      per-head weighted values, before W_O (its input
-                                                 where a norm mixes heads first: bitnet)
+                                                 where a norm mixes heads first, bitnet, or an
+                                                 output gate scales z, qwen3_next: after the gate)
     hook_result  [batch, pos, head, d_model]     per-head output after W_O (no bias); the layer's
                                                  output projection then returns its sum plus bias
 A hook on scores or pattern switches that layer to the explicit path; other layers stay fused.

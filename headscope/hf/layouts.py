@@ -7,6 +7,8 @@ each weight Linear-style `(out features, in features)` and bias None when the mo
 - `FusedRows`: one Linear whose output is `[q | k | v]` (Phi-3 `qkv_proj`, ModernBERT `Wqkv`).
 - `FusedConv1D`: the same in a transformers Conv1D, which stores `(in, out)` (GPT-2 `c_attn`).
 - `FusedPerHead`: one Linear grouped per head as `[q_h | k_h | v_h]` (GPT-NeoX).
+- `GatedQuery`: three Linear modules, the query's grouped per head as `[q_h | gate_h]`, the
+  rows of a sigmoid output gate beside each head's query rows (Qwen3-Next); `gate(...)` gives them.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     import torch
     from torch import nn
 
-__all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead"]
+__all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead", "GatedQuery"]
 
 Weights = "tuple[torch.Tensor, torch.Tensor | None]"  # Linear-style (out, in) weight and bias
 
@@ -85,3 +87,27 @@ class FusedPerHead:
             (w[:, i].reshape(n_heads * d_head, -1), b[:, i].reshape(-1) if b is not None else None)
             for i in range(3)
         ]
+
+
+@dataclass(frozen=True)
+class GatedQuery:
+    """Qwen3-Next: separate q, k, v Linears, the query's output grouped per head as
+    `[q_h | gate_h]` (`2 * d_head` rows a head); `extract` gives the query rows, `gate` the gate's."""
+
+    q: str
+    k: str
+    v: str
+
+    def _halves(self, block: nn.Module, n_heads: int, d_head: int, half: int) -> Weights:
+        weight, bias = linear(block.get_submodule(self.q))
+        w = weight.view(n_heads, 2, d_head, -1)[:, half].reshape(n_heads * d_head, -1)  # (H * D, d_model)
+        b = bias.view(n_heads, 2, d_head)[:, half].reshape(-1) if bias is not None else None  # (H * D,)
+        return w, b
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        return [self._halves(block, n_heads, d_head, 0), linear(block.get_submodule(self.k)),
+                linear(block.get_submodule(self.v))]
+
+    def gate(self, block: nn.Module, n_heads: int, d_head: int) -> Weights:
+        """The output gate's rows `(n_heads * d_head, d_model)` and bias: z * sigmoid(x W^T + b)."""
+        return self._halves(block, n_heads, d_head, 1)

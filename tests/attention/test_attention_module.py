@@ -140,6 +140,57 @@ def test_rotary_from_positions_equals_given_tables():
     torch.testing.assert_close(m(x, positions=torch.arange(7) + 13), m(x), atol=1e-5, rtol=0)
 
 
+def _gated_reference(x, m, mask):
+    """Gated GQA attention written out with einsum: z = softmax(q k^T * scale) v per head, then
+    z * sigmoid(x W_gate^T + b) per element, then z W_O^T + b (no rotary)."""
+    c = m.config
+    B, T = x.shape[:2]
+    q = (x @ m.W_q.weight.T + m.W_q.bias).view(B, T, c.n_heads, c.d_head)
+    k = (x @ m.W_k.weight.T + m.W_k.bias).view(B, T, c.n_kv_heads, c.d_head)
+    v = (x @ m.W_v.weight.T + m.W_v.bias).view(B, T, c.n_kv_heads, c.d_head)
+    share = c.n_heads // c.n_kv_heads
+    k, v = k.repeat_interleave(share, dim=2), v.repeat_interleave(share, dim=2)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * c.scale
+    allowed = mask[:, None, None, :] & torch.ones(T, T, dtype=torch.bool).tril()
+    pattern = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    gate = torch.sigmoid(x @ m.W_gate.weight.T + m.W_gate.bias).view(B, T, c.n_heads, c.d_head)
+    z = torch.einsum("bhts,bshd->bthd", pattern, v) * gate  # (B, T, H, D)
+    return z.reshape(B, T, -1) @ m.W_o.weight.T + m.W_o.bias, z
+
+
+def test_output_gate_equals_einsum_reference_and_hook_z_is_the_gated_z():
+    """z * sigmoid(W_gate x) per element before W_O, on the fast and the explicit path; hook_z
+    holds the gated z (W_O's input), and zeroing a head there removes exactly its W_O columns."""
+    m = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=5, bias=True, output_gate=True)
+    assert m.config.output_gate and m.W_gate.weight.shape == (30, 20)
+    x, mask = torch.randn(2, 7, 20), _padding()
+    expected, expected_z = _gated_reference(x, m, mask)
+    torch.testing.assert_close(m(x, mask), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(m(x, mask, return_pattern=True)[0], expected, atol=1e-5, rtol=0)
+    seen = {}
+    with m.hooks({"hook_z": lambda z, hook: seen.setdefault("z", z.clone())}):
+        m(x, mask)
+    torch.testing.assert_close(seen["z"], expected_z, atol=1e-6, rtol=0)
+    with m.hooks({"hook_result": lambda r, hook: seen.setdefault("result", r.clone())}):
+        torch.testing.assert_close(m(x, mask), expected, atol=1e-5, rtol=0)
+    w_o = m.W_o.weight.view(20, 6, 5)
+    torch.testing.assert_close(seen["result"], torch.einsum("bthd,mhd->bthm", expected_z, w_o), atol=1e-5, rtol=0)
+
+    def zero_head_2(z, hook):
+        z = z.clone()
+        z[:, :, 2] = 0
+        return z
+
+    without = expected - torch.einsum("btd,md->btm", expected_z[:, :, 2], w_o[:, 2])
+    with m.hooks({"hook_z": zero_head_2}):
+        torch.testing.assert_close(m(x, mask), without, atol=1e-5, rtol=0)
+
+
+def test_without_an_output_gate_there_is_no_gate_projection():
+    m = _module(d_model=20, n_heads=4)
+    assert m.W_gate is None and not m.config.output_gate
+
+
 def test_every_hook_fires_once_with_declared_shape():
     m = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=5, rotary_dim=4)
     assert set(hook_points(m)) == set(HOOK_SHAPES)

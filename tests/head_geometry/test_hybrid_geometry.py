@@ -22,7 +22,7 @@ from tests.support.tiny import HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config, t
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-FAMILIES = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]  # the seven adapted
+FAMILIES = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]  # the eight adapted
 PROBE = dict(n_examples=3, seq_len=16)
 BATCH = 2
 
@@ -145,6 +145,6 @@ def test_the_accumulator_numbers_heads_by_their_layers_position_and_needs_every_
 
 
 def test_a_hybrid_without_an_adapter_is_refused_in_one_line():
-    with pytest.raises(headscope.HeadscopeError, match="'qwen3_next' has no headscope adapter") as err:
-        headscope.geometry(hybrid("qwen3_next"), **PROBE)
+    with pytest.raises(headscope.HeadscopeError, match="'zamba2' has no headscope adapter") as err:
+        headscope.geometry(hybrid("zamba2"), **PROBE)
     assert "\n" not in str(err.value)

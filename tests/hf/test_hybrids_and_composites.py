@@ -10,7 +10,7 @@ import torch
 import headscope
 from headscope.hf import route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
-from tests.support.contracts import assert_hook_contract, eager_weights, head_zeroed_at
+from tests.support.contracts import assert_hook_contract, eager_weights, head_meaned_at, head_zeroed_at
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
@@ -22,8 +22,8 @@ from tests.support.tiny import (COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-# Hybrids with an adapter of their own (from_hf, verify, the OV table); qwen3_next (an output gate
-# between attention and o_proj) and zamba2 (one attention block shared by several layers) have none.
+# Hybrids with an adapter of their own (from_hf, verify, the OV table but qwen3_next's, whose output
+# gate sits inside the OV circuit); zamba2 (one attention block shared by several layers) has none.
 ADAPTED_HYBRIDS = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]
 CASES = [(f, "hybrid") for f in HYBRID_FAMILIES] + [(f, "composite") for f in COMPOSITE_FAMILIES]
 OUT = {"lfm2": "out_proj"}  # the output projection's name inside the attention module (default o_proj)
@@ -110,6 +110,9 @@ def test_analyze_runs_end_to_end_and_renders(family, kind):
     without = sorted(set(range(loaded.n_layers)) - set(layers))
     notes = " ".join(analysis.meta.get("notes", []))
     assert (f"layers {', '.join(map(str, without))} have no attention" in notes) == bool(without)
+    gated = "OV copying not computed: OV copying is not available for layer 2: a sigmoid output gate"
+    assert (gated in notes) == (family == "qwen3_next")  # the others have their OV table
+    assert ("ov" in analysis.tables) == (family != "qwen3_next")
     page = render_html(analysis, plotlyjs="cdn")
     assert f"tiny-{family}" in page
 
@@ -242,7 +245,7 @@ def test_mllamas_cross_attention_layer_is_a_cross_site_of_the_text_stack():
 
 
 def test_hybrids_with_and_without_an_adapter():
-    assert set(HYBRID_FAMILIES) - set(ADAPTED_HYBRIDS) == {"qwen3_next", "zamba2"}
+    assert set(HYBRID_FAMILIES) - set(ADAPTED_HYBRIDS) == {"zamba2"}
 
 
 @pytest.mark.parametrize("family", ADAPTED_HYBRIDS)
@@ -296,3 +299,101 @@ def test_a_hybrids_ov_rows_are_its_attention_layers_read_from_the_weights(family
         W_O = getattr(block, out).weight[:, row.head * d_head:(row.head + 1) * d_head].float().T
         _, share = ov_scores(W_E, W_V, W_O, W_U, rows=torch.zeros(0, dtype=torch.long))
         assert row.positive_eig_share == pytest.approx(share, abs=1e-6)
+
+
+def _gated_model(seed=0):
+    """qwen3_next with its q/k norm weights off zero (their init, where (1 + weight) is 1) and its
+    gate rows scaled up (at init sigmoid(gate) is about 1/2 everywhere), so that a wrong norm
+    convention, a missing gate or a mean taken on the wrong side of it shows."""
+    model = tiny_model("qwen3_next", kind="hybrid", seed=seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+        q_proj = model.model.layers[2].self_attn.q_proj
+        q_proj.weight.view(4, 2, 16, 64)[:, 1] *= 50  # (head, [query | gate], d_head, d_model)
+    return model
+
+
+@torch.no_grad()
+def test_qwen3_nexts_gated_attention_verifies_against_its_own_eager_weights():
+    model = _gated_model()
+    x = tiny_inputs()
+    table = headscope.verify(model, x)
+    assert tuple(table.layer) == (2,)
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    core = dict(core_modules(model))[2]
+    mine = headscope.MultiHeadAttention.from_hf(core, model.config).config
+    assert mine.output_gate and mine.qk_norm and mine.rotary_dim == 4  # head_dim 16 * partial_rotary_factor 0.25
+    assert_hook_contract(model)
+    eager = _eager_patterns(model, x)[2]  # the reference verify's pattern column is measured against
+    with headscope.capture(model) as cap:
+        model(**x)
+    valid = x["attention_mask"].bool()
+    assert (cap.patterns[2] - eager).abs().permute(0, 2, 1, 3)[valid].max() <= 1e-5
+
+
+@torch.no_grad()
+def test_qwen3_nexts_from_hf_module_reproduces_the_layer_from_its_inputs():
+    """The module from_hf builds, fed what the layer received (hidden states, its mask, the
+    model's own rotary tables), gives what the layer returned; and its gate matters."""
+    model = _gated_model()
+    core = model.model.layers[2].self_attn
+    seen = {}
+    handles = [core.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True),
+               core.register_forward_hook(lambda m, a, out: seen.update(output=out[0]))]
+    try:
+        model(**tiny_inputs())
+    finally:
+        for handle in handles:
+            handle.remove()
+    mine = headscope.MultiHeadAttention.from_hf(core, model.config)
+    cos, sin = seen["position_embeddings"]  # (B, T, 4): the model's partial rotary, rotate-half layout
+    args = dict(attention_mask=seen["attention_mask"], rotary=(cos, sin))
+    out = mine(seen["hidden_states"], **args)
+    assert (out - seen["output"]).abs().max() <= 1e-4
+    mine.W_gate.weight.zero_()  # sigmoid(0) = 1/2 everywhere: no longer the layer
+    assert (mine(seen["hidden_states"], **args) - seen["output"]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+@torch.no_grad()
+def test_qwen3_nexts_ablation_acts_at_o_projs_input_after_the_gate(mode):
+    """Zero and mean ablation equal setting the head's slice of o_proj's input (the gated z) to 0
+    or to its mean over batch and positions; hook_z is that input; the model is restored."""
+    model = _gated_model()
+    x = tiny_inputs()
+    out = model.model.layers[2].self_attn.o_proj
+    before = model(**x).logits
+    with headscope.ablate(model, heads=[(2, 1)], mode=mode):
+        ablated = model(**x).logits
+    reference = head_zeroed_at if mode == "zero" else head_meaned_at
+    with reference(out, 1, 4):
+        expected = model(**x).logits
+    assert (ablated - before).abs().max() > 1e-3
+    assert (ablated - expected).abs().max() <= 1e-4
+    assert torch.equal(before, model(**x).logits)
+    seen = {}
+    handle = out.register_forward_pre_hook(lambda m, a: seen.update(o_input=a[0].clone()))
+    try:
+        with headscope.model_hooks(model, {"layers.2.attn.hook_z": lambda z, hook: seen.update(z=z.clone())}):
+            model(**x)
+    finally:
+        handle.remove()
+    assert seen["z"].shape == (2, 11, 4, 16)
+    assert torch.equal(seen["z"].flatten(2), seen["o_input"])
+    assert not route.routed_models()
+
+
+def test_qwen3_nexts_ov_table_is_refused_in_one_line():
+    """Its gate, computed from the input, sits between W_V and W_O: no fixed OV circuit to score."""
+    from headscope.head_geometry.ov_circuit import ov_copying, ov_table
+
+    loaded = Loaded.from_model(tiny_model("qwen3_next", kind="hybrid"), char_tokenizer(), "tiny-qwen3-next")
+    with pytest.raises(headscope.HeadscopeError, match="OV copying is not available for layer 2: a sigmoid output "
+                                                       "gate") as err:
+        ov_copying(loaded, n_tokens=0)
+    assert "\n" not in str(err.value)
+    frame, reason = ov_table(loaded)
+    assert frame is None and reason == str(err.value)

@@ -1,7 +1,7 @@
 """What the family tests share: the hook contract of an adapter (the five-family and the
 all-family tests), and the two references they hold headscope to, independent of its kernel:
 each attention module's own eager weights (`eager_weights`) and removing a head at its output
-projection's input (`head_zeroed_at`)."""
+projection's input (`head_zeroed_at`, or `head_meaned_at` for mean ablation)."""
 from contextlib import contextmanager
 
 import torch
@@ -66,6 +66,24 @@ def head_zeroed_at(projection, head: int, n_heads: int):
         return (z,)
 
     handle = projection.register_forward_pre_hook(zero_slice)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def head_meaned_at(projection, head: int, n_heads: int):
+    """Inside the block, a forward pre-hook on an output projection sets head `head`'s slice of its
+    input `[batch, pos, n_heads * d_head]` to its mean over batch and positions: the reference of
+    mean ablation at the output projection's input."""
+    def mean_slice(module, args):
+        z = args[0].clone()  # (B, T, H * D)
+        d = z.shape[-1] // n_heads
+        z[..., head * d:(head + 1) * d] = z[..., head * d:(head + 1) * d].mean(dim=(0, 1), keepdim=True)
+        return (z,)
+
+    handle = projection.register_forward_pre_hook(mean_slice)
     try:
         yield
     finally:
