@@ -12,7 +12,8 @@ Both route attention through headscope's kernel (`headscope.hf.route`) and resto
 own attention implementation on exit, also on exceptions. Both address one group of attention
 sites (`headscope.hf.sites`): by default the analysed stack (the text decoder, an
 encoder-decoder's encoder); `sites="decoder.self"` or `"decoder.cross"` another, whose layers
-the ints then number.
+the ints then number. At a packed vision tower (qwen2_5_vl's, `headscope.hf.sites`) a layer's
+map is `[1, head, patch, patch]`, block-diagonal over its images or windows, in its patch order.
 """
 from __future__ import annotations
 
@@ -230,6 +231,9 @@ def capture(
         raise HeadscopeError("chunk_heads needs a reducer, no heads= selection, and a size of at least 1")
     if lazy and (reduce is None or heads is not None):
         raise HeadscopeError("lazy=True needs a reducer and no heads= selection")
+    if (lazy or chunk_heads is not None) and chosen_sites.packed & set(chosen):
+        raise HeadscopeError(f"the {chosen_sites.group} sites run attention once per image or window, and their "
+                             f"pattern is joined from the pieces: capture them without lazy= or chunk_heads=")
     session = Capture(chosen_sites, chosen, _check_heads(heads, chosen_sites.n_heads), to, dtype, reduce, chunk_heads,
                       lazy)
     with routed(model, session):

@@ -27,8 +27,9 @@ OUTSIDE_INTERFACE = ("falcon", "bloom", "mpt", "gpt_neo")
 _HYBRID = "hybrid: only its attention layers ({}) are captured, under the model's own layer numbers"
 _VLM = ("vision-language: its text decoder (text_config) with text-only probes; the vision tower is the "
         "opt-in stack sites=\"vision\" (bidirectional self-attention over the image's patches)")
-_VLM_PACKED = ("vision-language: its text decoder (text_config) with text-only probes; its vision attention runs once "
-               "per image or window (cu_seqlens), so sites=\"vision\" is refused; the tower runs right, not captured")
+_PACKED = ("; its vision attention runs once per image or window over one packed sequence of all images' patches "
+           "(cu_seqlens): a layer's map is [1, head, patch, patch], block-diagonal, in the tower's window order; "
+           "hook_z is the only hook point there")
 # Families with no adapter of their own, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py);
 # a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama); a fourth:
 # its groups of attention sites where not only "text".
@@ -40,7 +41,7 @@ DISCOVERED = (
                "to the embeddings, so no adapter"),
     ("gemma3", _VLM, True, _WITH_VISION),
     ("llava", _VLM, True, _WITH_VISION),
-    ("qwen2_5_vl", _VLM_PACKED),
+    ("qwen2_5_vl", _VLM + _PACKED, False, _WITH_VISION),
     ("mllama", _VLM + "; its vision layers numbered local then global; its cross-attention layers never run "
                "without an image: reported as not run, skipped by analyze with a note, an error to ablate or hook",
      False, _WITH_CROSS + ", vision"),

@@ -23,6 +23,9 @@ cross-attention, whose key axis is the encoder's positions). The points and shap
     hook_result  [batch, pos, head, d_model]     per-head output after W_O (no bias); the layer's
                                                  output projection then returns its sum plus bias
 A hook on scores or pattern switches that layer to the explicit path; other layers stay fused.
+At a packed vision tower (qwen2_5_vl's, `headscope.hf.sites`) only hook_z exists whole per layer
+(`[1, patch, head, d_head]`, the output projection's input): the others are refused in one line,
+since each call of the attention function sees one image or window; `capture` reads the pattern.
 `hook_result` needs the family's adapter (it reads W_O through it); the others work on any model
 headscope runs inside.
 """
@@ -46,6 +49,8 @@ __all__ = ["POINTS", "model_hooks", "hook_names", "point_name"]
 
 POINTS = ("hook_q", "hook_k", "hook_v", "hook_scores", "hook_pattern", "hook_z", "hook_result")
 Selector = Union[str, Callable[[str], bool]]
+# Points a packed module (headscope.hf.sites) passes once per image or window, never whole.
+_PIECEWISE = ("hook_q", "hook_k", "hook_v", "hook_scores", "hook_pattern")
 
 
 def point_name(layer: int, point: str) -> str:
@@ -150,6 +155,11 @@ def model_hooks(
             if key not in points:
                 points[key] = HookPoint(name)
             points[key].add_hook(fn)  # HookPoints live only in this block: nothing to remove
+    piecewise = sorted({point for layer, point in points if layer in chosen_sites.packed and point in _PIECEWISE})
+    if piecewise:
+        raise HeadscopeError(f"{', '.join(piecewise)} at the {chosen_sites.group} sites would see one image or "
+                             f"window at a time (their attention runs once per piece); hook_z works there, and "
+                             f"capture(sites={chosen_sites.group!r}) reads the whole pattern")
     handles = []
     try:
         result_layers = sorted(layer for layer, point in points if point == "hook_result")

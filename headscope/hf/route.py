@@ -33,6 +33,14 @@ pass with a one-line HeadscopeError instead of being silently ignored.
 Where something mixes the heads between the attention function and the output projection
 (bitnet's `attn_sub_norm`, `headscope.hf.adapters.z_at_out`), `edit_z` runs on the output
 projection's input instead, through a forward pre-hook that lives as long as the routing.
+
+A packed vision module (qwen2_5_vl's, `headscope.hf.sites.packed_cores`) calls the attention
+function once per image or window of one packed sequence of patches. Hooks on the module, living
+as long as the routing, keep the pieces of its pattern from its entry to its exit and then hand
+watchers one block-diagonal `[1, head, patch, patch]` map (zero between pieces, as the layer
+computed it); its z is edited at the output projection's input, `[patch, head * d_head]` seen as
+`[1, patch, head, d_head]`, the whole layer at once. Editing its scores or pattern, key windows,
+and lazy or head-group patterns there are refused in one line: each call sees one piece only.
 """
 from __future__ import annotations
 
@@ -50,7 +58,7 @@ from ..attention.kernel import attention, expand_kv, with_bias
 from ..attention.lazy import lazy_attention
 from ..attention.streaming import KeyWindow, restricted_mask, windowed_attention
 from .adapters import check_on_interface, head_sizes, z_at_out
-from .sites import Selection, select
+from .sites import Selection, packed_cores, select
 
 __all__ = ["IMPLEMENTATION", "Session", "routed", "routed_models", "sessions_on", "selection", "layer_map"]
 
@@ -65,11 +73,13 @@ class _Routing:
 
     previous: str
     sessions: list[tuple[int, "Session"]] = field(default_factory=list)
-    handles: list = field(default_factory=list)  # pre-hooks editing z at output projections
+    handles: list = field(default_factory=list)  # pre-hooks editing z at output projections, packed modules' hooks
+    z_at_out: list = field(default_factory=list)  # id(core) of its layers whose z is edited at the output projection
 
 
 _ROUTED: "weakref.WeakKeyDictionary[nn.Module, _Routing]" = weakref.WeakKeyDictionary()
 _Z_AT_OUT: set[int] = set()  # id(core) of routed layers whose z is edited at the output projection
+_PIECES: dict[int, list] = {}  # id(packed core) -> its pattern's pieces so far in the running call
 _ENTRY = itertools.count()  # entry order of sessions across models
 _kernel_calls = 0  # attention calls through the kernel so far (tells a session whether any ran in its block)
 
@@ -179,6 +189,12 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
         is_causal = False
     chunks = [s.pattern_chunk(layer) for s, layer in watchers]
     chunk = min(chunks) if chunks and all(chunks) else None
+    pieces = _PIECES.get(id(module))  # a packed module's call: its pattern joins the others' at the exit
+    if pieces is not None and (editors or window is not None or chunk is not None
+                               or any(s.takes_lazy(layer) for s, layer in watchers)):
+        raise HeadscopeError(f"{type(module).__name__} runs the attention function once per image or window, so "
+                             f"its pattern is read whole and dense only: no pattern edits, key windows, lazy or "
+                             f"head-group patterns")
     n_heads = query.shape[1]
     math = dict(is_causal=is_causal, scale=scaling, softcap=softcap)
     if sinks is not None:
@@ -219,8 +235,10 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
     else:
         z, pattern = attention(query, key, value, mask=mask, sinks=sinks, dropout_p=dropout,
                                need_pattern=bool(watchers), **math)
-        for session, layer in watchers:
-            if pattern is not None:
+        if pieces is not None and pattern is not None:
+            pieces.append(pattern)  # handed to the watchers, joined, at the module's exit (_packed_hooks)
+        elif pattern is not None:
+            for session, layer in watchers:
                 session.on_pattern(layer, pattern, attention_mask)
     z = z.transpose(1, 2)  # (B, T, H, D)
     if id(module) not in _Z_AT_OUT:
@@ -237,15 +255,43 @@ def _edit_z(active: list, z: torch.Tensor) -> torch.Tensor:
 
 def _z_pre_hook(core: nn.Module, n_heads: int):
     """A forward pre-hook on an output projection whose input `[batch, pos, head * d_head]` is z
-    (after whatever mixed the heads): the sessions watching `core` edit it as `[b, pos, head, d]`."""
+    (after whatever mixed the heads; a packed module's `[patch, head * d_head]`, one sequence): the
+    sessions watching `core` edit it as `[b, pos, head, d]`."""
     def hook(module, args):
         active = [(s, s.layer_of[id(core)]) for _, s in _active_sessions() if id(core) in s.layer_of]
         if not active:
             return None
         flat = args[0]
-        z = _edit_z(active, flat.view(*flat.shape[:-1], n_heads, flat.shape[-1] // n_heads))  # (B, T, H, D)
+        batched = flat if flat.dim() == 3 else flat.unsqueeze(0)  # (B, T, H * D)
+        z = _edit_z(active, batched.view(*batched.shape[:-1], n_heads, flat.shape[-1] // n_heads))  # (B, T, H, D)
         return (z.reshape(flat.shape), *args[1:])
     return hook
+
+
+def _packed_hooks(core: nn.Module) -> tuple:
+    """A forward pre-hook and a forward hook on a packed module: the first opens the list of its
+    pattern's pieces (one per call of the attention function), the second joins them along the
+    diagonal and hands the map to the sessions watching `core`."""
+    def enter(module, args):
+        _PIECES[id(core)] = []
+
+    def leave(module, args, output):
+        pieces = _PIECES.pop(id(core), [])
+        watchers = [(s, s.layer_of[id(core)]) for _, s in _active_sessions() if id(core) in s.layer_of]
+        watchers = [(s, layer) for s, layer in watchers if s.wants_pattern(layer)]
+        if not pieces or not watchers:
+            return None
+        size = sum(piece.shape[-1] for piece in pieces)
+        pattern = pieces[0].new_zeros(*pieces[0].shape[:2], size, size)  # (1, H, P, P)
+        start = 0
+        for piece in pieces:  # (1, H, n, n): one image or window, its patches next in the packed order
+            end = start + piece.shape[-1]
+            pattern[..., start:end, start:end] = piece
+            start = end
+        for session, layer in watchers:
+            session.on_pattern(layer, pattern, None)
+        return None
+    return enter, leave
 
 
 def _chain(editors: list, method: str):
@@ -320,7 +366,13 @@ def routed(model: nn.Module, session: Session) -> Iterator[Session]:
         _ROUTED[model] = state
         for core, out in z_at_out(model):
             state.handles.append(out.register_forward_pre_hook(_z_pre_hook(core, head_sizes(model.config)[1])))
-            _Z_AT_OUT.add(id(core))
+            state.z_at_out.append(id(core))
+        for core, out, n_heads in packed_cores(model):
+            enter, leave = _packed_hooks(core)
+            state.handles += [out.register_forward_pre_hook(_z_pre_hook(core, n_heads)),
+                              core.register_forward_pre_hook(enter), core.register_forward_hook(leave)]
+            state.z_at_out.append(id(core))
+        _Z_AT_OUT.update(state.z_at_out)
     entry = (next(_ENTRY), session)
     state.sessions.append(entry)
     calls = _kernel_calls
@@ -333,5 +385,7 @@ def routed(model: nn.Module, session: Session) -> Iterator[Session]:
             del _ROUTED[model]
             for handle in state.handles:
                 handle.remove()
-            _Z_AT_OUT.difference_update(id(core) for core, _ in z_at_out(model))
+            _Z_AT_OUT.difference_update(state.z_at_out)
+            for core in state.z_at_out:
+                _PIECES.pop(core, None)  # a forward pass that raised inside a packed module
             model.set_attn_implementation(state.previous)

@@ -14,9 +14,17 @@ image). Stacks:
              bidirectional self-attention over the image's patches; opt-in (`sites="vision"`),
              found by what its modules do (they call the interface) and numbered in the order
              the tower runs them (mllama: its local transformer's layers, then its global ones)
-A vision tower whose attention takes `cu_seqlens` (qwen2_5_vl's: the attention function runs
-once per image or window of patches, so a layer has no single pattern per forward pass) is
-listed by `sites` but refused by `select` in one line.
+A vision tower whose attention takes `cu_seqlens` (qwen2_5_vl's) is *packed*: every image's patches
+form one sequence, and the module calls the attention function once per packed piece (an image, or
+a window of patches in the windowed layers). `headscope.hf.route` joins those calls into one
+block-diagonal pattern per layer and forward pass (`[1, head, patch, patch]`, zero between pieces:
+the attention the layer computed) and edits z at the output projection's input, the whole layer at
+once. The patches are in the order the module sees them, qwen2_5_vl's internal window order: its
+tower regroups the merge units (`unit = spatial_merge_size ** 2` consecutive patches) by
+`window_index` (transformers' `vision_utils.get_vision_window_index(grid_thw, ...)`), so map
+position `i` is input patch `window_index[i // unit] * unit + i % unit`; indexing both patch axes
+by `torch.argsort` of those numbers gives the map in input order. Packed modules whose output
+projection `_PACKED_OUT` does not name are refused by `select` in one line.
 
 A group of sites is named "STACK" or "STACK.KIND" ("encoder", "decoder.self", "decoder.cross");
 it must hold at most one site per layer, so "decoder" alone is refused. `capture`, `ablate`,
@@ -26,7 +34,8 @@ analysed stack as it always was: the text stack, or an encoder-decoder's encoder
 
 - `sites(model)`: every site, in module order.
 - `select(model, sites=None)`: the `Selection` a call addresses: by layer, its sites, the modules
-  calling the interface, the attention blocks (with an adapter) and the head count.
+  calling the interface, the attention blocks (with an adapter), the head count and the packed layers.
+- `packed_cores(model)`: `[(module, output projection, heads)]` of every packed vision site.
 """
 from __future__ import annotations
 
@@ -41,12 +50,15 @@ from .adapters import (_calls_interface, _sub, adapter_for, attention_blocks, co
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
-__all__ = ["Site", "Selection", "STACKS", "KINDS", "sites", "select", "group_names", "vision_tower"]
+__all__ = ["Site", "Selection", "STACKS", "KINDS", "sites", "select", "group_names", "vision_tower",
+           "packed_cores"]
 
 STACKS = ("text", "encoder", "decoder", "vision")
 KINDS = ("self", "cross")
 # Where vision-language models keep their vision tower, when no submodule holds `config.vision_config` itself.
 _VISION_TOWERS = ("vision_tower", "visual", "vision_model")
+# The output projection of a packed attention module (its child of this name; qwen2_5_vl's `proj`).
+_PACKED_OUT = ("proj",)
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,8 @@ class Selection:
         cores: `{layer: module calling the attention interface}`.
         blocks: `{layer: attention block}` (holds the output projection; empty without an adapter).
         n_heads: query heads per site.
+        packed: the layers whose module runs the attention function once per packed piece
+            (module docstring): only hook_z among the hook points, and dense patterns only.
     """
 
     group: str
@@ -89,6 +103,7 @@ class Selection:
     cores: dict
     blocks: dict
     n_heads: int
+    packed: frozenset = frozenset()
 
     @property
     def layers(self) -> list[int]:
@@ -110,6 +125,11 @@ def _is_packed(core) -> bool:
     """A module whose forward takes `cu_seqlens` (qwen2_5_vl's vision attention) calls the
     attention function once per packed sequence (image or window), not once per forward pass."""
     return "cu_seqlens" in inspect.signature(type(core).forward).parameters
+
+
+def _packed_out(core) -> Optional[nn.Module]:
+    """A packed module's output projection, whose input `[patch, head * d_head]` is z."""
+    return next((getattr(core, name) for name in _PACKED_OUT if hasattr(core, name)), None)
 
 
 def vision_tower(model: nn.Module) -> Optional[nn.Module]:
@@ -134,6 +154,17 @@ def _vision_sites(model: nn.Module, paths: dict) -> list[tuple[Site, None, nn.Mo
     heads = getattr(model.config.vision_config, "num_attention_heads", None)
     return [(Site(paths[id(core)], _kind_of(core), "vision", layer), None, core, getattr(core, "num_heads", heads))
             for layer, core in enumerate(cores)]
+
+
+def packed_cores(model: nn.Module) -> list[tuple[nn.Module, nn.Module, int]]:
+    """`[(module, output projection, heads)]` of the packed vision sites with a known output
+    projection (module docstring); empty for every model without them."""
+    tower = vision_tower(model)
+    if tower is None:
+        return []
+    heads = getattr(model.config.vision_config, "num_attention_heads", None)
+    packed = [m for m in tower.modules() if _calls_interface(type(m)) and _is_packed(m) and _packed_out(m) is not None]
+    return [(core, _packed_out(core), getattr(core, "num_heads", heads)) for core in packed]
 
 
 def _located(model: nn.Module) -> list[tuple[Site, Optional[nn.Module], nn.Module, int]]:
@@ -214,15 +245,16 @@ def select(model: nn.Module, sites: Optional[str] = None) -> Selection:
     available = ", ".join(group_names([item[0] for item in located]))
     if not chosen:
         raise HeadscopeError(f"{type(model).__name__} has no {sites!r} attention sites; it has: {available}")
-    packed = next((core for _, _, core, _ in chosen if _is_packed(core)), None)
-    if packed is not None:
-        raise HeadscopeError(f"{type(packed).__name__} runs the attention function once per image or window "
-                             f"(cu_seqlens), so its {sites!r} sites have no single pattern per forward pass; headscope "
-                             f"does not capture or edit them (they run untouched under the other groups)")
+    unknown = next((core for _, _, core, _ in chosen if _is_packed(core) and _packed_out(core) is None), None)
+    if unknown is not None:
+        raise HeadscopeError(f"{type(unknown).__name__} runs the attention function once per image or window "
+                             f"(cu_seqlens) and headscope does not know its output projection, so its {sites!r} sites "
+                             f"are not captured or edited (they run untouched under the other groups)")
     by_layer = {item[0].layer: item for item in chosen}
     if len(by_layer) < len(chosen):
         raise HeadscopeError(f"{sites!r} holds several attention sites per layer; choose one kind ({available})")
     return Selection(group=sites, default=default, sites={l: item[0] for l, item in by_layer.items()},
                      cores={l: item[2] for l, item in by_layer.items()},
                      blocks={l: item[1] for l, item in by_layer.items() if item[1] is not None},
-                     n_heads=chosen[0][3])
+                     n_heads=chosen[0][3],
+                     packed=frozenset(l for l, item in by_layer.items() if _is_packed(item[2])))

@@ -1,14 +1,18 @@
 """Vision-language models' vision towers as the opt-in "vision" stack (gemma3's SigLIP, llava's
-CLIP, mllama's local and global vision transformers; tiny random-init models with one 28-pixel
-image per example, tests/support/tiny.py): the default stays the text decoder; with
-`sites="vision"` headscope inside the model changes nothing, its patterns are the modules' own
-eager weights (bidirectional), every vision site that ran is captured, ablation equals zeroing
-the head's slice of the output projection's input and restores the model, and a tower that
-never ran (text alone) is reported and refused. qwen2_5_vl's vision attention runs once per
-image or window (cu_seqlens): its vision stack is refused in one line, and the tower still
-runs right under headscope's kernel."""
+CLIP, mllama's local and global vision transformers, qwen2_5_vl's windowed one; tiny random-init
+models with one 28-pixel image per example, qwen2_5_vl's of 4 x 6 patches, tests/support/tiny.py):
+the default stays the text decoder; with `sites="vision"` headscope inside the model changes
+nothing, its patterns are the modules' own eager weights (bidirectional), every vision site that
+ran is captured, ablation equals zeroing the head's slice of the output projection's input and
+restores the model, and a tower that never ran (text alone) is reported and refused.
+qwen2_5_vl's vision attention runs once per image or window (cu_seqlens) over one packed
+sequence of patches: its map per layer is the eager weights of those calls placed along the
+diagonal by the module's own cu_seqlens, in its window order (mapped back to the input order,
+exactly the patches of one window see each other), and only hook_z among the hook points is offered."""
 import pytest
 import torch
+import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as modeling_qwen2_5_vl
+from transformers.vision_utils import get_vision_window_index
 
 import headscope
 from headscope.hf import route
@@ -18,12 +22,14 @@ from tests.support.tiny import tiny_image_inputs, tiny_inputs, tiny_mllama, tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-FAMILIES = ("gemma3", "llava", "mllama")
-OUT = {"gemma3": "out_proj", "llava": "out_proj", "mllama": "o_proj"}  # output projection inside the site
-LAYERS = {"gemma3": [0, 1], "llava": [0, 1], "mllama": [0, 1, 2]}  # mllama: 2 local layers, then 1 global
+FAMILIES = ("gemma3", "llava", "mllama", "qwen2_5_vl")
+DENSE = ("gemma3", "llava", "mllama")  # one call of the attention function per layer and forward pass
+OUT = {"gemma3": "out_proj", "llava": "out_proj", "mllama": "o_proj", "qwen2_5_vl": "proj"}  # inside the site
+LAYERS = {"gemma3": [0, 1], "llava": [0, 1], "mllama": [0, 1, 2], "qwen2_5_vl": [0, 1]}  # mllama: 2 local, 1 global
 # The layer each family's ablation removes a head of: the last, but llava's image features are its
-# tower's penultimate hidden state (vision_feature_layer -2), so its last layer never reaches the text.
-ABLATED = {"gemma3": 1, "llava": 0, "mllama": 2}
+# tower's penultimate hidden state (vision_feature_layer -2), so its last layer never reaches the text;
+# qwen2_5_vl's windowed layer 0.
+ABLATED = {"gemma3": 1, "llava": 0, "mllama": 2, "qwen2_5_vl": 0}
 
 
 def _model(family):
@@ -52,7 +58,7 @@ def test_the_vision_tower_is_an_opt_in_stack(family):
     assert select(model, "vision").n_heads == 2
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", DENSE)
 @torch.no_grad()
 def test_capture_of_the_vision_tower_keeps_outputs_and_patterns_match_eager(family):
     model = _model(family)
@@ -158,32 +164,172 @@ def test_hooks_and_cache_address_the_vision_tower():
     assert not route.routed_models()
 
 
+def _qwen():
+    return tiny_model("qwen2_5_vl", kind="composite"), tiny_image_inputs("qwen2_5_vl")
+
+
+def _eager_packed_patterns(model, x, monkeypatch) -> tuple[dict, dict]:
+    """qwen2_5_vl's vision maps built without headscope, and each layer's cu_seqlens: the model
+    on eager attention, transformers' eager attention function wrapped to keep the weights
+    `[1, head, n, n]` of each call by a vision module, a forward pre-hook on each module keeping
+    the cu_seqlens it is given; call i's weights placed at rows and columns
+    [cu_seqlens[i], cu_seqlens[i + 1]) of a zero map."""
+    modules = {layer: model.get_submodule(site.name) for layer, site in select(model, "vision").sites.items()}
+    layer_of = {id(module): layer for layer, module in modules.items()}
+    weights, bounds = {layer: [] for layer in modules}, {}
+    eager = modeling_qwen2_5_vl.eager_attention_forward
+
+    def keeping(module, *args, **kwargs):
+        out, w = eager(module, *args, **kwargs)
+        if id(module) in layer_of:
+            weights[layer_of[id(module)]].append(w)
+        return out, w
+
+    def keep_bounds(layer):
+        def hook(module, args, kwargs):
+            bounds[layer] = kwargs["cu_seqlens"].tolist()
+        return hook
+
+    monkeypatch.setattr(modeling_qwen2_5_vl, "eager_attention_forward", keeping)
+    handles = [module.register_forward_pre_hook(keep_bounds(layer), with_kwargs=True)
+               for layer, module in modules.items()]
+    default = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        model(**x)
+    finally:
+        model.set_attn_implementation(default)
+        for handle in handles:
+            handle.remove()
+    maps = {}
+    for layer, pieces in weights.items():
+        edges = bounds[layer]
+        assert len(pieces) == len(edges) - 1
+        joined = torch.zeros(1, 2, edges[-1], edges[-1])
+        for piece, start, end in zip(pieces, edges, edges[1:]):
+            assert piece.shape == (1, 2, end - start, end - start)
+            joined[..., start:end, start:end] = piece
+        maps[layer] = joined
+    return maps, bounds
+
+
 @torch.no_grad()
-def test_qwen2_5_vls_packed_vision_attention_is_refused_and_runs_right():
-    """qwen2_5_vl's vision attention takes cu_seqlens and calls the attention function once per
-    image or window (mask None, is_causal False): no single pattern per layer and forward pass,
-    so its vision stack is refused in one line; captured by the text stack, the model's output
-    (whose image features pass through headscope's kernel) is the default implementation's."""
-    model = tiny_model("qwen2_5_vl", kind="composite")
-    x = tiny_image_inputs("qwen2_5_vl")
-    assert [s.layer for s in sites(model) if s.stack == "vision"] == [0, 1]
-    for enter in (lambda: headscope.capture(model, sites="vision"),
-                  lambda: headscope.ablate(model, heads=[(0, 0)], sites="vision"),
-                  lambda: headscope.model_hooks(model, {"layers.0.attn.hook_z": lambda z, hook: z}, sites="vision")):
-        with pytest.raises(headscope.HeadscopeError, match="runs the attention function once per image or window") as err:
-            with enter():
-                pass
-        assert "\n" not in str(err.value)
+def test_qwen2_5_vls_packed_vision_attention_is_captured_block_diagonally(monkeypatch):
+    """One map per layer and forward pass, `[1, head, patch, patch]` over both images' 48 patches:
+    the eager weights of the layer's calls (4 windows in layer 0, the 2 images in layer 1) along
+    the diagonal, zero between them; the model's output (image features through headscope's
+    kernel) is the default implementation's."""
+    model, x = _qwen()
+    assert select(model, "vision").packed == frozenset({0, 1}) and select(model).packed == frozenset()
     valid = x["attention_mask"].bool()
     before = model(**x).logits
-    with headscope.capture(model) as cap:
+    with headscope.capture(model, sites="vision") as cap:
         captured = model(**x).logits
     assert (before - captured).abs()[valid].max() <= 1e-4
-    assert sorted(cap.patterns) == [0, 1, 2]
+    assert sorted(cap.patterns) == [0, 1] and cap.not_run == []
+    eager, bounds = _eager_packed_patterns(model, x, monkeypatch)
+    assert bounds == {0: [0, 16, 24, 40, 48], 1: [0, 24, 48]}  # two windows per image in layer 0
+    for layer, edges in bounds.items():
+        mine = cap.patterns[layer]
+        assert mine.shape == eager[layer].shape == (1, 2, 48, 48)
+        assert (mine - eager[layer]).abs().max() <= 1e-5
+        assert (mine.sum(dim=-1) - 1).abs().max() <= 1e-5
+        on_blocks = torch.zeros(48, 48, dtype=torch.bool)
+        for start, end in zip(edges, edges[1:]):
+            on_blocks[start:end, start:end] = True
+        assert torch.equal(mine[..., ~on_blocks], torch.zeros_like(mine[..., ~on_blocks]))
+        assert mine[..., on_blocks].min() > 0
     assert not route.routed_models()
 
 
-@pytest.mark.parametrize("family", FAMILIES + ("qwen2_5_vl",))
+@torch.no_grad()
+def test_qwen2_5_vls_map_in_input_order_joins_exactly_the_patches_of_a_window():
+    """The documented way back from the module's window order (headscope.hf.sites): map position
+    i is input patch window_index[i // 4] * 4 + i % 4. In input order (per image, merge units of
+    2 x 2 patches row by row over a 2 x 3 grid), layer 0's patches see exactly those of their
+    window (2 x 2 units: columns 0-1 and column 2), layer 1's those of their image."""
+    model, x = _qwen()
+    with headscope.capture(model, sites="vision") as cap:
+        model(**x)
+    config = model.config.vision_config
+    window_index, _ = get_vision_window_index(x["image_grid_thw"], config.spatial_merge_size, config.window_size,
+                                              config.patch_size)
+    unit = config.spatial_merge_size ** 2
+    back = torch.argsort((window_index[:, None] * unit + torch.arange(unit)).flatten())
+    patch = torch.arange(48)
+    image, column = patch // 24, (patch % 24) // unit % 3
+    window = image * 2 + column // 2
+    for layer, group in ((0, window), (1, image)):
+        in_input_order = cap.patterns[layer][..., back, :][..., back]
+        assert torch.equal(in_input_order[0] > 0, (group[:, None] == group[None, :]).expand(2, -1, -1))
+
+
+@torch.no_grad()
+def test_qwen2_5_vls_vision_hooks_offer_hook_z_and_refuse_the_pieces():
+    """hook_z is the output projection's whole input `[1, patch, head, d_head]` (read there with a
+    pre-hook as the reference); zeroing a head in it is ablation; the points each call sees one
+    window of (q, k, v, scores, pattern) and lazy or head-group capture are refused in one line."""
+    model, x = _qwen()
+    proj = model.get_submodule(select(model, "vision").sites[0].name).proj
+    seen = []
+    handle = proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        model(**x)
+    finally:
+        handle.remove()
+    with headscope.cache_activations(model, ["layers.0.attn.hook_z"], sites="vision") as cache:
+        model(**x)
+    z = cache["layers.0.attn.hook_z"]
+    assert z.shape == (1, 48, 2, 16)
+    assert (z[0].flatten(1) - seen[0]).abs().max() <= 1e-5
+
+    def zero_head(z, hook):
+        z = z.clone()
+        z[:, :, 1] = 0
+        return z
+
+    with headscope.model_hooks(model, {"layers.0.attn.hook_z": zero_head}, sites="vision"):
+        hooked = model(**x).logits
+    with headscope.ablate(model, heads=[(0, 1)], sites="vision"):
+        ablated = model(**x).logits
+    assert torch.equal(hooked, ablated)
+    for point in ("hook_q", "hook_pattern"):
+        with pytest.raises(headscope.HeadscopeError, match=f"{point} at the vision sites would see one image") as err:
+            with headscope.model_hooks(model, {f"layers.0.attn.{point}": lambda v, hook: None}, sites="vision"):
+                pass
+        assert "\n" not in str(err.value)
+    for options in (dict(lazy=True), dict(chunk_heads=1)):
+        with pytest.raises(headscope.HeadscopeError, match="run attention once per image or window") as err:
+            with headscope.capture(model, sites="vision", reduce=lambda layer, p, mask: p, **options):
+                pass
+        assert "\n" not in str(err.value)
+    assert not route.routed_models()
+
+
+class _LazyWatcher(route.Session):
+    """A session taking lazy patterns of the packed vision layers, past capture's own refusal."""
+
+    def __init__(self, layer_of):
+        self.layer_of = layer_of
+
+    def wants_pattern(self, layer):
+        return True
+
+    def takes_lazy(self, layer):
+        return True
+
+
+@torch.no_grad()
+def test_the_kernel_refuses_piecewise_reading_of_a_packed_layer_in_one_line():
+    model, x = _qwen()
+    with pytest.raises(headscope.HeadscopeError, match="runs the attention function once per image or window") as err:
+        with route.routed(model, _LazyWatcher(route.layer_map(model, "vision"))):
+            model(**x)
+    assert "\n" not in str(err.value)
+    assert not route.routed_models() and not route._PIECES
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_family_table_lists_the_vision_stack_where_it_works(family):
     from headscope.hf.families import family_table
 
@@ -191,4 +337,4 @@ def test_family_table_lists_the_vision_stack_where_it_works(family):
     row = next(r for r in family_table() if r.model_type == family)
     groups = row.sites.split(", ")
     assert groups[0] == "text" and set(groups) <= set(group_names(sites(model)))
-    assert ("vision" in groups) == (family != "qwen2_5_vl")
+    assert "vision" in groups

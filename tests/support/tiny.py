@@ -37,7 +37,8 @@ Two kinds, each a table of configs:
 - `tiny_image_inputs(family, seed)`: a vision-language model's inputs with one image per example
   (`COMPOSITE_FAMILIES` and "mllama", the model of `tiny_mllama(full=True)`): `tiny_inputs()`
   with the family's image tokens in the ids, `pixel_values` and what else the family needs
-  (mllama: aspect ratios and a cross-attention mask; qwen2_5_vl: `image_grid_thw`, 4 x 6 patches).
+  (mllama: aspect ratios and a cross-attention mask; qwen2_5_vl: `image_grid_thw`, 4 x 6 patches,
+  which its windowed vision layer 0 splits into two windows, its full-attention layer 1 not).
 
 - `tiny_config(family, kind, positions)`, `tiny_model(family, seed, kind, positions)`.
 - `tiny_inputs(batch, length, seed, pad)`: random ids in [3, 99) with right padding on the
@@ -144,8 +145,9 @@ COMPOSITE = {
                   vision_config=dict(VISION, model_type="clip_vision_model", projection_dim=32), image_token_index=98),
     "qwen2_5_vl": dict(text_config=dict(TEXT, model_type="qwen2_5_vl_text",
                                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+                       # windows of 56 pixels, 2 x 2 merge units: two windows per image (16 and 8 patches) in layer 0
                        vision_config=dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=64,
-                                          fullatt_block_indexes=[1]),
+                                          fullatt_block_indexes=[1], window_size=56),
                        image_token_id=98, video_token_id=97),
 }
 COMPOSITE_FAMILIES = tuple(COMPOSITE)
