@@ -11,6 +11,12 @@ left out.
   output of every module with a `[d_model]` weight, and the one whose output is exactly what
   the attention block (or the unembedding) receives is that block's norm, so shared code never
   branches on a family.
+- The gain is read off what the norm does, too: its weight where it multiplies by the weight
+  (Llama's RMSNorm, LayerNorm), `1 + weight` where it multiplies by that (Gemma's RMSNorm:
+  `x / rms(x) * (1 + weight)`), told apart by `measured_gain`.
+- `measured_gain(norm, d_model)`: the norm run on `u` and `-u`, `u` a vector of +1 and -1 with
+  mean 0 and mean square 1, which LayerNorm and RMSNorm both leave as it is up to their eps, so
+  `(norm(u) - norm(-u)) / 2u` is the gain (the bias cancels).
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import torch
 
 from ..hf.adapters import analysed_body, attention_blocks, text_stack
 
-__all__ = ["norm_gains"]
+__all__ = ["norm_gains", "measured_gain"]
 
 
 @torch.no_grad()
@@ -73,7 +79,27 @@ def norm_gains(model) -> tuple[dict[int, Optional[torch.Tensor]], Optional[torch
         seen = inputs.get(key)
         for name, out in outputs.items():
             if seen is not None and out.shape == seen.shape and torch.equal(out, seen):
-                return candidates[name].weight.detach().float().clone()
+                return _gain(candidates[name], d_model)
         return None
 
     return {layer: gain_of(layer) for layer in blocks}, gain_of("final")
+
+
+@torch.no_grad()
+def measured_gain(norm, d_model: int) -> torch.Tensor:
+    """`[d_model]` fp32: what `norm` multiplies each dimension by (module docstring)."""
+    weight = norm.weight
+    u = torch.ones(d_model, device=weight.device, dtype=torch.float32)
+    u[1::2] = -1.0  # mean 0 over an even width, mean square 1 (an odd width: mean 1/d, close)
+    x = u.to(weight.dtype)[None, None]  # (1, 1, d_model)
+    return ((norm(x) - norm(-x)).float()[0, 0] / (2 * u))
+
+
+def _gain(norm, d_model: int) -> torch.Tensor:
+    """The norm's weight, or `1 + weight`, whichever it multiplies by: the one nearer its
+    measured gain (they differ by 1 in every dimension, the measurement by about eps)."""
+    weight = norm.weight.detach().float()
+    measured = measured_gain(norm, d_model)
+    plain, shifted = weight.clone(), 1.0 + weight
+    return plain if (measured - plain).abs().max() <= (measured - shifted).abs().max() else shifted
+
