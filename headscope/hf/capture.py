@@ -7,7 +7,7 @@
   is computed at all.
 - `ablate(model, heads=[(layer, head), ...], mode="zero"|"mean", means=None)`: a context manager
   that replaces those heads' outputs z (the output projection's input, after any norm that
-  mixes heads, as bitnet's `attn_sub_norm`).
+  mixes heads, as bitnet's `attn_sub_norm`, or gates them, as qwen3_next's output gate).
 Both route attention through headscope's kernel (`headscope.hf.route`) and restore the model's
 own attention implementation on exit, also on exceptions. Both address one group of attention
 sites (`headscope.hf.sites`): by default the analysed stack (the text decoder, an

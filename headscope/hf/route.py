@@ -30,8 +30,9 @@ per-head sink logits (`s_aux` in gpt-oss, or `sinks`) and an additive `position_
 Sliding windows arrive built into the mask. An argument it does not know stops the forward
 pass with a one-line HeadscopeError instead of being silently ignored.
 
-Where something mixes the heads between the attention function and the output projection
-(bitnet's `attn_sub_norm`, `headscope.hf.adapters.z_at_out`), `edit_z` runs on the output
+Where something stands between the attention function and the output projection (bitnet's
+`attn_sub_norm`, which mixes the heads; qwen3_next's sigmoid output gate;
+`headscope.hf.adapters.z_at_out`), `edit_z` runs on the output
 projection's input instead, through a forward pre-hook that lives as long as the routing.
 
 A packed vision module (qwen2_5_vl's, `headscope.hf.sites.packed_cores`) calls the attention
