@@ -5,8 +5,6 @@ on the model's own eager attention maps (`decoder_attentions`, `cross_attentions
 twin looking at the same group, the group recorded in meta.json, the report and the CLI, and
 the head explorer's maps with the decoder's tokens as queries and, at cross-attention, the
 encoder's as keys."""
-import json
-import re
 
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from headscope.report import render_html
 from headscope.report.html import axis_tokens
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import tiny_model
+from tests.support.pages import json_block
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -124,8 +123,7 @@ def test_the_explorer_keeps_the_models_own_maps_with_each_axis_tokens(family, si
     again = Analysis.load(tmp_path / "a")
     assert [(e.tokens, e.key_tokens) for e in again.examples] == [(e.tokens, e.key_tokens) for e in analysis.examples]
     page = render_html(again, plotlyjs="cdn")
-    payload = json.loads(re.search(r'<script type="application/json" id="hs-explorer-data">(.*?)</script>',
-                                   page, re.S).group(1))
+    payload = json_block(page, "hs-explorer-data")
     for shown, example in zip(payload["examples"], again.examples):
         assert (shown["tokens"], shown["ticks"]) == axis_tokens(example.tokens)
         if sites == "decoder.cross":

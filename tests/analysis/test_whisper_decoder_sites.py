@@ -7,8 +7,6 @@ from the probe's examples, and the maps are the model's eager `decoder_attention
 `cross_attentions`; the control twin is rebuilt here and read the same way. Also: the
 encoder's group refused in one line naming the way out (library and CLI), validate refused in
 one line, alignment left out at cross-attention with a note, the report and the CLI."""
-import json
-import re
 
 import numpy as np
 import pytest
@@ -32,6 +30,7 @@ from headscope.report import render_html
 from headscope.report.html import axis_tokens
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import ENCODER_DECODER
+from tests.support.pages import json_block
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -183,8 +182,7 @@ def test_the_explorer_keeps_the_models_own_maps_and_the_report_renders(sites, tm
     assert again.meta["sites"] == analysis.meta["sites"]
     assert [(e.tokens, e.key_tokens) for e in again.examples] == [(e.tokens, e.key_tokens) for e in analysis.examples]
     page = render_html(again, plotlyjs="cdn")
-    payload = json.loads(re.search(r'<script type="application/json" id="hs-explorer-data">(.*?)</script>',
-                                   page, re.S).group(1))
+    payload = json_block(page, "hs-explorer-data")
     for shown, example in zip(payload["examples"], again.examples):
         assert (shown["tokens"], shown["ticks"]) == axis_tokens(example.tokens)
         if sites == "decoder.cross":

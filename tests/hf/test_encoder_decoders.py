@@ -15,7 +15,7 @@ from headscope.hf import route
 from headscope.hf.verify import _named_inputs
 from headscope.hf.sites import select, sites
 from headscope.loading.loader import Loaded
-from tests.support.contracts import head_zeroed_at
+from tests.support.contracts import head_zeroed_at, run_eager
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import ENCODER_DECODER_FAMILIES, tiny_model, tiny_seq2seq_inputs
 
@@ -260,14 +260,7 @@ def _site_call(model, x, site):
     handles = [module.register_forward_pre_hook(lambda m, a, kw: seen.update(_named_inputs(m, a, kw)),
                                                 with_kwargs=True),
                module.register_forward_hook(lambda m, a, out: seen.update(returned=out))]
-    default = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        model(**x)
-    finally:
-        model.set_attn_implementation(default)
-        for handle in handles:
-            handle.remove()
+    run_eager(model, x, handles)
     return seen
 
 

@@ -22,6 +22,7 @@ from headscope.report import render_html, report_data
 from headscope.report import figures
 from headscope.detectors.syntax.report import syntax_figure
 from headscope.detectors.syntax.standalone import SyntaxResult
+from tests.support.pages import json_block
 
 PLOTLYJS_MARK = "* plotly.js v"  # the bundle's banner comment
 
@@ -51,7 +52,7 @@ def _figure_blocks(page: str) -> list:
 
 def _explorer_payload(analysis) -> dict:
     page = render_html(analysis)
-    return json.loads(re.search(r'<script type="application/json" id="hs-explorer-data">(.*?)</script>', page, re.S).group(1))
+    return json_block(page, "hs-explorer-data")
 
 
 def _label_z(grid) -> list:

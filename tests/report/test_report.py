@@ -4,7 +4,6 @@ import base64
 import copy
 import html
 import json
-import re
 import zlib
 
 import numpy as np
@@ -20,6 +19,7 @@ from headscope.report import figures
 from headscope.detectors.syntax.report import SYNTAX_ID
 from headscope.detectors import REGISTRY
 from headscope.report.data import OUTCOME_COLOURS, TOP_K, label_categories
+from tests.support.pages import json_block
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +35,6 @@ def report_analysis_data(report_analysis):
 @pytest.fixture(scope="module")
 def page(report_analysis):
     return render_html(report_analysis)
-
-
-def _json_block(page: str, block_id: str):
-    match = re.search(rf'<script type="application/json" id="{block_id}">(.*?)</script>', page, re.S)
-    return json.loads(match.group(1))
 
 
 def _with_meta(analysis, **changes) -> Analysis:
@@ -292,14 +287,14 @@ def test_tokens_are_escaped(report_analysis, page):
     # Every "</script>" closes one of the page's own script elements (none comes from a token).
     assert page.count("</script>") == page.count("<script")
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&amp;amp;&lt;b&gt;&amp;" in page  # the example <select>
-    payload = _json_block(page, "hs-explorer-data")
+    payload = json_block(page, "hs-explorer-data")
     first = report_analysis.examples[0]
     # Tokens reach plotly escaped for its pseudo-HTML; unescaping gives the token back.
     assert [html.unescape(t) for t in payload["examples"][0]["tokens"]] == [t.replace(" ", "\u2423") for t in first.tokens]
 
 
 def test_explorer_payload_holds_the_uint8_patterns(report_analysis, page):
-    payload = _json_block(page, "hs-explorer-data")
+    payload = json_block(page, "hs-explorer-data")
     assert (payload["n_layers"], payload["n_heads"]) == (report_analysis.n_layers, report_analysis.n_heads)
     assert payload["labels"][1][0] == "mixed" and payload["clickable"][0] == figures.LABEL_MAP_ID
     for example, stored in zip(report_analysis.examples, payload["examples"]):
@@ -309,14 +304,14 @@ def test_explorer_payload_holds_the_uint8_patterns(report_analysis, page):
 
 
 def test_a_square_examples_payload_has_no_key_fields(page):
-    examples = _json_block(page, "hs-explorer-data")["examples"]
+    examples = json_block(page, "hs-explorer-data")["examples"]
     assert all(not {"m", "keyTokens", "keyTicks"} & set(stored) for stored in examples)
 
 
 def test_a_cross_attention_example_has_each_axis_tokens_escaped():
     analysis = fake_analysis(n_examples=2, seq_len=10, key_len=13)
     page = render_html(analysis, plotlyjs="cdn")
-    payload = _json_block(page, "hs-explorer-data")
+    payload = json_block(page, "hs-explorer-data")
     for example, stored in zip(analysis.examples, payload["examples"]):
         assert (stored["n"], stored["m"]) == (10, 13)
         raw = zlib.decompress(base64.b64decode(stored["data"]))
@@ -331,7 +326,7 @@ def test_a_cross_attention_example_has_each_axis_tokens_escaped():
 
 
 def test_figures_have_fixed_ids(report_analysis, report_analysis_data, page):
-    figs = _json_block(page, "hs-figures")
+    figs = json_block(page, "hs-figures")
     ids = [fig_id for fig_id, _ in figs]
     expected = [figures.LABEL_MAP_ID] + [figures.detector_id(i) for i in range(len(report_analysis.detectors))]
     assert ids == expected + [SYNTAX_ID, figures.EXPLORER_ID]

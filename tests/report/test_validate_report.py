@@ -11,6 +11,7 @@ from tests.support.fake_analysis import fake_analysis
 from headscope.report import render_html, report_data
 from headscope.report import figures
 from headscope.causal import COLUMNS, read_csv, write_csv
+from tests.support.pages import json_block
 
 NAN = float("nan")
 
@@ -95,7 +96,7 @@ def test_section_figure_and_table(analysis_with_checks):
     figs = _figures(page)
     ids = list(figs)
     assert ids.index(figures.VALIDATION_ID) == ids.index(figures.EXPLORER_ID) - 1
-    explorer = json.loads(re.search(r'id="hs-explorer-data">(.*?)</script>', page, re.S).group(1))
+    explorer = json_block(page, "hs-explorer-data")
     assert figures.VALIDATION_ID not in explorer["clickable"]
     bars, draws = figs[figures.VALIDATION_ID]["data"]
     primary = [r for r in report_data(analysis_with_checks).validation if r.primary]  # the chart shows mean ablation only

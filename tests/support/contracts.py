@@ -44,15 +44,21 @@ def eager_weights(model, modules: dict, x: dict) -> dict:
 
     for layer, module in modules.items():
         handles.append(module.register_forward_hook(keep(layer)))
+    run_eager(model, x, handles)
+    return seen
+
+
+def run_eager(model, x: dict, handles=()):
+    """`model(**x)` on the model's eager attention; afterwards its implementation is restored
+    and `handles` (hooks that recorded the pass) removed, also when the pass raises."""
     default = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
-        model(**x)
+        return model(**x)
     finally:
         model.set_attn_implementation(default)
         for handle in handles:
             handle.remove()
-    return seen
 
 
 @contextmanager
