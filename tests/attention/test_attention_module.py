@@ -85,21 +85,25 @@ def test_padding_mask_hides_keys_and_additive_mask_agrees():
     torch.testing.assert_close(m(x, mask)[1, :5], out_short[0], atol=1e-5, rtol=0)
 
 
-def _cross_reference(x, context, m, key_mask):
-    """Cross-attention written out with einsum: queries from x, keys and values from context,
-    every key the padding mask keeps visible (no causal mask, no rotary)."""
+def _einsum_reference(x, m, allowed, context=None):
+    """GQA attention written out with einsum (no rotary): queries from x, keys and values from
+    `context` (cross-attention) or x; `allowed` `[batch, query, key]` the keys each query may
+    see; z = softmax(q k^T * scale) v per head, times sigmoid(x W_gate^T + b) per element where
+    the module has an output gate, then z W_O^T + b. Returns `(output, pattern, z)`."""
     c = m.config
-    B, T, S = x.shape[0], x.shape[1], context.shape[1]
+    source = x if context is None else context
+    B, T, S = x.shape[0], x.shape[1], source.shape[1]
     q = (x @ m.W_q.weight.T + m.W_q.bias).view(B, T, c.n_heads, c.d_head)
-    k = (context @ m.W_k.weight.T + m.W_k.bias).view(B, S, c.n_kv_heads, c.d_head)
-    v = (context @ m.W_v.weight.T + m.W_v.bias).view(B, S, c.n_kv_heads, c.d_head)
+    k = (source @ m.W_k.weight.T + m.W_k.bias).view(B, S, c.n_kv_heads, c.d_head)
+    v = (source @ m.W_v.weight.T + m.W_v.bias).view(B, S, c.n_kv_heads, c.d_head)
     share = c.n_heads // c.n_kv_heads
     k, v = k.repeat_interleave(share, dim=2), v.repeat_interleave(share, dim=2)
     scores = torch.einsum("bthd,bshd->bhts", q, k) * c.scale
-    scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
-    pattern = torch.softmax(scores, dim=-1)
-    z = torch.einsum("bhts,bshd->bthd", pattern, v).reshape(B, T, c.n_heads * c.d_head)
-    return z @ m.W_o.weight.T + m.W_o.bias, pattern
+    pattern = torch.softmax(scores.masked_fill(~allowed[:, None], float("-inf")), dim=-1)
+    z = torch.einsum("bhts,bshd->bthd", pattern, v)  # (B, T, H, D)
+    if m.W_gate is not None:
+        z = z * torch.sigmoid(x @ m.W_gate.weight.T + m.W_gate.bias).view(B, T, c.n_heads, c.d_head)
+    return z.reshape(B, T, -1) @ m.W_o.weight.T + m.W_o.bias, pattern, z
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -110,7 +114,7 @@ def test_cross_attention_over_a_context_equals_einsum_reference(causal):
     x, context = torch.randn(2, 5, 20), torch.randn(2, 9, 20)
     key_mask = torch.ones(2, 9, dtype=torch.bool)
     key_mask[1, -3:] = False
-    expected, expected_pattern = _cross_reference(x, context, m, key_mask)
+    expected, expected_pattern, _ = _einsum_reference(x, m, key_mask[:, None, :].expand(2, 5, 9), context)
     out, pattern = m(x, key_mask, context=context, return_pattern=True)
     assert pattern.shape == (2, 6, 5, 9)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
@@ -140,31 +144,14 @@ def test_rotary_from_positions_equals_given_tables():
     torch.testing.assert_close(m(x, positions=torch.arange(7) + 13), m(x), atol=1e-5, rtol=0)
 
 
-def _gated_reference(x, m, mask):
-    """Gated GQA attention written out with einsum: z = softmax(q k^T * scale) v per head, then
-    z * sigmoid(x W_gate^T + b) per element, then z W_O^T + b (no rotary)."""
-    c = m.config
-    B, T = x.shape[:2]
-    q = (x @ m.W_q.weight.T + m.W_q.bias).view(B, T, c.n_heads, c.d_head)
-    k = (x @ m.W_k.weight.T + m.W_k.bias).view(B, T, c.n_kv_heads, c.d_head)
-    v = (x @ m.W_v.weight.T + m.W_v.bias).view(B, T, c.n_kv_heads, c.d_head)
-    share = c.n_heads // c.n_kv_heads
-    k, v = k.repeat_interleave(share, dim=2), v.repeat_interleave(share, dim=2)
-    scores = torch.einsum("bthd,bshd->bhts", q, k) * c.scale
-    allowed = mask[:, None, None, :] & torch.ones(T, T, dtype=torch.bool).tril()
-    pattern = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    gate = torch.sigmoid(x @ m.W_gate.weight.T + m.W_gate.bias).view(B, T, c.n_heads, c.d_head)
-    z = torch.einsum("bhts,bshd->bthd", pattern, v) * gate  # (B, T, H, D)
-    return z.reshape(B, T, -1) @ m.W_o.weight.T + m.W_o.bias, z
-
-
 def test_output_gate_equals_einsum_reference_and_hook_z_is_the_gated_z():
     """z * sigmoid(W_gate x) per element before W_O, on the fast and the explicit path; hook_z
     holds the gated z (W_O's input), and zeroing a head there removes exactly its W_O columns."""
     m = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=5, bias=True, output_gate=True)
     assert m.config.output_gate and m.W_gate.weight.shape == (30, 20)
     x, mask = torch.randn(2, 7, 20), _padding()
-    expected, expected_z = _gated_reference(x, m, mask)
+    causal = mask[:, None, :] & torch.ones(7, 7, dtype=torch.bool).tril()
+    expected, _, expected_z = _einsum_reference(x, m, causal)
     torch.testing.assert_close(m(x, mask), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(m(x, mask, return_pattern=True)[0], expected, atol=1e-5, rtol=0)
     seen = {}
