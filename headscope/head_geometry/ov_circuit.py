@@ -40,7 +40,7 @@ import torch
 from ..attention.module import MultiHeadAttention
 from ..errors import HeadscopeError
 from ..checks import check_count, check_loaded
-from ..hf.adapters import _sub, adapter_for, attention_blocks
+from ..hf.adapters import _sub, adapter_for, attention_blocks, block_adapter
 from ..hf.layouts import conv1d, linear
 from ..hf.sites import select
 from .norm_gains import norm_gains
@@ -120,6 +120,9 @@ def _group_ov_weights(model, sites: str):
     adapter = adapter_for(model.config)
     if adapter is None or not chosen.blocks:
         raise HeadscopeError(f"OV copying of {sites} sites needs the family's adapter ({type(model).__name__} has none)")
+    if any(block_adapter(model.config, block)[0] is not adapter for block in chosen.blocks.values()):
+        raise HeadscopeError(f"OV copying reads token embeddings through the text family's attention; the {sites} "
+                             f"sites are another tower's (a vision tower reads patches, not tokens)")
     for layer, block in sorted(chosen.blocks.items()):
         out = _sub(block, adapter.out)
         wo = (conv1d(out) if adapter.out_is_conv1d else linear(out))[0].detach().float()  # (D, H * dh)

@@ -25,6 +25,9 @@ Capture, ablation and analysis need no adapter: in a model of another family, th
 - `z_at_out(model)`: the output projections whose input is z (a norm mixes heads before them, or
   an output gate scales z after the attention function).
 - `check_on_interface(model_class, model_type)`: the one-line refusal for models that bypass it.
+- `VISION_ADAPTERS`, `vision_adapter_for(config)`: vision towers' attention, by
+  `config.vision_config.model_type`; `block_adapter(config, block)`: the adapter describing an
+  attention block and the config holding its sizes (the vision tower's or the text decoder's).
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
 
 __all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
            "discovered_cores", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
-           "text_stack"]
+           "text_stack", "VISION_ADAPTERS", "vision_adapter_for", "block_adapter"]
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class Adapter:
         counts: config attributes holding the default stack's layer and head counts, where
             they are not `num_hidden_layers` and `num_attention_heads` (a BART config maps
             those to its encoder's).
+        scale: core attribute holding the score scale (absent there: d_head ** -0.5).
         notes: one line for the family table.
     """
 
@@ -216,6 +220,7 @@ class Adapter:
     decoder_only: bool = False
     default_sites: str = ""
     counts: tuple[str, ...] = ()
+    scale: str = "scaling"
     notes: str = ""
 
 
@@ -508,8 +513,8 @@ def z_at_out(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
 
 
 def out_projection(model: nn.Module, block: nn.Module) -> nn.Module:
-    """The output projection (W_O) inside an attention block."""
-    return _sub(block, _needs_adapter(model.config).out)
+    """The output projection (W_O) inside an attention block (of the text stacks or the vision tower)."""
+    return _sub(block, block_adapter(model.config, block)[0].out)
 
 
 def head_sizes(config) -> tuple[int, int, int, int]:
@@ -520,3 +525,43 @@ def head_sizes(config) -> tuple[int, int, int, int]:
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     d_head = getattr(config, "head_dim", None) or d_model // n_heads
     return d_model, n_heads, n_kv, d_head
+
+
+# ---- Vision towers -------------------------------------------------------------------------------------------------
+# A vision-language model's vision tower, keyed by `config.vision_config.model_type`. Its attention modules are found
+# in the tower by what they do (`headscope.hf.sites`), so `layers`, `block` and `core` are empty: each module is its
+# own block and core, and the paths below start at it. Sizes come from the vision config (`hidden_size`) and the
+# module (`heads`: its head count attribute); all are bidirectional.
+_VISION = dict(layers="", block="", core="", causal=False, stack="vision", heads="num_heads")
+
+VISION_ADAPTERS = (
+    Adapter("siglip", ("siglip_vision_model",), qkv=_QKV, out="out_proj", scale="scale", **_VISION,
+            notes="gemma3's SigLIP tower"),
+    Adapter("clip", ("clip_vision_model",), qkv=_QKV, out="out_proj", scale="scale", **_VISION,
+            notes="llava's CLIP tower"),
+    Adapter("mllama_vision", ("mllama_vision_model",), qkv=_QKV, out="o_proj", **_VISION,
+            notes="mllama's local then global vision layers, no biases"),
+    # One packed sequence `[patch, d_model]` per forward pass, attention within the pieces cu_seqlens bounds.
+    Adapter("qwen2_5_vl_vision", ("qwen2_5_vl_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(),
+            returns=("output",), **_VISION, notes="qwen2_5_vl's windowed tower: fused qkv, 2-D rotary tables"),
+)
+
+
+def vision_adapter_for(config) -> Optional[Adapter]:
+    """The adapter of a vision tower's attention, by the model type of `config.vision_config` (or of `config`
+    itself, a vision config); None where there is none."""
+    vision = getattr(config, "vision_config", config)
+    model_type = getattr(vision, "model_type", None)
+    return next((a for a in VISION_ADAPTERS if model_type in a.model_types), None)
+
+
+def block_adapter(config, block: nn.Module) -> tuple[Adapter, object]:
+    """`(adapter, config holding its sizes)` for an attention block: the vision tower's where `config` is a
+    vision config or the block is one of `config.vision_config`'s modules (they keep that config), else the
+    text decoder's (`text_config`). HeadscopeError in one line where that has no adapter."""
+    vision = getattr(config, "vision_config", config)
+    adapter = vision_adapter_for(vision)
+    if adapter is not None and (vision is config or getattr(block, "config", None) is vision):
+        return adapter, vision
+    text = text_config(config)
+    return _needs_adapter(text), text

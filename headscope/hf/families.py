@@ -9,15 +9,17 @@ tiny models of each family (capture, ablate, lazy analyze, verify; the encoder-d
 groups in tests/hf/test_encoder_decoders.py, the vision towers in tests/hf/test_vision_towers.py).
 A row's `sites` names the groups of attention sites that capture, ablate, hooks and patch
 address (`headscope.hf.sites`), the default first; its `analyze_sites` the groups analyze runs
-at where not the default (an audio encoder's family: its decoder's, the encoder fed silence).
+at where not the default (an audio encoder's family: its decoder's, the encoder fed silence). A
+vision-language row's notes say whether from_hf/verify reach its vision tower at sites="vision"
+(`VISION_TOWERS`: the tower's config model type, described by `VISION_ADAPTERS` or not).
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from .adapters import ADAPTERS
+from .adapters import ADAPTERS, VISION_ADAPTERS
 
-__all__ = ["FamilyRow", "family_table", "family_markdown", "OUTSIDE_INTERFACE", "OTHER", "DISCOVERED"]
+__all__ = ["FamilyRow", "family_table", "family_markdown", "OUTSIDE_INTERFACE", "OTHER", "DISCOVERED", "VISION_TOWERS"]
 
 OTHER = "any other"
 # Families whose attention never calls transformers' attention interface
@@ -51,6 +53,23 @@ DISCOVERED = (
 )
 
 
+# The model type of each vision-language family's vision config (`config.vision_config.model_type`): where
+# `VISION_ADAPTERS` describes it, from_hf and verify work at sites="vision" (tests/hf/test_vision_towers.py).
+VISION_TOWERS = {"gemma3": "siglip_vision_model", "llava": "clip_vision_model", "mllama": "mllama_vision_model",
+                 "qwen2_5_vl": "qwen2_5_vl_vision"}
+
+
+def _vision_note(model_type: str) -> str:
+    """Where from_hf/verify reach a family's vision tower ("" for a family without one)."""
+    tower = VISION_TOWERS.get(model_type)
+    if tower is None:
+        return ""
+    adapter = next((a for a in VISION_ADAPTERS if tower in a.model_types), None)
+    if adapter is None:
+        return f"; from_hf/verify not available at sites=\"vision\" (no adapter for {tower})"
+    return f"; from_hf/verify at sites=\"vision\" through its tower's adapter ({tower}: {adapter.notes})"
+
+
 class FamilyRow(NamedTuple):
     model_type: str
     capture: bool  # capture, ablate, model_hooks, cache_activations and patch
@@ -77,8 +96,10 @@ def family_table() -> tuple[FamilyRow, ...]:
             for a in ADAPTERS for t in ((a.family,) if a.decoder_only else a.model_types)]
     for model_type, notes, *extra in DISCOVERED:
         verify, groups = tuple(extra) + (False, "text")[len(extra):]
-        how = "; from_hf/verify through its text decoder's adapter" if verify else "; from_hf/verify need an adapter"
-        rows.append(FamilyRow(model_type, True, verify, notes + how, sites=groups))
+        vision = _vision_note(model_type)
+        text = " of its text decoder" if vision else ""
+        how = "; from_hf/verify through its text decoder's adapter" if verify else f"; from_hf/verify{text} need an adapter"
+        rows.append(FamilyRow(model_type, True, verify, notes + how + vision, sites=groups))
     rows.append(FamilyRow(OTHER, True, False, "any model whose attention modules call the interface, each in its own "
                                                "entry of the text decoder's layer list (layers without attention are "
                                                "allowed); encoder-decoders need an adapter; from_hf/verify need an "

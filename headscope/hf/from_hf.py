@@ -20,7 +20,7 @@ from torch import nn
 from ..errors import HeadscopeError
 from ..attention.kernel import with_bias
 from ..attention.rotary import full_width
-from .adapters import Adapter, _needs_adapter, _sub, head_sizes, text_config
+from .adapters import Adapter, _sub, block_adapter, head_sizes
 from .layouts import conv1d, linear
 
 __all__ = ["module_from_hf", "rotary_tables", "call_arguments"]
@@ -29,6 +29,8 @@ __all__ = ["module_from_hf", "rotary_tables", "call_arguments"]
 # cross-attention's source of keys and values (bart, whisper, T5: the encoder's output).
 _MASK_NAMES = ("attention_mask", "mask")
 _CONTEXT_NAME = "key_value_states"
+# A packed module's bounds of its pieces in one sequence of patches (qwen2_5_vl's vision attention).
+_PIECES_NAME = "cu_seqlens"
 
 
 class _HeadsFirst(nn.Module):
@@ -82,23 +84,31 @@ def _rotary_base(config) -> float:
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
+def _sizes(adapter: Adapter, core: nn.Module, config) -> tuple[int, int, int, int]:
+    """`(d_model, n_heads, n_kv_heads, d_head)`; where the adapter names the module's own head count
+    (an encoder-decoder's stacks may differ, a vision tower's config names it its own way), that count,
+    the module's `head_dim` (else d_model over it) and no grouped keys."""
+    if not adapter.heads:
+        return head_sizes(config)
+    d_model, n_heads = int(config.hidden_size), int(getattr(core, adapter.heads))
+    return d_model, n_heads, n_heads, int(getattr(core, "head_dim", None) or d_model // n_heads)
+
+
 def module_from_hf(cls: Callable, block: nn.Module, config):
     """Build `cls` (a MultiHeadAttention) from a Hugging Face attention block's weights (`config`:
-    the model's; a vision-language model's text config is read)."""
-    config = text_config(config)
-    adapter = _needs_adapter(config)
+    the model's; a vision-language model's text config is read, or its vision config for a block of
+    its vision tower, `block_adapter`)."""
+    adapter, config = block_adapter(config, block)
     if adapter.no_from_hf:
         raise HeadscopeError(adapter.no_from_hf)
     core = _sub(block, adapter.core)
-    d_model, n_heads, n_kv, d_head = head_sizes(config)
-    if adapter.heads:  # the module's own count (an encoder-decoder's stacks may differ)
-        n_heads = n_kv = int(getattr(core, adapter.heads))
+    d_model, n_heads, n_kv, d_head = _sizes(adapter, core, config)
     (wq, bq), (wk, bk), (wv, bv) = adapter.qkv.extract(block, n_heads, n_kv, d_head)
     if adapter.heads:
         d_head = wq.shape[0] // n_heads  # T5's d_kv need not be d_model / n_heads
     out = _sub(block, adapter.out)
     wo, bo = conv1d(out) if adapter.out_is_conv1d else linear(out)
-    scale = getattr(core, "scaling", None)
+    scale = getattr(core, adapter.scale, None)
     if adapter.query_prescaled:  # q = W_q x * scaling, scores scaled by 1: fold it into W_q
         wq, bq, scale = wq * scale, (bq * scale if bq is not None else None), 1.0
     norms = _norms(adapter, core)
@@ -106,7 +116,7 @@ def module_from_hf(cls: Callable, block: nn.Module, config):
     wg, bg = adapter.qkv.gate(block, n_heads, d_head) if adapter.output_gate else (None, None)
     module = cls(
         d_model, n_heads, n_kv, d_head,
-        causal=bool(getattr(core, "is_causal", True)),
+        causal=bool(getattr(core, "is_causal", adapter.causal)),
         bias=any(b is not None for b in (bq, bk, bv)), out_bias=bo is not None,
         rotary_dim=_rotary_dim(adapter, core, config, d_head), rotary_base=_rotary_base(config),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
@@ -131,10 +141,12 @@ def module_from_hf(cls: Callable, block: nn.Module, config):
     return module.eval()
 
 
-def rotary_tables(module, config, position_embeddings) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """`(cos, sin)` `[batch, pos, rotary_dim]` for `module` (built by `module_from_hf`) from what the
-    model passed its attention block, or None when the module has no rotary."""
-    spec = _needs_adapter(config).rotary
+def rotary_tables(module, config, position_embeddings, block: Optional[nn.Module] = None
+                  ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """`(cos, sin)` `[batch, pos, rotary_dim]` (or `[pos, rotary_dim]`) for `module` (built by
+    `module_from_hf` from `block`, None: a text block) from what the model passed its attention block,
+    or None when the module has no rotary."""
+    spec = block_adapter(config, block)[0].rotary
     dim = module.config.rotary_dim
     if not dim or position_embeddings is None:
         return None
@@ -143,7 +155,13 @@ def rotary_tables(module, config, position_embeddings) -> Optional[tuple[torch.T
     return full_width(cos, sin, dim, spec.interleaved)
 
 
-def call_arguments(module, config, received: dict, returned) -> dict:
+def _within_pieces(bounds: torch.Tensor) -> torch.Tensor:
+    """`[1, 1, patch, patch]` True where two patches lie in the same piece `[bounds[i], bounds[i + 1])`."""
+    piece = torch.repeat_interleave(torch.arange(len(bounds) - 1, device=bounds.device), bounds.diff())  # (P,)
+    return (piece[:, None] == piece[None, :])[None, None]
+
+
+def call_arguments(module, config, received: dict, returned, block: Optional[nn.Module] = None) -> dict:
     """Keyword arguments for `module` (built by `module_from_hf`) that reproduce one call of the
     model's attention module.
 
@@ -154,12 +172,19 @@ def call_arguments(module, config, received: dict, returned) -> dict:
             `key_value_states` at cross-attention, `position_embeddings`).
         returned: what its forward returned (T5's holds the position bias it used,
             `Adapter.returns`).
+        block: the attention block `module` was built from (None: a text block); a vision
+            tower's is described by its own adapter (`block_adapter`).
     Returns:
-        `{"x", "attention_mask", "context", "rotary"}`.
+        `{"x", "attention_mask", "context", "rotary"}`. A packed module's `[patch, d_model]`
+        (`cu_seqlens` among its inputs) becomes a batch of one, each patch attending to the
+        patches of its own piece (image or window).
     """
-    returns = _needs_adapter(text_config(config)).returns
+    returns = block_adapter(config, block)[0].returns
+    x = received["hidden_states"]
     mask = next((received[name] for name in _MASK_NAMES if received.get(name) is not None), None)
     if "position_bias" in returns:  # [1 or batch, head, query, key], added to the scores like the mask
         mask = with_bias(mask, returned[returns.index("position_bias")])
-    return {"x": received["hidden_states"], "attention_mask": mask, "context": received.get(_CONTEXT_NAME),
-            "rotary": rotary_tables(module, config, received.get("position_embeddings"))}
+    if received.get(_PIECES_NAME) is not None:  # one packed sequence (P, d_model): block-diagonal attention
+        x, mask = x[None], _within_pieces(received[_PIECES_NAME])
+    return {"x": x, "attention_mask": mask, "context": received.get(_CONTEXT_NAME),
+            "rotary": rotary_tables(module, config, received.get("position_embeddings"), block)}

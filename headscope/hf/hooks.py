@@ -26,7 +26,8 @@ A hook on scores or pattern switches that layer to the explicit path; other laye
 At a packed vision tower (qwen2_5_vl's, `headscope.hf.sites`) only hook_z exists whole per layer
 (`[1, patch, head, d_head]`, the output projection's input): the others are refused in one line,
 since each call of the attention function sees one image or window; `capture` reads the pattern.
-`hook_result` needs the family's adapter (it reads W_O through it); the others work on any model
+`hook_result` needs the family's adapter (it reads W_O through it; at the vision sites the tower's,
+`headscope.hf.adapters.VISION_ADAPTERS`, and not at a packed tower); the others work on any model
 headscope runs inside.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ from torch import nn
 
 from ..errors import HeadscopeError
 from ..attention.hook_points import HookFn, HookPoint
-from .adapters import _needs_adapter, out_projection
+from .adapters import _needs_adapter, block_adapter, out_projection
 from .layouts import conv1d, linear
 from .capture import check_ran
 from .route import Session, routed, selection
@@ -164,13 +165,18 @@ def model_hooks(
     try:
         result_layers = sorted(layer for layer, point in points if point == "hook_result")
         if result_layers:
-            adapter = _needs_adapter(model.config)
             if any(layer not in chosen_sites.blocks for layer in result_layers):
+                _needs_adapter(model.config)  # names the family without an adapter, and what works without one
                 raise HeadscopeError(f"hook_result needs an adapter for the {chosen_sites.group} sites (it reads W_O "
                                      f"through one); the other points work there")
+            if any(layer in chosen_sites.packed for layer in result_layers):
+                raise HeadscopeError(f"hook_result is not offered at the packed {chosen_sites.group} sites (their "
+                                     f"output projection reads one sequence of all images' patches); hook_z works there")
             for layer in result_layers:
-                out = out_projection(model, chosen_sites.blocks[layer])
-                hook = _result_hook(points[(layer, "hook_result")], out, adapter.out_is_conv1d, chosen_sites.n_heads)
+                block = chosen_sites.blocks[layer]
+                conv = block_adapter(model.config, block)[0].out_is_conv1d
+                out = out_projection(model, block)
+                hook = _result_hook(points[(layer, "hook_result")], out, conv, chosen_sites.n_heads)
                 handles.append(out.register_forward_hook(hook))
         session = _Points(layer_of, points)
         with routed(model, session):

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
 from .adapters import (_calls_interface, _sub, adapter_for, attention_blocks, core_modules, head_sizes, text_config,
-                       text_stack)
+                       text_stack, vision_adapter_for)
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
@@ -91,7 +91,8 @@ class Selection:
         default: True for `sites=None` (messages then read as they always did).
         sites: `{layer: Site}`.
         cores: `{layer: module calling the attention interface}`.
-        blocks: `{layer: attention block}` (holds the output projection; empty without an adapter).
+        blocks: `{layer: attention block}` (holds the output projection; empty without an adapter;
+            a vision tower's modules are their own blocks, by `VISION_ADAPTERS`).
         n_heads: query heads per site.
         packed: the layers whose module runs the attention function once per packed piece
             (module docstring): only hook_z among the hook points, and dense patterns only.
@@ -144,16 +145,18 @@ def vision_tower(model: nn.Module) -> Optional[nn.Module]:
     return next((getattr(model.base_model, name) for name in _VISION_TOWERS if hasattr(model.base_model, name)), None)
 
 
-def _vision_sites(model: nn.Module, paths: dict) -> list[tuple[Site, None, nn.Module, int]]:
+def _vision_sites(model: nn.Module, paths: dict) -> list[tuple[Site, Optional[nn.Module], nn.Module, int]]:
     """The vision tower's modules calling the interface, numbered 0.. in module order (the order
-    gemma3's, llava's and mllama's towers run them)."""
+    gemma3's, llava's and mllama's towers run them); each is its own block where the tower has an
+    adapter (`headscope.hf.adapters.VISION_ADAPTERS`), else there is none."""
     tower = vision_tower(model)
     if tower is None:
         return []
     cores = [m for m in tower.modules() if _calls_interface(type(m))]
     heads = getattr(model.config.vision_config, "num_attention_heads", None)
-    return [(Site(paths[id(core)], _kind_of(core), "vision", layer), None, core, getattr(core, "num_heads", heads))
-            for layer, core in enumerate(cores)]
+    described = vision_adapter_for(model.config) is not None
+    return [(Site(paths[id(core)], _kind_of(core), "vision", layer), core if described else None, core,
+             getattr(core, "num_heads", heads)) for layer, core in enumerate(cores)]
 
 
 def packed_cores(model: nn.Module) -> list[tuple[nn.Module, nn.Module, int]]:

@@ -7,7 +7,13 @@ bias it used) and what its output projection produced, then runs a `MultiHeadAtt
 with `from_hf` on exactly those inputs. `sites` names the group (`headscope.hf.sites`: an
 encoder-decoder's "encoder", the default, "decoder.self" or "decoder.cross"); the reference
 patterns are the model's own `encoder_attentions`, `decoder_attentions` or `cross_attentions`
-where its output has them, else each module's eager weights. Families whose adapter says
+where its output has them, else each module's eager weights. With `sites="vision"` the vision
+tower's attention is compared (gemma3's SigLIP, llava's CLIP, mllama's, qwen2_5_vl's; its adapter in
+`headscope.hf.adapters.VISION_ADAPTERS`), against each module's eager weights; a packed module
+(qwen2_5_vl's, once per image or window: `headscope.hf.sites`) against the eager weights of its calls,
+kept by an attention implementation that runs the module's own eager function (`_record_eager`), joined
+along the diagonal, its headscope module run on the whole packed sequence with a block-diagonal mask
+(`call_arguments`). Families whose adapter says
 from_hf is not available (multi-head latent attention, bitnet) and families without an adapter
 get a one-line HeadscopeError. It returns one row per layer of the group: layer, site (the module
 path), max_abs_diff_output, max_abs_diff_pattern.
@@ -17,6 +23,7 @@ the encoder's ids shifted right), which its decoder sites need (`headscope verif
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Mapping, Optional
 
 import torch
@@ -24,7 +31,7 @@ from torch import nn
 
 from ..errors import HeadscopeError
 from ..attention.module import MultiHeadAttention
-from .adapters import _needs_adapter, out_projection
+from .adapters import _needs_adapter, block_adapter, out_projection
 from .from_hf import call_arguments
 from .sites import select
 
@@ -34,6 +41,44 @@ DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5
 # The model output holding each group's eager patterns, by layer of the group (an encoder-decoder's).
 _EAGER_OUTPUTS = {"encoder.self": "encoder_attentions", "decoder.self": "decoder_attentions",
                   "decoder.cross": "cross_attentions"}
+# The attention implementation verify runs a model with packed sites under: eager, keeping their calls' weights.
+_RECORDING = "headscope_verify"
+_KEPT: dict[int, list] = {}  # id(packed module) -> the eager weights of its calls so far, while verify runs
+
+
+def _record_eager(module, query, key, value, attention_mask, **kwargs):
+    """transformers attention-interface function: the eager attention of the module's own modeling file
+    (what its forward falls back on under "eager"), keeping the weights `[1, head, n, n]` of a packed
+    module's calls; the weights are returned as eager returns them."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise HeadscopeError(f"{type(module).__name__}'s modeling file has no eager_attention_forward for verify "
+                             f"to compare with")
+    out, weights = eager(module, query, key, value, attention_mask, **kwargs)
+    if id(module) in _KEPT:
+        _KEPT[id(module)].append(weights)
+    return out, weights
+
+
+def _register_recording() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(_RECORDING, _record_eager)
+    AttentionMaskInterface.register(_RECORDING, eager_mask)
+
+
+def _joined(pieces: list) -> torch.Tensor:
+    """The weights of a packed module's calls `[1, head, n_i, n_i]` along the diagonal of one
+    `[1, head, patch, patch]` map, zero between pieces."""
+    size = sum(piece.shape[-1] for piece in pieces)
+    joined = pieces[0].new_zeros(*pieces[0].shape[:2], size, size)
+    start = 0
+    for piece in pieces:
+        end = start + piece.shape[-1]
+        joined[..., start:end, start:end] = piece
+        start = end
+    return joined
 
 
 def _named_inputs(module: nn.Module, args, kwargs) -> dict:
@@ -83,7 +128,7 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
         model: a transformers model of a family with an adapter.
         inputs: keyword inputs for `model(...)` (input_ids, attention_mask, ...; an
             encoder-decoder's decoder sites need decoder_input_ids, whisper input_features).
-        sites: the group of attention sites to compare ("decoder.cross"; None: the default stack).
+        sites: the group of attention sites to compare ("decoder.cross", "vision"; None: the default stack).
     Returns:
         pandas DataFrame with columns layer (within the group), site (the module path),
         max_abs_diff_output, max_abs_diff_pattern.
@@ -93,14 +138,17 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
     if not isinstance(model, nn.Module):
         raise HeadscopeError(f"verify needs a transformers model (loaded.model), got {type(model).__name__}")
     _check_inputs(model, inputs)
-    adapter = _needs_adapter(model.config)
     selection = select(model, sites)
     if not selection.blocks:
+        if selection.default:
+            _needs_adapter(model.config)  # names the family without an adapter, and what works without one
         raise HeadscopeError(f"verify compares the sites a family adapter describes; {type(model).__name__}'s "
                              f"{selection.group!r} sites have none (capture, ablate and hooks work on them)")
     blocks = sorted(selection.blocks.items())
+    adapters = {layer: block_adapter(model.config, block)[0] for layer, block in blocks}
     # Built first: from_hf raises where the family's adapter says it is not available.
     mine = {layer: MultiHeadAttention.from_hf(block, model.config) for layer, block in blocks}
+    packed = {layer: selection.cores[layer] for layer in selection.packed if layer in selection.blocks}
     received: dict[int, dict] = {}
     returned: dict[int, tuple] = {}
     produced: dict[int, torch.Tensor] = {}
@@ -122,17 +170,23 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
         return hook
 
     previous = model.config._attn_implementation
+    if packed:
+        _register_recording()
     try:
         for layer, block in blocks:
             core = selection.cores[layer]
             handles.append(core.register_forward_pre_hook(save_inputs(layer), with_kwargs=True))
             handles.append(core.register_forward_hook(save_returned(layer)))
             handles.append(out_projection(model, block).register_forward_hook(save_output(layer)))
-        model.set_attn_implementation("eager")
+        _KEPT.update({id(core): [] for core in packed.values()})
+        model.set_attn_implementation(_RECORDING if packed else "eager")
         outputs = model(**inputs, output_attentions=True)
+        kept = {layer: _KEPT[id(core)] for layer, core in packed.items()}
     finally:
         for handle in handles:
             handle.remove()
+        for core in packed.values():
+            _KEPT.pop(id(core), None)
         model.set_attn_implementation(previous)
 
     missing = [layer for layer, _ in blocks if layer not in received]
@@ -142,21 +196,24 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
                              f"encoder_outputs are given, its decoder only with decoder_input_ids)")
     group = selection.sites[blocks[0][0]].group
     eager = getattr(outputs, _EAGER_OUTPUTS.get(group, ""), None)
-    at = adapter.returns.index("weights")
     rows = []
-    for layer, _ in blocks:
-        out, pattern = mine[layer](**call_arguments(mine[layer], model.config, received[layer], returned[layer]),
-                                   return_pattern=True)
+    for layer, block in blocks:
+        arguments = call_arguments(mine[layer], model.config, received[layer], returned[layer], block)
+        out, pattern = mine[layer](**arguments, return_pattern=True)
         # A hybrid's `attentions` holds only its attention layers (or nothing), so it is not indexed
         # by the model's layer numbers: there the module's own eager weights are the reference.
-        own = returned[layer]
-        weights = own[at] if isinstance(own, tuple) and len(own) > at else None
-        theirs = eager[layer] if eager is not None else (weights if isinstance(weights, torch.Tensor)
-                                                           else outputs.attentions[layer])
+        own, returns = returned[layer], adapters[layer].returns
+        at = returns.index("weights") if "weights" in returns else None
+        weights = own[at] if at is not None and isinstance(own, tuple) and len(own) > at else None
+        if layer in kept:  # a packed module's calls, joined along the diagonal
+            theirs = _joined(kept[layer])
+        else:
+            theirs = eager[layer] if eager is not None else (weights if isinstance(weights, torch.Tensor)
+                                                               else outputs.attentions[layer])
         rows.append({
             "layer": layer,
             "site": selection.sites[layer].name,
-            "max_abs_diff_output": (out - produced[layer]).abs().max().item(),
+            "max_abs_diff_output": (out.reshape(produced[layer].shape) - produced[layer]).abs().max().item(),
             "max_abs_diff_pattern": (pattern.to(theirs.dtype) - theirs).abs().max().item(),
         })
     return pd.DataFrame(rows)

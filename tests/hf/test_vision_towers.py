@@ -15,7 +15,8 @@ import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as modeling_qwen2_5_vl
 from transformers.vision_utils import get_vision_window_index
 
 import headscope
-from headscope.hf import route
+from headscope.attention.module import MultiHeadAttention
+from headscope.hf import adapters, route
 from headscope.hf.sites import group_names, select, sites, vision_tower
 from tests.support.contracts import eager_weights, head_zeroed_at
 from tests.support.tiny import tiny_image_inputs, tiny_inputs, tiny_mllama, tiny_model
@@ -136,7 +137,9 @@ def test_a_vision_tower_that_never_ran_is_reported_and_refused(family):
 @torch.no_grad()
 def test_hooks_and_cache_address_the_vision_tower():
     """cache_activations' vision patterns are capture's; hook_z zeroing a head is ablation;
-    hook_result, which reads W_O through an adapter, is refused for the vision sites."""
+    hook_result reads W_O through the tower's adapter: each head's result is its slice of the output
+    projection's input (read there with a pre-hook) times W_O's columns, and they sum to the
+    projection's output less its bias (read with a forward hook)."""
     model = _model("gemma3")
     x = tiny_image_inputs("gemma3")
     with headscope.capture(model, sites="vision") as cap:
@@ -157,10 +160,24 @@ def test_hooks_and_cache_address_the_vision_tower():
     with headscope.ablate(model, heads=[(1, 1)], sites="vision"):
         ablated = model(**x).logits
     assert torch.equal(hooked, ablated)
-    with pytest.raises(headscope.HeadscopeError, match="hook_result needs an adapter for the vision sites") as err:
-        with headscope.model_hooks(model, {"layers.0.attn.hook_result": lambda r, hook: None}, sites="vision"):
-            pass
-    assert "\n" not in str(err.value)
+    out = model.get_submodule(select(model, "vision").sites[0].name).out_proj
+    seen, results = {}, []
+    handles = [out.register_forward_pre_hook(lambda module, args: seen.update(z=args[0])),
+               out.register_forward_hook(lambda module, args, output: seen.update(out=output))]
+    try:
+        with headscope.model_hooks(model, {"layers.0.attn.hook_result": lambda r, hook: results.append(r)},
+                                   sites="vision"):
+            model(**x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    result = results[0]
+    assert result.shape == (2, 4, 2, 32)  # (images, patches, head, d_model)
+    z = seen["z"].view(2, 4, 2, 16)
+    for head in range(2):
+        by_hand = z[:, :, head] @ out.weight[:, head * 16:(head + 1) * 16].T
+        assert (result[:, :, head] - by_hand).abs().max() <= 1e-5
+    assert (result.sum(dim=2) + out.bias - seen["out"]).abs().max() <= 1e-5
     assert not route.routed_models()
 
 
@@ -338,3 +355,120 @@ def test_family_table_lists_the_vision_stack_where_it_works(family):
     groups = row.sites.split(", ")
     assert groups[0] == "text" and set(groups) <= set(group_names(sites(model)))
     assert "vision" in groups
+
+
+# from_hf and verify at the vision sites: each tower's adapter (headscope.hf.adapters.VISION_ADAPTERS).
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@torch.no_grad()
+def test_verify_of_the_vision_tower_agrees_on_every_layer(family):
+    """One row per vision layer, named by its module path; outputs within 1e-4 of the module's own
+    output projection, patterns within 1e-5 of its eager weights (qwen2_5_vl: its calls' weights
+    joined along the diagonal)."""
+    model = _model(family)
+    table = headscope.verify(model, tiny_image_inputs(family), sites="vision")
+    chosen = select(model, "vision")
+    assert table["layer"].tolist() == LAYERS[family]
+    assert table["site"].tolist() == [chosen.sites[layer].name for layer in LAYERS[family]]
+    assert table["max_abs_diff_output"].max() <= 1e-4
+    assert table["max_abs_diff_pattern"].max() <= 1e-5
+    assert not route.routed_models()
+
+
+def _seen_by(module, model, x) -> tuple[dict, object]:
+    """What `module` received (its forward's keyword inputs, hidden states first) and returned on
+    the model's eager path, read with a forward pre-hook and a forward hook."""
+    seen = {}
+
+    def keep_inputs(module, args, kwargs):
+        seen["received"] = dict(zip(("hidden_states",), args), **kwargs)
+
+    def keep_output(module, args, output):
+        seen["returned"] = output
+
+    handles = [module.register_forward_pre_hook(keep_inputs, with_kwargs=True),
+               module.register_forward_hook(keep_output)]
+    default = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        model(**x)
+    finally:
+        model.set_attn_implementation(default)
+        for handle in handles:
+            handle.remove()
+    return seen["received"], seen["returned"]
+
+
+@pytest.mark.parametrize("family", DENSE)
+@torch.no_grad()
+def test_from_hf_fed_a_vision_layers_inputs_reproduces_its_output_and_eager_weights(family):
+    """The last vision layer's module: its hidden states and mask (mllama's aspect-ratio mask; none
+    for SigLIP and CLIP) fed to the headscope module give its output and its eager weights."""
+    model = _model(family)
+    x = tiny_image_inputs(family)
+    layer = LAYERS[family][-1]
+    module = model.get_submodule(select(model, "vision").sites[layer].name)
+    mine = MultiHeadAttention.from_hf(module, model.config)
+    assert (mine.config.d_model, mine.n_heads, mine.config.d_head, mine.config.causal) == (32, 2, 16, False)
+    assert mine.config.scale == pytest.approx(0.25)
+    received, (output, weights) = _seen_by(module, model, x)
+    out, pattern = mine(received["hidden_states"], received.get("attention_mask"), return_pattern=True)
+    assert out.shape == output.shape and (out - output).abs().max() <= 1e-4
+    assert pattern.shape == weights.shape and (pattern - weights).abs().max() <= 1e-5
+
+
+@torch.no_grad()
+def test_from_hf_fed_qwen2_5_vls_packed_layer_reproduces_its_output_and_eager_weights(monkeypatch):
+    """Layer 0 (windowed): the module's packed hidden states `[48, 32]` as a batch of one, the rotary
+    tables the tower passed, and a mask built here from its cu_seqlens (patches attend within their
+    window) give its output, and the eager weights of its calls placed along the diagonal."""
+    model, x = _qwen()
+    module = model.get_submodule(select(model, "vision").sites[0].name)
+    mine = MultiHeadAttention.from_hf(module, model.config)
+    assert (mine.config.d_model, mine.n_heads, mine.config.rotary_dim, mine.config.causal) == (32, 2, 16, False)
+    received, output = _seen_by(module, model, x)
+    edges = received["cu_seqlens"].tolist()
+    allowed = torch.zeros(48, 48, dtype=torch.bool)
+    for start, end in zip(edges, edges[1:]):
+        allowed[start:end, start:end] = True
+    out, pattern = mine(received["hidden_states"][None], allowed[None, None], rotary=received["position_embeddings"],
+                        return_pattern=True)
+    assert (out[0] - output).abs().max() <= 1e-4
+    eager, _ = _eager_packed_patterns(model, x, monkeypatch)
+    assert (pattern - eager[0]).abs().max() <= 1e-5
+
+
+@torch.no_grad()
+def test_vision_from_hf_and_verify_refuse_in_one_line_without_the_towers_adapter(monkeypatch):
+    """A tower no vision adapter describes has no blocks: verify refuses, naming the sites, and
+    hook_result too; hook_result is refused at qwen2_5_vl's packed layers (one sequence of patches)."""
+    model = _model("gemma3")
+    monkeypatch.setattr(adapters, "VISION_ADAPTERS", ())
+    assert select(model, "vision").blocks == {}
+    for call in (lambda: headscope.verify(model, tiny_image_inputs("gemma3"), sites="vision"),
+                 lambda: headscope.model_hooks(model, {"layers.0.attn.hook_result": lambda r, hook: None},
+                                               sites="vision").__enter__()):
+        with pytest.raises(headscope.HeadscopeError, match="needs an adapter for the vision sites|'vision' sites "
+                                                           "have none") as err:
+            call()
+        assert "\n" not in str(err.value)
+    monkeypatch.undo()
+    model, x = _qwen()
+    with pytest.raises(headscope.HeadscopeError, match="hook_result is not offered at the packed vision sites") as err:
+        with headscope.model_hooks(model, {"layers.0.attn.hook_result": lambda r, hook: None}, sites="vision"):
+            pass
+    assert "\n" not in str(err.value)
+    assert not route.routed_models()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_table_says_where_vision_from_hf_and_verify_work(family):
+    """The tower's model type in the table is the model's own, and its note names it."""
+    from headscope.hf.families import VISION_TOWERS, family_table
+
+    model = _model(family)
+    assert VISION_TOWERS[family] == model.config.vision_config.model_type
+    assert adapters.vision_adapter_for(model.config) is not None
+    row = next(r for r in family_table() if r.model_type == family)
+    assert f'from_hf/verify at sites="vision" through its tower\'s adapter ({VISION_TOWERS[family]}' in row.notes
