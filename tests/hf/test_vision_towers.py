@@ -18,7 +18,7 @@ import headscope
 from headscope.attention.module import MultiHeadAttention
 from headscope.hf import adapters, route
 from headscope.hf.sites import group_names, select, sites, vision_tower
-from tests.support.contracts import eager_weights, head_zeroed_at
+from tests.support.contracts import eager_weights, head_zeroed_at, run_eager
 from tests.support.tiny import tiny_image_inputs, tiny_inputs, tiny_mllama, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -45,6 +45,7 @@ def _eager_vision_patterns(model, x) -> dict[int, torch.Tensor]:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+
 def test_the_vision_tower_is_an_opt_in_stack(family):
     model = _model(family)
     found = sites(model)
@@ -150,16 +151,7 @@ def test_hooks_and_cache_address_the_vision_tower():
     torch.testing.assert_close(cache["layers.0.attn.hook_pattern"], cap.patterns[0], atol=1e-6, rtol=0)
     assert cache["layers.1.attn.hook_z"].shape == (2, 4, 2, 16)  # (images, patches, head, d_head)
 
-    def zero_head(z, hook):
-        z = z.clone()
-        z[:, :, 1] = 0
-        return z
-
-    with headscope.model_hooks(model, {"layers.1.attn.hook_z": zero_head}, sites="vision"):
-        hooked = model(**x).logits
-    with headscope.ablate(model, heads=[(1, 1)], sites="vision"):
-        ablated = model(**x).logits
-    assert torch.equal(hooked, ablated)
+    _assert_zeroing_hook_z_is_ablation(model, x, layer=1, head=1)
     out = model.get_submodule(select(model, "vision").sites[0].name).out_proj
     seen, results = {}, []
     handles = [out.register_forward_pre_hook(lambda module, args: seen.update(z=args[0])),
@@ -210,14 +202,7 @@ def _eager_packed_patterns(model, x, monkeypatch) -> tuple[dict, dict]:
     monkeypatch.setattr(modeling_qwen2_5_vl, "eager_attention_forward", keeping)
     handles = [module.register_forward_pre_hook(keep_bounds(layer), with_kwargs=True)
                for layer, module in modules.items()]
-    default = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        model(**x)
-    finally:
-        model.set_attn_implementation(default)
-        for handle in handles:
-            handle.remove()
+    run_eager(model, x, handles)
     maps = {}
     for layer, pieces in weights.items():
         edges = bounds[layer]
@@ -300,16 +285,7 @@ def test_qwen2_5_vls_vision_hooks_offer_hook_z_and_refuse_the_pieces():
     assert z.shape == (1, 48, 2, 16)
     assert (z[0].flatten(1) - seen[0]).abs().max() <= 1e-5
 
-    def zero_head(z, hook):
-        z = z.clone()
-        z[:, :, 1] = 0
-        return z
-
-    with headscope.model_hooks(model, {"layers.0.attn.hook_z": zero_head}, sites="vision"):
-        hooked = model(**x).logits
-    with headscope.ablate(model, heads=[(0, 1)], sites="vision"):
-        ablated = model(**x).logits
-    assert torch.equal(hooked, ablated)
+    _assert_zeroing_hook_z_is_ablation(model, x, layer=0, head=1)
     for point in ("hook_q", "hook_pattern"):
         with pytest.raises(headscope.HeadscopeError, match=f"{point} at the vision sites would see one image") as err:
             with headscope.model_hooks(model, {f"layers.0.attn.{point}": lambda v, hook: None}, sites="vision"):
@@ -472,3 +448,17 @@ def test_family_table_says_where_vision_from_hf_and_verify_work(family):
     assert adapters.vision_adapter_for(model.config) is not None
     row = next(r for r in family_table() if r.model_type == family)
     assert f'from_hf/verify at sites="vision" through its tower\'s adapter ({VISION_TOWERS[family]}' in row.notes
+
+
+def _assert_zeroing_hook_z_is_ablation(model, x, layer, head):
+    """Zeroing a vision head through hook_z gives exactly `ablate`'s logits."""
+    def zero_head(z, hook):
+        z = z.clone()
+        z[:, :, head] = 0
+        return z
+
+    with headscope.model_hooks(model, {f"layers.{layer}.attn.hook_z": zero_head}, sites="vision"):
+        hooked = model(**x).logits
+    with headscope.ablate(model, heads=[(layer, head)], sites="vision"):
+        ablated = model(**x).logits
+    assert torch.equal(hooked, ablated)
