@@ -394,3 +394,6 @@ def test_t5_and_mt5_for_conditional_generation_analyze_their_encoder(family):
                                  explorer_examples=1)
     assert sorted(set(analysis.scores.layer)) == [0, 1] and len(analysis.scores) == 2 * 2 * 4
     assert analysis.scores.score.notna().all()
+    from headscope.report import render_html
+
+    assert f"tiny-{family}" in render_html(analysis, plotlyjs="cdn")

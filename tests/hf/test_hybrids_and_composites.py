@@ -91,8 +91,8 @@ def test_a_layer_without_attention_is_refused_in_one_line(family, kind):
     assert not route.routed_models()
 
 
-@pytest.mark.parametrize("family, kind", [("gemma3", "composite"), ("llava", "composite"), ("jamba", "hybrid"),
-                                          ("qwen3_next", "hybrid")])
+@pytest.mark.parametrize("family, kind", [(f, "composite") for f in COMPOSITE_FAMILIES]
+                         + [(f, "hybrid") for f in HYBRID_FAMILIES])
 def test_analyze_runs_end_to_end_and_renders(family, kind):
     """A vision-language model is analysed as its text decoder with text-only probes; a hybrid's
     tables hold its attention layers under their own numbers, the others are noted."""
@@ -111,8 +111,9 @@ def test_analyze_runs_end_to_end_and_renders(family, kind):
     notes = " ".join(analysis.meta.get("notes", []))
     assert (f"layers {', '.join(map(str, without))} have no attention" in notes) == bool(without)
     gated = "OV copying not computed: OV copying is not available for layer 2: a sigmoid output gate"
-    assert (gated in notes) == (family == "qwen3_next")  # the others have their OV table
-    assert ("ov" in analysis.tables) == (family != "qwen3_next")
+    assert (gated in notes) == (family == "qwen3_next")  # no input-free OV circuit through a gate
+    adapter = adapter_for(model.config)  # the OV table reads W_V and W_O through the text decoder's adapter
+    assert ("ov" in analysis.tables) == (adapter is not None and not adapter.output_gate)
     page = render_html(analysis, plotlyjs="cdn")
     assert f"tiny-{family}" in page
 
