@@ -100,7 +100,7 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
                              f"{selection.group!r} sites have none (capture, ablate and hooks work on them)")
     blocks = sorted(selection.blocks.items())
     # Built first: from_hf raises where the family's adapter says it is not available.
-    mine = {layer: MultiHeadAttention.from_hf(block, model.config) for layer, block in blocks}
+    mine = {layer: MultiHeadAttention.from_hf(block, model.config, layer) for layer, block in blocks}
     received: dict[int, dict] = {}
     returned: dict[int, tuple] = {}
     produced: dict[int, torch.Tensor] = {}
