@@ -9,7 +9,9 @@ extras of recent models: q/k norms before rotary (Qwen3, Gemma 3, OLMo 2), clipp
 (OLMo), score soft-capping (Gemma 2), a learned sink logit per head (gpt-oss) and a sigmoid output gate
 (Qwen3-Next: z * sigmoid(W_gate x), per element of each head, before W_O). Given a
 `context`, keys and values come from it instead of `x`: cross-attention (an encoder-decoder's
-decoder reading the encoder's output), with no rotary and no causal mask.
+decoder reading the encoder's output), with no rotary and no causal mask. The projections may
+read an input of another width than the output's (`d_in`: zamba2's shared block reads the hidden
+state joined to the embeddings, `2 * d_model` wide, and writes `d_model`).
 
 Hook points (read or replace with `headscope.attention.hook_points.hooks(module, {...})` or `module.hooks(...)`):
     hook_q       [batch, head, pos, d_head]      queries, after q/k norm and rotary
@@ -47,7 +49,9 @@ class AttentionConfig:
     """Resolved sizes and options of a `MultiHeadAttention`.
 
     Attributes:
-        d_model: residual stream width.
+        d_model: residual stream width, what W_O writes.
+        d_in: width of what W_q, W_k, W_v (and W_gate) read; d_model unless the block reads
+            something wider (zamba2: the hidden state joined to the embeddings, 2 * d_model).
         n_heads: query heads.
         n_kv_heads: key/value heads (divides n_heads; equal for classic attention, 1 for MQA).
         d_head: size of each head.
@@ -79,6 +83,7 @@ class AttentionConfig:
     rotary_base: float
     scale: float
     dropout: float
+    d_in: int
     rotary_interleaved: bool = False
     qk_norm: bool = False
     clip: Optional[float] = None
@@ -109,6 +114,8 @@ class MultiHeadAttention(nn.Module):
         sinks: add a learned sink logit per head (`sinks` `[head]`, initialised to 0).
         output_gate: gate z per element by sigmoid(W_gate x) before W_O (`W_gate` with a bias
             when `bias`); `hook_z` and `hook_result` see the gated z.
+        d_in: width of the input the projections read (default `d_model`); the output is
+            `d_model` wide either way.
     """
 
     def __init__(
@@ -131,6 +138,7 @@ class MultiHeadAttention(nn.Module):
         softcap: Optional[float] = None,
         sinks: bool = False,
         output_gate: bool = False,
+        d_in: Optional[int] = None,
         device=None,
         dtype=None,
     ):
@@ -149,14 +157,15 @@ class MultiHeadAttention(nn.Module):
             qkv_bias=bias, out_bias=bias if out_bias is None else out_bias, rotary_dim=rotary_dim,
             rotary_base=float(rotary_base), scale=d_head ** -0.5 if scale is None else float(scale),
             dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
-            softcap=softcap, sinks=sinks, output_gate=output_gate,
+            softcap=softcap, sinks=sinks, output_gate=output_gate, d_in=d_model if d_in is None else d_in,
         )
+        d_in = self.config.d_in
         kw = dict(device=device, dtype=dtype)
-        self.W_q = nn.Linear(d_model, n_heads * d_head, bias=bias, **kw)
-        self.W_k = nn.Linear(d_model, n_kv_heads * d_head, bias=bias, **kw)
-        self.W_v = nn.Linear(d_model, n_kv_heads * d_head, bias=bias, **kw)
+        self.W_q = nn.Linear(d_in, n_heads * d_head, bias=bias, **kw)
+        self.W_k = nn.Linear(d_in, n_kv_heads * d_head, bias=bias, **kw)
+        self.W_v = nn.Linear(d_in, n_kv_heads * d_head, bias=bias, **kw)
         self.W_o = nn.Linear(n_heads * d_head, d_model, bias=self.config.out_bias, **kw)
-        self.W_gate = nn.Linear(d_model, n_heads * d_head, bias=bias, **kw) if output_gate else None
+        self.W_gate = nn.Linear(d_in, n_heads * d_head, bias=bias, **kw) if output_gate else None
         self.q_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None  # on (B, T, H, D)
         self.k_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(n_heads, **kw)) if sinks else None  # (H,)
@@ -194,9 +203,9 @@ class MultiHeadAttention(nn.Module):
         """Attend over a sequence, or from it over a context.
 
         Args:
-            x: `[batch, pos, d_model]`, the queries' (and, without `context`, the keys' and
-                values') input.
-            context: `[batch, key, d_model]`: cross-attention, keys and values projected from
+            x: `[batch, pos, d_in]`, the queries' (and, without `context`, the keys' and
+                values') input (`d_in` is `d_model` unless the module was built wider).
+            context: `[batch, key, d_in]`: cross-attention, keys and values projected from
                 `context` (an encoder's output), queries from `x`; no rotary and no causal mask
                 (every query may read every key the mask allows).
             attention_mask: `[batch, key]` padding mask (1/True = real token), or a boolean
@@ -259,17 +268,20 @@ class MultiHeadAttention(nn.Module):
         return (out, pattern) if return_pattern else out
 
     @classmethod
-    def from_hf(cls, attention_module: nn.Module, config) -> "MultiHeadAttention":
+    def from_hf(cls, attention_module: nn.Module, config, layer: Optional[int] = None) -> "MultiHeadAttention":
         """Build a module holding the weights of a Hugging Face attention layer.
 
         Args:
             attention_module: the layer's attention block (e.g. Llama's `self_attn`, GPT-2's
                 `attn`, BERT's `attention`, GPT-NeoX's `attention`).
             config: the model's config.
+            layer: the model's number of the layer; needed only where one block serves several
+                layers, each adding its own low-rank adapters to q, k, v (zamba2 with
+                `use_shared_attention_adapter`), which are folded into that layer's W_q, W_k, W_v.
         Returns:
             A `MultiHeadAttention` on the same device and dtype, in eval mode.
         """
-        return module_from_hf(cls, attention_module, config)
+        return module_from_hf(cls, attention_module, config, layer)
 
 
 def _as_4d_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -17,6 +17,11 @@ per element, from the query's input) has no such fixed circuit: its map is W_V d
 W_O, which depends on the input, and dropping the gate scores a circuit the model never runs (a
 positive diagonal between W_V and W_O can change the signs of the eigenvalues), so `head_ov_weights`
 and `ov_copying` refuse such a model in one line and `analyze` notes the OV table as not computed.
+They refuse in the same way a family whose adapter says its heads have no such circuit (`Adapter.no_ov`): zamba2's
+shared attention block reads the hidden state joined to the embeddings (W_V is `[2 d_model, d_head]`)
+and, above all, its output never reaches the residual stream linearly: o_proj's output passes the
+block's RMSNorm, its MLP and a linear layer, and is added to the next Mamba mixer's input, not
+to the residual, so W_O W_U scores a path the model does not have.
 
 Layer norms are not included by default (treated as identity), and neither are biases: the
 per-token scale of a norm multiplies a whole row and does not change copy_top1, but its gains
@@ -90,13 +95,17 @@ def head_ov_weights(model, sites: Optional[str] = None):
         `(layer, head, W_V, W_O)`: W_V `[d_model, d_head]` (the head's key/value head under GQA)
         and W_O `[d_head, d_model]`, fp32, row convention x @ W; norms not folded.
     Raises:
-        HeadscopeError: a layer's z passes an output gate (no input-free OV circuit).
+        HeadscopeError: a layer's z passes an output gate (no input-free OV circuit), or the
+            family's adapter says why its heads have no OV circuit to score (`Adapter.no_ov`).
     """
     if sites is not None:
         yield from _group_ov_weights(model, sites)
         return
+    adapter = adapter_for(model.config)
+    if adapter is not None and adapter.no_ov:
+        raise HeadscopeError(adapter.no_ov)
     for layer, block in attention_blocks(model):
-        mha = MultiHeadAttention.from_hf(block, model.config)
+        mha = MultiHeadAttention.from_hf(block, model.config, layer)
         cfg = mha.config
         if cfg.output_gate:
             raise HeadscopeError(f"OV copying is not available for layer {layer}: a sigmoid output gate, which depends "

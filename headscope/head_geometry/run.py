@@ -48,7 +48,7 @@ JS_MAX, OVERLAP_MIN, CLUSTER_THRESHOLD = 0.05, 0.5, 0.3
 def attention_modules(model) -> list[tuple[int, MultiHeadAttention]]:
     """`(layer, MultiHeadAttention)` holding the weights of each attention block of a Hugging Face
     model, under the model's layer numbers (a hybrid's attention layers only)."""
-    return [(layer, MultiHeadAttention.from_hf(block, model.config)) for layer, block in attention_blocks(model)]
+    return [(layer, MultiHeadAttention.from_hf(block, model.config, layer)) for layer, block in attention_blocks(model)]
 
 
 def redundant_pairs(subspace_pairs, divergence: np.ndarray, n_heads: int, js_max: float = JS_MAX,

@@ -1,8 +1,9 @@
 """Heads as subspaces, read from the weights of `MultiHeadAttention` modules.
 
-- `head_bases(module)`: orthonormal bases in d_model of each head's W_Q, W_K, W_V (read
-  directions, column space of the head's slice of the projection) and W_O (write directions,
-  row space of the head's rows of the output projection).
+- `head_bases(module)`: orthonormal bases of each head's W_Q, W_K, W_V (read directions, column
+  space of the head's slice of the projection, in the d_in the projections read: d_model but for
+  zamba2's 2 * d_model) and W_O (write directions in d_model, row space of the head's rows of the
+  output projection).
 - `subspace_overlap(basis_a, basis_b)`: mean squared cosine of the principal angles.
 - `effective_rank(singular_values)`: Roy & Vetterli's entropy-based effective rank.
 - `subspace_tables(modules, layers)`: per layer, the pairwise overlaps of its heads and each head's
@@ -17,8 +18,8 @@ E||Q_A^T Q_B||_F^2 = a b / n, so the chance value is max(a, b) / n (d / n for eq
 
 Effective rank (Roy & Vetterli 2007): with p_i = s_i / sum_j s_j over singular values s,
 erank = exp(-sum_i p_i log p_i), between 1 (rank one) and the rank (all s_i equal).
-QK circuit of head h: W_Q^h W_K^h^T [d_model, d_model]; OV circuit: W_V^h W_O^h
-[d_model, d_model]; both rank <= d_head, and their singular values are those of a small
+QK circuit of head h: W_Q^h W_K^h^T [d_in, d_in]; OV circuit: W_V^h W_O^h [d_in, d_model]
+(what the head writes from what it reads); both rank <= d_head, and their singular values are those of a small
 d_head x d_head product (W = U R by QR, so A B^T = U_A (R_A R_B^T) U_B^T).
 
 What is left out, and why: biases (they add a constant, not a direction), q/k norms and rotary
@@ -61,11 +62,12 @@ def _orthonormal(matrix: torch.Tensor) -> torch.Tensor:
 
 
 def _head_slices(module: MultiHeadAttention) -> dict[str, list[torch.Tensor]]:
-    """Each head's projection as `[d_model, d_head]` matrices, per role (k and v per KV head)."""
+    """Each head's projection as `[d_in, d_head]` (q, k, v) or `[d_model, d_head]` (o) matrices, per
+    role (k and v per KV head)."""
     cfg = module.config
     d = cfg.d_head
 
-    def read(weight, n):  # nn.Linear weight (n * d, d_model) -> n x (d_model, d)
+    def read(weight, n):  # nn.Linear weight (n * d, d_in) -> n x (d_in, d)
         return [weight[i * d:(i + 1) * d].T for i in range(n)]
 
     return {
@@ -78,7 +80,7 @@ def _head_slices(module: MultiHeadAttention) -> dict[str, list[torch.Tensor]]:
 
 
 def head_bases(module: MultiHeadAttention) -> dict[str, list[torch.Tensor]]:
-    """`{role: [basis [d_model, rank] per head]}`; "k" and "v" hold one basis per KV head."""
+    """`{role: [basis [d_in or d_model, rank] per head]}`; "k" and "v" hold one basis per KV head."""
     return {role: [_orthonormal(m) for m in mats] for role, mats in _head_slices(module).items()}
 
 
@@ -118,8 +120,9 @@ def subspace_tables(modules: Sequence[MultiHeadAttention], layers: Optional[Sequ
     Returns:
         `(pairs, heads)` DataFrames. `pairs`: layer, head_a, head_b (a < b), overlap_q,
         overlap_k, overlap_v, overlap_o, overlap (mean of those not NaN), same_kv_group, chance
-        (d_head / d_model). `heads`: layer, head, kv_head, dim_q, dim_k, dim_v, dim_o (subspace
-        ranks), qk_effective_rank, ov_effective_rank.
+        (the mean over the four roles of d_head / the width the role's subspace lives in: d_head /
+        d_model where the projections read d_model). `heads`: layer, head, kv_head, dim_q, dim_k,
+        dim_v, dim_o (subspace ranks), qk_effective_rank, ov_effective_rank.
     """
     import pandas as pd
 
@@ -132,6 +135,9 @@ def subspace_tables(modules: Sequence[MultiHeadAttention], layers: Optional[Sequ
         group = cfg.n_heads // cfg.n_kv_heads
         kv_of = lambda h: h // group
         slices = _head_slices(module)
+        chance = chance_overlap(cfg.d_head, cfg.d_model)
+        if cfg.d_in != cfg.d_model:  # q, k, v read subspaces of the wider input, o writes in d_model
+            chance = (3 * chance_overlap(cfg.d_head, cfg.d_in) + chance) / 4
         bases = {role: [_orthonormal(m) for m in mats] for role, mats in slices.items()}
         for h in range(cfg.n_heads):
             kv = kv_of(h)
@@ -152,6 +158,6 @@ def subspace_tables(modules: Sequence[MultiHeadAttention], layers: Optional[Sequ
                 known = [row[f"overlap_{r}"] for r in ROLES if not math.isnan(row[f"overlap_{r}"])]
                 row["overlap"] = sum(known) / len(known) if known else math.nan
                 row["same_kv_group"] = kv_of(a) == kv_of(b)
-                row["chance"] = chance_overlap(cfg.d_head, cfg.d_model)
+                row["chance"] = chance
                 pair_rows.append(row)
     return pd.DataFrame(pair_rows), pd.DataFrame(head_rows)

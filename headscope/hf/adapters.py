@@ -41,7 +41,7 @@ from .layouts import FusedConv1D, FusedPerHead, FusedRows, GatedQuery, Separate
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
-__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
+__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
            "discovered_cores", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
            "text_stack", "VISION_ADAPTERS", "vision_adapter_for", "block_adapter"]
 
@@ -65,7 +65,7 @@ class Rotary:
     interleaved: bool = False
     sin_first: bool = False
     switch: Optional[str] = None
-    config_switch: Optional[tuple[str, str]] = None
+    config_switch: Optional[tuple[str, object]] = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,27 @@ class QKNorm:
     k: str
     over: str = "head"
     switch: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class LoRA:
+    """Low-rank adapters one attention block shared by several layers adds to q, k and v, one
+    set per layer it serves (zamba2): `q = W_q x + B (A x)`, so each layer's effective weight is
+    `W_q + B A`, which `from_hf` folds in for the layer it is given.
+
+    Attributes:
+        q, k, v: paths from the core module to the lists of adapters (bias-free linear modules
+            `d_in -> rows`), one entry per layer the block may serve.
+        index: core attribute mapping the model's layer number to its entry (zamba2's
+            `layer_dic`: the layer's position among the attention layers).
+        switch: config attribute that is True when the adapters are used.
+    """
+
+    q: str
+    k: str
+    v: str
+    index: str
+    switch: str
 
 
 @dataclass(frozen=True)
@@ -188,6 +209,9 @@ class Adapter:
             they are not `num_hidden_layers` and `num_attention_heads` (a BART config maps
             those to its encoder's).
         scale: core attribute holding the score scale (absent there: d_head ** -0.5).
+        lora: per-layer low-rank adapters on q, k, v of a block shared by several layers
+            (`LoRA`; `from_hf` then needs the layer's number).
+        no_ov: why the OV table is not available ("" when it is).
         notes: one line for the family table.
     """
 
@@ -221,6 +245,8 @@ class Adapter:
     default_sites: str = ""
     counts: tuple[str, ...] = ()
     scale: str = "scaling"
+    lora: Optional[LoRA] = None
+    no_ov: str = ""
     notes: str = ""
 
 
@@ -314,6 +340,19 @@ ADAPTERS = (
                   "rotary; a sigmoid output gate (per element, from the layer's input) between attention and o_proj: "
                   "z (hook_z, ablation, patching) is o_proj's input, after the gate; no OV table (the gate, "
                   "which depends on the input, sits inside the OV circuit)"),
+    Adapter("zamba2", ("zamba2",), layers="layers", block="shared_transformer.self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(config_switch=("use_mem_rope", True)), hybrid=True,
+            lora=LoRA("linear_q_adapter_list", "linear_k_adapter_list", "linear_v_adapter_list", index="layer_dic",
+                      switch="use_shared_attention_adapter"),
+            no_ov="OV copying is not available for zamba2: a head's output reaches the residual stream only through "
+                  "the shared block's MLP, a linear layer and the next Mamba mixer, so there is no W_O W_U path to "
+                  "score (from_hf, verify, capture, ablate, geometry and the other detectors work)",
+            notes=_HYBRID.format("the shared transformer blocks, beside Mamba 2 layers") + "; one attention block "
+                  "shared by several layers reads the hidden state joined to the embeddings (q, k, v read 2 * "
+                  "hidden_size, `MultiHeadAttention`'s d_in), each layer's LoRA on q, k, v folded into its own "
+                  "module (from_hf needs layer=); rotary with use_mem_rope; scores scaled by (head_dim / 2) ** -0.5; "
+                  "no OV table (the attention output reaches the residual only through the block's MLP and the "
+                  "next Mamba mixer)"),
     Adapter("bert", ("bert", "roberta", "electra"), layers="encoder.layer", block="attention", core="self",
             qkv=_BERT_QKV, out="output.dense", causal=False, notes="encoder"),
     Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",

@@ -1,8 +1,8 @@
 """Which model families headscope runs inside, and what works on each: data, not prose.
 
 `family_table()` lists one `FamilyRow` per `config.model_type` with an adapter (read from
-`headscope.hf.adapters.ADAPTERS`), the families tested without an adapter (`DISCOVERED`: hybrids
-and vision-language models), one for any other model on transformers' attention interface, and the
+`headscope.hf.adapters.ADAPTERS`), the families tested without an adapter of their own
+(`DISCOVERED`: vision-language models), one for any other model on transformers' attention interface, and the
 families known to bypass the interface. `headscope models --families` prints it,
 README.md holds it as `family_markdown()`, and tests/hf/test_families.py checks every row against
 tiny models of each family (capture, ablate, lazy analyze, verify; the encoder-decoders' site
@@ -26,7 +26,6 @@ OTHER = "any other"
 # (`_can_set_attn_implementation()` is False): headscope refuses them in one line.
 OUTSIDE_INTERFACE = ("falcon", "bloom", "mpt", "gpt_neo")
 
-_HYBRID = "hybrid: only its attention layers ({}) are captured, under the model's own layer numbers"
 _VLM = ("vision-language: its text decoder (text_config) with text-only probes; the vision tower is the "
         "opt-in stack sites=\"vision\" (bidirectional self-attention over the image's patches)")
 _PACKED = ("; its vision attention runs once per image or window over one packed sequence of all images' patches "
@@ -38,9 +37,6 @@ _PACKED = ("; its vision attention runs once per image or window over one packed
 _WITH_VISION = "text, vision"  # the text decoder (the default), the vision tower (tests/hf/test_vision_towers.py)
 _WITH_CROSS = "text, text.self, text.cross"  # the text stack holds self- and cross-attention layers
 DISCOVERED = (
-    ("zamba2", _HYBRID.format("the shared transformer blocks, beside Mamba 2 layers") + "; one attention block "
-               "shared by several layers (optionally with per-layer LoRA on q, k, v) reading the hidden state joined "
-               "to the embeddings, so no adapter"),
     ("gemma3", _VLM, True, _WITH_VISION),
     ("llava", _VLM, True, _WITH_VISION),
     ("qwen2_5_vl", _VLM + _PACKED, False, _WITH_VISION),

@@ -1,7 +1,9 @@
 """Building headscope's `MultiHeadAttention` from a Hugging Face attention block, by its adapter.
 
-- `module_from_hf(cls, block, config)`: a `MultiHeadAttention` holding the block's weights,
-  its q/k norms (copies of the model's own modules), clip, soft-cap, sink logits and output gate.
+- `module_from_hf(cls, block, config, layer=None)`: a `MultiHeadAttention` holding the block's
+  weights, its q/k norms (copies of the model's own modules), clip, soft-cap, sink logits and
+  output gate; where one block serves several layers with per-layer low-rank adapters on q, k, v
+  (`Adapter.lora`, zamba2), those of `layer` folded into W_q, W_k, W_v (W + B A).
 - `rotary_tables(block, config, position_embeddings)`: the `(cos, sin)` the model passed to the
   block, in the layout and width `MultiHeadAttention` takes (None for a layer without rotary).
 - `call_arguments(module, config, received, returned)`: the arguments that make such a module
@@ -94,16 +96,37 @@ def _sizes(adapter: Adapter, core: nn.Module, config) -> tuple[int, int, int, in
     return d_model, n_heads, n_heads, int(getattr(core, "head_dim", None) or d_model // n_heads)
 
 
-def module_from_hf(cls: Callable, block: nn.Module, config):
+def _adapter_deltas(adapter: Adapter, core: nn.Module, config, layer: Optional[int], like: torch.Tensor) -> list:
+    """`[B A of q, k, v]` (Linear-style `(rows, d_in)`) that `layer`'s low-rank adapters add to the
+    shared block's projections, or `[None] * 3` where the family or config has none. Each adapter is
+    a bias-free linear map, so its matrix is what it makes of the identity: `adapter(I) = I A^T B^T`
+    (`like`: W_q, whose input width, device and dtype the identity takes)."""
+    spec = adapter.lora
+    if spec is None or not getattr(config, spec.switch, False):
+        return [None] * 3
+    index = getattr(core, spec.index)  # the model's layer number -> its adapters' entry
+    if layer not in index:
+        raise HeadscopeError(f"{adapter.family}'s attention block is shared by layers {', '.join(map(str, index))}, "
+                             f"each adding its own low-rank adapters to q, k, v: from_hf needs layer= one of them "
+                             f"(got {layer})")
+    eye = torch.eye(like.shape[1], device=like.device, dtype=like.dtype)  # (d_in, d_in)
+    return [core.get_submodule(path)[index[layer]](eye).T for path in (spec.q, spec.k, spec.v)]  # (rows, d_in)
+
+
+def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int] = None):
     """Build `cls` (a MultiHeadAttention) from a Hugging Face attention block's weights (`config`:
     the model's; a vision-language model's text config is read, or its vision config for a block of
-    its vision tower, `block_adapter`)."""
+    its vision tower, `block_adapter`; `layer`: the model's number of the block's layer, needed
+    where the adapter has `lora`)."""
     adapter, config = block_adapter(config, block)
     if adapter.no_from_hf:
         raise HeadscopeError(adapter.no_from_hf)
     core = _sub(block, adapter.core)
     d_model, n_heads, n_kv, d_head = _sizes(adapter, core, config)
     (wq, bq), (wk, bk), (wv, bv) = adapter.qkv.extract(block, n_heads, n_kv, d_head)
+    with torch.no_grad():  # a shared block's per-layer adapters, folded in: W + B A
+        deltas = _adapter_deltas(adapter, core, config, layer, wq)
+        wq, wk, wv = (w if d is None else w + d for w, d in zip((wq, wk, wv), deltas))
     if adapter.heads:
         d_head = wq.shape[0] // n_heads  # T5's d_kv need not be d_model / n_heads
     out = _sub(block, adapter.out)
@@ -123,7 +146,7 @@ def module_from_hf(cls: Callable, block: nn.Module, config):
         scale=scale, qk_norm=norms is not None,
         clip=getattr(config, adapter.clip, None) if adapter.clip else None,
         softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,
-        sinks=sinks is not None, output_gate=wg is not None,
+        sinks=sinks is not None, output_gate=wg is not None, d_in=wq.shape[1],
         device=wq.device, dtype=wq.dtype,
     )
     with torch.no_grad():

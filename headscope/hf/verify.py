@@ -147,7 +147,7 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
     blocks = sorted(selection.blocks.items())
     adapters = {layer: block_adapter(model.config, block)[0] for layer, block in blocks}
     # Built first: from_hf raises where the family's adapter says it is not available.
-    mine = {layer: MultiHeadAttention.from_hf(block, model.config) for layer, block in blocks}
+    mine = {layer: MultiHeadAttention.from_hf(block, model.config, layer) for layer, block in blocks}
     packed = {layer: selection.cores[layer] for layer in selection.packed if layer in selection.blocks}
     received: dict[int, dict] = {}
     returned: dict[int, tuple] = {}

@@ -173,6 +173,43 @@ def test_output_gate_equals_einsum_reference_and_hook_z_is_the_gated_z():
         torch.testing.assert_close(m(x, mask), without, atol=1e-5, rtol=0)
 
 
+def _wide_reference(x, m, mask):
+    """GQA attention whose projections read a wider input than W_O writes, with einsum: q, k, v
+    from x `[B, T, d_in]` (no biases, no rotary), z W_O^T `[B, T, d_model]`."""
+    c = m.config
+    B, T = x.shape[:2]
+    q = torch.einsum("bti,ni->btn", x, m.W_q.weight).view(B, T, c.n_heads, c.d_head)
+    k = torch.einsum("bti,ni->btn", x, m.W_k.weight).view(B, T, c.n_kv_heads, c.d_head)
+    v = torch.einsum("bti,ni->btn", x, m.W_v.weight).view(B, T, c.n_kv_heads, c.d_head)
+    share = c.n_heads // c.n_kv_heads
+    k, v = k.repeat_interleave(share, dim=2), v.repeat_interleave(share, dim=2)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * c.scale
+    allowed = mask[:, None, None, :] & torch.ones(T, T, dtype=torch.bool).tril()
+    pattern = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    z = torch.einsum("bhts,bshd->bthd", pattern, v)  # (B, T, H, D)
+    return torch.einsum("btn,mn->btm", z.reshape(B, T, -1), m.W_o.weight), pattern
+
+
+def test_an_input_wider_than_the_output_equals_einsum_reference():
+    """`d_in`: W_q, W_k, W_v read 2 * d_model (zamba2's hidden state joined to the embeddings),
+    W_O writes d_model; fast and explicit paths and every hook's shape agree with it."""
+    m = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=5, d_in=40, scale=0.4)
+    assert (m.config.d_in, m.config.d_model) == (40, 20)
+    assert m.W_q.weight.shape == (30, 40) and m.W_k.weight.shape == m.W_v.weight.shape == (10, 40)
+    assert m.W_o.weight.shape == (20, 30)
+    x, mask = torch.randn(2, 7, 40), _padding()
+    expected, pattern = _wide_reference(x, m, mask)
+    torch.testing.assert_close(m(x, mask), expected, atol=1e-5, rtol=0)
+    out, mine = m(x, mask, return_pattern=True)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(mine, pattern, atol=1e-6, rtol=0)
+    seen = {}
+    with m.hooks({n: (lambda n: lambda t, hook: seen.__setitem__(n, tuple(t.shape)))(n) for n in HOOK_SHAPES}):
+        torch.testing.assert_close(m(x, mask), expected, atol=1e-5, rtol=0)
+    assert seen == HOOK_SHAPES
+    assert _module(d_model=20, n_heads=4).config.d_in == 20  # by default the projections read d_model
+
+
 def test_without_an_output_gate_there_is_no_gate_projection():
     m = _module(d_model=20, n_heads=4)
     assert m.W_gate is None and not m.config.output_gate

@@ -2,7 +2,8 @@
 "hybrid"): every table holds the attention layers under the model's own numbers, and each number
 equals what the dense computation gives on the same heads, recomputed here from captured
 patterns and from the layer's own module; the tables round-trip through their CSV folder; the
-report and `headscope geometry` work on a hybrid."""
+report and `headscope geometry` work on a hybrid (zamba2 with per-layer LoRA too); a model without an
+adapter is refused."""
 import numpy as np
 import pytest
 import torch
@@ -11,9 +12,9 @@ import headscope
 from headscope.attention import MultiHeadAttention
 from headscope.hf.adapters import adapter_for, attention_blocks
 from headscope.head_geometry.importance import head_importance, probe_loss
-from headscope.head_geometry.run import write_geometry
+from headscope.head_geometry.run import attention_modules, write_geometry
 from headscope.head_geometry.similarity import DivergenceAccumulator, row_js
-from headscope.head_geometry.subspaces import subspace_tables
+from headscope.head_geometry.subspaces import head_bases, subspace_tables
 from headscope.head_geometry.tables import read_geometry_tables
 from headscope.loading.loader import Loaded
 from headscope.probes.base import text_probe
@@ -22,7 +23,7 @@ from tests.support.tiny import HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config, t
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-FAMILIES = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]  # the eight adapted
+FAMILIES = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]  # all nine adapted
 PROBE = dict(n_examples=3, seq_len=16)
 BATCH = 2
 
@@ -144,7 +145,37 @@ def test_the_accumulator_numbers_heads_by_their_layers_position_and_needs_every_
         acc.end_batch()
 
 
-def test_a_hybrid_without_an_adapter_is_refused_in_one_line():
-    with pytest.raises(headscope.HeadscopeError, match="'zamba2' has no headscope adapter") as err:
-        headscope.geometry(hybrid("zamba2"), **PROBE)
+def test_zamba2s_layers_share_a_block_but_each_has_its_own_loras_subspaces():
+    """With per-layer LoRA on q, k, v (tests/hf/test_zamba2.py's model), each layer's overlaps and
+    ranks are those of its own module (the shared weights plus its LoRA), q, k, v bases live in the
+    2 * hidden input, and the chance column is the mean over roles of d_head over their widths."""
+    from tests.hf.test_zamba2 import lora_model
+
+    loaded = Loaded.from_model(lora_model(), char_tokenizer(), "tiny-zamba2-lora")
+    result = headscope.geometry(loaded, batch_size=BATCH, pruning_steps=2, seeds=(0,), **PROBE)
+    assert result.layers == (1, 3)
+    modules = dict(attention_modules(loaded.model))
+    assert (modules[1].W_q.weight - modules[3].W_q.weight).abs().max() > 0.1
+    for layer, module in modules.items():
+        pairs, heads = subspace_tables([module])
+        mine = result.pairs[result.pairs.layer == layer].reset_index(drop=True)
+        columns = [c for c in pairs.columns if c != "layer"]
+        assert mine[columns].equals(pairs[columns])
+        assert head_bases(module)["q"][0].shape[0] == 128 and head_bases(module)["o"][0].shape[0] == 64
+    assert result.pairs.chance.to_numpy() == pytest.approx(np.full(12, (3 * 32 / 128 + 32 / 64) / 4))
+    ones = result.heads[result.heads.layer == 1].qk_effective_rank.to_numpy()
+    threes = result.heads[result.heads.layer == 3].qk_effective_rank.to_numpy()
+    assert np.abs(ones - threes).max() > 1e-3  # the layers' own LoRA, not the shared block's weights alone
+
+
+def test_a_model_without_an_adapter_is_refused_in_one_line():
+    import transformers as tf
+
+    config = tf.AutoConfig.for_model("helium", vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, intermediate_size=48, pad_token_id=0,
+                                     bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    loaded = Loaded.from_model(tf.AutoModelForCausalLM.from_config(config).eval(), char_tokenizer(), "tiny-helium")
+    with pytest.raises(headscope.HeadscopeError, match="'helium' has no headscope adapter") as err:
+        headscope.geometry(loaded, **PROBE)
     assert "\n" not in str(err.value)

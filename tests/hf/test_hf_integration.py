@@ -81,8 +81,8 @@ def test_verify_notices_a_wrong_weight(family):
     model = tiny_model(family)
     _, block = attention_blocks(model)[1]
     original = MultiHeadAttention.from_hf
-    def broken(block_, config):
-        m = original(block_, config)
+    def broken(block_, config, layer=None):
+        m = original(block_, config, layer)
         if block_ is block:
             m.W_k.weight.mul_(1.5)
         return m

@@ -14,8 +14,8 @@ from headscope.attention.hook_points import hook_points
 @torch.no_grad()
 def assert_hook_contract(model) -> None:
     """Every hook point of the first layer's `from_hf` module exists and fires once with its shape."""
-    _, block = attention_blocks(model)[0]
-    m = MultiHeadAttention.from_hf(block, model.config)
+    layer, block = attention_blocks(model)[0]
+    m = MultiHeadAttention.from_hf(block, model.config, layer)
     c = m.config
     B, T = 2, 5
     expected = {
@@ -27,7 +27,7 @@ def assert_hook_contract(model) -> None:
     assert set(hook_points(m)) == set(expected)
     seen = {}
     with m.hooks({n: (lambda n: lambda v, h: seen.setdefault(n, []).append(tuple(v.shape)))(n) for n in expected}):
-        m(torch.randn(B, T, c.d_model))
+        m(torch.randn(B, T, c.d_in))  # d_in: what the projections read (d_model but for zamba2)
     assert seen == {n: [s] for n, s in expected.items()}
 
 
