@@ -114,7 +114,7 @@ def test_analyze_runs_end_to_end_and_renders(family, kind):
     gated = "OV copying not computed: OV copying is not available for layer 2: a sigmoid output gate"
     assert (gated in notes) == (family == "qwen3_next")  # no input-free OV circuit through a gate
     adapter = adapter_for(model.config)  # the OV table reads W_V and W_O through the text decoder's adapter
-    assert ("ov" in analysis.tables) == (adapter is not None and not adapter.output_gate)
+    assert ("ov" in analysis.tables) == (adapter is not None and not adapter.output_gate and not adapter.no_ov)
     page = render_html(analysis, plotlyjs="cdn")
     assert f"tiny-{family}" in page
 
