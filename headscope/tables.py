@@ -6,7 +6,8 @@
   the module path of its layer's attention (`headscope.hf.sites.Site.name`), in a last column
   `site` beside `layer` and `head`; `Analysis.scores` and `.labels` are the columns above plus it.
 - `VALIDATION_COLUMNS`, `write_csv(frame, path)`, `read_csv(path)`: the table of
-  `headscope.validate` (`Analysis.validation`), saved and loaded without mangling it.
+  `headscope.validate` (`Analysis.validation`), saved and loaded without mangling it; its
+  `sites` names the module of each of `heads` (";"-joined in the same order).
 
 No torch and no headscope import: the detectors, `headscope.causal` and the `Analysis` reading
 a saved folder (`headscope report`, which needs no model) all share these.
@@ -21,9 +22,9 @@ SITE = "site"  # the column naming a head's attention module (its module path)
 VALIDATION_COLUMNS = [
     "label", "mode", "primary", "metric", "probe", "heads", "n_heads", "baseline", "ablated", "delta",
     "baseline_accuracy", "ablated_accuracy", "random_deltas", "random_mean", "random_max", "ratio",
-    "hurts_more", "random_heads",
+    "hurts_more", "random_heads", "sites",
 ]
-TEXT_COLUMNS = ("heads", "random_deltas", "random_heads")  # "10.10" must not come back as 10.1
+TEXT_COLUMNS = ("heads", "random_deltas", "random_heads", "sites")  # "10.10" must not come back as 10.1
 
 
 def with_sites(frame, modules: dict):
@@ -48,8 +49,8 @@ def read_csv(path):
     import pandas as pd
 
     frame = pd.read_csv(path, dtype={name: str for name in TEXT_COLUMNS}, keep_default_na=True)
-    for name in TEXT_COLUMNS:
-        frame[name] = frame[name].fillna("")
+    for name in TEXT_COLUMNS:  # files written before `sites` lack it: read as "" (not known)
+        frame[name] = frame[name].fillna("") if name in frame else ""
     for name in ("primary", "hurts_more"):
         frame[name] = frame[name].astype(str).str.lower().eq("true")
     return frame[VALIDATION_COLUMNS]

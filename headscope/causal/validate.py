@@ -100,6 +100,7 @@ def validate(
         batch_size: examples per forward pass.
     Returns:
         A pandas DataFrame with `COLUMNS`, one row per (label, mode): `heads` ("17.3;17.4"),
+        `sites` (their attention modules, ";"-joined in the same order),
         `metric` (`measure.METRICS`), `baseline`, `ablated`, `delta` = ablated - baseline,
         next-token (or masked-token) accuracies, `random_deltas` (";"-joined, exact),
         `random_mean`, `random_max`, `ratio` = delta / random_mean, `hurts_more` = delta
@@ -169,6 +170,9 @@ def validate(
         if label in icl_labels and with_icl:
             rows += [_icl_row(runners["icl_text"], heads, ablation, mode, draws[label], measured) for ablation in MODES]
     frame = pd.DataFrame(rows, columns=COLUMNS)
+    names = loaded.site_names  # each head's attention module, as the analysis's tables name it
+    frame["sites"] = [";".join(names.get(int(head.split(".")[0]), "") for head in heads.split(";")) if heads else ""
+                      for heads in frame.heads]
     early, late = icl_positions(icl_length) if with_icl else (None, None)
     frame.attrs = {
         "mode": mode, "k": k, "n_random": n_random, "seed": seed, "n_examples": n_examples,

@@ -83,6 +83,7 @@ def test_validate_checks_every_planted_label_once_per_mode(planted_validation):
     assert list(frame["label"][:4]) == ["induction", "induction", "icl_score", "icl_score"]
     for head, label in PLANTED.items():
         assert set(_rows(frame, label)["heads"]) == {f"{head[0]}.{head[1]}"}
+        assert set(_rows(frame, label)["sites"]) == {f"transformer.h.{head[0]}.attn"}  # the planted GPT-2's module
     assert set(_rows(frame, "previous_token")["probe"]) == {"text"}
     assert set(_rows(frame, "duplicate_token")["probe"]) == {"repeated"}
     # Previous-token head 0.0 feeds the induction head: removing it breaks text prediction.
@@ -286,6 +287,10 @@ def test_csv_round_trip_keeps_heads_and_flags(planted_validation, tmp_path):
     again = read_csv(tmp_path / "validation.csv")
     assert again.loc[0, "heads"] == "10.10" and again.loc[1, "random_heads"] == ""
     pd.testing.assert_frame_equal(again, frame[COLUMNS], check_dtype=False)
+    frame[COLUMNS].drop(columns="sites").to_csv(tmp_path / "older.csv", index=False)  # written before `sites`
+    older = read_csv(tmp_path / "older.csv")
+    assert (older.sites == "").all()
+    pd.testing.assert_frame_equal(older.drop(columns="sites"), frame[COLUMNS].drop(columns="sites"), check_dtype=False)
 
 
 # --- the real SmolLM2-135M ------------------------------------------------------------------
