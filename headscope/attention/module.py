@@ -7,7 +7,9 @@ models use: grouped-query attention (`n_kv_heads`), optional biases, a head size
 (full or partial, "rotate half" or interleaved pairs), a scaling override, dropout, and the
 extras of recent models: q/k norms before rotary (Qwen3, Gemma 3, OLMo 2), clipping of q/k/v
 (OLMo), score soft-capping (Gemma 2), a learned sink logit per head (gpt-oss) and a sigmoid output gate
-(Qwen3-Next: z * sigmoid(W_gate x), per element of each head, before W_O). Given a
+(Qwen3-Next: z * sigmoid(W_gate x), per element of each head, before W_O), and a norm over all
+heads' outputs together before W_O (BitNet's `attn_sub_norm`: W_O RMSNorm(Concat(head_1..head_h))),
+which mixes the heads through its per-token scale. Given a
 `context`, keys and values come from it instead of `x`: cross-attention (an encoder-decoder's
 decoder reading the encoder's output), with no rotary and no causal mask. The projections may
 read an input of another width than the output's (`d_in`: zamba2's shared block reads the hidden
@@ -20,7 +22,8 @@ Hook points (read or replace with `headscope.attention.hook_points.hooks(module,
     hook_scores  [batch, head, query, key]       pre-softmax scores, fp32, masked entries at min
     hook_pattern [batch, head, query, key]       attention probabilities, fp32
     hook_z       [batch, pos, head, d_head]      per-head weighted values, W_O's input (with an
-                                                 output gate: after it, z * sigmoid(W_gate x))
+                                                 output gate: after it, z * sigmoid(W_gate x); with
+                                                 a norm before W_O: after it, the normed z)
     hook_result  [batch, pos, head, d_model]     per-head output after W_O (no bias); computed
                                                  only when hooked
 The fast path (SDPA) runs unless a hook on scores or pattern, or `return_pattern`, needs them.
@@ -70,6 +73,9 @@ class AttentionConfig:
         output_gate: z is multiplied per element by sigmoid(W_gate x) before W_O (`W_gate`,
             `d_model -> n_heads * d_head`, from the queries' input; each head's gate reads
             only its own slice, so heads stay separate).
+        pre_out_norm: z, reshaped to `[batch, pos, head * d_head]`, passes `pre_out_norm` (a norm
+            over all heads' features together: an RMSNorm's per-token scale mixes the heads) before
+            W_O; hook_z and hook_result see the normed z, W_O's input.
     """
 
     d_model: int
@@ -90,6 +96,7 @@ class AttentionConfig:
     softcap: Optional[float] = None
     sinks: bool = False
     output_gate: bool = False
+    pre_out_norm: bool = False
 
 
 class MultiHeadAttention(nn.Module):
@@ -114,6 +121,10 @@ class MultiHeadAttention(nn.Module):
         sinks: add a learned sink logit per head (`sinks` `[head]`, initialised to 0).
         output_gate: gate z per element by sigmoid(W_gate x) before W_O (`W_gate` with a bias
             when `bias`); `hook_z` and `hook_result` see the gated z.
+        pre_out_norm: normalise z over all heads' features `[batch, pos, head * d_head]` before
+            W_O (`pre_out_norm`, an `nn.RMSNorm(n_heads * d_head)`, replaceable by any module
+            mapping `[batch, pos, head * d_head]` to itself, as from_hf puts BitNet's own
+            `attn_sub_norm` there); `hook_z` and `hook_result` see the normed z.
         d_in: width of the input the projections read (default `d_model`); the output is
             `d_model` wide either way.
     """
@@ -138,6 +149,7 @@ class MultiHeadAttention(nn.Module):
         softcap: Optional[float] = None,
         sinks: bool = False,
         output_gate: bool = False,
+        pre_out_norm: bool = False,
         d_in: Optional[int] = None,
         device=None,
         dtype=None,
@@ -158,6 +170,7 @@ class MultiHeadAttention(nn.Module):
             rotary_base=float(rotary_base), scale=d_head ** -0.5 if scale is None else float(scale),
             dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
             softcap=softcap, sinks=sinks, output_gate=output_gate, d_in=d_model if d_in is None else d_in,
+            pre_out_norm=pre_out_norm,
         )
         d_in = self.config.d_in
         kw = dict(device=device, dtype=dtype)
@@ -168,6 +181,7 @@ class MultiHeadAttention(nn.Module):
         self.W_gate = nn.Linear(d_in, n_heads * d_head, bias=bias, **kw) if output_gate else None
         self.q_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None  # on (B, T, H, D)
         self.k_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None
+        self.pre_out_norm = nn.RMSNorm(n_heads * d_head, **kw) if pre_out_norm else None  # on (B, T, H * D)
         self.sinks = nn.Parameter(torch.zeros(n_heads, **kw)) if sinks else None  # (H,)
         self.hook_q = HookPoint("hook_q")  # (B, H, T, D)
         self.hook_k = HookPoint("hook_k")  # (B, Hkv, S, D), S = T or the context's length
@@ -256,6 +270,8 @@ class MultiHeadAttention(nn.Module):
         z = z.transpose(1, 2)  # (B, T, H, D)
         if cfg.output_gate:  # per element of each head: heads stay separate, z is W_O's input
             z = z * torch.sigmoid(self.W_gate(x)).view(B, T, cfg.n_heads, cfg.d_head)
+        if cfg.pre_out_norm:  # over all heads' features together: the heads mix, z is W_O's input
+            z = self.pre_out_norm(z.reshape(B, T, cfg.n_heads * cfg.d_head)).view(B, T, cfg.n_heads, cfg.d_head)
         z = self.hook_z(z)  # (B, T, H, D)
         if self.hook_result.hooked:
             w_o = self.W_o.weight.view(cfg.d_model, cfg.n_heads, cfg.d_head)  # (d_model, H, D)

@@ -210,9 +210,57 @@ def test_an_input_wider_than_the_output_equals_einsum_reference():
     assert _module(d_model=20, n_heads=4).config.d_in == 20  # by default the projections read d_model
 
 
+def _rms_normed(z, gain, eps):
+    """A hand-written RMSNorm over all heads' features: z `[B, T, H, D]` -> gain * z / rms(z)."""
+    flat = z.flatten(2)  # (B, T, H * D)
+    return (gain * flat / torch.sqrt(flat.pow(2).mean(-1, keepdim=True) + eps)).view_as(z)
+
+
+def test_a_norm_over_all_heads_before_w_o_equals_einsum_reference_and_hook_z_is_the_normed_z():
+    """`pre_out_norm`: W_O RMSNorm(Concat(heads)) (bitnet's attn_sub_norm), on the fast and the
+    explicit path; hook_z and hook_result hold the normed z (W_O's input), and zeroing a head
+    there removes exactly its W_O columns' share of the output."""
+    m = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=5, pre_out_norm=True)
+    assert m.config.pre_out_norm and m.pre_out_norm.weight.shape == (30,)
+    with torch.no_grad():
+        m.pre_out_norm.weight.copy_(torch.rand(30) * 2 + 0.2)  # a gain that a module ignoring it fails
+    eps = torch.finfo(torch.float32).eps  # nn.RMSNorm's default
+    x, mask = torch.randn(2, 7, 20), _padding()
+    c = m.config
+    q = torch.einsum("bti,ni->btn", x, m.W_q.weight).view(2, 7, 6, 5)
+    k = torch.einsum("bti,ni->btn", x, m.W_k.weight).view(2, 7, 2, 5).repeat_interleave(3, dim=2)
+    v = torch.einsum("bti,ni->btn", x, m.W_v.weight).view(2, 7, 2, 5).repeat_interleave(3, dim=2)
+    allowed = mask[:, None, None, :] & torch.ones(7, 7, dtype=torch.bool).tril()
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * c.scale
+    pattern = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    z = _rms_normed(torch.einsum("bhts,bshd->bthd", pattern, v), m.pre_out_norm.weight, eps)  # (B, T, H, D)
+    w_o = m.W_o.weight.view(20, 6, 5)
+    expected = torch.einsum("bthd,mhd->btm", z, w_o)
+    torch.testing.assert_close(m(x, mask), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(m(x, mask, return_pattern=True)[0], expected, atol=1e-5, rtol=0)
+    seen = {}
+    with m.hooks({"hook_z": lambda t, hook: seen.setdefault("z", t.clone()),
+                  "hook_result": lambda t, hook: seen.setdefault("result", t.clone())}):
+        torch.testing.assert_close(m(x, mask), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(seen["z"], z, atol=1e-6, rtol=0)
+    torch.testing.assert_close(seen["result"], torch.einsum("bthd,mhd->bthm", z, w_o), atol=1e-5, rtol=0)
+    unnormed = _module(d_model=20, n_heads=6, n_kv_heads=2, d_head=5)  # same seed, same weights, no norm
+    assert (unnormed(x, mask) - expected).abs().max() > 1e-2  # the norm matters at this scale
+
+    def zero_head_2(t, hook):
+        t = t.clone()
+        t[:, :, 2] = 0
+        return t
+
+    without = expected - torch.einsum("btd,md->btm", z[:, :, 2], w_o[:, 2])
+    with m.hooks({"hook_z": zero_head_2}):
+        torch.testing.assert_close(m(x, mask), without, atol=1e-5, rtol=0)
+
+
 def test_without_an_output_gate_there_is_no_gate_projection():
     m = _module(d_model=20, n_heads=4)
     assert m.W_gate is None and not m.config.output_gate
+    assert m.pre_out_norm is None and not m.config.pre_out_norm
 
 
 def test_every_hook_fires_once_with_declared_shape():
