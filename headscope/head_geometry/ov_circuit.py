@@ -23,6 +23,14 @@ and, above all, its output never reaches the residual stream linearly: o_proj's 
 block's RMSNorm, its MLP and a linear layer, and is added to the next Mamba mixer's input, not
 to the residual, so W_O W_U scores a path the model does not have.
 
+A norm over all heads' outputs before W_O (`AttentionConfig.pre_out_norm`: BitNet's attn_sub_norm,
+W_O RMSNorm(z)) makes a head's map W_V diag(g) W_O / rms(z), with g its gain (per element, fixed)
+and rms(z) the root mean square of all heads' z at the query's position. The gain is folded into
+W_O always (it sits inside the circuit, like the gate, but does not depend on the input); the
+scale 1 / rms(z) is left out, as the residual norms' per-token scales are: it is one positive number
+per position, the same for every head, and multiplying a circuit by a positive number changes
+neither copy_top1 nor positive_eig_share.
+
 Layer norms are not included by default (treated as identity), and neither are biases: the
 per-token scale of a norm multiplies a whole row and does not change copy_top1, but its gains
 (and the final norm's) are left out, as in Elhage et al.'s simplified circuit. With
@@ -93,7 +101,8 @@ def head_ov_weights(model, sites: Optional[str] = None):
 
     Yields:
         `(layer, head, W_V, W_O)`: W_V `[d_model, d_head]` (the head's key/value head under GQA)
-        and W_O `[d_head, d_model]`, fp32, row convention x @ W; norms not folded.
+        and W_O `[d_head, d_model]`, fp32, row convention x @ W; residual norms not folded, the gain
+        of a norm over all heads before W_O (`pre_out_norm`) folded into W_O: diag(g) W_O.
     Raises:
         HeadscopeError: a layer's z passes an output gate (no input-free OV circuit), or the
             family's adapter says why its heads have no OV circuit to score (`Adapter.no_ov`).
@@ -114,6 +123,8 @@ def head_ov_weights(model, sites: Optional[str] = None):
         per_kv = cfg.n_heads // cfg.n_kv_heads
         W_v = mha.W_v.weight.detach().float().T  # (D, n_kv * dh)
         W_o = mha.W_o.weight.detach().float().T  # (n_heads * dh, D)
+        if cfg.pre_out_norm and getattr(mha.pre_out_norm, "weight", None) is not None:
+            W_o = mha.pre_out_norm.weight.detach().float()[:, None] * W_o  # diag(g) W_O, (n_heads * dh, D)
         for head in range(cfg.n_heads):
             kv = head // per_kv
             yield layer, head, W_v[:, kv * cfg.d_head:(kv + 1) * cfg.d_head], W_o[head * cfg.d_head:(head + 1) * cfg.d_head]

@@ -312,9 +312,10 @@ ADAPTERS = (
             notes="MLA: q/k head size differs from v; from_hf/verify not available"),
     Adapter("bitnet", ("bitnet",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), mixes_heads="attn_sub_norm",
-            no_from_hf="from_hf and verify are not available for bitnet (an RMSNorm over all heads sits between "
-                       "attention and o_proj); capture, ablate and analyze work",
-            notes="attn_sub_norm mixes heads before o_proj: z (hook_z, ablation, patching) is o_proj's input"),
+            notes="attn_sub_norm (an RMSNorm over all heads) mixes heads before o_proj: z (hook_z, ablation, "
+                  "patching) is o_proj's input, after it, and from_hf copies it (`pre_out_norm`); the OV table folds "
+                  "its gain into W_O and leaves out its per-token scale; a quantized checkpoint (BitLinear, "
+                  "AutoBitLinear layers) is refused by from_hf and verify"),
     # Hybrids: attention in some layers only, beside Mamba, convolutions or linear attention.
     Adapter("jamba", ("jamba",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", hybrid=True,
             notes=_HYBRID.format("beside Mamba layers") + "; no positional encoding in attention"),

@@ -2,8 +2,12 @@
 
 - `module_from_hf(cls, block, config, layer=None)`: a `MultiHeadAttention` holding the block's
   weights, its q/k norms (copies of the model's own modules), clip, soft-cap, sink logits and
-  output gate; where one block serves several layers with per-layer low-rank adapters on q, k, v
-  (`Adapter.lora`, zamba2), those of `layer` folded into W_q, W_k, W_v (W + B A).
+  output gate and a norm over all heads before the output projection (`Adapter.mixes_heads`,
+  copied as `pre_out_norm`); where one block serves several layers with per-layer low-rank adapters on q, k, v
+  (`Adapter.lora`, zamba2), those of `layer` folded into W_q, W_k, W_v (W + B A). A block whose
+  linear layers do not apply their weight as it is stored (a quantized checkpoint's layers, as
+  BitNet's `BitLinear` and `AutoBitLinear`, which round their inputs to 8 bits per token as they
+  run) is refused in one line: no fixed matrix reproduces them.
 - `rotary_tables(block, config, position_embeddings)`: the `(cos, sin)` the model passed to the
   block, in the layout and width `MultiHeadAttention` takes (None for a layer without rotary).
 - `call_arguments(module, config, received, returned)`: the arguments that make such a module
@@ -113,6 +117,21 @@ def _adapter_deltas(adapter: Adapter, core: nn.Module, config, layer: Optional[i
     return [core.get_submodule(path)[index[layer]](eye).T for path in (spec.q, spec.k, spec.v)]  # (rows, d_in)
 
 
+def _runs_as_stored(block: nn.Module) -> None:
+    """HeadscopeError in one line where a linear layer of the block does not compute x W^T + b with
+    the weight it stores: a packed integer weight (BitNet's BitLinear) or a forward other than
+    nn.Linear's (AutoBitLinear quantizes its input per token to 8 bits, and online its weight to
+    ternary, on every call: rounding that depends on the input, which no matrix reproduces)."""
+    for name, sub in block.named_modules():
+        weight = getattr(sub, "weight", None)
+        packed = isinstance(weight, torch.Tensor) and not weight.is_floating_point()
+        if packed or (isinstance(sub, nn.Linear) and type(sub).forward is not nn.Linear.forward):
+            raise HeadscopeError(f"from_hf and verify are not available for this {type(block).__name__}: its {name} "
+                                 f"({type(sub).__name__}) is not a plain linear layer (a quantized layer rounds its "
+                                 f"weights or inputs as it runs), so no weight matrix reproduces it; load the model "
+                                 f"unquantized")
+
+
 def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int] = None):
     """Build `cls` (a MultiHeadAttention) from a Hugging Face attention block's weights (`config`:
     the model's; a vision-language model's text config is read, or its vision config for a block of
@@ -121,6 +140,7 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
     adapter, config = block_adapter(config, block)
     if adapter.no_from_hf:
         raise HeadscopeError(adapter.no_from_hf)
+    _runs_as_stored(block)
     core = _sub(block, adapter.core)
     d_model, n_heads, n_kv, d_head = _sizes(adapter, core, config)
     (wq, bq), (wk, bk), (wv, bv) = adapter.qkv.extract(block, n_heads, n_kv, d_head)
@@ -146,7 +166,8 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         scale=scale, qk_norm=norms is not None,
         clip=getattr(config, adapter.clip, None) if adapter.clip else None,
         softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,
-        sinks=sinks is not None, output_gate=wg is not None, d_in=wq.shape[1],
+        sinks=sinks is not None, output_gate=wg is not None, pre_out_norm=adapter.mixes_heads is not None,
+        d_in=wq.shape[1],
         device=wq.device, dtype=wq.dtype,
     )
     with torch.no_grad():
@@ -161,6 +182,8 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
             module.sinks.copy_(sinks)
     if norms is not None:
         module.q_norm, module.k_norm = norms
+    if adapter.mixes_heads is not None:  # the model's own norm over all heads' features, (B, T, H * D)
+        module.pre_out_norm = copy.deepcopy(_sub(block, adapter.mixes_heads))
     return module.eval()
 
 

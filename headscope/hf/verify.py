@@ -13,10 +13,10 @@ tower's attention is compared (gemma3's SigLIP, llava's CLIP, mllama's, qwen2_5_
 (qwen2_5_vl's, once per image or window: `headscope.hf.sites`) against the eager weights of its calls,
 kept by an attention implementation that runs the module's own eager function (`_record_eager`), joined
 along the diagonal, its headscope module run on the whole packed sequence with a block-diagonal mask
-(`call_arguments`). Families whose adapter says
-from_hf is not available (multi-head latent attention, bitnet) and families without an adapter
-get a one-line HeadscopeError. It returns one row per layer of the group: layer, site (the module
-path), max_abs_diff_output, max_abs_diff_pattern.
+(`call_arguments`). Families whose adapter says from_hf is not available (multi-head latent
+attention), blocks whose linear layers quantize as they run (a quantized bitnet checkpoint) and
+families without an adapter get a one-line HeadscopeError. It returns one row per layer of the
+group: layer, site (the module path), max_abs_diff_output, max_abs_diff_pattern.
 `teacher_forced(model, inputs)` adds an encoder-decoder's decoder_input_ids (its start token, then
 the encoder's ids shifted right), which its decoder sites need (`headscope verify --sites`).
 """
