@@ -265,6 +265,10 @@ ADAPTERS = (
     Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2"),
             layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
             notes="GQA, rotary, sliding windows where configured"),
+    Adapter("qwen2_5_vl_text", ("qwen2_5_vl_text",), layers="layers", block="self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(),
+            notes="qwen2_5_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
+                  "joins the temporal, height and width tables by mrope_section into one table per position)"),
     Adapter("granite", ("granite",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="attention_multiplier is the score scale"),
     Adapter("qwen3", ("qwen3", "qwen3_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",

@@ -10,15 +10,16 @@ import torch
 import headscope
 from headscope.hf import route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
-from tests.support.contracts import assert_hook_contract, eager_weights, head_meaned_at, head_zeroed_at
+from headscope.hf.from_hf import rotary_tables
+from tests.support.contracts import assert_hook_contract, eager_weights, head_meaned_at, head_zeroed_at, run_eager
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
 from headscope.probes.treebank import TreebankProbe
 from headscope.report import render_html
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import (COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config, tiny_inputs,
-                                tiny_mllama, tiny_model)
+from tests.support.tiny import (COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config,
+                                tiny_image_inputs, tiny_inputs, tiny_mllama, tiny_model)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -216,6 +217,74 @@ def test_a_vision_language_models_text_decoder_has_its_familys_adapter(family):
     assert table.max_abs_diff_output.max() <= 1e-4
     assert table.max_abs_diff_pattern.max() <= 1e-5
     assert_hook_contract(model)
+
+
+def _qwen_image_inputs() -> dict:
+    """qwen2_5_vl's image inputs with the token types its processor gives (1 at the image tokens):
+    without them the model gives every token one position on all three rotary axes."""
+    x = tiny_image_inputs("qwen2_5_vl")
+    return dict(x, mm_token_type_ids=(x["input_ids"] == 98).long())
+
+
+def _mrope_tables(config, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal rotary `(cos, sin)` `[batch, pos, d_head]` built here from positions `[3, batch, pos]`
+    (temporal, height, width): frequency j of a head's half takes the position of the axis whose
+    mrope_section it falls in; rotate-half layout, so the half is repeated."""
+    d_head = config.hidden_size // config.num_attention_heads
+    inv_freq = 1.0 / config.rope_parameters["rope_theta"] ** (torch.arange(0, d_head, 2).float() / d_head)  # (D/2,)
+    section = config.rope_parameters["mrope_section"]
+    axis = torch.repeat_interleave(torch.arange(3), torch.tensor(section))  # (D/2,): 0, 0, 1, 1, 1, 2, 2, 2
+    angles = positions.float()[..., None] * inv_freq  # (3, B, T, D/2)
+    chosen = angles.gather(0, axis.expand(1, *angles.shape[1:3], -1))[0]  # (B, T, D/2)
+    full = torch.cat([chosen, chosen], dim=-1)  # (B, T, D)
+    return full.cos(), full.sin()
+
+
+@torch.no_grad()
+def test_qwen2_5_vls_text_decoder_verifies_with_an_image_whose_positions_differ_per_axis():
+    """With an image the three rotary axes (temporal, height, width) hold different positions at the
+    image tokens; verify agrees with each layer's own eager weights there too."""
+    model = tiny_model("qwen2_5_vl", kind="composite")
+    x = _qwen_image_inputs()
+    seen = {}
+    handle = model.model.language_model.rotary_emb.register_forward_hook(lambda m, a, out: seen.update(positions=a[1]))
+    try:
+        table = headscope.verify(model, x)
+    finally:
+        handle.remove()
+    positions = seen["positions"]  # (3, B, T)
+    assert positions.shape == (3, 2, 11) and not torch.equal(positions[1], positions[2])
+    assert list(table.layer) == [0, 1, 2]
+    assert table.max_abs_diff_output.max() <= 1e-4
+    assert table.max_abs_diff_pattern.max() <= 1e-5
+
+
+@pytest.mark.parametrize("image", [False, True], ids=["text", "image"])
+@torch.no_grad()
+def test_from_hf_fed_a_qwen2_5_vl_text_layers_inputs_reproduces_it(image):
+    """Layer 2's module from_hf builds, fed the layer's hidden states and mask and multimodal rotary
+    tables built here from the model's 3-axis positions, gives the layer's output and eager weights;
+    rotary_tables reads the same tables from what the model passed; with an image, one position per
+    token on every axis (the module's own rotary) no longer gives the layer's pattern."""
+    model = tiny_model("qwen2_5_vl", kind="composite")
+    x = _qwen_image_inputs() if image else tiny_inputs()
+    core = model.model.language_model.layers[2].self_attn
+    seen = {}
+    handles = [core.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True),
+               core.register_forward_hook(lambda m, a, out: seen.update(output=out[0], weights=out[1])),
+               model.model.language_model.rotary_emb.register_forward_hook(lambda m, a, out: seen.update(positions=a[1]))]
+    run_eager(model, x, handles)
+    mine = headscope.MultiHeadAttention.from_hf(core, model.config)
+    assert (mine.n_heads, mine.config.n_kv_heads, mine.config.rotary_dim, mine.config.qkv_bias) == (4, 2, 16, True)
+    cos, sin = _mrope_tables(model.config.text_config, seen["positions"])
+    passed = rotary_tables(mine, model.config, seen["position_embeddings"])
+    assert (passed[0] - cos).abs().max() <= 1e-6 and (passed[1] - sin).abs().max() <= 1e-6
+    out, pattern = mine(seen["hidden_states"], seen["attention_mask"], rotary=(cos, sin), return_pattern=True)
+    assert (out - seen["output"]).abs().max() <= 1e-4
+    assert (pattern - seen["weights"]).abs().max() <= 1e-5
+    _, one_axis = mine(seen["hidden_states"], seen["attention_mask"], return_pattern=True)  # positions 0.., every axis
+    moved = (one_axis - seen["weights"]).abs().max()
+    assert moved > 1e-3 if image else moved <= 1e-5
 
 
 def test_a_model_without_attention_is_refused_in_one_line():
