@@ -301,18 +301,80 @@ def test_a_model_without_attention_is_refused_in_one_line():
 
 @torch.no_grad()
 def test_mllamas_cross_attention_layer_is_a_cross_site_of_the_text_stack():
-    """Discovery reads the kind from the module (a forward taking `cross_attention_states`):
-    layer 1 is the text stack's cross-attention site; `sites="text.self"` leaves it out, so
-    nothing is reported as not run."""
+    """mllama's adapter: layer 1 is the text stack's cross-attention site (the module discovery
+    finds, whose forward takes `cross_attention_states`), layers 0 and 2 its self-attention;
+    `sites="text.self"` leaves layer 1 out, so nothing is reported as not run."""
     from headscope.hf.sites import select, sites
 
     model = tiny_mllama(False)
     assert [(s.stack, s.kind, s.layer) for s in sites(model)] == [("text", "self", 0), ("text", "cross", 1),
                                                                   ("text", "self", 2)]
     assert select(model, "text.cross").layers == [1] and select(model).layers == [0, 1, 2]
+    assert [l for l, _ in attention_blocks(model)] == [0, 2]
+    assert [id(c) for _, c in core_modules(model)] == [id(c) for c in discovered_cores(model)]
     with headscope.capture(model, sites="text.self") as cap:
         model(**tiny_inputs())
     assert sorted(cap.patterns) == [0, 2] and cap.not_run == []
+
+
+def _mllama_image_inputs(full: bool) -> dict:
+    """Inputs with an image: the whole model's pixels (tests/support/tiny.py), or for the text model
+    alone 5 random image features per example and its additive cross-attention mask `[batch, 1,
+    query, feature]`, the second example's last two features masked for every token."""
+    if full:
+        return tiny_image_inputs("mllama")
+    g = torch.Generator().manual_seed(3)
+    mask = torch.zeros(2, 1, 11, 5)
+    mask[1, :, :, 3:] = torch.finfo(torch.float32).min
+    return dict(tiny_inputs(), cross_attention_states=torch.randn(2, 5, 64, generator=g), cross_attention_mask=mask)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["mllama-text", "mllama"])
+@torch.no_grad()
+def test_mllamas_text_attention_verifies_self_without_and_cross_with_an_image(full):
+    """Without an image, verify compares the self-attention layers (text.self) and refuses the
+    default group in one line (its cross-attention layer never ran); with one, every layer of the
+    text stack and the cross group alone, against each module's own eager weights."""
+    model = tiny_mllama(full)
+    table = headscope.verify(model, tiny_inputs(), sites="text.self")
+    assert list(table.layer) == [0, 2]
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    with pytest.raises(headscope.HeadscopeError, match=r"layer 1 \(.*cross_attn\) never ran on these inputs") as err:
+        headscope.verify(model, tiny_inputs())
+    assert "\n" not in str(err.value)
+    x = _mllama_image_inputs(full)
+    for group, layers in ((None, [0, 1, 2]), ("text.cross", [1])):
+        table = headscope.verify(model, x, sites=group)
+        assert list(table.layer) == layers
+        assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    assert_hook_contract(model)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["mllama-text", "mllama"])
+@torch.no_grad()
+def test_from_hf_fed_mllamas_cross_attention_layers_inputs_reproduces_it(full):
+    """Layer 1's cross_attn through from_hf (its q/k RMSNorms; the self-attention layers have none),
+    fed the layer's hidden states, cross-attention mask and the image's features as `context`,
+    gives the layer's output and eager weights `[batch, head, query, feature]`; without the norms
+    the pattern is no longer the layer's."""
+    model = tiny_mllama(full)
+    stack = model.model.language_model if full else model.model
+    core = stack.layers[1].cross_attn
+    seen = {}
+    handles = [core.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True),
+               core.register_forward_hook(lambda m, a, out: seen.update(output=out[0], weights=out[1]))]
+    run_eager(model, _mllama_image_inputs(full), handles)
+    mine = headscope.MultiHeadAttention.from_hf(core, model.config)
+    assert mine.config.qk_norm and not headscope.MultiHeadAttention.from_hf(stack.layers[0].self_attn,
+                                                                             model.config).config.qk_norm
+    context = seen["cross_attention_states"]
+    out, pattern = mine(seen["hidden_states"], seen["attention_mask"], context=context, return_pattern=True)
+    assert pattern.shape == seen["weights"].shape == (2, 4, 11, context.shape[1])
+    assert (out - seen["output"]).abs().max() <= 1e-4
+    assert (pattern - seen["weights"]).abs().max() <= 1e-5
+    mine.q_norm, mine.k_norm = torch.nn.Identity(), torch.nn.Identity()
+    _, unnormed = mine(seen["hidden_states"], seen["attention_mask"], context=context, return_pattern=True)
+    assert (unnormed - seen["weights"]).abs().max() > 1e-3
 
 
 def test_hybrids_with_and_without_an_adapter():
