@@ -189,7 +189,11 @@ def ov_copying(loaded, block_size: int = 4096, n_tokens: Optional[int] = None, s
         raise HeadscopeError("some weights are offloaded (device_map with disk or CPU offload): OV copying reads "
                              "them from memory")
     W_E = model.get_input_embeddings().weight.detach().float()  # (V, D)
-    W_U = unembed.weight.detach().float().T[:, : W_E.shape[0]].to(W_E.device)  # (D, V): nn.Linear stores (V, D)
+    W_U = unembed.weight.detach().float().T.to(W_E.device)  # (D, V): nn.Linear stores (V, D)
+    # The tokens both have: past the vocabulary, an unembedding's padding or an embedding's extra rows
+    # (mllama's image tokens, which it never predicts).
+    vocab = min(W_E.shape[0], W_U.shape[1])
+    W_E, W_U = W_E[:vocab], W_U[:, :vocab]
     sites = getattr(loaded, "sites", None)
     gains, final = norm_gains(model) if fold_norms and sites is None else ({}, None)  # other sites: not folded
     if final is not None:

@@ -18,6 +18,7 @@ Capture, ablation and analysis need no adapter: in a model of another family, th
   cross-attention); `headscope.hf.sites` lists them all and selects a group.
 - `core_modules(model)`: `[(layer, module calling the attention interface)]`, layers numbered as
   the model numbers them (a hybrid's attention-free layers have none).
+- `group_blocks(model, group)`: `[(layer, block)]` of a `SiteGroup`, layers without its block skipped.
 - `analysed_body(model)`: the module analyze runs on token ids (the text stack, or the adapter's
   `body` inside it: T5's encoder).
 - `text_config(config)`: the config of a model's text decoder (a composite config's
@@ -42,7 +43,7 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
 __all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
-           "discovered_cores", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
+           "discovered_cores", "group_blocks", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
            "text_stack", "VISION_ADAPTERS", "vision_adapter_for", "block_adapter"]
 
 
@@ -77,12 +78,15 @@ class QKNorm:
         over: what they normalise: "head" (`[batch, pos, head, d_head]`), "heads_first"
             (`[batch, head, pos, d_head]`) or "projection" (`[batch, pos, head * d_head]`).
         switch: attribute of the core module that says whether the norms are used.
+        where_present: the norms are used by the cores that have them, in a family whose
+            cores differ (mllama's cross-attention has them, its self-attention not).
     """
 
     q: str
     k: str
     over: str = "head"
     switch: Optional[str] = None
+    where_present: bool = False
 
 
 @dataclass(frozen=True)
@@ -265,6 +269,10 @@ ADAPTERS = (
     Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2"),
             layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
             notes="GQA, rotary, sliding windows where configured"),
+    Adapter("qwen2_5_vl_text", ("qwen2_5_vl_text",), layers="layers", block="self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(),
+            notes="qwen2_5_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
+                  "joins the temporal, height and width tables by mrope_section into one table per position)"),
     Adapter("granite", ("granite",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="attention_multiplier is the score scale"),
     Adapter("qwen3", ("qwen3", "qwen3_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
@@ -354,6 +362,15 @@ ADAPTERS = (
                   "module (from_hf needs layer=); rotary with use_mem_rope; scores scaled by (head_dim / 2) ** -0.5; "
                   "no OV table (the attention output reaches the residual only through the block's MLP and the "
                   "next Mamba mixer)"),
+    Adapter("mllama_text", ("mllama_text_model",), layers="layers", block="self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", where_present=True), hybrid=True,
+            groups=(SiteGroup("text", "cross", "layers", "cross_attn"),),
+            notes="mllama's text model (MllamaForCausalLM, and MllamaForConditionalGeneration's language model): "
+                  "self-attention layers (rotary, GQA) and cross-attention layers (per-head q/k RMSNorm, keys and "
+                  "values from cross_attention_states, the image's features; no rotary); sites: text (both, the "
+                  "default), text.self, text.cross; its cross-attention layers never run without an image: "
+                  "capture reports them as not run, analyze skips them with a note, ablating, hooking or "
+                  "verifying them is an error"),
     Adapter("bert", ("bert", "roberta", "electra"), layers="encoder.layer", block="attention", core="self",
             qkv=_BERT_QKV, out="output.dense", causal=False, notes="encoder"),
     Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",
@@ -453,6 +470,23 @@ def attention_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
     return found
 
 
+def group_blocks(model: nn.Module, group: SiteGroup) -> list[tuple[int, nn.Module]]:
+    """`[(layer index, attention block)]` of a site group, under the model's layer numbers; layers
+    without the group's block are skipped (mllama's self-attention layers have no `cross_attn`), and
+    a model without the group's stack has none (T5EncoderModel has no decoder)."""
+    try:
+        layers = _sub(text_stack(model), group.layers)
+    except AttributeError:
+        return []
+    found = []
+    for i, layer in enumerate(layers):
+        try:
+            found.append((i, _sub(layer, group.block)))
+        except AttributeError:
+            continue
+    return found
+
+
 def _calls_interface(cls: type) -> bool:
     """Whether `cls.forward` looks up transformers' attention interface (the name it reads)."""
     forward = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
@@ -473,12 +507,17 @@ def text_config(config):
 
 def text_stack(model: nn.Module) -> nn.Module:
     """The module that runs the text decoder: the submodule holding `text_config` (a
-    vision-language model's language model), else `model.base_model`."""
+    vision-language model's language model), else `model.base_model`, or, where that is the model
+    itself though it wraps its base model as the child `model` holding its config
+    (MllamaForCausalLM's base_model_prefix names an attribute it lacks), that child."""
     config = text_config(model.config)
     if config is not model.config:
         for module in model.modules():
             if module is not model and getattr(module, "config", None) is config:
                 return module
+    wrapped = getattr(model, "model", None)
+    if model.base_model is model and getattr(wrapped, "config", None) is model.config:
+        return wrapped
     return model.base_model
 
 
@@ -518,14 +557,18 @@ def _numbered(stack: nn.Module, cores: list[nn.Module], n_layers) -> Optional[li
 def core_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """`[(layer index, module that calls the attention interface)]`, in layer order.
 
-    With an adapter, its paths say where they are; otherwise they are discovered in the text
+    With an adapter, its paths say where they are (and, where the default sites are the whole
+    stack, its groups' paths in that stack: mllama's cross-attention); otherwise they are discovered in the text
     stack, and each must sit in its own layer of the stack's layer list
     (`text_config(config).num_hidden_layers` entries). Layers keep the model's numbering: in a
     hybrid, layers without attention (Mamba, linear attention, convolutions) have no entry.
     """
     adapter = adapter_for(model.config)
     if adapter is not None:
-        return [(i, _sub(block, adapter.core)) for i, block in attention_blocks(model)]
+        blocks = attention_blocks(model)
+        if not adapter.default_sites:  # the whole stack: its groups there too (mllama's cross-attention)
+            blocks += [pair for g in adapter.groups if g.stack == adapter.stack for pair in group_blocks(model, g)]
+        return sorted(((i, _sub(block, adapter.core)) for i, block in blocks), key=lambda pair: pair[0])
     cores = discovered_cores(model)
     n_layers = getattr(text_config(model.config), "num_hidden_layers", None)
     numbered = _numbered(text_stack(model), cores, n_layers) if cores and n_layers else None

@@ -32,20 +32,19 @@ _PACKED = ("; its vision attention runs once per image or window over one packed
            "(cu_seqlens): a layer's map is [1, head, patch, patch], block-diagonal, in the tower's window order; "
            "hook_z is the only hook point there")
 # Families with no adapter of their own, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py);
-# a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama); a fourth:
+# a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama,
+# qwen2_5_vl_text, mllama_text_model); a fourth:
 # its groups of attention sites where not only "text".
 _WITH_VISION = "text, vision"  # the text decoder (the default), the vision tower (tests/hf/test_vision_towers.py)
 _WITH_CROSS = "text, text.self, text.cross"  # the text stack holds self- and cross-attention layers
 DISCOVERED = (
     ("gemma3", _VLM, True, _WITH_VISION),
     ("llava", _VLM, True, _WITH_VISION),
-    ("qwen2_5_vl", _VLM + _PACKED, False, _WITH_VISION),
+    ("qwen2_5_vl", _VLM + _PACKED, True, _WITH_VISION),
     ("mllama", _VLM + "; its vision layers numbered local then global; its cross-attention layers never run "
-               "without an image: reported as not run, skipped by analyze with a note, an error to ablate or hook",
-     False, _WITH_CROSS + ", vision"),
-    ("mllama_text_model", "mllama's text model (MllamaForCausalLM): its cross-attention layers never run without an "
-                          "image: capture reports them as not run, analyze skips them with a note, ablating or "
-                          "hooking them is an error", False, _WITH_CROSS),
+               "without an image: reported as not run, skipped by analyze with a note, an error to ablate, hook "
+               "or verify",
+     True, _WITH_CROSS + ", vision"),
 )
 
 
@@ -77,7 +76,11 @@ class FamilyRow(NamedTuple):
 
 
 def _site_groups(adapter) -> str:
-    return ", ".join([adapter.default_sites or adapter.stack] + [f"{g.stack}.{g.kind}" for g in adapter.groups])
+    """The default group, then the others; where the default stack also holds other groups' sites
+    (mllama's cross-attention layers among its self-attention ones), its self-attention is a group too."""
+    mixed = not adapter.default_sites and any(g.stack == adapter.stack for g in adapter.groups)
+    own = [adapter.default_sites or adapter.stack] + ([f"{adapter.stack}.self"] if mixed else [])
+    return ", ".join(own + [f"{g.stack}.{g.kind}" for g in adapter.groups])
 
 
 def _analyze_sites(adapter) -> str:

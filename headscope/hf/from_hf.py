@@ -32,9 +32,9 @@ from .layouts import conv1d, linear
 __all__ = ["module_from_hf", "rotary_tables", "call_arguments"]
 
 # What models name the inputs of their attention modules: the mask (T5: `mask`) and
-# cross-attention's source of keys and values (bart, whisper, T5: the encoder's output).
+# cross-attention's source of keys and values (bart, whisper, T5: the encoder's output; mllama: the image's).
 _MASK_NAMES = ("attention_mask", "mask")
-_CONTEXT_NAME = "key_value_states"
+_CONTEXT_NAMES = ("key_value_states", "cross_attention_states")
 # A packed module's bounds of its pieces in one sequence of patches (qwen2_5_vl's vision attention).
 _PIECES_NAME = "cu_seqlens"
 
@@ -67,6 +67,8 @@ _WRAP = {"head": lambda norm: norm, "heads_first": _HeadsFirst, "projection": _W
 def _norms(adapter: Adapter, core: nn.Module) -> Optional[tuple[nn.Module, nn.Module]]:
     spec = adapter.qk_norm
     if spec is None or (spec.switch is not None and not getattr(core, spec.switch)):
+        return None
+    if spec.where_present and not hasattr(core, spec.q):
         return None
     wrap = _WRAP[spec.over]
     return wrap(copy.deepcopy(_sub(core, spec.q))), wrap(copy.deepcopy(_sub(core, spec.k)))
@@ -215,7 +217,8 @@ def call_arguments(module, config, received: dict, returned, block: Optional[nn.
         module: the `MultiHeadAttention` of that attention module.
         config: the model's config.
         received: the attention module's forward inputs by name (`hidden_states`, its mask,
-            `key_value_states` at cross-attention, `position_embeddings`).
+            `key_value_states` or mllama's `cross_attention_states` at cross-attention,
+            `position_embeddings`).
         returned: what its forward returned (T5's holds the position bias it used,
             `Adapter.returns`).
         block: the attention block `module` was built from (None: a text block); a vision
@@ -232,5 +235,6 @@ def call_arguments(module, config, received: dict, returned, block: Optional[nn.
         mask = with_bias(mask, returned[returns.index("position_bias")])
     if received.get(_PIECES_NAME) is not None:  # one packed sequence (P, d_model): block-diagonal attention
         x, mask = x[None], _within_pieces(received[_PIECES_NAME])
-    return {"x": x, "attention_mask": mask, "context": received.get(_CONTEXT_NAME),
+    context = next((received[name] for name in _CONTEXT_NAMES if received.get(name) is not None), None)
+    return {"x": x, "attention_mask": mask, "context": context,
             "rotary": rotary_tables(module, config, received.get("position_embeddings"), block)}

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
-from .adapters import (_calls_interface, _sub, adapter_for, attention_blocks, core_modules, head_sizes, text_config,
-                       text_stack, vision_adapter_for)
+from .adapters import (_calls_interface, _sub, adapter_for, attention_blocks, core_modules, group_blocks, head_sizes,
+                       text_config, vision_adapter_for)
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
@@ -187,14 +187,9 @@ def _located(model: nn.Module) -> list[tuple[Site, Optional[nn.Module], nn.Modul
     for layer, block in attention_blocks(model):
         core = _sub(block, adapter.core)
         found.append((Site(paths[id(core)], "self", adapter.stack, layer), block, core, n_heads))
-    for group in adapter.groups:
-        try:
-            layers = _sub(text_stack(model), group.layers)
-        except AttributeError:  # the model lacks this stack (T5EncoderModel has no decoder)
-            continue
+    for group in adapter.groups:  # none where the model lacks the stack (T5EncoderModel has no decoder)
         heads = getattr(model.config, group.heads) if group.heads else n_heads
-        for layer, entry in enumerate(layers):
-            block = _sub(entry, group.block)
+        for layer, block in group_blocks(model, group):  # mllama's: only its cross-attention layers
             core = _sub(block, adapter.core)
             found.append((Site(paths[id(core)], group.kind, group.stack, layer), block, core, heads))
     return sorted(found, key=lambda item: order[item[0].name])

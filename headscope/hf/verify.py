@@ -7,7 +7,8 @@ bias it used) and what its output projection produced, then runs a `MultiHeadAtt
 with `from_hf` on exactly those inputs. `sites` names the group (`headscope.hf.sites`: an
 encoder-decoder's "encoder", the default, "decoder.self" or "decoder.cross"); the reference
 patterns are the model's own `encoder_attentions`, `decoder_attentions` or `cross_attentions`
-where its output has them, else each module's eager weights. With `sites="vision"` the vision
+where its output has them, else each module's eager weights (mllama's "text.cross": its
+cross-attention over the image's features, `cross_attention_states`). With `sites="vision"` the vision
 tower's attention is compared (gemma3's SigLIP, llava's CLIP, mllama's, qwen2_5_vl's; its adapter in
 `headscope.hf.adapters.VISION_ADAPTERS`), against each module's eager weights; a packed module
 (qwen2_5_vl's, once per image or window: `headscope.hf.sites`) against the eager weights of its calls,
@@ -193,7 +194,8 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
     if missing:
         raise HeadscopeError(f"{selection.noun} {missing[0]} ({selection.sites[missing[0]].name}) never ran on these "
                              f"inputs, so verify has nothing to compare (an encoder-decoder's encoder runs unless "
-                             f"encoder_outputs are given, its decoder only with decoder_input_ids)")
+                             f"encoder_outputs are given, its decoder only with decoder_input_ids; mllama's "
+                             f"cross-attention only with an image)")
     group = selection.sites[blocks[0][0]].group
     eager = getattr(outputs, _EAGER_OUTPUTS.get(group, ""), None)
     rows = []

@@ -18,7 +18,7 @@ from headscope.hf.from_hf import rotary_tables
 from headscope.hf.verify import _named_inputs
 from headscope.probes.base import ProbeBatch
 from tests.support.tiny import (COMPOSITE_FAMILIES, ENCODER_DECODER_FAMILIES, ENCODERS, HYBRID_FAMILIES,
-                                INTERFACE_FAMILIES, VERIFIED_COMPOSITES, tiny_config, tiny_inputs, tiny_model, output_of)
+                                INTERFACE_FAMILIES, TEXT_DECODERS, VERIFIED_COMPOSITES, tiny_config, tiny_inputs, tiny_model, output_of)
 from tests.support.contracts import assert_hook_contract, head_zeroed_at
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -342,16 +342,17 @@ def test_family_table_is_the_matrix():
     families, and README.md holds the table as generated."""
     rows = family_table()
     working = {r.model_type for r in rows if r.capture} - {OTHER}
-    cross = {"mllama", "mllama_text_model"}  # tiny_mllama, in test_hybrids_and_composites.py
+    cross = {"mllama", "mllama_text_model"}  # tiny_mllama, in test_hybrids_and_composites.py (verify there too)
     alone = {"bart_causal_lm"}  # a decoder without its encoder, in test_decoder_alone.py
+    inside = set(TEXT_DECODERS)  # text decoders only inside a vision-language model, tested in it
     assert working == (set(INTERFACE_FAMILIES) | set(HYBRID_FAMILIES) | set(COMPOSITE_FAMILIES) | cross
-                       | set(ENCODER_DECODER_FAMILIES) | alone)
+                       | set(ENCODER_DECODER_FAMILIES) | alone | inside)
     assert {r.model_type for r in rows if not r.analyze} == {"whisper"} | set(OUTSIDE_INTERFACE)  # default sites
     assert {r.model_type for r in rows if r.analyze_sites} == {"whisper"}  # its decoder's, the encoder fed silence
     assert len(INTERFACE_FAMILIES) >= 25
     adapted_hybrids = {f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None}
     assert {r.model_type for r in rows if r.verify} == (set(VERIFIED) | set(VERIFIED_COMPOSITES) | adapted_hybrids
-                                                        | set(ENCODER_DECODER_FAMILIES) | alone)
+                                                        | set(ENCODER_DECODER_FAMILIES) | alone | inside | cross)
     assert {r.model_type for r in rows if not r.capture} == set(OUTSIDE_INTERFACE)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert family_markdown() in readme

@@ -10,15 +10,16 @@ import torch
 import headscope
 from headscope.hf import route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
-from tests.support.contracts import assert_hook_contract, eager_weights, head_meaned_at, head_zeroed_at
+from headscope.hf.from_hf import rotary_tables
+from tests.support.contracts import assert_hook_contract, eager_weights, head_meaned_at, head_zeroed_at, run_eager
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
 from headscope.probes.treebank import TreebankProbe
 from headscope.report import render_html
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import (COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config, tiny_inputs,
-                                tiny_mllama, tiny_model)
+from tests.support.tiny import (COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config,
+                                tiny_image_inputs, tiny_inputs, tiny_mllama, tiny_model)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -218,6 +219,74 @@ def test_a_vision_language_models_text_decoder_has_its_familys_adapter(family):
     assert_hook_contract(model)
 
 
+def _qwen_image_inputs() -> dict:
+    """qwen2_5_vl's image inputs with the token types its processor gives (1 at the image tokens):
+    without them the model gives every token one position on all three rotary axes."""
+    x = tiny_image_inputs("qwen2_5_vl")
+    return dict(x, mm_token_type_ids=(x["input_ids"] == 98).long())
+
+
+def _mrope_tables(config, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal rotary `(cos, sin)` `[batch, pos, d_head]` built here from positions `[3, batch, pos]`
+    (temporal, height, width): frequency j of a head's half takes the position of the axis whose
+    mrope_section it falls in; rotate-half layout, so the half is repeated."""
+    d_head = config.hidden_size // config.num_attention_heads
+    inv_freq = 1.0 / config.rope_parameters["rope_theta"] ** (torch.arange(0, d_head, 2).float() / d_head)  # (D/2,)
+    section = config.rope_parameters["mrope_section"]
+    axis = torch.repeat_interleave(torch.arange(3), torch.tensor(section))  # (D/2,): 0, 0, 1, 1, 1, 2, 2, 2
+    angles = positions.float()[..., None] * inv_freq  # (3, B, T, D/2)
+    chosen = angles.gather(0, axis.expand(1, *angles.shape[1:3], -1))[0]  # (B, T, D/2)
+    full = torch.cat([chosen, chosen], dim=-1)  # (B, T, D)
+    return full.cos(), full.sin()
+
+
+@torch.no_grad()
+def test_qwen2_5_vls_text_decoder_verifies_with_an_image_whose_positions_differ_per_axis():
+    """With an image the three rotary axes (temporal, height, width) hold different positions at the
+    image tokens; verify agrees with each layer's own eager weights there too."""
+    model = tiny_model("qwen2_5_vl", kind="composite")
+    x = _qwen_image_inputs()
+    seen = {}
+    handle = model.model.language_model.rotary_emb.register_forward_hook(lambda m, a, out: seen.update(positions=a[1]))
+    try:
+        table = headscope.verify(model, x)
+    finally:
+        handle.remove()
+    positions = seen["positions"]  # (3, B, T)
+    assert positions.shape == (3, 2, 11) and not torch.equal(positions[1], positions[2])
+    assert list(table.layer) == [0, 1, 2]
+    assert table.max_abs_diff_output.max() <= 1e-4
+    assert table.max_abs_diff_pattern.max() <= 1e-5
+
+
+@pytest.mark.parametrize("image", [False, True], ids=["text", "image"])
+@torch.no_grad()
+def test_from_hf_fed_a_qwen2_5_vl_text_layers_inputs_reproduces_it(image):
+    """Layer 2's module from_hf builds, fed the layer's hidden states and mask and multimodal rotary
+    tables built here from the model's 3-axis positions, gives the layer's output and eager weights;
+    rotary_tables reads the same tables from what the model passed; with an image, one position per
+    token on every axis (the module's own rotary) no longer gives the layer's pattern."""
+    model = tiny_model("qwen2_5_vl", kind="composite")
+    x = _qwen_image_inputs() if image else tiny_inputs()
+    core = model.model.language_model.layers[2].self_attn
+    seen = {}
+    handles = [core.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True),
+               core.register_forward_hook(lambda m, a, out: seen.update(output=out[0], weights=out[1])),
+               model.model.language_model.rotary_emb.register_forward_hook(lambda m, a, out: seen.update(positions=a[1]))]
+    run_eager(model, x, handles)
+    mine = headscope.MultiHeadAttention.from_hf(core, model.config)
+    assert (mine.n_heads, mine.config.n_kv_heads, mine.config.rotary_dim, mine.config.qkv_bias) == (4, 2, 16, True)
+    cos, sin = _mrope_tables(model.config.text_config, seen["positions"])
+    passed = rotary_tables(mine, model.config, seen["position_embeddings"])
+    assert (passed[0] - cos).abs().max() <= 1e-6 and (passed[1] - sin).abs().max() <= 1e-6
+    out, pattern = mine(seen["hidden_states"], seen["attention_mask"], rotary=(cos, sin), return_pattern=True)
+    assert (out - seen["output"]).abs().max() <= 1e-4
+    assert (pattern - seen["weights"]).abs().max() <= 1e-5
+    _, one_axis = mine(seen["hidden_states"], seen["attention_mask"], return_pattern=True)  # positions 0.., every axis
+    moved = (one_axis - seen["weights"]).abs().max()
+    assert moved > 1e-3 if image else moved <= 1e-5
+
+
 def test_a_model_without_attention_is_refused_in_one_line():
     import transformers as tf
 
@@ -232,18 +301,80 @@ def test_a_model_without_attention_is_refused_in_one_line():
 
 @torch.no_grad()
 def test_mllamas_cross_attention_layer_is_a_cross_site_of_the_text_stack():
-    """Discovery reads the kind from the module (a forward taking `cross_attention_states`):
-    layer 1 is the text stack's cross-attention site; `sites="text.self"` leaves it out, so
-    nothing is reported as not run."""
+    """mllama's adapter: layer 1 is the text stack's cross-attention site (the module discovery
+    finds, whose forward takes `cross_attention_states`), layers 0 and 2 its self-attention;
+    `sites="text.self"` leaves layer 1 out, so nothing is reported as not run."""
     from headscope.hf.sites import select, sites
 
     model = tiny_mllama(False)
     assert [(s.stack, s.kind, s.layer) for s in sites(model)] == [("text", "self", 0), ("text", "cross", 1),
                                                                   ("text", "self", 2)]
     assert select(model, "text.cross").layers == [1] and select(model).layers == [0, 1, 2]
+    assert [l for l, _ in attention_blocks(model)] == [0, 2]
+    assert [id(c) for _, c in core_modules(model)] == [id(c) for c in discovered_cores(model)]
     with headscope.capture(model, sites="text.self") as cap:
         model(**tiny_inputs())
     assert sorted(cap.patterns) == [0, 2] and cap.not_run == []
+
+
+def _mllama_image_inputs(full: bool) -> dict:
+    """Inputs with an image: the whole model's pixels (tests/support/tiny.py), or for the text model
+    alone 5 random image features per example and its additive cross-attention mask `[batch, 1,
+    query, feature]`, the second example's last two features masked for every token."""
+    if full:
+        return tiny_image_inputs("mllama")
+    g = torch.Generator().manual_seed(3)
+    mask = torch.zeros(2, 1, 11, 5)
+    mask[1, :, :, 3:] = torch.finfo(torch.float32).min
+    return dict(tiny_inputs(), cross_attention_states=torch.randn(2, 5, 64, generator=g), cross_attention_mask=mask)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["mllama-text", "mllama"])
+@torch.no_grad()
+def test_mllamas_text_attention_verifies_self_without_and_cross_with_an_image(full):
+    """Without an image, verify compares the self-attention layers (text.self) and refuses the
+    default group in one line (its cross-attention layer never ran); with one, every layer of the
+    text stack and the cross group alone, against each module's own eager weights."""
+    model = tiny_mllama(full)
+    table = headscope.verify(model, tiny_inputs(), sites="text.self")
+    assert list(table.layer) == [0, 2]
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    with pytest.raises(headscope.HeadscopeError, match=r"layer 1 \(.*cross_attn\) never ran on these inputs") as err:
+        headscope.verify(model, tiny_inputs())
+    assert "\n" not in str(err.value)
+    x = _mllama_image_inputs(full)
+    for group, layers in ((None, [0, 1, 2]), ("text.cross", [1])):
+        table = headscope.verify(model, x, sites=group)
+        assert list(table.layer) == layers
+        assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    assert_hook_contract(model)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["mllama-text", "mllama"])
+@torch.no_grad()
+def test_from_hf_fed_mllamas_cross_attention_layers_inputs_reproduces_it(full):
+    """Layer 1's cross_attn through from_hf (its q/k RMSNorms; the self-attention layers have none),
+    fed the layer's hidden states, cross-attention mask and the image's features as `context`,
+    gives the layer's output and eager weights `[batch, head, query, feature]`; without the norms
+    the pattern is no longer the layer's."""
+    model = tiny_mllama(full)
+    stack = model.model.language_model if full else model.model
+    core = stack.layers[1].cross_attn
+    seen = {}
+    handles = [core.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True),
+               core.register_forward_hook(lambda m, a, out: seen.update(output=out[0], weights=out[1]))]
+    run_eager(model, _mllama_image_inputs(full), handles)
+    mine = headscope.MultiHeadAttention.from_hf(core, model.config)
+    assert mine.config.qk_norm and not headscope.MultiHeadAttention.from_hf(stack.layers[0].self_attn,
+                                                                             model.config).config.qk_norm
+    context = seen["cross_attention_states"]
+    out, pattern = mine(seen["hidden_states"], seen["attention_mask"], context=context, return_pattern=True)
+    assert pattern.shape == seen["weights"].shape == (2, 4, 11, context.shape[1])
+    assert (out - seen["output"]).abs().max() <= 1e-4
+    assert (pattern - seen["weights"]).abs().max() <= 1e-5
+    mine.q_norm, mine.k_norm = torch.nn.Identity(), torch.nn.Identity()
+    _, unnormed = mine(seen["hidden_states"], seen["attention_mask"], context=context, return_pattern=True)
+    assert (unnormed - seen["weights"]).abs().max() > 1e-3
 
 
 def test_hybrids_with_and_without_an_adapter():

@@ -49,7 +49,7 @@ import functools
 import torch
 
 __all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
-           "COMPOSITE_FAMILIES", "VERIFIED_COMPOSITES", "ENCODER_DECODER_FAMILIES", "tiny_config", "tiny_model",
+           "COMPOSITE_FAMILIES", "VERIFIED_COMPOSITES", "TEXT_DECODERS", "ENCODER_DECODER_FAMILIES", "tiny_config", "tiny_model",
            "tiny_mllama", "tiny_inputs", "tiny_seq2seq_inputs", "tiny_image_inputs", "output_of"]
 
 VOCAB = 99
@@ -151,7 +151,10 @@ COMPOSITE = {
                        image_token_id=98, video_token_id=97),
 }
 COMPOSITE_FAMILIES = tuple(COMPOSITE)
-VERIFIED_COMPOSITES = ("gemma3", "llava")  # their text decoders have adapters (gemma3_text, llama)
+# Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text).
+VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl")
+# Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
+TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl"}
 
 
 SEQ2SEQ = dict(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
