@@ -1,0 +1,222 @@
+"""What an adapter says about one family's attention: the `Adapter` record and its parts.
+
+- `Adapter`: where a family keeps its layers and attention blocks, the q/k/v/o layout and what its
+  attention adds to plain softmax attention (rotary, q/k norms, clipping, soft-capping, sinks, an
+  output gate, a norm mixing heads, per-layer LoRA), its other site groups and its family-table line.
+- `Rotary`, `QKNorm`, `LoRA`, `SiteGroup`, `AudioEncoder`: the parts an `Adapter` names.
+
+Data only: the table of adapters and the functions reading it are `headscope.hf.adapters`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA"]
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """How a family applies rotary embedding.
+
+    Attributes:
+        dims: attribute of the core module holding the number of rotated dims (None: d_head
+            times the config's `partial_rotary_factor`, 1 if absent).
+        interleaved: pairs are dims (2i, 2i + 1) (GPT-J, Cohere), not (i, i + dims / 2).
+        sin_first: the model passes `position_embeddings` as (sin, cos) (GPT-J).
+        switch: attribute of the core module that is False in layers without rotary (NoPE).
+        config_switch: `(config attribute, value)`: rotary only when the config's attribute has
+            that value (granitemoehybrid: `position_embedding_type` "rope"; otherwise no
+            positional encoding at all).
+    """
+
+    dims: Optional[str] = None
+    interleaved: bool = False
+    sin_first: bool = False
+    switch: Optional[str] = None
+    config_switch: Optional[tuple[str, object]] = None
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """Norms on q and k before rotary.
+
+    Attributes:
+        q, k: paths from the core module to the two norm modules.
+        over: what they normalise: "head" (`[batch, pos, head, d_head]`), "heads_first"
+            (`[batch, head, pos, d_head]`) or "projection" (`[batch, pos, head * d_head]`).
+        switch: attribute of the core module that says whether the norms are used.
+        where_present: the norms are used by the cores that have them, in a family whose
+            cores differ (mllama's cross-attention has them, its self-attention not).
+    """
+
+    q: str
+    k: str
+    over: str = "head"
+    switch: Optional[str] = None
+    where_present: bool = False
+
+
+@dataclass(frozen=True)
+class LoRA:
+    """Low-rank adapters one attention block shared by several layers adds to q, k and v, one
+    set per layer it serves (zamba2): `q = W_q x + B (A x)`, so each layer's effective weight is
+    `W_q + B A`, which `from_hf` folds in for the layer it is given.
+
+    Attributes:
+        q, k, v: paths from the core module to the lists of adapters (bias-free linear modules
+            `d_in -> rows`), one entry per layer the block may serve.
+        index: core attribute mapping the model's layer number to its entry (zamba2's
+            `layer_dic`: the layer's position among the attention layers).
+        switch: config attribute that is True when the adapters are used.
+    """
+
+    q: str
+    k: str
+    v: str
+    index: str
+    switch: str
+
+
+@dataclass(frozen=True)
+class SiteGroup:
+    """Attention sites of a family beside its default ones (an encoder-decoder's decoder).
+
+    Attributes:
+        stack: the stack they belong to ("decoder"; `headscope.hf.sites.STACKS`).
+        kind: "self" or "cross" (queries from this stack, keys and values from the encoder's output).
+        layers: path from `model.base_model` to the stack's list of layers.
+        block: path from a layer to the attention block (its `core`, `qkv` and `out` as the family's).
+        heads: config attribute holding the group's head count (None: `head_sizes`).
+    """
+
+    stack: str
+    kind: str
+    layers: str
+    block: str
+    heads: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class AudioEncoder:
+    """An encoder that reads log-mel features `[batch, mel bin, frame]`, not token ids.
+
+    Attributes:
+        mel_bins: config attribute holding the number of mel bins.
+        positions: config attribute holding the encoder's output positions (cross-attention's keys).
+        frames_per_position: input frames per output position (Whisper: 2, its second
+            convolution has stride 2; the encoder refuses any other number of frames).
+    """
+
+    mel_bins: str
+    positions: str
+    frames_per_position: int
+
+    def sizes(self, config) -> tuple[int, int, int]:
+        """(mel bins, frames, positions) of the features a model of `config` takes."""
+        positions = int(getattr(config, self.positions))
+        return int(getattr(config, self.mel_bins)), positions * self.frames_per_position, positions
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How one architecture family names its attention.
+
+    Attributes:
+        family: canonical family name.
+        model_types: `config.model_type` values it covers.
+        layers: path from `model.base_model` to the list of layers.
+        block: path from a layer to the attention block (holds q/k/v and the output projection).
+        core: path from the block to the module that calls the attention interface ("" = block).
+        qkv: layout of the q/k/v weights inside the block (`headscope.hf.layouts`).
+        out: path from the block to the output projection.
+        out_is_conv1d: the output projection is a transformers Conv1D (x @ W).
+        rotary: how rotary embedding is applied (None: no rotary).
+        qk_norm: norms on q and k before rotary (None: none).
+        clip: config attribute clamping q, k and v after the projections.
+        softcap: core attribute holding the score soft-cap.
+        sinks: core attribute holding the per-head sink logits.
+        query_prescaled: the model multiplies q by `core.scaling` and asks for scale 1.
+        causal: decoder (True) or encoder (False).
+        body: path from the text stack to the module that runs the captured layers on token ids
+            alone ("" = the stack; T5: "encoder", so an encoder-decoder is analysed as its encoder).
+        stack: the stack the default sites (`layers`, `block`) belong to: "text", or "encoder"
+            for an encoder-decoder (`headscope.hf.sites.STACKS`).
+        groups: the family's other attention sites (`SiteGroup`: an encoder-decoder's decoder
+            self- and cross-attention), addressed with `sites=` ("decoder.cross"); a group whose
+            layers the model lacks (T5EncoderModel has no decoder) is skipped.
+        no_analyze: why `analyze` is refused ("" when it works); with `audio_encoder`, at the
+            default sites only.
+        audio_encoder: the encoder reads log-mel features (`AudioEncoder`), not tokens (None:
+            tokens): `analyze` runs at the decoder's sites only, with the encoder fed silence
+            (`headscope.probes.audio`).
+        hybrid: only some layers hold the attention block (the others a Mamba mixer, a
+            convolution or linear attention, possibly under the same path, as nemotron_h's
+            `mixer`): a layer counts when its block's core calls the attention interface.
+        mixes_heads: path from the block to a module between the attention function and the
+            output projection that mixes the heads' outputs (bitnet's `attn_sub_norm`, an
+            RMSNorm over all heads together); z is then read and edited at the output
+            projection's input, after the mixing (`z_at_out`), so removing a head removes
+            its slice there.
+        output_gate: z is multiplied per element by sigmoid(gate(x)) between the attention
+            function and the output projection (Qwen3-Next), the gate's rows read by the layout's
+            `gate` (`GatedQuery`). The gate keeps heads apart, but z is still read and edited at
+            the output projection's input, after it (`z_at_out`), as where a norm mixes heads:
+            hook_z, patching and mean ablation see the gated z, and zero ablation is the same
+            either side of the gate. `MultiHeadAttention` takes it as `output_gate`.
+        heads: core attribute holding its query head count, where the stacks of a model have
+            their own (bart's encoder and decoder; None: the config's, `head_sizes`); the head
+            size is then the query projection's rows over it (T5's `d_kv`).
+        returns: what the core's forward returns, in order: ("output", "weights"), or T5's
+            ("output", "position_bias", "weights"), the additive score bias it used (its relative
+            positions, computed by the first layer of each stack and handed on), which `verify`
+            adds to the mask.
+        no_from_hf: why `from_hf` and `verify` are not available ("" when they are).
+        decoder_only: the adapter of a family's decoder alone (BartForCausalLM: the decoder
+            without its encoder, `config.is_encoder_decoder` False), chosen over the family's
+            encoder-decoder adapter for such a config; its table row is named `family`.
+        default_sites: the default group where it is not the whole `stack` (a decoder alone
+            has self- and cross-attention in every layer: "text.self").
+        counts: config attributes holding the default stack's layer and head counts, where
+            they are not `num_hidden_layers` and `num_attention_heads` (a BART config maps
+            those to its encoder's).
+        scale: core attribute holding the score scale (absent there: d_head ** -0.5).
+        lora: per-layer low-rank adapters on q, k, v of a block shared by several layers
+            (`LoRA`; `from_hf` then needs the layer's number).
+        no_ov: why the OV table is not available ("" when it is).
+        notes: one line for the family table.
+    """
+
+    family: str
+    model_types: tuple[str, ...]
+    layers: str
+    block: str
+    core: str
+    qkv: object
+    out: str
+    out_is_conv1d: bool = False
+    rotary: Optional[Rotary] = None
+    qk_norm: Optional[QKNorm] = None
+    clip: Optional[str] = None
+    softcap: Optional[str] = None
+    sinks: Optional[str] = None
+    query_prescaled: bool = False
+    causal: bool = True
+    body: str = ""
+    mixes_heads: Optional[str] = None
+    output_gate: bool = False
+    stack: str = "text"
+    groups: tuple[SiteGroup, ...] = ()
+    no_from_hf: str = ""
+    no_analyze: str = ""
+    audio_encoder: Optional[AudioEncoder] = None
+    hybrid: bool = False
+    heads: Optional[str] = None
+    returns: tuple[str, ...] = ("output", "weights")
+    decoder_only: bool = False
+    default_sites: str = ""
+    counts: tuple[str, ...] = ()
+    scale: str = "scaling"
+    lora: Optional[LoRA] = None
+    no_ov: str = ""
+    notes: str = ""
