@@ -6,6 +6,7 @@ family's code puts at that layer (GPT-2's `transformer.h[i].attn`, BART's decode
 `layers[i].encoder_attn`, jamba's `layers[i].self_attn` under the model's own layer number).
 Folders saved before the column existed still load: the column comes from meta.json's site
 modules where it records them, and is missing otherwise."""
+import html
 import json
 
 import pandas as pd
@@ -15,6 +16,7 @@ import headscope
 from headscope.analysis import Analysis
 from headscope.atomic import write_manifest
 from headscope.loading.loader import Loaded
+from headscope.report import render_html
 from headscope.report.data import label_grid
 from headscope.probes.kinds import CopyProbe, RepeatedProbe, TextProbe
 from headscope.tables import LABEL_COLUMNS, SCORE_COLUMNS
@@ -68,6 +70,9 @@ def test_a_saved_analysis_keeps_its_sites_and_an_older_folder_still_loads(gpt2_a
     write_manifest(folder)
     old = Analysis.load(folder)
     assert old.scores.site.isna().all() and old.labels.site.isna().all()  # the default group's modules were not recorded
+    assert "<br>transformer.h." not in "".join(h for row in label_grid(old).hover for h in row)  # nothing invented
+    page = render_html(old, plotlyjs="cdn")  # the report of an older folder still renders
+    assert html.escape(old.meta["model"]) in page and "hs-explorer-data" in page
     pd.testing.assert_frame_equal(old.scores.drop(columns="site"), gpt2_analysis.scores.drop(columns="site"),
                                   check_dtype=False)
 
