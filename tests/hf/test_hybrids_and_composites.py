@@ -11,7 +11,8 @@ import headscope
 from headscope.hf import route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
 from headscope.hf.from_hf import rotary_tables
-from tests.support.contracts import assert_hook_contract, eager_weights, head_meaned_at, head_zeroed_at, run_eager
+from tests.support.contracts import (assert_hook_contract, assert_ov_refused, eager_weights, head_meaned_at,
+                                     head_zeroed_at, run_eager)
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
@@ -521,12 +522,5 @@ def test_qwen3_nexts_ablation_acts_at_o_projs_input_after_the_gate(mode):
 
 def test_qwen3_nexts_ov_table_is_refused_in_one_line():
     """Its gate, computed from the input, sits between W_V and W_O: no fixed OV circuit to score."""
-    from headscope.head_geometry.ov_circuit import ov_copying, ov_table
-
     loaded = Loaded.from_model(tiny_model("qwen3_next", kind="hybrid"), char_tokenizer(), "tiny-qwen3-next")
-    with pytest.raises(headscope.HeadscopeError, match="OV copying is not available for layer 2: a sigmoid output "
-                                                       "gate") as err:
-        ov_copying(loaded, n_tokens=0)
-    assert "\n" not in str(err.value)
-    frame, reason = ov_table(loaded)
-    assert frame is None and reason == str(err.value)
+    assert_ov_refused(loaded, "OV copying is not available for layer 2: a sigmoid output gate")

@@ -14,7 +14,7 @@ import headscope
 from headscope.hf import route
 from headscope.hf.adapters import attention_blocks, core_modules
 from headscope.loading.loader import Loaded
-from tests.support.contracts import assert_hook_contract, eager_weights, head_zeroed_at
+from tests.support.contracts import assert_hook_contract, assert_ov_refused, eager_weights, head_zeroed_at
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import HYBRID_ATTENTION, tiny_config, tiny_inputs, tiny_model
 
@@ -186,16 +186,11 @@ def test_ablation_still_equals_zeroing_the_heads_slice_of_o_proj_input():
 def test_the_ov_table_is_refused_in_one_line_and_analyze_notes_it():
     """o_proj's output reaches the residual stream only through the block's MLP, a linear layer
     and the next Mamba mixer: there is no W_O W_U path to score."""
-    from headscope.head_geometry.ov_circuit import ov_copying, ov_table
     from headscope.probes.kinds import TextProbe
 
     loaded = Loaded.from_model(lora_model(), char_tokenizer(), "tiny-zamba2-lora")
-    with pytest.raises(headscope.HeadscopeError, match="OV copying is not available for zamba2: a head's output "
-                                                       "reaches the residual stream only through") as err:
-        ov_copying(loaded, n_tokens=0)
-    assert "\n" not in str(err.value)
-    frame, reason = ov_table(loaded)
-    assert frame is None and reason == str(err.value)
+    reason = assert_ov_refused(loaded, "OV copying is not available for zamba2: a head's output reaches the residual "
+                                       "stream only through")
     analysis = headscope.analyze(loaded, detectors=["previous_token"], probes=[TextProbe(n_examples=2, seq_len=16)],
                                  explorer_examples=1)
     assert f"OV copying not computed: {reason}" in analysis.meta["notes"] and "ov" not in analysis.tables

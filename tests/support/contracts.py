@@ -4,11 +4,14 @@ each attention module's own eager weights (`eager_weights`) and removing a head 
 projection's input (`head_zeroed_at`, or `head_meaned_at` for mean ablation)."""
 from contextlib import contextmanager
 
+import pytest
 import torch
 
 from headscope.attention import MultiHeadAttention
 from headscope.hf.adapters import attention_blocks
 from headscope.attention.hook_points import hook_points
+from headscope.errors import HeadscopeError
+from headscope.head_geometry.ov_circuit import ov_copying, ov_table
 
 
 @torch.no_grad()
@@ -94,3 +97,15 @@ def head_meaned_at(projection, head: int, n_heads: int):
         yield
     finally:
         handle.remove()
+
+
+def assert_ov_refused(loaded, match: str) -> str:
+    """`ov_copying` refuses `loaded` in one line matching `match`, and `ov_table` gives no table and
+    that reason (what analyze notes); returns the reason."""
+    with pytest.raises(HeadscopeError, match=match) as err:
+        ov_copying(loaded, n_tokens=0)
+    assert "\n" not in str(err.value)
+    frame, reason = ov_table(loaded)
+    assert frame is None and reason == str(err.value)
+    return reason
+
