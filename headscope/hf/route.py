@@ -61,7 +61,8 @@ from ..attention.streaming import KeyWindow, restricted_mask, windowed_attention
 from .adapters import check_on_interface, head_sizes, z_at_out
 from .sites import Selection, packed_cores, select
 
-__all__ = ["IMPLEMENTATION", "Session", "routed", "routed_models", "sessions_on", "selection", "layer_map"]
+__all__ = ["IMPLEMENTATION", "Session", "routed", "routed_models", "sessions_on", "selection", "layer_map",
+           "block_diagonal"]
 
 IMPLEMENTATION = "headscope"
 _registered = False
@@ -269,6 +270,20 @@ def _z_pre_hook(core: nn.Module, n_heads: int):
     return hook
 
 
+def block_diagonal(pieces: list) -> torch.Tensor:
+    """The patterns of a packed module's calls `[1, head, n_i, n_i]` (one image or window each, its
+    patches next in the packed order) along the diagonal of one `[1, head, patch, patch]` map, zero
+    between pieces."""
+    size = sum(piece.shape[-1] for piece in pieces)
+    joined = pieces[0].new_zeros(*pieces[0].shape[:2], size, size)
+    start = 0
+    for piece in pieces:
+        end = start + piece.shape[-1]
+        joined[..., start:end, start:end] = piece
+        start = end
+    return joined
+
+
 def _packed_hooks(core: nn.Module) -> tuple:
     """A forward pre-hook and a forward hook on a packed module: the first opens the list of its
     pattern's pieces (one per call of the attention function), the second joins them along the
@@ -282,13 +297,7 @@ def _packed_hooks(core: nn.Module) -> tuple:
         watchers = [(s, layer) for s, layer in watchers if s.wants_pattern(layer)]
         if not pieces or not watchers:
             return None
-        size = sum(piece.shape[-1] for piece in pieces)
-        pattern = pieces[0].new_zeros(*pieces[0].shape[:2], size, size)  # (1, H, P, P)
-        start = 0
-        for piece in pieces:  # (1, H, n, n): one image or window, its patches next in the packed order
-            end = start + piece.shape[-1]
-            pattern[..., start:end, start:end] = piece
-            start = end
+        pattern = block_diagonal(pieces)  # (1, H, P, P)
         for session, layer in watchers:
             session.on_pattern(layer, pattern, None)
         return None

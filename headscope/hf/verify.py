@@ -34,7 +34,9 @@ from ..errors import HeadscopeError
 from ..attention.module import MultiHeadAttention
 from .adapters import _needs_adapter, block_adapter, out_projection
 from .from_hf import call_arguments
+from .route import block_diagonal
 from .sites import select
+from ..probes.copy import decoder_start_token, shifted_right
 
 __all__ = ["verify", "teacher_forced", "DEFAULT_TOLERANCE"]
 
@@ -69,19 +71,6 @@ def _register_recording() -> None:
     AttentionMaskInterface.register(_RECORDING, eager_mask)
 
 
-def _joined(pieces: list) -> torch.Tensor:
-    """The weights of a packed module's calls `[1, head, n_i, n_i]` along the diagonal of one
-    `[1, head, patch, patch]` map, zero between pieces."""
-    size = sum(piece.shape[-1] for piece in pieces)
-    joined = pieces[0].new_zeros(*pieces[0].shape[:2], size, size)
-    start = 0
-    for piece in pieces:
-        end = start + piece.shape[-1]
-        joined[..., start:end, start:end] = piece
-        start = end
-    return joined
-
-
 def _named_inputs(module: nn.Module, args, kwargs) -> dict:
     bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
     named = dict(bound.arguments)
@@ -110,14 +99,11 @@ def teacher_forced(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict
     inputs = dict(inputs)
     if not getattr(model.config, "is_encoder_decoder", False) or "decoder_input_ids" in inputs:
         return inputs
-    configs = (model.config, getattr(model, "generation_config", None))
-    start = next((c.decoder_start_token_id for c in configs if getattr(c, "decoder_start_token_id", None) is not None),
-                 None)
+    start = decoder_start_token(model)
     if start is None or not isinstance(inputs.get("input_ids"), torch.Tensor):
         raise HeadscopeError(f"{type(model).__name__}'s decoder needs decoder_input_ids, and it has no "
                              f"decoder_start_token_id (or the inputs no input_ids) to make them from")
-    ids = inputs["input_ids"]
-    inputs["decoder_input_ids"] = torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], dim=1)
+    inputs["decoder_input_ids"] = shifted_right(inputs["input_ids"], start)
     return inputs
 
 
@@ -208,7 +194,7 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
         at = returns.index("weights") if "weights" in returns else None
         weights = own[at] if at is not None and isinstance(own, tuple) and len(own) > at else None
         if layer in kept:  # a packed module's calls, joined along the diagonal
-            theirs = _joined(kept[layer])
+            theirs = block_diagonal(kept[layer])
         else:
             theirs = eager[layer] if eager is not None else (weights if isinstance(weights, torch.Tensor)
                                                                else outputs.attentions[layer])

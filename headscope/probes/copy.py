@@ -12,6 +12,8 @@
   `audio`, a `SilentAudio`, an audio encoder's input instead of the tokens: the decoder still
   reads them, the encoder hears silence);
   `CopySet.explorer_batch(n, length)`: its first examples cut short, for the report's explorer.
+- `shifted_right(ids, start)`, `decoder_start_token(model)`: the decoder input teacher-forcing
+  `ids`, and the token it starts from (shared with `headscope.verify`'s `teacher_forced`).
 - `as_copy_eval(probe, decoder_start)`: a causal check's `EvalProbe` read the same way, for
   `headscope.validate` at a decoder's sites: decoder position t predicts encoder token t, the
   decoder's next input, and the tokens the probe scored stay scored.
@@ -35,7 +37,23 @@ from ..errors import CannotScore, HeadscopeError
 from .audio import SilentAudio
 from .base import EvalProbe, ProbeBatch, text_probe
 
-__all__ = ["copy_probe", "as_copy", "as_copy_eval", "CopySet", "Seq2SeqBatch"]
+__all__ = ["copy_probe", "as_copy", "as_copy_eval", "CopySet", "Seq2SeqBatch", "shifted_right", "decoder_start_token"]
+
+
+def shifted_right(ids: torch.Tensor, start: int) -> torch.Tensor:
+    """`[batch, T]` the decoder input teacher-forcing `ids` `[batch, T]`: `start`, then `ids` without
+    its last token (transformers' `shift_tokens_right`)."""
+    return torch.cat([torch.full_like(ids[:, :1], int(start)), ids[:, :-1]], dim=1)
+
+
+def decoder_start_token(model) -> Optional[int]:
+    """The token id `model`'s decoder starts from (`decoder_start_token_id` of its config, else
+    of its generation config), or None where neither names one."""
+    for config in (getattr(model, "config", None), getattr(model, "generation_config", None)):
+        start = getattr(config, "decoder_start_token_id", None)
+        if start is not None:
+            return int(start)
+    return None
 
 
 @dataclass
@@ -189,9 +207,7 @@ def copy_probe(tokenizer, n_examples: int, seq_len: int, decoder_start: int, see
         seed: picks the windows.
     """
     text = text_probe(tokenizer, n_examples, seq_len, seed)
-    start = torch.full((n_examples, 1), int(decoder_start), dtype=torch.long)
-    decoder = torch.cat([start, text.input_ids[:, :-1]], dim=1)  # (N, T): shift_tokens_right
-    return CopySet(text.input_ids, decoder, text.content_start,
+    return CopySet(text.input_ids, shifted_right(text.input_ids, decoder_start), text.content_start,
                    f"natural English from probes/text, {n_examples} windows of {seq_len} tokens; the decoder reads "
                    f"them shifted right behind its start token {int(decoder_start)} (teacher-forced copy)",
                    text.token_counts)
@@ -220,9 +236,8 @@ def as_copy(probe, decoder_start: int, audio: Optional[SilentAudio] = None) -> C
             or hasattr(probe, "sentences"):
         raise CannotScore(f"the {probe.name} probe cannot feed an encoder-decoder's decoder (it needs unpadded "
                           f"examples of one length, as the text and repeated probes have)")
-    start = torch.full((ids.shape[0], 1), int(decoder_start), dtype=ids.dtype)
     heard = "" if audio is None else f"; the encoder hears {audio.description}"
-    return CopySet(ids, torch.cat([start, ids[:, :-1]], dim=1), probe.content_start,
+    return CopySet(ids, shifted_right(ids, decoder_start), probe.content_start,
                    f"{probe.description}; the decoder reads it shifted right behind its start token "
                    f"{int(decoder_start)} (teacher-forced copy){heard}", probe.token_counts, name=probe.name,
                    audio=audio)
@@ -241,8 +256,7 @@ def as_copy_eval(probe: EvalProbe, decoder_start: int) -> EvalProbe:
         raise CannotScore(f"the {probe.name} probe cannot feed an encoder-decoder's decoder (it needs unpadded "
                           f"examples of one length, as the text and repeated probes have)")
     ids = probe.input_ids
-    start = torch.full((ids.shape[0], 1), int(decoder_start), dtype=ids.dtype)
-    decoder = torch.cat([start, ids[:, :-1]], dim=1)  # (N, T): shift_tokens_right
     return EvalProbe(probe.name, ids, probe.targets, probe.attention_mask, probe.scored,
                      f"{probe.description}; the decoder reads it shifted right behind its start token "
-                     f"{int(decoder_start)} and predicts each token (teacher-forced copy)", decoder)
+                     f"{int(decoder_start)} and predicts each token (teacher-forced copy)",
+                     shifted_right(ids, decoder_start))

@@ -30,7 +30,7 @@ import torch
 from ..errors import HeadscopeError
 from . import conllu
 from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
-from .copy import CopySet, as_copy_eval, copy_probe
+from .copy import CopySet, as_copy_eval, copy_probe, decoder_start_token
 from .base import EvalProbe, ProbeSet, repeat_periods, repeated_probe, special_tokens, text_probe
 from .treebank import TreebankProbe
 
@@ -239,11 +239,9 @@ class CopyProbe:
 def decoder_start(loaded) -> int:
     """The token id an encoder-decoder's decoder starts from (`decoder_start_token_id` of its
     config or generation config); HeadscopeError for a model without one (not an encoder-decoder)."""
-    model = loaded.model
-    for config in (getattr(model, "config", None), getattr(model, "generation_config", None)):
-        start = getattr(config, "decoder_start_token_id", None)
-        if start is not None:
-            return int(start)
+    start = decoder_start_token(loaded.model)
+    if start is not None:
+        return start
     raise HeadscopeError(f"the copy probe feeds an encoder-decoder's decoder; {loaded.name} has no "
                          f"decoder_start_token_id")
 
