@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
 __all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
-           "discovered_cores", "group_blocks", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
+           "discovered_cores", "group_blocks", "stack_counts", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
            "text_stack", "VISION_ADAPTERS", "vision_adapter_for", "block_adapter"]
 
 
@@ -401,6 +401,16 @@ def head_sizes(config) -> tuple[int, int, int, int]:
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     d_head = getattr(config, "head_dim", None) or d_model // n_heads
     return d_model, n_heads, n_kv, d_head
+
+
+def stack_counts(config) -> tuple[int, int]:
+    """`(layers, query heads)` of the default stack: the text config's attributes the adapter's
+    `counts` names (BartForCausalLM: its decoder's), else `num_hidden_layers` and `num_attention_heads`."""
+    adapter = adapter_for(config)
+    layers, heads = adapter.counts if adapter is not None and adapter.counts else ("num_hidden_layers",
+                                                                                   "num_attention_heads")
+    config = text_config(config)
+    return getattr(config, layers), getattr(config, heads)
 
 
 # ---- Vision towers -------------------------------------------------------------------------------------------------

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
-from .adapters import (_calls_interface, _sub, adapter_for, attention_blocks, core_modules, group_blocks, head_sizes,
-                       text_config, vision_adapter_for)
+from .adapters import (_calls_interface, _sub, adapter_for, attention_blocks, core_modules, group_blocks, stack_counts,
+                       vision_adapter_for)
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
@@ -176,9 +176,7 @@ def _located(model: nn.Module) -> list[tuple[Site, Optional[nn.Module], nn.Modul
     order = {name: i for i, name in enumerate(paths.values())}
     adapter = adapter_for(model.config)
     cores = core_modules(model)  # refuses, in one line, a model without attention or with it out of place
-    n_heads = head_sizes(model.config)[1]
-    if adapter is not None and adapter.counts:  # the default stack's own count (BartForCausalLM: the decoder's)
-        n_heads = getattr(text_config(model.config), adapter.counts[1])
+    n_heads = stack_counts(model.config)[1]  # the default stack's (BartForCausalLM: its decoder's)
     found = _vision_sites(model, paths)
     if adapter is None:  # discovered in the text stack: one per layer, the kind read from the module
         for layer, core in cores:

@@ -24,7 +24,8 @@ from . import load_cache
 from ..errors import HeadscopeError
 from .gguf_file import config_and_tokenizer, model_from_gguf
 from .integrity import check_loading_info
-from ..hf.adapters import adapter_for, analysed_body, check_on_interface, core_modules, family_of, text_config
+from ..hf.adapters import (adapter_for, analysed_body, check_on_interface, core_modules, family_of, stack_counts,
+                           text_config)
 from ..hf.sites import select
 
 __all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
@@ -186,21 +187,13 @@ class Loaded:
         analysed group's stack outside the default."""
         if self.sites is not None:
             return max(self.selection.sites) + 1
-        counts = self._counts
-        return getattr(self.text_config, counts[0]) if counts else self.text_config.num_hidden_layers
+        return stack_counts(self.model.config)[0]
 
     @property
     def n_heads(self) -> int:
         if self.sites is not None:
             return self.selection.n_heads
-        counts = self._counts
-        return getattr(self.text_config, counts[1]) if counts else self.text_config.num_attention_heads
-
-    @property
-    def _counts(self) -> tuple:
-        """The adapter's config attributes for the default stack's layer and head counts (`Adapter.counts`)."""
-        adapter = adapter_for(self.model.config)
-        return adapter.counts if adapter is not None else ()
+        return stack_counts(self.model.config)[1]
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
