@@ -24,7 +24,7 @@ from headscope.report import render_html
 from headscope.report.html import axis_tokens
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import tiny_model
-from tests.support.pages import json_block
+from tests.support.pages import saved_and_rendered
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -119,11 +119,7 @@ def test_the_explorer_keeps_the_models_own_maps_with_each_axis_tokens(family, si
         assert example.key_tokens == (encoder if sites == "decoder.cross" else None)
     assert keys is None if sites == "decoder.self" else keys.tolist() == source.tolist()
 
-    analysis.save(tmp_path / "a")
-    again = Analysis.load(tmp_path / "a")
-    assert [(e.tokens, e.key_tokens) for e in again.examples] == [(e.tokens, e.key_tokens) for e in analysis.examples]
-    page = render_html(again, plotlyjs="cdn")
-    payload = json_block(page, "hs-explorer-data")
+    again, page, payload = saved_and_rendered(analysis, tmp_path / "a")
     for shown, example in zip(payload["examples"], again.examples):
         assert (shown["tokens"], shown["ticks"]) == axis_tokens(example.tokens)
         if sites == "decoder.cross":

@@ -26,11 +26,10 @@ from headscope.probes.base import ProbeBatch
 from headscope.probes.copy import as_copy
 from headscope.probes.kinds import CopyProbe, RepeatedProbe, TextProbe
 from headscope.probes.tokens import display_tokens
-from headscope.report import render_html
 from headscope.report.html import axis_tokens
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import ENCODER_DECODER
-from tests.support.pages import json_block
+from tests.support.pages import saved_and_rendered
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -177,12 +176,8 @@ def test_the_explorer_keeps_the_models_own_maps_and_the_report_renders(sites, tm
         assert example.tokens == display_tokens(loaded.tokenizer, target[i].tolist())
         assert example.key_tokens == (silence if sites == "decoder.cross" else None)
 
-    analysis.save(tmp_path / "a")
-    again = Analysis.load(tmp_path / "a")
+    again, page, payload = saved_and_rendered(analysis, tmp_path / "a")
     assert again.meta["sites"] == analysis.meta["sites"]
-    assert [(e.tokens, e.key_tokens) for e in again.examples] == [(e.tokens, e.key_tokens) for e in analysis.examples]
-    page = render_html(again, plotlyjs="cdn")
-    payload = json_block(page, "hs-explorer-data")
     for shown, example in zip(payload["examples"], again.examples):
         assert (shown["tokens"], shown["ticks"]) == axis_tokens(example.tokens)
         if sites == "decoder.cross":
