@@ -2,6 +2,8 @@
 
 - `module`: `MultiHeadAttention`, `Concat(head_1..head_h) W_O` with GQA, rotary, masks and hook
   points (re-exported here: `from headscope.attention import MultiHeadAttention`).
+- `latent`: multi-head latent attention's projections (DeepSeek-V2/V3: keys and values from one
+  low-rank latent per token), which `MultiHeadAttention(..., latent=LatentRanks(...))` uses.
 - `kernel`: the attention function with transformers' SDPA signature (fast and explicit paths).
 - `lazy`: per-head statistics of a pattern without its map (`A = exp(s - lse)`).
 - `pattern`: the `Pattern` interface detectors read, dense or lazy.
@@ -14,10 +16,11 @@ the module (and with it `headscope.hf`).
 """
 from importlib import import_module
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["MultiHeadAttention", "LatentRanks"]
+_HOMES = {"MultiHeadAttention": "headscope.attention.module", "LatentRanks": "headscope.attention.latent"}
 
 
 def __getattr__(name):
-    if name == "MultiHeadAttention":
-        return import_module("headscope.attention.module").MultiHeadAttention
+    if name in _HOMES:
+        return getattr(import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'headscope.attention' has no attribute {name!r}")

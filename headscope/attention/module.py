@@ -13,15 +13,18 @@ which mixes the heads through its per-token scale. Given a
 `context`, keys and values come from it instead of `x`: cross-attention (an encoder-decoder's
 decoder reading the encoder's output), with no rotary and no causal mask. The projections may
 read an input of another width than the output's (`d_in`: zamba2's shared block reads the hidden
-state joined to the embeddings, `2 * d_model` wide, and writes `d_model`).
+state joined to the embeddings, `2 * d_model` wide, and writes `d_model`), values may have their own
+head size (`d_value`), and q, k, v may come from low-rank latents instead of W_q, W_k, W_v
+(`latent`: multi-head latent attention, DeepSeek-V2/V3, `headscope.attention.latent`).
 
 Hook points (read or replace with `headscope.attention.hook_points.hooks(module, {...})` or `module.hooks(...)`):
     hook_q       [batch, head, pos, d_head]      queries, after q/k norm and rotary
     hook_k       [batch, kv_head, key, d_head]   keys, after q/k norm and rotary
-    hook_v       [batch, kv_head, key, d_head]   values (key = pos, or the context's positions)
+    hook_v       [batch, kv_head, key, d_value]  values (key = pos, or the context's positions;
+                                                 d_value = d_head unless set apart)
     hook_scores  [batch, head, query, key]       pre-softmax scores, fp32, masked entries at min
     hook_pattern [batch, head, query, key]       attention probabilities, fp32
-    hook_z       [batch, pos, head, d_head]      per-head weighted values, W_O's input (with an
+    hook_z       [batch, pos, head, d_value]     per-head weighted values, W_O's input (with an
                                                  output gate: after it, z * sigmoid(W_gate x); with
                                                  a norm before W_O: after it, the normed z)
     hook_result  [batch, pos, head, d_model]     per-head output after W_O (no bias); computed
@@ -42,6 +45,7 @@ from torch import nn
 from ..hf.from_hf import module_from_hf
 from .hook_points import HookPoint, hooks as _hooks
 from .kernel import attention
+from .latent import LatentProjections, LatentRanks
 from .rotary import apply_rotary, rotary_cos_sin
 
 __all__ = ["AttentionConfig", "MultiHeadAttention"]
@@ -57,7 +61,9 @@ class AttentionConfig:
             something wider (zamba2: the hidden state joined to the embeddings, 2 * d_model).
         n_heads: query heads.
         n_kv_heads: key/value heads (divides n_heads; equal for classic attention, 1 for MQA).
-        d_head: size of each head.
+        d_head: size of each head's queries and keys.
+        d_value: size of each head's values and z, what W_O reads per head (d_head unless the
+            values are another size: multi-head latent attention).
         causal: queries may not attend to later keys.
         qkv_bias / out_bias: whether the projections have biases.
         rotary_dim: dims of each head rotated by rotary embedding (0: no rotary).
@@ -76,12 +82,15 @@ class AttentionConfig:
         pre_out_norm: z, reshaped to `[batch, pos, head * d_head]`, passes `pre_out_norm` (a norm
             over all heads' features together: an RMSNorm's per-token scale mixes the heads) before
             W_O; hook_z and hook_result see the normed z, W_O's input.
+        latent: q, k and v come from low-rank latents (multi-head latent attention,
+            `headscope.attention.latent`; None: from W_q, W_k, W_v).
     """
 
     d_model: int
     n_heads: int
     n_kv_heads: int
     d_head: int
+    d_value: int
     causal: bool
     qkv_bias: bool
     out_bias: bool
@@ -97,6 +106,7 @@ class AttentionConfig:
     sinks: bool = False
     output_gate: bool = False
     pre_out_norm: bool = False
+    latent: Optional[LatentRanks] = None
 
 
 class MultiHeadAttention(nn.Module):
@@ -127,6 +137,11 @@ class MultiHeadAttention(nn.Module):
             `attn_sub_norm` there); `hook_z` and `hook_result` see the normed z.
         d_in: width of the input the projections read (default `d_model`); the output is
             `d_model` wide either way.
+        d_value: each head's value (and z) size (default `d_head`).
+        latent: multi-head latent attention (DeepSeek-V2/V3): `LatentRanks`, its projections
+            `latent` (a `LatentProjections`) in place of W_q, W_k, W_v, the rotary part the last
+            `latent.d_rope` dims of each head (`rotary_dim` that or 0), one key and value per head,
+            the rotary key shared by all; no q/k norm or clip.
     """
 
     def __init__(
@@ -151,44 +166,46 @@ class MultiHeadAttention(nn.Module):
         output_gate: bool = False,
         pre_out_norm: bool = False,
         d_in: Optional[int] = None,
+        d_value: Optional[int] = None,
+        latent: Optional[LatentRanks] = None,
         device=None,
         dtype=None,
     ):
         super().__init__()
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_head is None:
-            if d_model % n_heads:
-                raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}; pass d_head")
-            d_head = d_model // n_heads
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
-        if rotary_dim < 0 or rotary_dim > d_head or rotary_dim % 2:
-            raise ValueError(f"rotary_dim must be even and between 0 and d_head={d_head}, got {rotary_dim}")
-        self.config = AttentionConfig(
-            d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, causal=causal,
-            qkv_bias=bias, out_bias=bias if out_bias is None else out_bias, rotary_dim=rotary_dim,
-            rotary_base=float(rotary_base), scale=d_head ** -0.5 if scale is None else float(scale),
-            dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
-            softcap=softcap, sinks=sinks, output_gate=output_gate, d_in=d_model if d_in is None else d_in,
-            pre_out_norm=pre_out_norm,
+        self.config = _resolved(
+            d_model, n_heads, n_kv_heads, d_head, d_value=d_value, causal=causal, qkv_bias=bias,
+            out_bias=bias if out_bias is None else out_bias, rotary_dim=rotary_dim, rotary_base=rotary_base,
+            scale=scale, dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
+            softcap=softcap, sinks=sinks, output_gate=output_gate, d_in=d_in, pre_out_norm=pre_out_norm,
+            latent=latent,
         )
-        d_in = self.config.d_in
-        kw = dict(device=device, dtype=dtype)
-        self.W_q = nn.Linear(d_in, n_heads * d_head, bias=bias, **kw)
-        self.W_k = nn.Linear(d_in, n_kv_heads * d_head, bias=bias, **kw)
-        self.W_v = nn.Linear(d_in, n_kv_heads * d_head, bias=bias, **kw)
-        self.W_o = nn.Linear(n_heads * d_head, d_model, bias=self.config.out_bias, **kw)
-        self.W_gate = nn.Linear(d_in, n_heads * d_head, bias=bias, **kw) if output_gate else None
-        self.q_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None  # on (B, T, H, D)
-        self.k_norm = nn.RMSNorm(d_head, **kw) if qk_norm else None
-        self.pre_out_norm = nn.RMSNorm(n_heads * d_head, **kw) if pre_out_norm else None  # on (B, T, H * D)
-        self.sinks = nn.Parameter(torch.zeros(n_heads, **kw)) if sinks else None  # (H,)
+        cfg, kw = self.config, dict(device=device, dtype=dtype)
+        if latent is not None and (cfg.n_kv_heads != cfg.n_heads or qk_norm or clip is not None
+                                   or cfg.rotary_dim not in (0, latent.d_rope)):
+            raise ValueError(f"latent attention has a key per head (n_kv_heads {cfg.n_kv_heads} must be n_heads "
+                             f"{cfg.n_heads}), no q/k norm or clip, and rotates its d_rope={latent.d_rope} dims or none "
+                             f"(rotary_dim {cfg.rotary_dim})")
+        if latent is None:
+            self.W_q = nn.Linear(cfg.d_in, cfg.n_heads * cfg.d_head, bias=bias, **kw)
+            self.W_k = nn.Linear(cfg.d_in, cfg.n_kv_heads * cfg.d_head, bias=bias, **kw)
+            self.W_v = nn.Linear(cfg.d_in, cfg.n_kv_heads * cfg.d_value, bias=bias, **kw)
+            self.latent = None
+        else:  # q, k, v from low-rank latents (headscope.attention.latent)
+            self.W_q = self.W_k = self.W_v = None
+            self.latent = LatentProjections(latent, cfg.d_in, cfg.n_heads, cfg.d_head, cfg.d_value, bias, **kw)
+        self.q_norm = nn.RMSNorm(cfg.d_head, **kw) if qk_norm else None  # on (B, T, H, D)
+        self.k_norm = nn.RMSNorm(cfg.d_head, **kw) if qk_norm else None
+        z_width = cfg.n_heads * cfg.d_value
+        self.W_o = nn.Linear(z_width, cfg.d_model, bias=cfg.out_bias, **kw)
+        self.W_gate = nn.Linear(cfg.d_in, z_width, bias=cfg.qkv_bias, **kw) if cfg.output_gate else None
+        self.pre_out_norm = nn.RMSNorm(z_width, **kw) if cfg.pre_out_norm else None  # on (B, T, H * Dv)
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_heads, **kw)) if cfg.sinks else None  # (H,)
         self.hook_q = HookPoint("hook_q")  # (B, H, T, D)
         self.hook_k = HookPoint("hook_k")  # (B, Hkv, S, D), S = T or the context's length
-        self.hook_v = HookPoint("hook_v")  # (B, Hkv, S, D)
+        self.hook_v = HookPoint("hook_v")  # (B, Hkv, S, Dv)
         self.hook_scores = HookPoint("hook_scores")  # (B, H, Tq, Tk)
         self.hook_pattern = HookPoint("hook_pattern")  # (B, H, Tq, Tk)
-        self.hook_z = HookPoint("hook_z")  # (B, T, H, D)
+        self.hook_z = HookPoint("hook_z")  # (B, T, H, Dv)
         self.hook_result = HookPoint("hook_result")  # (B, T, H, d_model)
 
     # Convenience views used by tests and adapters.
@@ -199,6 +216,14 @@ class MultiHeadAttention(nn.Module):
     @property
     def n_heads(self) -> int:
         return self.config.n_heads
+
+    def input_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(W_q, W_k, W_v)` weights, Linear-style `(rows, d_in)`: the linear maps from x to q, k and v
+        before q/k norms and rotary (what the geometry and OV tables read); with a latent, its
+        folded maps (`LatentProjections.input_weights`)."""
+        if self.latent is not None:
+            return self.latent.input_weights()
+        return self.W_q.weight, self.W_k.weight, self.W_v.weight
 
     def hooks(self, fwd_hooks):
         """Context manager adding hooks by name; see `headscope.attention.hook_points.hooks`."""
@@ -237,25 +262,7 @@ class MultiHeadAttention(nn.Module):
         cfg = self.config
         B, T, _ = x.shape
         source = x if context is None else context  # keys and values read it
-        S = source.shape[1]
-        q, k, v = self.W_q(x), self.W_k(source), self.W_v(source)  # (B, T, H * D), (B, S, Hkv * D) twice
-        if cfg.clip is not None:
-            q, k, v = (t.clamp(-cfg.clip, cfg.clip) for t in (q, k, v))
-        q = q.view(B, T, cfg.n_heads, cfg.d_head)  # (B, T, H, D)
-        k = k.view(B, S, cfg.n_kv_heads, cfg.d_head)  # (B, S, Hkv, D)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, Hkv, S, D)
-        v = v.view(B, S, cfg.n_kv_heads, cfg.d_head).transpose(1, 2)  # (B, Hkv, S, D)
-        if cfg.rotary_dim and context is None:  # cross-attention: positions of two sequences, no rotary
-            if rotary is None:
-                pos = torch.arange(T, device=x.device) if positions is None else positions
-                rotary = rotary_cos_sin(pos, cfg.rotary_dim, cfg.rotary_base, interleaved=cfg.rotary_interleaved)
-            cos, sin = rotary
-            if cos.shape[-1] != cfg.rotary_dim:
-                raise ValueError(f"rotary tables have {cos.shape[-1]} dims, module rotates {cfg.rotary_dim}")
-            q = apply_rotary(q, cos, sin, cfg.rotary_interleaved)
-            k = apply_rotary(k, cos, sin, cfg.rotary_interleaved)
+        q, k, v = self._project(x, source, None if context is not None else self._rotary(T, x, positions, rotary))
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
 
         mask = _as_4d_mask(attention_mask)
@@ -267,21 +274,57 @@ class MultiHeadAttention(nn.Module):
             on_scores=self.hook_scores if self.hook_scores.hooked else None,
             on_pattern=self.hook_pattern if self.hook_pattern.hooked else None,
         )
-        z = z.transpose(1, 2)  # (B, T, H, D)
+        z = z.transpose(1, 2)  # (B, T, H, Dv)
         if cfg.output_gate:  # per element of each head: heads stay separate, z is W_O's input
-            z = z * torch.sigmoid(self.W_gate(x)).view(B, T, cfg.n_heads, cfg.d_head)
+            z = z * torch.sigmoid(self.W_gate(x)).view(B, T, cfg.n_heads, cfg.d_value)
         if cfg.pre_out_norm:  # over all heads' features together: the heads mix, z is W_O's input
-            z = self.pre_out_norm(z.reshape(B, T, cfg.n_heads * cfg.d_head)).view(B, T, cfg.n_heads, cfg.d_head)
-        z = self.hook_z(z)  # (B, T, H, D)
+            z = self.pre_out_norm(z.reshape(B, T, cfg.n_heads * cfg.d_value)).view(B, T, cfg.n_heads, cfg.d_value)
+        z = self.hook_z(z)  # (B, T, H, Dv)
         if self.hook_result.hooked:
-            w_o = self.W_o.weight.view(cfg.d_model, cfg.n_heads, cfg.d_head)  # (d_model, H, D)
+            w_o = self.W_o.weight.view(cfg.d_model, cfg.n_heads, cfg.d_value)  # (d_model, H, Dv)
             result = torch.einsum("bthd,mhd->bthm", z, w_o)  # (B, T, H, d_model)
             out = self.hook_result(result).sum(dim=2)
             if self.W_o.bias is not None:
                 out = out + self.W_o.bias
         else:
-            out = self.W_o(z.reshape(B, T, cfg.n_heads * cfg.d_head))
+            out = self.W_o(z.reshape(B, T, cfg.n_heads * cfg.d_value))
         return (out, pattern) if return_pattern else out
+
+    def _rotary(self, T: int, x: torch.Tensor, positions, rotary) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """`(cos, sin)` `[..., pos, rotary_dim]` for the queries and keys of a self-attention call
+        (None without rotary): the tables given, else computed for `positions` (default 0..T-1)."""
+        cfg = self.config
+        if not cfg.rotary_dim:
+            return None
+        if rotary is None:
+            pos = torch.arange(T, device=x.device) if positions is None else positions
+            rotary = rotary_cos_sin(pos, cfg.rotary_dim, cfg.rotary_base, interleaved=cfg.rotary_interleaved)
+        if rotary[0].shape[-1] != cfg.rotary_dim:
+            raise ValueError(f"rotary tables have {rotary[0].shape[-1]} dims, module rotates {cfg.rotary_dim}")
+        return rotary
+
+    def _project(self, x: torch.Tensor, source: torch.Tensor, rotary) -> tuple[torch.Tensor, ...]:
+        """q `[B, H, T, D]`, k `[B, Hkv, S, D]`, v `[B, Hkv, S, Dv]` from the queries' input x and the
+        keys' and values' `source` (x, or a cross-attention's context; `rotary`: None there)."""
+        cfg = self.config
+        if self.latent is not None:
+            return self.latent(x, source, rotary, cfg.rotary_interleaved)
+        B, T, _ = x.shape
+        S = source.shape[1]
+        q, k, v = self.W_q(x), self.W_k(source), self.W_v(source)  # (B, T, H * D), (B, S, Hkv * D), (B, S, Hkv * Dv)
+        if cfg.clip is not None:
+            q, k, v = (t.clamp(-cfg.clip, cfg.clip) for t in (q, k, v))
+        q = q.view(B, T, cfg.n_heads, cfg.d_head)  # (B, T, H, D)
+        k = k.view(B, S, cfg.n_kv_heads, cfg.d_head)  # (B, S, Hkv, D)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, Hkv, S, D)
+        v = v.view(B, S, cfg.n_kv_heads, cfg.d_value).transpose(1, 2)  # (B, Hkv, S, Dv)
+        if rotary is not None:  # cross-attention: positions of two sequences, no rotary
+            cos, sin = rotary
+            q = apply_rotary(q, cos, sin, cfg.rotary_interleaved)
+            k = apply_rotary(k, cos, sin, cfg.rotary_interleaved)
+        return q, k, v
 
     @classmethod
     def from_hf(cls, attention_module: nn.Module, config, layer: Optional[int] = None) -> "MultiHeadAttention":
@@ -298,6 +341,27 @@ class MultiHeadAttention(nn.Module):
             A `MultiHeadAttention` on the same device and dtype, in eval mode.
         """
         return module_from_hf(cls, attention_module, config, layer)
+
+
+def _resolved(d_model: int, n_heads: int, n_kv_heads: Optional[int], d_head: Optional[int], *,
+              d_value: Optional[int], rotary_dim: int, rotary_base: float, scale: Optional[float],
+              d_in: Optional[int], **options) -> AttentionConfig:
+    """The checked `AttentionConfig` of the given sizes (defaults filled in; ValueError on sizes
+    that do not fit together)."""
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    if d_head is None:
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}; pass d_head")
+        d_head = d_model // n_heads
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
+    if rotary_dim < 0 or rotary_dim > d_head or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even and between 0 and d_head={d_head}, got {rotary_dim}")
+    return AttentionConfig(
+        d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head,
+        d_value=d_head if d_value is None else d_value, rotary_dim=rotary_dim, rotary_base=float(rotary_base),
+        scale=d_head ** -0.5 if scale is None else float(scale), d_in=d_model if d_in is None else d_in, **options,
+    )
 
 
 def _as_4d_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -100,9 +100,11 @@ def head_ov_weights(model, sites: Optional[str] = None):
     group of sites, `sites="decoder.cross"`, read from its blocks by the family's adapter layout).
 
     Yields:
-        `(layer, head, W_V, W_O)`: W_V `[d_model, d_head]` (the head's key/value head under GQA)
-        and W_O `[d_head, d_model]`, fp32, row convention x @ W; residual norms not folded, the gain
-        of a norm over all heads before W_O (`pre_out_norm`) folded into W_O: diag(g) W_O.
+        `(layer, head, W_V, W_O)`: W_V `[d_model, d_value]` (the head's key/value head under GQA)
+        and W_O `[d_value, d_model]`, fp32, row convention x @ W; residual norms not folded, the gain
+        of a norm over all heads before W_O (`pre_out_norm`) folded into W_O: diag(g) W_O; under
+        multi-head latent attention W_V is W_UV diag(g) W_DKV, the latent norm's gain folded in and
+        its per-token scale left out (`MultiHeadAttention.input_weights`).
     Raises:
         HeadscopeError: a layer's z passes an output gate (no input-free OV circuit), or the
             family's adapter says why its heads have no OV circuit to score (`Adapter.no_ov`).
@@ -120,14 +122,14 @@ def head_ov_weights(model, sites: Optional[str] = None):
             raise HeadscopeError(f"OV copying is not available for layer {layer}: a sigmoid output gate, which depends "
                                  f"on the input, scales z per element between W_V and W_O, so the head has no fixed OV "
                                  f"circuit (from_hf, verify, capture, ablate and the other detectors work)")
-        per_kv = cfg.n_heads // cfg.n_kv_heads
-        W_v = mha.W_v.weight.detach().float().T  # (D, n_kv * dh)
-        W_o = mha.W_o.weight.detach().float().T  # (n_heads * dh, D)
+        per_kv, dv = cfg.n_heads // cfg.n_kv_heads, cfg.d_value
+        W_v = mha.input_weights()[2].detach().float().T  # (D, n_kv * dv); a latent's folded map (its gain in)
+        W_o = mha.W_o.weight.detach().float().T  # (n_heads * dv, D)
         if cfg.pre_out_norm and getattr(mha.pre_out_norm, "weight", None) is not None:
-            W_o = mha.pre_out_norm.weight.detach().float()[:, None] * W_o  # diag(g) W_O, (n_heads * dh, D)
+            W_o = mha.pre_out_norm.weight.detach().float()[:, None] * W_o  # diag(g) W_O, (n_heads * dv, D)
         for head in range(cfg.n_heads):
             kv = head // per_kv
-            yield layer, head, W_v[:, kv * cfg.d_head:(kv + 1) * cfg.d_head], W_o[head * cfg.d_head:(head + 1) * cfg.d_head]
+            yield layer, head, W_v[:, kv * dv:(kv + 1) * dv], W_o[head * dv:(head + 1) * dv]
 
 
 def _group_ov_weights(model, sites: str):

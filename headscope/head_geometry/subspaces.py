@@ -19,8 +19,8 @@ E||Q_A^T Q_B||_F^2 = a b / n, so the chance value is max(a, b) / n (d / n for eq
 Effective rank (Roy & Vetterli 2007): with p_i = s_i / sum_j s_j over singular values s,
 erank = exp(-sum_i p_i log p_i), between 1 (rank one) and the rank (all s_i equal).
 QK circuit of head h: W_Q^h W_K^h^T [d_in, d_in]; OV circuit: W_V^h W_O^h [d_in, d_model]
-(what the head writes from what it reads); both rank <= d_head, and their singular values are those of a small
-d_head x d_head product (W = U R by QR, so A B^T = U_A (R_A R_B^T) U_B^T).
+(what the head writes from what it reads); ranks <= d_head (QK) and d_value (OV), and their singular values are
+those of a small square product (W = U R by QR, so A B^T = U_A (R_A R_B^T) U_B^T).
 
 What is left out, and why: biases (they add a constant, not a direction), q/k norms and rotary
 (the QK circuit here is the position-free bilinear form before rotary), layer norms before the
@@ -29,8 +29,11 @@ head's d_head coordinates by a positive factor that depends on the input, so the
 write subspaces are exact without it, while its OV effective rank is that of W_V W_O, the gate left
 out (the OV table refuses such heads, `headscope.head_geometry.ov_circuit`). With grouped-query attention the K and V bases are per key/value head;
 query heads of one group share them, so their K and V overlaps are 1 by construction
-(`same_kv_group` in the table says which pairs). A head whose projection is all zeros has an
-empty subspace: its overlaps are NaN.
+(`same_kv_group` in the table says which pairs). Under multi-head latent attention (DeepSeek-V2/V3)
+the maps are `MultiHeadAttention.input_weights()`: through the latents, their norms' gains folded in
+and per-token scales left out like the residual norms'; every head's K subspace holds the d_rope
+directions of the rotary key all heads share, so K overlaps between heads are at least that shared
+part. A head whose projection is all zeros has an empty subspace: its overlaps are NaN.
 """
 from __future__ import annotations
 
@@ -65,17 +68,18 @@ def _head_slices(module: MultiHeadAttention) -> dict[str, list[torch.Tensor]]:
     """Each head's projection as `[d_in, d_head]` (q, k, v) or `[d_model, d_head]` (o) matrices, per
     role (k and v per KV head)."""
     cfg = module.config
-    d = cfg.d_head
+    d, dv = cfg.d_head, cfg.d_value
+    w_q, w_k, w_v = (w.detach() for w in module.input_weights())  # a latent's folded maps (gains in)
 
-    def read(weight, n):  # nn.Linear weight (n * d, d_in) -> n x (d_in, d)
-        return [weight[i * d:(i + 1) * d].T for i in range(n)]
+    def read(weight, n, size):  # nn.Linear weight (n * size, d_in) -> n x (d_in, size)
+        return [weight[i * size:(i + 1) * size].T for i in range(n)]
 
     return {
-        "q": read(module.W_q.weight.detach(), cfg.n_heads),
-        "k": read(module.W_k.weight.detach(), cfg.n_kv_heads),
-        "v": read(module.W_v.weight.detach(), cfg.n_kv_heads),
-        # W_o weight (d_model, n * d): head h writes through columns h*d:(h+1)*d
-        "o": [module.W_o.weight.detach()[:, h * d:(h + 1) * d] for h in range(cfg.n_heads)],
+        "q": read(w_q, cfg.n_heads, d),
+        "k": read(w_k, cfg.n_kv_heads, d),
+        "v": read(w_v, cfg.n_kv_heads, dv),
+        # W_o weight (d_model, n * dv): head h writes through columns h*dv:(h+1)*dv
+        "o": [module.W_o.weight.detach()[:, h * dv:(h + 1) * dv] for h in range(cfg.n_heads)],
     }
 
 
@@ -120,8 +124,9 @@ def subspace_tables(modules: Sequence[MultiHeadAttention], layers: Optional[Sequ
     Returns:
         `(pairs, heads)` DataFrames. `pairs`: layer, head_a, head_b (a < b), overlap_q,
         overlap_k, overlap_v, overlap_o, overlap (mean of those not NaN), same_kv_group, chance
-        (the mean over the four roles of d_head / the width the role's subspace lives in: d_head /
-        d_model where the projections read d_model). `heads`: layer, head, kv_head, dim_q, dim_k,
+        (the mean over the four roles of the role's size, d_head for q and k, d_value for v and o,
+        over the width its subspace lives in: d_head / d_model where the projections read d_model
+        and values are d_head wide). `heads`: layer, head, kv_head, dim_q, dim_k,
         dim_v, dim_o (subspace ranks), qk_effective_rank, ov_effective_rank.
     """
     import pandas as pd
@@ -136,8 +141,10 @@ def subspace_tables(modules: Sequence[MultiHeadAttention], layers: Optional[Sequ
         kv_of = lambda h: h // group
         slices = _head_slices(module)
         chance = chance_overlap(cfg.d_head, cfg.d_model)
-        if cfg.d_in != cfg.d_model:  # q, k, v read subspaces of the wider input, o writes in d_model
-            chance = (3 * chance_overlap(cfg.d_head, cfg.d_in) + chance) / 4
+        if cfg.d_in != cfg.d_model or cfg.d_value != cfg.d_head:  # q, k, v read d_in (zamba2: wider), o writes
+            # d_model; v and o are d_value wide (multi-head latent attention's values are smaller than q, k)
+            chance = (2 * chance_overlap(cfg.d_head, cfg.d_in) + chance_overlap(cfg.d_value, cfg.d_in)
+                      + chance_overlap(cfg.d_value, cfg.d_model)) / 4
         bases = {role: [_orthonormal(m) for m in mats] for role, mats in slices.items()}
         for h in range(cfg.n_heads):
             kv = kv_of(h)

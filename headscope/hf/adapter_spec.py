@@ -3,7 +3,7 @@
 - `Adapter`: where a family keeps its layers and attention blocks, the q/k/v/o layout and what its
   attention adds to plain softmax attention (rotary, q/k norms, clipping, soft-capping, sinks, an
   output gate, a norm mixing heads, per-layer LoRA), its other site groups and its family-table line.
-- `Rotary`, `QKNorm`, `LoRA`, `SiteGroup`, `AudioEncoder`: the parts an `Adapter` names.
+- `Rotary`, `QKNorm`, `LoRA`, `Latent`, `SiteGroup`, `AudioEncoder`: the parts an `Adapter` names.
 
 Data only: the table of adapters and the functions reading it are `headscope.hf.adapters`.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA"]
+__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "Latent"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,9 @@ class Rotary:
         config_switch: `(config attribute, value)`: rotary only when the config's attribute has
             that value (granitemoehybrid: `position_embedding_type` "rope"; otherwise no
             positional encoding at all).
+        tables: how the model passes its tables: "layout" (cos and sin in the layout the pairs
+            use) or "complex" (one tensor of e^(i angle) per pair, its magnitude the rotary's
+            attention scaling: DeepSeek-V2's `freqs_cis`).
     """
 
     dims: Optional[str] = None
@@ -35,6 +38,7 @@ class Rotary:
     sin_first: bool = False
     switch: Optional[str] = None
     config_switch: Optional[tuple[str, object]] = None
+    tables: str = "layout"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,40 @@ class LoRA:
     v: str
     index: str
     switch: str
+
+
+@dataclass(frozen=True)
+class Latent:
+    """Multi-head latent attention (DeepSeek-V2 and V3, `headscope.attention.latent`): q from a
+    full-rank projection or a low-rank latent with its own RMSNorm, keys and values from one latent
+    per token beside a rotary key shared by all heads.
+
+    Attributes:
+        q: path from the core to the full-rank query projection (used where `q_rank` is None).
+        q_down, q_norm, q_up: the query latent's down projection, norm and up projection.
+        kv_down: the down projection `[latent | shared rotary key]` (`kv_a_proj_with_mqa`).
+        kv_norm, kv_up: the key/value latent's norm and up projection (per head `[key | value]`).
+        q_rank, kv_rank, nope, rope, value: core attributes holding the query latent's width
+            (None: no query latent), the key/value latent's, and the per-head sizes of the parts
+            without and with rotary and of the values.
+        regroup: config attribute that, when True, says the rotary part's pairs (2i, 2i + 1) are
+            regrouped to `[evens | odds]` and rotated "rotate half" (DeepSeek-V3's
+            `rope_interleave`; `LatentRanks.regroup`).
+    """
+
+    q: str = "q_proj"
+    q_down: str = "q_a_proj"
+    q_norm: str = "q_a_layernorm"
+    q_up: str = "q_b_proj"
+    kv_down: str = "kv_a_proj_with_mqa"
+    kv_norm: str = "kv_a_layernorm"
+    kv_up: str = "kv_b_proj"
+    q_rank: str = "q_lora_rank"
+    kv_rank: str = "kv_lora_rank"
+    nope: str = "qk_nope_head_dim"
+    rope: str = "qk_rope_head_dim"
+    value: str = "v_head_dim"
+    regroup: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +166,7 @@ class Adapter:
         layers: path from `model.base_model` to the list of layers.
         block: path from a layer to the attention block (holds q/k/v and the output projection).
         core: path from the block to the module that calls the attention interface ("" = block).
-        qkv: layout of the q/k/v weights inside the block (`headscope.hf.layouts`).
+        qkv: layout of the q/k/v weights inside the block (`headscope.hf.layouts`; None with `latent`).
         out: path from the block to the output projection.
         out_is_conv1d: the output projection is a transformers Conv1D (x @ W).
         rotary: how rotary embedding is applied (None: no rotary).
@@ -184,6 +222,8 @@ class Adapter:
         lora: per-layer low-rank adapters on q, k, v of a block shared by several layers
             (`LoRA`; `from_hf` then needs the layer's number).
         no_ov: why the OV table is not available ("" when it is).
+        latent: the block is multi-head latent attention (`Latent`): from_hf builds a
+            `LatentAttention`, its rotary part last in each head's q and k.
         notes: one line for the family table.
     """
 
@@ -219,4 +259,5 @@ class Adapter:
     scale: str = "scaling"
     lora: Optional[LoRA] = None
     no_ov: str = ""
+    latent: Optional[Latent] = None
     notes: str = ""

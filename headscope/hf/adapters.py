@@ -36,13 +36,13 @@ import inspect
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
-from .adapter_spec import Adapter, AudioEncoder, LoRA, QKNorm, Rotary, SiteGroup
+from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup
 from .layouts import FusedConv1D, FusedPerHead, FusedRows, GatedQuery, Separate
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
-__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
+__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "Latent", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
            "discovered_cores", "group_blocks", "stack_counts", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
            "text_stack", "VISION_ADAPTERS", "vision_adapter_for", "block_adapter"]
 
@@ -55,6 +55,9 @@ _BART_DECODER = (SiteGroup("decoder", "self", "decoder.layers", "self_attn", hea
                  SiteGroup("decoder", "cross", "decoder.layers", "encoder_attn", heads="decoder_attention_heads"))
 _T5_DECODER = (SiteGroup("decoder", "self", "decoder.block", "layer.0.SelfAttention"),
                SiteGroup("decoder", "cross", "decoder.block", "layer.1.EncDecAttention"))
+_MLA = ("multi-head latent attention (MLA): q from a low-rank latent, keys and values of every head from one "
+        "latent per token and a rotary key shared by all heads; q/k heads larger than v's; from_hf builds "
+        "MultiHeadAttention(latent=...)")
 _ENCODER_DECODER = ("sites: encoder (self, bidirectional; the default), decoder.self (causal), decoder.cross "
                     "(queries from the decoder, keys from the encoder's output)")
 
@@ -107,10 +110,16 @@ ADAPTERS = (
             out="c_proj", out_is_conv1d=True, notes="fused Conv1D qkv"),
     Adapter("opt", ("opt",), layers="decoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             query_prescaled=True, notes="queries pre-scaled, kernel scale 1"),
-    Adapter("deepseek_v3", ("deepseek_v3",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
-            no_from_hf="from_hf and verify are not available for multi-head latent attention (deepseek_v3); capture, "
-                       "ablate and analyze work",
-            notes="MLA: q/k head size differs from v; from_hf/verify not available"),
+    # Multi-head latent attention: keys and values from one low-rank latent per token, a rotary key shared by all heads.
+    Adapter("deepseek_v3", ("deepseek_v3", "glm4_moe_lite", "youtu"), layers="layers", block="self_attn",
+            core="", qkv=None, out="o_proj", latent=Latent(regroup="rope_interleave"), rotary=Rotary(),
+            notes=_MLA + "; with rope_interleave, the rotary dims' pairs (2i, 2i + 1) regrouped to halves and rotated "
+                         "so"),
+    Adapter("deepseek_v2", ("deepseek_v2",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
+            latent=Latent(), rotary=Rotary(interleaved=True, tables="complex"),
+            notes=_MLA + "; rotary on interleaved pairs, as complex numbers"),
+    Adapter("minicpm3", ("minicpm3",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
+            latent=Latent(), rotary=Rotary(), notes=_MLA + "; rotate-half rotary"),
     Adapter("bitnet", ("bitnet",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), mixes_heads="attn_sub_norm",
             notes="attn_sub_norm (an RMSNorm over all heads) mixes heads before o_proj: z (hook_z, ablation, "

@@ -3,7 +3,9 @@
 - `module_from_hf(cls, block, config, layer=None)`: a `MultiHeadAttention` holding the block's
   weights, its q/k norms (copies of the model's own modules), clip, soft-cap, sink logits and
   output gate and a norm over all heads before the output projection (`Adapter.mixes_heads`,
-  copied as `pre_out_norm`); where one block serves several layers with per-layer low-rank adapters on q, k, v
+  copied as `pre_out_norm`); for multi-head latent attention (`Adapter.latent`: DeepSeek-V2/V3),
+  a `MultiHeadAttention` with `latent=`, holding the block's down and up projections and copies of
+  its latent norms; where one block serves several layers with per-layer low-rank adapters on q, k, v
   (`Adapter.lora`, zamba2), those of `layer` folded into W_q, W_k, W_v (W + B A). A block whose
   linear layers do not apply their weight as it is stored (a quantized checkpoint's layers, as
   BitNet's `BitLinear` and `AutoBitLinear`, which round their inputs to 8 bits per token as they
@@ -25,6 +27,7 @@ from torch import nn
 
 from ..errors import HeadscopeError
 from ..attention.kernel import with_bias
+from ..attention.latent import LatentRanks
 from ..attention.rotary import full_width
 from .adapters import Adapter, _sub, block_adapter, head_sizes
 from .layouts import conv1d, linear
@@ -144,6 +147,8 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         raise HeadscopeError(adapter.no_from_hf)
     _runs_as_stored(block)
     core = _sub(block, adapter.core)
+    if adapter.latent is not None:
+        return _latent_module(cls, adapter, block, core, config)
     d_model, n_heads, n_kv, d_head = _sizes(adapter, core, config)
     (wq, bq), (wk, bk), (wv, bv) = adapter.qkv.extract(block, n_heads, n_kv, d_head)
     with torch.no_grad():  # a shared block's per-layer adapters, folded in: W + B A
@@ -172,20 +177,56 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         d_in=wq.shape[1],
         device=wq.device, dtype=wq.dtype,
     )
-    with torch.no_grad():
-        pairs = [(module.W_q, wq, bq), (module.W_k, wk, bk), (module.W_v, wv, bv), (module.W_o, wo, bo)]
-        for lin, w, b in pairs + ([(module.W_gate, wg, bg)] if wg is not None else []):
-            lin.weight.copy_(w)
-            if b is not None:
-                lin.bias.copy_(b)
-            elif lin.bias is not None:  # whisper's k_proj has none while q and v have theirs
-                lin.bias.zero_()
-        if sinks is not None:
+    pairs = [(module.W_q, wq, bq), (module.W_k, wk, bk), (module.W_v, wv, bv), (module.W_o, wo, bo)]
+    _copy_into(pairs + ([(module.W_gate, wg, bg)] if wg is not None else []))
+    if sinks is not None:
+        with torch.no_grad():
             module.sinks.copy_(sinks)
     if norms is not None:
         module.q_norm, module.k_norm = norms
     if adapter.mixes_heads is not None:  # the model's own norm over all heads' features, (B, T, H * D)
         module.pre_out_norm = copy.deepcopy(_sub(block, adapter.mixes_heads))
+    return module.eval()
+
+
+def _copy_into(pairs) -> None:
+    """Copy `(weight, bias)` into each `(nn.Linear, weight, bias)`; a bias the source lacks is
+    zeroed (whisper's k_proj has none while q and v have theirs)."""
+    with torch.no_grad():
+        for lin, w, b in pairs:
+            lin.weight.copy_(w)
+            if b is not None:
+                lin.bias.copy_(b)
+            elif lin.bias is not None:
+                lin.bias.zero_()
+
+
+def _latent_module(cls: Callable, adapter: Adapter, block: nn.Module, core: nn.Module, config):
+    """A `cls` with `latent=` holding a multi-head latent attention block's projections (`Adapter.latent`):
+    its down and up projections, copies of its latent norms, its output projection and score scale."""
+    spec = adapter.latent
+    q_rank, kv_rank, nope, rope, value = (getattr(core, name) for name in (spec.q_rank, spec.kv_rank, spec.nope,
+                                                                         spec.rope, spec.value))
+    parts = [spec.q] if q_rank is None else [spec.q_down, spec.q_up]
+    sources = [linear(_sub(core, path)) for path in parts + [spec.kv_down, spec.kv_up]]
+    wo, bo = linear(_sub(block, adapter.out))
+    d_model, n_heads = head_sizes(config)[:2]
+    down = sources[-2][0]  # (kv_rank + rope, d_in)
+    module = cls(
+        d_model, n_heads, n_heads, nope + rope, d_value=value, causal=bool(getattr(core, "is_causal", adapter.causal)),
+        bias=any(b is not None for _, b in sources), out_bias=bo is not None,
+        rotary_dim=rope if adapter.rotary is not None else 0, rotary_base=_rotary_base(config),
+        rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
+        scale=getattr(core, adapter.scale, None), d_in=down.shape[1],
+        latent=LatentRanks(kv_rank, rope, q_rank, regroup=bool(spec.regroup and getattr(config, spec.regroup, False))),
+        device=down.device, dtype=down.dtype,
+    )
+    lat = module.latent
+    targets = ([lat.W_q] if q_rank is None else [lat.W_q_down, lat.W_q_up]) + [lat.W_kv_down, lat.W_kv_up]
+    _copy_into([(t, w, b) for t, (w, b) in zip(targets, sources)] + [(module.W_o, wo, bo)])
+    if q_rank is not None:
+        lat.q_norm = copy.deepcopy(_sub(core, spec.q_norm))
+    lat.kv_norm = copy.deepcopy(_sub(core, spec.kv_norm))
     return module.eval()
 
 
@@ -195,12 +236,15 @@ def rotary_tables(module, config, position_embeddings, block: Optional[nn.Module
     `module_from_hf` from `block`, None: a text block) from what the model passed its attention block,
     or None when the module has no rotary."""
     spec = block_adapter(config, block)[0].rotary
-    dim = module.config.rotary_dim
+    dim, interleaved = module.config.rotary_dim, module.config.rotary_interleaved
     if not dim or position_embeddings is None:
         return None
-    first, second = position_embeddings
-    cos, sin = (second, first) if spec.sin_first else (first, second)
-    return full_width(cos, sin, dim, spec.interleaved)
+    if spec.tables == "complex":  # e^(i angle) per pair, [..., pos, dim / 2]
+        cos, sin = position_embeddings.real, position_embeddings.imag
+    else:
+        first, second = position_embeddings
+        cos, sin = (second, first) if spec.sin_first else (first, second)
+    return full_width(cos, sin, dim, interleaved)
 
 
 def _within_pieces(bounds: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,8 @@ def assert_hook_contract(model) -> None:
     B, T = 2, 5
     expected = {
         "hook_q": (B, c.n_heads, T, c.d_head), "hook_k": (B, c.n_kv_heads, T, c.d_head),
-        "hook_v": (B, c.n_kv_heads, T, c.d_head), "hook_scores": (B, c.n_heads, T, T),
-        "hook_pattern": (B, c.n_heads, T, T), "hook_z": (B, T, c.n_heads, c.d_head),
+        "hook_v": (B, c.n_kv_heads, T, c.d_value), "hook_scores": (B, c.n_heads, T, T),
+        "hook_pattern": (B, c.n_heads, T, T), "hook_z": (B, T, c.n_heads, c.d_value),
         "hook_result": (B, T, c.n_heads, c.d_model),
     }
     assert set(hook_points(m)) == set(expected)

@@ -59,6 +59,9 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attenti
               head_dim=16, intermediate_size=48, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
               eos_token_id=2, attention_dropout=0.0)
 WINDOW = dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+# Multi-head latent attention: q/k heads of 16 + 8 rotary dims, values of 12, latents of 24 (q) and 16 (k, v).
+MLA = dict(head_dim=None, num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+           kv_lora_rank=16, q_lora_rank=24)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
 ENCODER = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
@@ -86,9 +89,14 @@ EXTRA = {
     "gpt_neox": dict(rotary_pct=0.5, hidden_dropout=0.0),
     "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     "gpt_oss": dict(WINDOW, num_local_experts=4, num_experts_per_tok=2),
-    "deepseek_v3": dict(head_dim=None, num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-                        kv_lora_rank=16, q_lora_rank=24, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+    "deepseek_v3": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
                         moe_intermediate_size=16, first_k_dense_replace=1),
+    "deepseek_v2": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                        first_k_dense_replace=1),
+    "minicpm3": dict(MLA),
+    "glm4_moe_lite": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                          moe_intermediate_size=16, first_k_dense_replace=1),
+    "youtu": dict(MLA, rope_interleave=False),
     "smollm3": dict(no_rope_layers=[1, 0], sliding_window=4),
     "bitnet": {},
     "opt": dict(word_embed_proj_dim=64, ffn_dim=48, dropout=0.0, enable_bias=True),

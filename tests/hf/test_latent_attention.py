@@ -1,0 +1,90 @@
+"""Multi-head latent attention families (DeepSeek-V2/V3, MiniCPM3, GLM-4-MoE-Lite, Youtu) beyond the
+family matrix: verify against the model's eager attention with weights large enough for every part
+to matter, each layout (rope_interleave on and off, a full-rank query, biases); the OV table against
+an OV circuit built here straight from the checkpoint's matrices; analyze end to end."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import headscope
+from headscope.hf.adapters import attention_blocks
+from headscope.head_geometry.ov_circuit import ov_copying, ov_scores
+from headscope.loading.loader import Loaded
+from headscope.probes.kinds import RepeatedProbe, TextProbe
+from headscope.report import render_html
+from tests.support.planted import char_tokenizer
+from tests.support.tiny import tiny_config, tiny_inputs
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _model(family, seed=0, **extra):
+    """The family's tiny interface config (tests/support/tiny.py) with `extra` set, and weights large
+    enough (init std 0.3) that a wrong rotary pairing or a skipped norm moves the outputs by ~1."""
+    config = tiny_config(family, kind="interface")
+    for name, value in dict(initializer_range=0.3, **extra).items():
+        setattr(config, name, value)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("family, extra", [
+    ("deepseek_v3", {}), ("deepseek_v3", dict(rope_interleave=False)), ("deepseek_v3", dict(q_lora_rank=None)),
+    ("deepseek_v3", dict(attention_bias=True)), ("deepseek_v2", {}), ("minicpm3", {}), ("glm4_moe_lite", {}),
+    ("youtu", dict(rope_interleave=True)),
+], ids=["v3", "v3-halves", "v3-full-rank-q", "v3-biases", "v2-complex", "minicpm3", "glm4-moe-lite", "youtu"])
+@torch.no_grad()
+def test_verify_agrees_at_every_layout(family, extra):
+    model = _model(family, **extra)
+    x = tiny_inputs(length=13)
+    reference = model(**x).logits
+    table = headscope.verify(model, x)
+    assert list(table.layer) == [0, 1]
+    assert table.max_abs_diff_output.max() <= 1e-5  # outputs reach ~10 with these weights
+    assert table.max_abs_diff_pattern.max() <= 1e-5
+    assert torch.equal(model(**x).logits, reference)  # verify left the model as it was
+    module = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config)
+    cfg = model.config
+    assert (module.config.d_head, module.config.d_value, module.config.rotary_dim) == (
+        cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim)
+
+
+def _ov_by_hand(model, layer, head):
+    """W_V `[d_model, d_value]` and W_O `[d_value, d_model]` of one head, from the checkpoint's own
+    matrices: W_V = (W_UV,h diag(g) W_DKV)^T, the latent norm's gain g, its per-token scale left out."""
+    attn = model.model.layers[layer].self_attn
+    nope, dv, rank = attn.qk_nope_head_dim, attn.v_head_dim, attn.kv_lora_rank
+    up = attn.kv_b_proj.weight.view(attn.num_heads, nope + dv, rank)[head, nope:]  # (dv, rank)
+    down = attn.kv_a_proj_with_mqa.weight[:rank]  # (rank, d_model)
+    w_v = (up @ (attn.kv_a_layernorm.weight[:, None] * down)).T
+    w_o = attn.o_proj.weight[:, head * dv:(head + 1) * dv].T
+    return w_v.float(), w_o.float()
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
+@torch.no_grad()
+def test_ov_table_is_the_circuit_of_the_checkpoints_matrices(family):
+    model = _model(family)
+    with torch.no_grad():  # a gain away from 1, so forgetting it changes the circuit
+        for layer in model.model.layers:
+            layer.self_attn.kv_a_layernorm.weight.uniform_(0.5, 1.5)
+    loaded = Loaded.from_model(model, char_tokenizer(), f"tiny-{family}")
+    table = ov_copying(loaded)
+    assert len(table) == 2 * 4
+    W_E = model.get_input_embeddings().weight.float()
+    W_U = model.get_output_embeddings().weight.float().T
+    for row in table.itertuples():
+        top1, share = ov_scores(W_E, *_ov_by_hand(model, row.layer, row.head), W_U)
+        assert row.copy_top1 == pytest.approx(top1, abs=1e-9)
+        assert row.positive_eig_share == pytest.approx(share, abs=1e-5)
+
+
+def test_analyze_runs_end_to_end_with_the_ov_table_and_renders():
+    model = _model("deepseek_v3")
+    loaded = Loaded.from_model(model, char_tokenizer(), "tiny-deepseek_v3")
+    probes = [TextProbe(n_examples=4, seq_len=32), RepeatedProbe(n_examples=4, repeat_len=8, repeats=3)]
+    analysis = headscope.analyze(loaded, detectors=["previous_token", "induction", "sink"], probes=probes,
+                                 explorer_examples=1)
+    assert len(analysis.scores) == 3 * 2 * 4 and analysis.scores.score.notna().all()
+    assert "ov" in analysis.tables and len(analysis.tables["ov"]) == 2 * 4
+    assert "tiny-deepseek_v3" in render_html(analysis, plotlyjs="cdn")
