@@ -59,16 +59,17 @@ _ENCODER_DECODER = ("sites: encoder (self, bidirectional; the default), decoder.
                     "(queries from the decoder, keys from the encoder's output)")
 
 ADAPTERS = (
-    Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2"),
+    Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2", "ministral", "phimoe",
+                      "seed_oss", "arcee", "exaone", "internlm3"),
             layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
-            notes="GQA, rotary, sliding windows where configured"),
+            notes="GQA, rotary, sliding windows where configured; seed_oss: q/k/v biases without an o_proj bias"),
     Adapter("qwen2_5_vl_text", ("qwen2_5_vl_text",), layers="layers", block="self_attn", core="", qkv=_QKV,
             out="o_proj", rotary=Rotary(),
             notes="qwen2_5_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
                   "joins the temporal, height and width tables by mrope_section into one table per position)"),
-    Adapter("granite", ("granite",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+    Adapter("granite", ("granite", "granitemoe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="attention_multiplier is the score scale"),
-    Adapter("qwen3", ("qwen3", "qwen3_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+    Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), notes="per-head q/k RMSNorm before rotary"),
     Adapter("gemma2", ("gemma2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), softcap="attn_logit_softcapping",
@@ -81,9 +82,9 @@ ADAPTERS = (
             notes="interleaved rotary, optional per-head q/k LayerNorm"),
     Adapter("olmo", ("olmo",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), clip="clip_qkv", notes="clip_qkv clamps q, k, v"),
-    Adapter("olmo2", ("olmo2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+    Adapter("olmo2", ("olmo2", "olmo3"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", over="projection"),
-            notes="q/k RMSNorm over the whole projection"),
+            notes="q/k RMSNorm over the whole projection; olmo3: sliding windows in some layers"),
     Adapter("smollm3", ("smollm3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(switch="use_rope"), notes="NoPE layers (no rotary) between rotary ones"),
     Adapter("gpt_oss", ("gpt_oss",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
