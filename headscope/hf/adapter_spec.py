@@ -24,7 +24,12 @@ class Rotary:
             times the config's `partial_rotary_factor`, 1 if absent).
         interleaved: pairs are dims (2i, 2i + 1) (GPT-J, Cohere), not (i, i + dims / 2).
         sin_first: the model passes `position_embeddings` as (sin, cos) (GPT-J).
+        halves_to_pairs: the model passes rotate-half tables (`[a_0 .. a_{r/2-1}]` twice) and
+            gives interleaved pair i the angle a_i of their first half (GLM, ERNIE 4.5, Helium).
         switch: attribute of the core module that is False in layers without rotary (NoPE).
+        switch_if_set: attribute of the core module: the switch decides only where this one is
+            set (not None), and every layer has rotary elsewhere (exaone4: `is_sliding`, with a
+            `sliding_window` configured; its full-attention layers are then NoPE).
         config_switch: `(config attribute, value)`: rotary only when the config's attribute has
             that value (granitemoehybrid: `position_embedding_type` "rope"; otherwise no
             positional encoding at all).
@@ -33,7 +38,9 @@ class Rotary:
     dims: Optional[str] = None
     interleaved: bool = False
     sin_first: bool = False
+    halves_to_pairs: bool = False
     switch: Optional[str] = None
+    switch_if_set: Optional[str] = None
     config_switch: Optional[tuple[str, object]] = None
 
 

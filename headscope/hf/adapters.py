@@ -85,6 +85,19 @@ ADAPTERS = (
     Adapter("olmo2", ("olmo2", "olmo3"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", over="projection"),
             notes="q/k RMSNorm over the whole projection; olmo3: sliding windows in some layers"),
+    Adapter("glm", ("glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe"), layers="layers", block="self_attn", core="",
+            qkv=_QKV, out="o_proj", rotary=Rotary(interleaved=True, halves_to_pairs=True),
+            notes="interleaved rotary (pairs 2i, 2i + 1) taking its angles from the first half of rotate-half "
+                  "tables; partial (the first partial_rotary_factor of each head) where configured: glm and glm4 "
+                  "by default 0.5"),
+    Adapter("exaone4", ("exaone4",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(switch="is_sliding", switch_if_set="sliding_window"), qk_norm=QKNorm("q_norm", "k_norm"),
+            notes="per-head q/k RMSNorm before rotary; with a sliding_window, rotary only in the sliding layers, "
+                  "the full-attention layers without positional encoding (NoPE)"),
+    Adapter("cohere2", ("cohere2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(interleaved=True, switch="sliding_window"),
+            notes="interleaved rotary in the sliding-window layers only, the full-attention layers without "
+                  "positional encoding (NoPE)"),
     Adapter("smollm3", ("smollm3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(switch="use_rope"), notes="NoPE layers (no rotary) between rotary ones"),
     Adapter("gpt_oss", ("gpt_oss",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
