@@ -90,6 +90,9 @@ ADAPTERS = (
             notes="interleaved rotary (pairs 2i, 2i + 1) taking its angles from the first half of rotate-half "
                   "tables; partial (the first partial_rotary_factor of each head) where configured: glm and glm4 "
                   "by default 0.5"),
+    Adapter("glm4_moe", ("glm4_moe",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", switch="use_qk_norm"),
+            notes="partial rotary (partial_rotary_factor, by default 0.5), optional per-head q/k RMSNorm before it"),
     Adapter("exaone4", ("exaone4",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(switch="is_sliding", switch_if_set="sliding_window"), qk_norm=QKNorm("q_norm", "k_norm"),
             notes="per-head q/k RMSNorm before rotary; with a sliding_window, rotary only in the sliding layers, "
@@ -98,6 +101,13 @@ ADAPTERS = (
             rotary=Rotary(interleaved=True, switch="sliding_window"),
             notes="interleaved rotary in the sliding-window layers only, the full-attention layers without "
                   "positional encoding (NoPE)"),
+    Adapter("nemotron", ("nemotron",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), notes="partial rotary (partial_rotary_factor)"),
+    Adapter("hunyuan_v1", ("hunyuan_v1_dense", "hunyuan_v1_moe"), layers="layers", block="self_attn", core="",
+            qkv=_QKV, out="o_proj", rotary=Rotary(),
+            no_from_hf="from_hf and verify are not available for hunyuan_v1 (its per-head q/k RMSNorm comes after "
+                       "rotary, MultiHeadAttention's before); capture, ablate and analyze work",
+            notes="per-head q/k RMSNorm after rotary; from_hf/verify not available"),
     Adapter("smollm3", ("smollm3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(switch="use_rope"), notes="NoPE layers (no rotary) between rotary ones"),
     Adapter("gpt_oss", ("gpt_oss",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
