@@ -25,18 +25,24 @@ class Rotary:
         interleaved: pairs are dims (2i, 2i + 1) (GPT-J, Cohere), not (i, i + dims / 2).
         sin_first: the model passes `position_embeddings` as (sin, cos) (GPT-J).
         switch: attribute of the core module that is False in layers without rotary (NoPE).
+        switch_if_set: attribute of the core module: the switch decides only where this one is
+            set (not None), and every layer has rotary elsewhere (exaone4: `is_sliding`, with a
+            `sliding_window` configured; its full-attention layers are then NoPE).
         config_switch: `(config attribute, value)`: rotary only when the config's attribute has
             that value (granitemoehybrid: `position_embedding_type` "rope"; otherwise no
             positional encoding at all).
         tables: how the model passes its tables: "layout" (cos and sin in the layout the pairs
-            use) or "complex" (one tensor of e^(i angle) per pair, its magnitude the rotary's
-            attention scaling: DeepSeek-V2's `freqs_cis`).
+            use), "halves" (rotate-half tables, `[a_0 .. a_{r/2-1}]` twice, whose first half gives
+            interleaved pair i its angle a_i: GLM, ERNIE 4.5, Helium) or "complex" (one tensor of
+            e^(i angle) per pair, its magnitude the rotary's attention scaling: DeepSeek-V2's
+            `freqs_cis`).
     """
 
     dims: Optional[str] = None
     interleaved: bool = False
     sin_first: bool = False
     switch: Optional[str] = None
+    switch_if_set: Optional[str] = None
     config_switch: Optional[tuple[str, object]] = None
     tables: str = "layout"
 

@@ -62,18 +62,19 @@ _ENCODER_DECODER = ("sites: encoder (self, bidirectional; the default), decoder.
                     "(queries from the decoder, keys from the encoder's output)")
 
 ADAPTERS = (
-    Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2"),
+    Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2", "ministral", "phimoe",
+                      "seed_oss", "arcee", "exaone", "internlm3"),
             layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
-            notes="GQA, rotary, sliding windows where configured"),
+            notes="GQA, rotary, sliding windows where configured; seed_oss: q/k/v biases without an o_proj bias"),
     Adapter("qwen2_5_vl_text", ("qwen2_5_vl_text",), layers="layers", block="self_attn", core="", qkv=_QKV,
             out="o_proj", rotary=Rotary(),
             notes="qwen2_5_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
                   "joins the temporal, height and width tables by mrope_section into one table per position)"),
-    Adapter("granite", ("granite",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+    Adapter("granite", ("granite", "granitemoe", "granitemoeshared"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="attention_multiplier is the score scale"),
-    Adapter("qwen3", ("qwen3", "qwen3_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+    Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), notes="per-head q/k RMSNorm before rotary"),
-    Adapter("gemma2", ("gemma2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+    Adapter("gemma2", ("gemma2", "vaultgemma"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), softcap="attn_logit_softcapping",
             notes="tanh soft-capped scores, query_pre_attn_scalar, sliding windows; defaults to eager"),
     Adapter("gemma3", ("gemma3_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
@@ -84,9 +85,33 @@ ADAPTERS = (
             notes="interleaved rotary, optional per-head q/k LayerNorm"),
     Adapter("olmo", ("olmo",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), clip="clip_qkv", notes="clip_qkv clamps q, k, v"),
-    Adapter("olmo2", ("olmo2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", over="projection"),
-            notes="q/k RMSNorm over the whole projection"),
+    Adapter("olmo2", ("olmo2", "olmo3", "flex_olmo", "minimax_m2"), layers="layers", block="self_attn", core="",
+            qkv=_QKV, out="o_proj", rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", over="projection"),
+            notes="q/k RMSNorm over the whole projection; olmo3: sliding windows in some layers; minimax_m2: "
+                  "partial rotary (partial_rotary_factor)"),
+    Adapter("glm", ("glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe"), layers="layers", block="self_attn", core="",
+            qkv=_QKV, out="o_proj", rotary=Rotary(interleaved=True, tables="halves"),
+            notes="interleaved rotary (pairs 2i, 2i + 1) taking its angles from the first half of rotate-half "
+                  "tables; partial (the first partial_rotary_factor of each head) where configured: glm and glm4 "
+                  "by default 0.5"),
+    Adapter("glm4_moe", ("glm4_moe",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", switch="use_qk_norm"),
+            notes="partial rotary (partial_rotary_factor, by default 0.5), optional per-head q/k RMSNorm before it"),
+    Adapter("exaone4", ("exaone4", "exaone_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(switch="is_sliding", switch_if_set="sliding_window"), qk_norm=QKNorm("q_norm", "k_norm"),
+            notes="per-head q/k RMSNorm before rotary; with a sliding_window, rotary only in the sliding layers, "
+                  "the full-attention layers without positional encoding (NoPE)"),
+    Adapter("cohere2", ("cohere2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(interleaved=True, switch="sliding_window"),
+            notes="interleaved rotary in the sliding-window layers only, the full-attention layers without "
+                  "positional encoding (NoPE)"),
+    Adapter("nemotron", ("nemotron",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), notes="partial rotary (partial_rotary_factor)"),
+    Adapter("hunyuan_v1", ("hunyuan_v1_dense", "hunyuan_v1_moe"), layers="layers", block="self_attn", core="",
+            qkv=_QKV, out="o_proj", rotary=Rotary(),
+            no_from_hf="from_hf and verify are not available for hunyuan_v1 (its per-head q/k RMSNorm comes after "
+                       "rotary, MultiHeadAttention's before); capture, ablate and analyze work",
+            notes="per-head q/k RMSNorm after rotary; from_hf/verify not available"),
     Adapter("smollm3", ("smollm3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(switch="use_rope"), notes="NoPE layers (no rotary) between rotary ones"),
     Adapter("gpt_oss", ("gpt_oss",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",

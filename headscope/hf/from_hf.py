@@ -79,7 +79,10 @@ def _norms(adapter: Adapter, core: nn.Module) -> Optional[tuple[nn.Module, nn.Mo
 
 def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
     spec = adapter.rotary
-    if spec is None or (spec.switch is not None and not getattr(core, spec.switch)):
+    if spec is None:
+        return 0
+    switched = spec.switch is not None and (spec.switch_if_set is None or getattr(core, spec.switch_if_set) is not None)
+    if switched and not getattr(core, spec.switch):
         return 0
     if spec.config_switch is not None and getattr(config, spec.config_switch[0], None) != spec.config_switch[1]:
         return 0
@@ -244,6 +247,8 @@ def rotary_tables(module, config, position_embeddings, block: Optional[nn.Module
     else:
         first, second = position_embeddings
         cos, sin = (second, first) if spec.sin_first else (first, second)
+        if spec.tables == "halves":  # one angle per pair: the first half of a rotate-half table
+            cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
     return full_width(cos, sin, dim, interleaved)
 
 

@@ -2,6 +2,7 @@
 (tests/support/tiny.py, kind="interface"): headscope inside the model changes nothing, its patterns are the model's eager ones, the lazy and
 head-group paths score as the maps do, ablation acts and restores, and from_hf/verify agree with
 the model wherever the family table says they are available."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import headscope
 from headscope import detectors
 import headscope.attention.lazy as lazy_module
 from headscope.attention import MultiHeadAttention
-from headscope.hf import route
+from headscope.hf import adapters, route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
 from headscope.hf.families import OTHER, OUTSIDE_INTERFACE, family_markdown, family_table
 from headscope.hf.from_hf import rotary_tables
@@ -248,6 +249,36 @@ def test_a_kernel_ignoring_softcap_or_sinks_would_fail(family, what, monkeypatch
     assert max((cap.patterns[l] - e).abs().max() for l, e in enumerate(eager)) > 1e-2
 
 
+@pytest.mark.parametrize("family, change", [("glm", dict(tables="layout")), ("ernie4_5", dict(tables="layout")),
+                                            ("exaone4", dict(switch=None)), ("cohere2", dict(switch=None))])
+@torch.no_grad()
+def test_a_rotary_read_otherwise_would_fail_verify(family, change, monkeypatch):
+    """The matrix's rotary layouts and NoPE layers matter: reading glm's and ernie's tables as
+    rotate-half ones (not one angle per interleaved pair from their first half), or rotating
+    exaone4's and cohere2's full-attention layers, moves verify's patterns far past its tolerance."""
+    model = tiny_model(family, kind="interface")
+    adapter = adapter_for(model.config)
+    wrong = dataclasses.replace(adapter, rotary=dataclasses.replace(adapter.rotary, **change))
+    monkeypatch.setattr(adapters, "ADAPTERS", tuple(wrong if a is adapter else a for a in adapters.ADAPTERS))
+    assert headscope.verify(model, tiny_inputs()).max_abs_diff_pattern.max() > 1e-3
+
+
+@torch.no_grad()
+def test_exaone4_without_a_window_rotates_every_layer():
+    """exaone4's full-attention layers are NoPE only beside sliding ones: without a sliding_window
+    every layer has rotary (`Rotary.switch_if_set`), and verify agrees."""
+    import transformers as tf
+
+    config = tiny_config("exaone4", kind="interface")
+    config.sliding_window, config.layer_types = None, ["full_attention", "full_attention"]
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    assert [MultiHeadAttention.from_hf(block, config).config.rotary_dim for _, block in attention_blocks(model)] == [16, 16]
+    table = headscope.verify(model, tiny_inputs())
+    assert table.max_abs_diff_output.max() <= 1e-4
+    assert table.max_abs_diff_pattern.max() <= 1e-5
+
+
 @torch.no_grad()
 def test_gpt_oss_pattern_rows_sum_to_less_than_one():
     model = tiny_model("gpt_oss", kind="interface")
@@ -272,10 +303,10 @@ def test_adapter_cores_are_the_modules_calling_the_interface(family):
 
 @torch.no_grad()
 def test_a_family_without_adapter_is_captured_by_discovery():
-    """helium has no adapter: capture finds its attention modules; from_hf says it needs an adapter."""
+    """persimmon has no adapter: capture finds its attention modules; from_hf says it needs an adapter."""
     import transformers as tf
 
-    config = tf.AutoConfig.for_model("helium", vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    config = tf.AutoConfig.for_model("persimmon", vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                      num_key_value_heads=2, head_dim=16, intermediate_size=48, pad_token_id=0,
                                      bos_token_id=1, eos_token_id=2)
     assert adapter_for(config) is None
@@ -289,7 +320,7 @@ def test_a_family_without_adapter_is_captured_by_discovery():
     assert (before - captured).abs()[valid].max() <= 1e-4
     eager = _eager_patterns(model, x)
     assert max((cap.patterns[l] - e).abs().permute(0, 2, 1, 3)[valid].max() for l, e in enumerate(eager)) <= 1e-5
-    with pytest.raises(headscope.HeadscopeError, match="'helium' has no headscope adapter.*capture, ablate and analyze"):
+    with pytest.raises(headscope.HeadscopeError, match="'persimmon' has no headscope adapter.*capture, ablate and analyze"):
         headscope.verify(model, x)
 
 
