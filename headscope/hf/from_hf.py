@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -78,8 +79,11 @@ def _norms(adapter: Adapter, core: nn.Module) -> Optional[tuple[nn.Module, nn.Mo
 
 
 def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
+    """Dims of each head the core rotates: 0 without rotary, in a NoPE layer (the adapter's
+    switches) and where its forward takes no `position_embeddings`, so never gets the model's tables
+    (mllama's cross-attention layers, in a family whose self-attention rotates)."""
     spec = adapter.rotary
-    if spec is None:
+    if spec is None or not _takes_tables(core):
         return 0
     switched = spec.switch is not None and (spec.switch_if_set is None or getattr(core, spec.switch_if_set) is not None)
     if switched and not getattr(core, spec.switch):
@@ -91,6 +95,11 @@ def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
         params = getattr(config, "rope_parameters", None) or {}
         dims = d_head * float(params.get("partial_rotary_factor", 1.0))
     return int(dims)
+
+
+def _takes_tables(core: nn.Module) -> bool:
+    """Whether the core's forward names `position_embeddings` (the rotary tables) among its parameters."""
+    return "position_embeddings" in inspect.signature(type(core).forward).parameters
 
 
 def _rotary_base(config) -> float:

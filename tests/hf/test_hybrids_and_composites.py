@@ -354,7 +354,8 @@ def test_mllamas_text_attention_verifies_self_without_and_cross_with_an_image(fu
 @pytest.mark.parametrize("full", [False, True], ids=["mllama-text", "mllama"])
 @torch.no_grad()
 def test_from_hf_fed_mllamas_cross_attention_layers_inputs_reproduces_it(full):
-    """Layer 1's cross_attn through from_hf (its q/k RMSNorms; the self-attention layers have none),
+    """Layer 1's cross_attn through from_hf (its q/k RMSNorms, no rotary; the self-attention layers
+    rotate and have no norms),
     fed the layer's hidden states, cross-attention mask and the image's features as `context`,
     gives the layer's output and eager weights `[batch, head, query, feature]`; without the norms
     the pattern is no longer the layer's."""
@@ -366,8 +367,10 @@ def test_from_hf_fed_mllamas_cross_attention_layers_inputs_reproduces_it(full):
                core.register_forward_hook(lambda m, a, out: seen.update(output=out[0], weights=out[1]))]
     run_eager(model, _mllama_image_inputs(full), handles)
     mine = headscope.MultiHeadAttention.from_hf(core, model.config)
-    assert mine.config.qk_norm and not headscope.MultiHeadAttention.from_hf(stack.layers[0].self_attn,
-                                                                             model.config).config.qk_norm
+    own = headscope.MultiHeadAttention.from_hf(stack.layers[0].self_attn, model.config)
+    assert mine.config.qk_norm and not own.config.qk_norm
+    # the self-attention layers rotate; the cross-attention layer never gets rotary tables, so has no rotary
+    assert (own.config.rotary_dim, mine.config.rotary_dim) == (16, 0)
     context = seen["cross_attention_states"]
     out, pattern = mine(seen["hidden_states"], seen["attention_mask"], context=context, return_pattern=True)
     assert pattern.shape == seen["weights"].shape == (2, 4, 11, context.shape[1])

@@ -2,12 +2,15 @@
 family matrix: verify against the model's eager attention with weights large enough for every part
 to matter, each layout (rope_interleave on and off, a full-rank query, biases); the OV table against
 an OV circuit built here straight from the checkpoint's matrices; analyze end to end."""
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import headscope
-from headscope.hf.adapters import attention_blocks
+from headscope.hf import adapters
+from headscope.hf.adapters import Latent, Rotary, adapter_for, attention_blocks
 from headscope.head_geometry.ov_circuit import ov_copying, ov_scores
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import RepeatedProbe, TextProbe
@@ -88,3 +91,17 @@ def test_analyze_runs_end_to_end_with_the_ov_table_and_renders():
     assert len(analysis.scores) == 3 * 2 * 4 and analysis.scores.score.notna().all()
     assert "ov" in analysis.tables and len(analysis.tables["ov"]) == 2 * 4
     assert "tiny-deepseek_v3" in render_html(analysis, plotlyjs="cdn")
+
+
+@pytest.mark.parametrize("family, change", [("deepseek_v3", dict(latent=Latent())),  # rope_interleave ignored
+                                            ("deepseek_v2", dict(rotary=Rotary(interleaved=False, tables="complex"))),
+                                            ("minicpm3", dict(rotary=None))])
+@torch.no_grad()
+def test_each_rotary_reading_matters(family, change, monkeypatch):
+    """Not regrouping DeepSeek-V3's interleaved pairs, rotating DeepSeek-V2's pairs as halves, or no
+    rotary at all moves verify's patterns far past its tolerance."""
+    model = _model(family)
+    adapter = adapter_for(model.config)
+    wrong = dataclasses.replace(adapter, **change)
+    monkeypatch.setattr(adapters, "ADAPTERS", tuple(wrong if a is adapter else a for a in adapters.ADAPTERS))
+    assert headscope.verify(model, tiny_inputs(length=13)).max_abs_diff_pattern.max() > 1e-3
