@@ -40,11 +40,11 @@ import torch
 from ..atomic import atomic_dir
 from ..errors import HeadscopeError
 from ..checks import check_loaded
-from ..hf.adapters import head_sizes
+from ..hf.adapters import family_of, head_sizes
 from ..hf.streaming import stream_heads
 from ..probes.needle import NeedleExample, needle_probe
 from .report import render_kv_html
-from .policy import KVPolicy, cache_bytes, check_keep, full_count, ranking_order
+from .policy import KVPolicy, cache_bytes, check_cached_per_head, check_keep, full_count, ranking_order
 
 __all__ = ["HELD_OUT_NEEDLES", "HELD_OUT_QUESTION", "KEEPS", "KVEvaluation", "kv_evaluate", "conditions",
            "check_policy_fits", "RETAINED"]
@@ -223,6 +223,7 @@ def kv_evaluate(loaded, policy: KVPolicy, lengths: Sequence[int] = (4096, 8192),
     if not loaded.causal:
         raise HeadscopeError(f"kv_evaluate needs a causal model (a KV cache, needle prompts); {loaded.name} is "
                              f"bidirectional")
+    check_cached_per_head(family_of(loaded.model.config))
     check_policy_fits(loaded, policy)
     for length in lengths:
         loaded.check_fits("a needle prompt", int(length))

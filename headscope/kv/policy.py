@@ -24,6 +24,9 @@ key/value heads' values, the largest of their query heads', are what the exporte
 - `KVPolicy`: values `[layer, kv_head]`, full `[layer, kv_head]` bool, sink, recent, keep, shape.
 - `kv_policy(analysis, keep=0.25, rank_by="retrieval", sink=None, recent=None)`.
 - `policy_from_values(values, keep, ...)`, `random_values(...)`, `default_window(parameters)`.
+- `check_cached_per_head(family)`: the one-line refusal for families whose cache is not per key/value
+  head (multi-head latent attention caches one latent per token that every head reads, so a
+  streaming head frees nothing).
 """
 from __future__ import annotations
 
@@ -34,8 +37,9 @@ import numpy as np
 
 from ..errors import HeadscopeError
 from ..checks import check_analysis, check_count
+from ..hf.adapters import ADAPTERS
 
-__all__ = ["TIE_STEP", "strictly_ordered", "KVPolicy", "kv_policy", "policy_from_values", "cache_bytes", "full_count", "ranking_order", "check_keep", "RANKINGS", "default_window", "DUO_WINDOW", "SMALL_WINDOW",
+__all__ = ["TIE_STEP", "strictly_ordered", "KVPolicy", "kv_policy", "policy_from_values", "cache_bytes", "full_count", "ranking_order", "check_keep", "check_cached_per_head", "RANKINGS", "default_window", "DUO_WINDOW", "SMALL_WINDOW",
            "SMALL_MODEL"]
 
 RANKINGS = {"retrieval": ("retrieval",), "razor": ("induction", "duplicate_token")}
@@ -43,6 +47,15 @@ DUO_WINDOW = (128, 256)  # DuoAttention's sink and recent sizes
 SMALL_WINDOW = (16, 64)  # for models below SMALL_MODEL parameters, whose prompts are short
 SMALL_MODEL = 1_000_000_000
 TIE_STEP = 1e-6  # the most the tie-breaking moves a value
+
+
+def check_cached_per_head(family: str) -> None:
+    """HeadscopeError in one line where the family's KV cache is not one per key/value head: multi-head
+    latent attention (`Adapter.latent`) caches one low-rank latent and one rotary key per token, which
+    every head reads, so no head's keys can be dropped alone and a per-head policy saves nothing."""
+    if any(a.family == family and a.latent is not None for a in ADAPTERS):
+        raise HeadscopeError(f"per-head KV-cache policies do not apply to {family}: its multi-head latent attention "
+                             f"caches one latent per token that every head reads, so a streaming head frees no memory")
 
 
 def default_window(parameters: Optional[int]) -> tuple[int, int]:
@@ -208,6 +221,7 @@ def kv_policy(analysis, keep: float = 0.25, rank_by: str = "retrieval", sink: Op
     if rank_by not in RANKINGS:
         raise HeadscopeError(f"unknown ranking {rank_by!r}; use one of {', '.join(RANKINGS)}")
     meta = analysis.meta
+    check_cached_per_head(str(meta.get("family", "")))
     n_layers, n_heads = int(meta["n_layers"]), int(meta["n_heads"])
     n_kv = int(meta.get("n_kv_heads") or n_heads)
     scores = analysis.scores

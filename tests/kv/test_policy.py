@@ -171,3 +171,25 @@ def test_bad_files_are_one_line_errors(tmp_path):
         read_policy(tmp_path / "missing")
     with pytest.raises(HeadscopeError, match="pass keep"):
         read_policy(tmp_path / "bad.json")
+
+
+def test_a_multi_head_latent_attention_model_gets_no_per_head_policy(scores):
+    """Its cache is one latent per token that every head reads: a policy and its evaluation are
+    refused in one line (from the analysis's family, and from the loaded model's)."""
+    import torch
+
+    from headscope.kv import kv_evaluate
+    from headscope.loading.loader import Loaded
+    from tests.support.planted import char_tokenizer
+    from tests.support.tiny import tiny_model
+
+    analysis = _with_retrieval(scores)
+    deepseek = dataclasses.replace(analysis, meta={**analysis.meta, "family": "deepseek_v3"})
+    with pytest.raises(HeadscopeError, match="per-head KV-cache policies do not apply to deepseek_v3") as err:
+        kv_policy(deepseek)
+    assert "\n" not in str(err.value)
+    policy = kv_policy(analysis)  # another family: a policy, of the fake analysis's shape
+    torch.manual_seed(0)
+    loaded = Loaded.from_model(tiny_model("deepseek_v2", kind="interface"), char_tokenizer(), "tiny-deepseek_v2")
+    with pytest.raises(HeadscopeError, match="do not apply to deepseek_v2: its multi-head latent attention"):
+        kv_evaluate(loaded, policy, lengths=(32,))
