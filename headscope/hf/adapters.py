@@ -198,8 +198,13 @@ ADAPTERS = (
                   "default), text.self, text.cross; its cross-attention layers never run without an image: "
                   "capture reports them as not run, analyze skips them with a note, ablating, hooking or "
                   "verifying them is an error"),
-    Adapter("bert", ("bert", "roberta", "electra"), layers="encoder.layer", block="attention", core="self",
-            qkv=_BERT_QKV, out="output.dense", causal=False, notes="encoder"),
+    Adapter("bert", ("bert", "roberta", "electra", "xlm-roberta", "camembert", "data2vec-text", "xlm-roberta-xl",
+                     "ernie"), layers="encoder.layer", block="attention", core="self", qkv=_BERT_QKV,
+            out="output.dense", causal=False,
+            notes="encoder; xlm-roberta-xl: a LayerNorm before the attention (the block's self_attn_layer_norm), "
+                  "whose output is what q, k and v read"),
+    Adapter("nomic_bert", ("nomic_bert",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), causal=False, notes="encoder, rotary, no q/k/v/o biases"),
     Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",
             qkv=Separate("q_lin", "k_lin", "v_lin"), out="out_lin", causal=False, notes="encoder"),
     Adapter("modernbert", ("modernbert",), layers="layers", block="attn", core="", qkv=FusedRows("Wqkv"), out="Wo",

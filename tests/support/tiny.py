@@ -134,13 +134,20 @@ EXTRA = {
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
+    "xlm-roberta": dict(ENCODER),
+    "camembert": dict(ENCODER),
+    "data2vec-text": dict(ENCODER),
+    "xlm-roberta-xl": dict(ENCODER),
+    "ernie": dict(ENCODER),
+    "nomic_bert": dict(ENCODER),
     "distilbert": dict(dropout=0.0),
     "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, embedding_dropout=0.0, mlp_dropout=0.0),
     "t5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=48, num_layers=2, dropout_rate=0.0),
     "mt5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=48, num_layers=2, dropout_rate=0.0),
 }
 INTERFACE_FAMILIES = tuple(EXTRA)
-ENCODERS = ("bert", "roberta", "electra", "distilbert", "modernbert", "t5", "mt5")
+ENCODERS = ("bert", "roberta", "electra", "xlm-roberta", "camembert", "data2vec-text", "xlm-roberta-xl", "ernie",
+            "nomic_bert", "distilbert", "modernbert", "t5", "mt5")
 
 MAMBA = dict(mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
              mamba_chunk_size=8)
