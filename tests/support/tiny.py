@@ -21,9 +21,10 @@ Two kinds, each a table of configs:
   parameters that keep a fresh model's logits blind to the image (gates and projections
   initialised to zero or nearly, `_IMAGE_GATES`) filled, so that the vision tower matters.
 
-- `kind="encoder_decoder"` (`ENCODER_DECODER_FAMILIES`: bart, whisper, t5, mt5), each as its
-  ...ForConditionalGeneration: 2 encoder and 2 decoder layers, hidden 64; bart and whisper with
-  4 encoder heads and 2 decoder heads (so a group's head count is its own), T5 and mT5 with
+- `kind="encoder_decoder"` (`ENCODER_DECODER_FAMILIES`: bart, whisper, marian, mbart, m2m_100,
+  pegasus, blenderbot, blenderbot-small, plbart, t5, mt5), each as its ...ForConditionalGeneration
+  (marian: MarianMTModel): 2 encoder and 2 decoder layers, hidden 64; whisper and the bart-like
+  ones with 4 encoder heads and 2 decoder heads (so a group's head count is its own), T5 and mT5 with
   the interface kind's sizes; whisper on 8 mel bins and 6 source positions (12 input frames).
   Built fresh on every call. `tiny_seq2seq_inputs(family)`: the encoder's input (token ids
   with right padding on the second example; whisper: log-mel `input_features`) and 7
@@ -210,6 +211,13 @@ SEQ2SEQ = dict(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
 ENCODER_DECODER = {
     "bart": SEQ2SEQ,
     "whisper": dict(SEQ2SEQ, num_mel_bins=8, max_source_positions=6, max_target_positions=32),
+    "marian": SEQ2SEQ,
+    "mbart": SEQ2SEQ,
+    "m2m_100": SEQ2SEQ,
+    "pegasus": SEQ2SEQ,
+    "blenderbot": SEQ2SEQ,
+    "blenderbot-small": SEQ2SEQ,
+    "plbart": SEQ2SEQ,
     "t5": dict(EXTRA["t5"], vocab_size=VOCAB, num_decoder_layers=2, pad_token_id=0, eos_token_id=2,
                decoder_start_token_id=0),
     "mt5": dict(EXTRA["mt5"], vocab_size=VOCAB, num_decoder_layers=2, pad_token_id=0, eos_token_id=2,
