@@ -229,9 +229,9 @@ ADAPTERS = (
             notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross the "
                                      "decoder's, teacher-forced from the config's decoder_start_token_id; where "
                                      "the config has none (the default: the model starts its decoder from the "
-                                     "language code at the end of the labels) analyze and `headscope verify` at "
-                                     "the decoder refuse in one line, and headscope.verify on token ids alone "
-                                     "runs the model's own shift"),
+                                     "language code at the end of the labels) analyze at the decoder's sites and "
+                                     "`headscope verify` refuse in one line, and headscope.verify on token ids "
+                                     "alone runs the model's own shift"),
     Adapter("bart_causal_lm", ("bart", "marian", "pegasus", "blenderbot", "blenderbot-small", "mbart", "plbart"),
             layers="decoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj", body="decoder",
             groups=(SiteGroup("text", "cross", "decoder.layers", "encoder_attn", heads="decoder_attention_heads"),),
