@@ -199,10 +199,11 @@ ADAPTERS = (
                   "capture reports them as not run, analyze skips them with a note, ablating, hooking or "
                   "verifying them is an error"),
     Adapter("bert", ("bert", "roberta", "electra", "xlm-roberta", "camembert", "data2vec-text", "xlm-roberta-xl",
-                     "ernie"), layers="encoder.layer", block="attention", core="self", qkv=_BERT_QKV,
-            out="output.dense", causal=False,
-            notes="encoder; xlm-roberta-xl: a LayerNorm before the attention (the block's self_attn_layer_norm), "
-                  "whose output is what q, k and v read"),
+                     "ernie", "roc_bert", "xmod"), layers="encoder.layer", block="attention", core="self",
+            qkv=_BERT_QKV, out="output.dense", causal=False,
+            notes="encoder; xlm-roberta-xl (and xmod with pre_norm): a LayerNorm before the attention, inside the "
+                  "block, whose output is what q, k and v read; xmod: per-language adapters in the MLP, the "
+                  "language from lang_ids or config.default_language (the model refuses to run without one)"),
     Adapter("nomic_bert", ("nomic_bert",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), causal=False, notes="encoder, rotary, no q/k/v/o biases"),
     Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",

@@ -141,6 +141,10 @@ EXTRA = {
     "xlm-roberta-xl": dict(ENCODER),
     "ernie": dict(ENCODER),
     "nomic_bert": dict(ENCODER),
+    "roc_bert": dict(ENCODER),
+    # pre_norm: a LayerNorm before the attention (post-norm xmod is roberta's layout); default_language: the
+    # language whose adapters every input goes through (without it or lang_ids the model refuses to run)
+    "xmod": dict(ENCODER, languages=["en_XX", "de_DE"], default_language="de_DE", pre_norm=True),
     "distilbert": dict(dropout=0.0),
     "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, embedding_dropout=0.0, mlp_dropout=0.0),
     "t5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=48, num_layers=2, dropout_rate=0.0),
@@ -148,7 +152,7 @@ EXTRA = {
 }
 INTERFACE_FAMILIES = tuple(EXTRA)
 ENCODERS = ("bert", "roberta", "electra", "xlm-roberta", "camembert", "data2vec-text", "xlm-roberta-xl", "ernie",
-            "nomic_bert", "distilbert", "modernbert", "t5", "mt5")
+            "nomic_bert", "roc_bert", "xmod", "distilbert", "modernbert", "t5", "mt5")
 
 MAMBA = dict(mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
              mamba_chunk_size=8)
