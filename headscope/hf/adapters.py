@@ -198,8 +198,14 @@ ADAPTERS = (
                   "default), text.self, text.cross; its cross-attention layers never run without an image: "
                   "capture reports them as not run, analyze skips them with a note, ablating, hooking or "
                   "verifying them is an error"),
-    Adapter("bert", ("bert", "roberta", "electra"), layers="encoder.layer", block="attention", core="self",
-            qkv=_BERT_QKV, out="output.dense", causal=False, notes="encoder"),
+    Adapter("bert", ("bert", "roberta", "electra", "xlm-roberta", "camembert", "data2vec-text", "xlm-roberta-xl",
+                     "ernie", "roc_bert", "xmod"), layers="encoder.layer", block="attention", core="self",
+            qkv=_BERT_QKV, out="output.dense", causal=False,
+            notes="encoder; xlm-roberta-xl (and xmod with pre_norm): a LayerNorm before the attention, inside the "
+                  "block, whose output is what q, k and v read; xmod: per-language adapters in the MLP, the "
+                  "language from lang_ids or config.default_language (the model refuses to run without one)"),
+    Adapter("nomic_bert", ("nomic_bert",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), causal=False, notes="encoder, rotary, no q/k/v/o biases"),
     Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",
             qkv=Separate("q_lin", "k_lin", "v_lin"), out="out_lin", causal=False, notes="encoder"),
     Adapter("modernbert", ("modernbert",), layers="layers", block="attn", core="", qkv=FusedRows("Wqkv"), out="Wo",
@@ -211,16 +217,29 @@ ADAPTERS = (
                                      "the decoder's (teacher-forced copies; T5EncoderModel: the encoder alone); "
                                      "scores unscaled, the relative position bias of each stack's first layer "
                                      "joins every layer's mask"),
-    Adapter("bart", ("bart",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
-            causal=False, body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
+    Adapter("bart", ("bart", "marian", "pegasus", "m2m_100", "blenderbot", "blenderbot-small"),
+            layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj", causal=False,
+            body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
             notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross "
-                                     "the decoder's (teacher-forced copies)"),
-    Adapter("bart_causal_lm", ("bart",), layers="decoder.layers", block="self_attn", core="", qkv=_QKV,
-            out="out_proj", body="decoder", groups=(SiteGroup("text", "cross", "decoder.layers", "encoder_attn",
-                                                              heads="decoder_attention_heads"),),
+                                     "the decoder's (teacher-forced copies from decoder_start_token_id); m2m_100 "
+                                     "(NLLB's dense checkpoints) too"),
+    # mBART and PLBart: bart's attention, but the decoder starts from the target language's code, which their
+    # shift_tokens_right rotates from the end of the labels to the front; no single decoder_start_token_id.
+    Adapter("mbart", ("mbart", "plbart"), layers="encoder.layers", block="self_attn", core="", qkv=_QKV,
+            out="out_proj", causal=False, body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
+            notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross the "
+                                     "decoder's, teacher-forced from the config's decoder_start_token_id; where "
+                                     "the config has none (the default: the model starts its decoder from the "
+                                     "language code at the end of the labels) analyze at the decoder's sites and "
+                                     "`headscope verify` refuse in one line, and headscope.verify on token ids "
+                                     "alone runs the model's own shift"),
+    Adapter("bart_causal_lm", ("bart", "marian", "pegasus", "blenderbot", "blenderbot-small", "mbart", "plbart"),
+            layers="decoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj", body="decoder",
+            groups=(SiteGroup("text", "cross", "decoder.layers", "encoder_attn", heads="decoder_attention_heads"),),
             heads="num_heads", decoder_only=True, default_sites="text.self",
             counts=("decoder_layers", "decoder_attention_heads"),
-            notes="BartForCausalLM: bart's decoder alone, a causal LM; sites: text.self (the default), text.cross "
+            notes="BartForCausalLM: bart's decoder alone, a causal LM (and the ForCausalLM of marian, pegasus, "
+                  "blenderbot, blenderbot-small, mbart and plbart); sites: text.self (the default), text.cross "
                   "(over encoder_hidden_states, which a causal LM's forward rarely gets: without them capture "
                   "reports it as not run, analyze skips it with a note, ablating or hooking it is an error)"),
     Adapter("whisper", ("whisper",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",

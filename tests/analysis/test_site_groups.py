@@ -23,7 +23,7 @@ from headscope.probes.tokens import display_tokens
 from headscope.report import render_html
 from headscope.report.html import axis_tokens
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import tiny_model
+from tests.support.tiny import ENCODER_DECODER_FAMILIES, tiny_config, tiny_model
 from tests.support.pages import saved_and_rendered
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -31,6 +31,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 PROBES = [TextProbe(n_examples=4, seq_len=24), RepeatedProbe(n_examples=4, repeat_len=6, repeats=3),
           CopyProbe(n_examples=4, seq_len=24)]
 KIND = {"decoder.self": "causal", "decoder.cross": "cross"}
+# The encoder-decoders whose encoder reads token ids (whisper's decoder sites: test_whisper_decoder_sites.py).
+TOKEN_FAMILIES = tuple(f for f in ENCODER_DECODER_FAMILIES if f != "whisper")
 
 
 def _loaded(family):
@@ -59,7 +61,7 @@ def _eager_means(loaded, sites, detector, probe_settings):
     return {layer: torch.cat(parts).nanmean(0) for layer, parts in values.items()}
 
 
-@pytest.mark.parametrize("family", ["bart", "t5"])
+@pytest.mark.parametrize("family", TOKEN_FAMILIES)
 @pytest.mark.parametrize("sites", ["decoder.self", "decoder.cross"])
 def test_decoder_sites_score_as_the_formulas_on_the_models_eager_maps(family, sites):
     loaded = _loaded(family)
@@ -127,6 +129,35 @@ def test_the_explorer_keeps_the_models_own_maps_with_each_axis_tokens(family, si
         else:
             assert "keyTokens" not in shown
     assert ("query × 20 key tokens" in page) == (sites == "decoder.cross")
+
+
+@pytest.mark.parametrize("family", ["mbart", "plbart"])
+def test_a_decoder_without_a_start_token_is_refused_in_one_line(family):
+    """mBART and PLBart configs name no decoder_start_token_id by default (the model starts its
+    decoder from the language code at the end of the labels): analyze at the decoder's sites and
+    the teacher forcing of `headscope verify` refuse in one line rather than guess a start token;
+    `headscope.verify` on token ids alone runs the model's own shift and agrees with it."""
+    import transformers as tf
+
+    from headscope.hf.verify import teacher_forced
+
+    config = tiny_config(family, "encoder_decoder")
+    config.decoder_start_token_id = None
+    torch.manual_seed(0)
+    model = tf.AutoModelForSeq2SeqLM.from_config(config).eval()
+    assert model.generation_config.decoder_start_token_id is None
+    loaded = Loaded.from_model(model, char_tokenizer(), f"tiny-{family}")
+    ids = {"input_ids": torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(0))}
+    calls = [(lambda: headscope.analyze(loaded, detectors=["sink"], sites="decoder.cross", probes=PROBES[:1]),
+              f"tiny-{family} has no decoder_start_token_id"),
+             (lambda: teacher_forced(model, ids), "needs decoder_input_ids, and it has no decoder_start_token_id")]
+    for call, message in calls:
+        with pytest.raises(headscope.HeadscopeError, match=message) as err:
+            call()
+        assert "\n" not in str(err.value)
+    table = headscope.verify(model, ids, sites="decoder.cross")
+    assert list(table.layer) == [0, 1]
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
 
 
 def test_the_treebank_probe_cannot_feed_a_decoder_and_says_so():

@@ -1,4 +1,5 @@
-"""BartForCausalLM: bart's decoder alone, a causal LM (`config.is_encoder_decoder` False).
+"""BartForCausalLM: bart's decoder alone, a causal LM (`config.is_encoder_decoder` False), and the
+ForCausalLM of the bart-like families (`FAMILIES`: the same decoder, the `bart_causal_lm` adapter).
 
 Every layer holds causal self-attention (the default group, "text.self") and cross-attention
 over `encoder_hidden_states` ("text.cross"), which a causal LM's forward is rarely given. The
@@ -13,6 +14,7 @@ import transformers as tf
 import headscope
 from headscope.detectors.registry import get
 from headscope.hf import route
+from headscope.hf.adapters import family_of
 from headscope.hf.families import family_table
 from headscope.hf.sites import select, sites
 from headscope.loading.loader import Loaded
@@ -26,14 +28,18 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 DECODER_LAYERS, DECODER_HEADS = 3, 2
 
 
-def _model(seed: int = 0):
+# Every family whose ForCausalLM is bart's decoder alone (m2m_100 has none).
+FAMILIES = ("bart", "marian", "pegasus", "blenderbot", "blenderbot-small", "mbart", "plbart")
+
+
+def _model(seed: int = 0, family: str = "bart"):
     config = tf.AutoConfig.for_model(
-        "bart", vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=DECODER_LAYERS,
+        family, vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=DECODER_LAYERS,
         encoder_attention_heads=4, decoder_attention_heads=DECODER_HEADS, encoder_ffn_dim=37, decoder_ffn_dim=37,
         max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
         use_cache=False)  # transformers sizes the KV cache by num_hidden_layers, the encoder's depth
     torch.manual_seed(seed)
-    return tf.BartForCausalLM(config).eval()
+    return tf.AutoModelForCausalLM.from_config(config).eval()
 
 
 def _inputs():
@@ -54,8 +60,10 @@ def _eager(model, x):
         model.set_attn_implementation(previous)
 
 
-def test_its_sites_are_the_decoders_self_and_cross_attention():
-    model = _model()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_its_sites_are_the_decoders_self_and_cross_attention(family):
+    model = _model(family=family)
+    assert type(model).__name__.endswith("ForCausalLM") and family_of(model.config) == "bart_causal_lm"
     found = sites(model)
     assert [(s.name, s.kind, s.stack, s.layer) for s in found[:2]] == [
         ("model.decoder.layers.0.self_attn", "self", "text", 0), ("model.decoder.layers.0.encoder_attn", "cross", "text", 0)]
@@ -71,9 +79,10 @@ def test_its_sites_are_the_decoders_self_and_cross_attention():
     assert (row.capture, row.verify, row.analyze, row.sites) == (True, True, True, "text.self, text.cross")
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @torch.no_grad()
-def test_capture_keeps_the_output_and_gives_the_eager_maps_and_cross_attention_did_not_run():
-    model = _model()
+def test_capture_keeps_the_output_and_gives_the_eager_maps_and_cross_attention_did_not_run(family):
+    model = _model(family=family)
     x = _inputs()
     before = model(**x).logits
     with headscope.capture(model) as cap:
@@ -93,9 +102,10 @@ def test_capture_keeps_the_output_and_gives_the_eager_maps_and_cross_attention_d
     assert not route.routed_models()
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @torch.no_grad()
-def test_ablation_is_zeroing_the_heads_slice_of_the_output_projections_input_and_restores_the_model():
-    model = _model()
+def test_ablation_is_zeroing_the_heads_slice_of_the_output_projections_input_and_restores_the_model(family):
+    model = _model(family=family)
     x = _inputs()
     layer, head = 1, 1
     before = model(**x).logits
@@ -108,8 +118,9 @@ def test_ablation_is_zeroing_the_heads_slice_of_the_output_projections_input_and
     assert torch.equal(before, model(**x).logits)
 
 
-def test_verify_agrees_with_the_models_own_attention():
-    rows = headscope.verify(_model(), _inputs())
+@pytest.mark.parametrize("family", FAMILIES)
+def test_verify_agrees_with_the_models_own_attention(family):
+    rows = headscope.verify(_model(family=family), _inputs())
     assert rows.layer.tolist() == list(range(DECODER_LAYERS))
     assert rows.max_abs_diff_output.max() <= 1e-4 and rows.max_abs_diff_pattern.max() <= 1e-5
 

@@ -1,5 +1,6 @@
-"""Encoder-decoders (bart, whisper, t5, mt5 as ...ForConditionalGeneration, tests/support/tiny.py,
-kind "encoder_decoder") and their three groups of attention sites: the encoder's self-attention
+"""Encoder-decoders (bart, whisper, the bart-like marian, mbart, m2m_100, pegasus, blenderbot,
+blenderbot-small and plbart, t5, mt5 as ...ForConditionalGeneration, tests/support/tiny.py, kind
+"encoder_decoder") and their three groups of attention sites: the encoder's self-attention
 (the default), the decoder's causal self-attention and its cross-attention over the encoder's
 output. For every group: headscope inside the model changes nothing, its patterns are the
 model's eager ones (`encoder_attentions`, `decoder_attentions`, `cross_attentions`), ablation
@@ -23,15 +24,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 GROUPS = ("encoder", "decoder.self", "decoder.cross")
 EAGER = {"encoder": "encoder_attentions", "decoder.self": "decoder_attentions", "decoder.cross": "cross_attentions"}
-OUT = {"bart": "out_proj", "whisper": "out_proj", "t5": "o", "mt5": "o"}  # output projection inside the site
-KEYS = {"bart": "k_proj", "whisper": "k_proj", "t5": "k", "mt5": "k"}  # key projection (whisper's has no bias)
+T5_LIKE = ("t5", "mt5")  # the others are bart's attention (whisper's k_proj has no bias)
+OUT = {f: "o" if f in T5_LIKE else "out_proj" for f in ENCODER_DECODER_FAMILIES}  # output projection inside the site
+KEYS = {f: "k" if f in T5_LIKE else "k_proj" for f in ENCODER_DECODER_FAMILIES}  # key projection
 CASES = [(family, group) for family in ENCODER_DECODER_FAMILIES for group in GROUPS]
 
 
 def _heads(family, group, model) -> int:
     """The group's head count, from the config (bart, whisper: 4 in the encoder, 2 in the decoder)."""
     config = model.config
-    if family in ("t5", "mt5"):
+    if family in T5_LIKE:
         return config.num_heads
     return config.encoder_attention_heads if group == "encoder" else config.decoder_attention_heads
 
@@ -178,18 +180,26 @@ def test_hooks_cache_and_patch_address_cross_attention():
     assert not route.routed_models()
 
 
-def test_bart_is_analysed_as_its_encoder_and_whispers_encoder_is_refused_in_one_line():
-    """analyze runs bart's encoder (token ids), as T5's; whisper's encoder takes log-mel
-    features, so analyze refuses it, naming the decoder's groups it runs at instead
-    (tests/analysis/test_whisper_decoder_sites.py)."""
+@pytest.mark.parametrize("family", [f for f in ENCODER_DECODER_FAMILIES if f != "whisper"])
+def test_analyze_runs_the_encoder_of_a_token_family(family):
+    """analyze's default sites are the encoder's (token ids): its two layers, its 4 heads, rows named
+    by the encoder's modules."""
     from headscope.probes.kinds import TextProbe
 
-    loaded = Loaded.from_model(tiny_model("bart", kind="encoder_decoder"), char_tokenizer(), "tiny-bart")
+    loaded = Loaded.from_model(tiny_model(family, kind="encoder_decoder"), char_tokenizer(), f"tiny-{family}")
     assert not loaded.causal and loaded.attention_layers == (0, 1)
     analysis = headscope.analyze(loaded, detectors=["previous_token", "sink"], probes=[TextProbe(n_examples=4, seq_len=24)],
                                  explorer_examples=1)
     assert sorted(set(analysis.scores.layer)) == [0, 1] and len(analysis.scores) == 2 * 2 * 4
+    assert set(analysis.scores.site) == {select(loaded.model, "encoder").sites[layer].name for layer in (0, 1)}
     assert analysis.scores.score.notna().all()
+
+
+def test_whispers_encoder_is_refused_by_analyze_in_one_line():
+    """whisper's encoder takes log-mel features, so analyze refuses it, naming the decoder's
+    groups it runs at instead (tests/analysis/test_whisper_decoder_sites.py)."""
+    from headscope.probes.kinds import TextProbe
+
     whisper = Loaded.from_model(tiny_model("whisper", kind="encoder_decoder"), char_tokenizer(), "tiny-whisper")
     with pytest.raises(headscope.HeadscopeError, match="analyze of whisper's encoder is not available .*"
                                                        "sites='decoder.self' or 'decoder.cross'") as err:
@@ -279,7 +289,7 @@ def test_from_hf_module_reproduces_a_site_from_its_captured_inputs(family, group
     assert mine.config.n_heads == _heads(family, group, model)
     assert mine.config.causal == (group == "decoder.self")
     mask = seen.get("attention_mask", seen.get("mask"))
-    bias = seen["returned"][1] if family in ("t5", "mt5") else None
+    bias = seen["returned"][1] if family in T5_LIKE else None
     additive = mask if bias is None else (bias if mask is None else bias + mask)
     got = {}
     with mine.hooks({"hook_k": lambda k, hook: got.update(k=k)}):

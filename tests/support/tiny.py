@@ -21,9 +21,10 @@ Two kinds, each a table of configs:
   parameters that keep a fresh model's logits blind to the image (gates and projections
   initialised to zero or nearly, `_IMAGE_GATES`) filled, so that the vision tower matters.
 
-- `kind="encoder_decoder"` (`ENCODER_DECODER_FAMILIES`: bart, whisper, t5, mt5), each as its
-  ...ForConditionalGeneration: 2 encoder and 2 decoder layers, hidden 64; bart and whisper with
-  4 encoder heads and 2 decoder heads (so a group's head count is its own), T5 and mT5 with
+- `kind="encoder_decoder"` (`ENCODER_DECODER_FAMILIES`: bart, whisper, marian, mbart, m2m_100,
+  pegasus, blenderbot, blenderbot-small, plbart, t5, mt5), each as its ...ForConditionalGeneration
+  (marian: MarianMTModel): 2 encoder and 2 decoder layers, hidden 64; whisper and the bart-like
+  ones with 4 encoder heads and 2 decoder heads (so a group's head count is its own), T5 and mT5 with
   the interface kind's sizes; whisper on 8 mel bins and 6 source positions (12 input frames).
   Built fresh on every call. `tiny_seq2seq_inputs(family)`: the encoder's input (token ids
   with right padding on the second example; whisper: log-mel `input_features`) and 7
@@ -134,13 +135,24 @@ EXTRA = {
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
+    "xlm-roberta": dict(ENCODER),
+    "camembert": dict(ENCODER),
+    "data2vec-text": dict(ENCODER),
+    "xlm-roberta-xl": dict(ENCODER),
+    "ernie": dict(ENCODER),
+    "nomic_bert": dict(ENCODER),
+    "roc_bert": dict(ENCODER),
+    # pre_norm: a LayerNorm before the attention (post-norm xmod is roberta's layout); default_language: the
+    # language whose adapters every input goes through (without it or lang_ids the model refuses to run)
+    "xmod": dict(ENCODER, languages=["en_XX", "de_DE"], default_language="de_DE", pre_norm=True),
     "distilbert": dict(dropout=0.0),
     "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, embedding_dropout=0.0, mlp_dropout=0.0),
     "t5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=48, num_layers=2, dropout_rate=0.0),
     "mt5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=48, num_layers=2, dropout_rate=0.0),
 }
 INTERFACE_FAMILIES = tuple(EXTRA)
-ENCODERS = ("bert", "roberta", "electra", "distilbert", "modernbert", "t5", "mt5")
+ENCODERS = ("bert", "roberta", "electra", "xlm-roberta", "camembert", "data2vec-text", "xlm-roberta-xl", "ernie",
+            "nomic_bert", "roc_bert", "xmod", "distilbert", "modernbert", "t5", "mt5")
 
 MAMBA = dict(mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
              mamba_chunk_size=8)
@@ -203,6 +215,13 @@ SEQ2SEQ = dict(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
 ENCODER_DECODER = {
     "bart": SEQ2SEQ,
     "whisper": dict(SEQ2SEQ, num_mel_bins=8, max_source_positions=6, max_target_positions=32),
+    "marian": SEQ2SEQ,
+    "mbart": SEQ2SEQ,
+    "m2m_100": SEQ2SEQ,
+    "pegasus": SEQ2SEQ,
+    "blenderbot": SEQ2SEQ,
+    "blenderbot-small": SEQ2SEQ,
+    "plbart": SEQ2SEQ,
     "t5": dict(EXTRA["t5"], vocab_size=VOCAB, num_decoder_layers=2, pad_token_id=0, eos_token_id=2,
                decoder_start_token_id=0),
     "mt5": dict(EXTRA["mt5"], vocab_size=VOCAB, num_decoder_layers=2, pad_token_id=0, eos_token_id=2,
