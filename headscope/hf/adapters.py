@@ -166,16 +166,21 @@ ADAPTERS = (
             rotary=Rotary(), hybrid=True, notes="hybrid: attention and Mamba 2 side by side in every layer; the attention is captured"),
     Adapter("minimax", ("minimax",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), hybrid=True, notes=_HYBRID.format("beside lightning (linear) attention layers")),
-    Adapter("lfm2", ("lfm2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj", rotary=Rotary(),
-            qk_norm=QKNorm("q_layernorm", "k_layernorm"), hybrid=True,
+    Adapter("lfm2", ("lfm2", "lfm2_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_layernorm", "k_layernorm"), hybrid=True,
             notes=_HYBRID.format("beside short convolutions") + "; per-head q/k norm"),
-    Adapter("qwen3_next", ("qwen3_next",), layers="layers", block="self_attn", core="",
+    Adapter("kimi_linear", ("kimi_linear",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
+            latent=Latent(), hybrid=True,
+            notes=_HYBRID.format("beside Kimi Delta Attention (linear) layers, both under `self_attn`") + "; " + _MLA
+                  + " without rotary: no positional encoding in attention, the shared key part unrotated"),
+    Adapter("qwen3_next", ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), layers="layers", block="self_attn", core="",
             qkv=GatedQuery("q_proj", "k_proj", "v_proj"), out="o_proj", rotary=Rotary(),
             qk_norm=QKNorm("q_norm", "k_norm"), output_gate=True, hybrid=True,
             notes=_HYBRID.format("beside Gated DeltaNet linear attention") + "; per-head q/k RMSNorm, partial "
                   "rotary; a sigmoid output gate (per element, from the layer's input) between attention and o_proj: "
                   "z (hook_z, ablation, patching) is o_proj's input, after the gate; no OV table (the gate, "
-                  "which depends on the input, sits inside the OV circuit)"),
+                  "which depends on the input, sits inside the OV circuit); qwen3_5_text and qwen3_5_moe_text (Qwen3.5's "
+                  "text decoders): the same attention, their multimodal rotary tables plain ones for text"),
     Adapter("zamba2", ("zamba2",), layers="layers", block="shared_transformer.self_attn", core="", qkv=_QKV,
             out="o_proj", rotary=Rotary(config_switch=("use_mem_rope", True)), hybrid=True,
             lora=LoRA("linear_q_adapter_list", "linear_k_adapter_list", "linear_v_adapter_list", index="layer_dic",

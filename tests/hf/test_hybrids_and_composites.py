@@ -9,7 +9,7 @@ import torch
 
 import headscope
 from headscope.hf import route
-from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
+from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores, text_config
 from headscope.hf.from_hf import rotary_tables
 from tests.support.contracts import (assert_hook_contract, assert_ov_refused, eager_weights, head_meaned_at,
                                      head_zeroed_at, run_eager)
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 # its block's MLP and the next Mamba mixer): all of them. zamba2's LoRA and joined input: tests/hf/test_zamba2.py.
 ADAPTED_HYBRIDS = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]
 CASES = [(f, "hybrid") for f in HYBRID_FAMILIES] + [(f, "composite") for f in COMPOSITE_FAMILIES]
-OUT = {"lfm2": "out_proj"}  # the output projection's name inside the attention module (default o_proj)
+OUT = {"lfm2": "out_proj", "lfm2_moe": "out_proj"}  # the output projection's name inside the attention module (default o_proj)
 
 
 def _attention_layers(family, kind, model):
@@ -74,7 +74,7 @@ def test_ablation_is_removing_the_head_at_the_output_projection_and_restores(fam
     before = model(**x).logits
     with headscope.ablate(model, heads=[(layer, head)]):
         ablated = model(**x).logits
-    with head_zeroed_at(out, head, out.in_features // core.head_dim):
+    with head_zeroed_at(out, head, text_config(model.config).num_attention_heads):
         reference = model(**x).logits
     assert (ablated - before).abs().max() > 1e-3
     assert (ablated - reference).abs().max() <= 1e-4
@@ -113,9 +113,9 @@ def test_analyze_runs_end_to_end_and_renders(family, kind):
     without = sorted(set(range(loaded.n_layers)) - set(layers))
     notes = " ".join(analysis.meta.get("notes", []))
     assert (f"layers {', '.join(map(str, without))} have no attention" in notes) == bool(without)
-    gated = "OV copying not computed: OV copying is not available for layer 2: a sigmoid output gate"
-    assert (gated in notes) == (family == "qwen3_next")  # no input-free OV circuit through a gate
     adapter = adapter_for(model.config)  # the OV table reads W_V and W_O through the text decoder's adapter
+    gated = f"OV copying not computed: OV copying is not available for layer {layers[0]}: a sigmoid output gate"
+    assert (gated in notes) == bool(adapter and adapter.output_gate)  # no input-free OV circuit through a gate
     assert ("ov" in analysis.tables) == (adapter is not None and not adapter.output_gate and not adapter.no_ov)
     page = render_html(analysis, plotlyjs="cdn")
     assert f"tiny-{family}" in page

@@ -144,6 +144,8 @@ ENCODERS = ("bert", "roberta", "electra", "distilbert", "modernbert", "t5", "mt5
 
 MAMBA = dict(mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
              mamba_chunk_size=8)
+QWEN3_5 = dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+               linear_value_head_dim=8)
 HYBRID = {  # family -> (config extras, the layers that hold attention)
     "jamba": (dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=4,
                    expert_layer_offset=3, num_experts=2, num_experts_per_tok=1,
@@ -159,6 +161,21 @@ HYBRID = {  # family -> (config extras, the layers that hold attention)
                         shared_expert_intermediate_size=16,
                         layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"]),
                    (2,)),
+    # Qwen3.5's text decoders: qwen3_next's gated attention, multimodal rotary tables (all axes alike for text).
+    "qwen3_5_text": (dict(QWEN3_5, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                 "full_attention"]), (1, 3)),
+    "qwen3_5_moe_text": (dict(QWEN3_5, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                              shared_expert_intermediate_size=16,
+                              layer_types=["full_attention", "linear_attention", "linear_attention",
+                                           "full_attention"]), (0, 3)),
+    "lfm2_moe": (dict(num_hidden_layers=4, num_dense_layers=1, num_experts=2, num_experts_per_tok=1,
+                      moe_intermediate_size=16, layer_types=["conv", "full_attention", "conv", "full_attention"]),
+                 (1, 3)),
+    # Multi-head latent attention without rotary (the shared key part unrotated) beside Kimi Delta Attention.
+    "kimi_linear": (dict(MLA, num_hidden_layers=4, q_lora_rank=None, linear_num_heads=2, linear_head_dim=16,
+                         num_local_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                         mlp_layer_types=["dense", "sparse", "dense", "sparse"]), (1, 3)),
     "nemotron_h": (dict(num_hidden_layers=4, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
                         chunk_size=8, layers_block_type=["linear_attention", "full_attention", "mlp", "full_attention"]),
                    (1, 3)),
