@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 import headscope
 from headscope.hf import adapters
 from headscope.hf.adapters import adapter_for, attention_blocks
-from tests.support.tiny import HYBRID_ATTENTION, tiny_config, tiny_inputs
+from tests.support.tiny import COMMON, EXTRA, HYBRID_ATTENTION, tiny_config, tiny_inputs
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -68,3 +68,86 @@ def test_kimi_linears_latent_attention_verifies_with_its_shared_key_unrotated(mo
     assert (mine.d_head, mine.d_value, mine.rotary_dim, mine.latent.d_rope) == (24, 12, 0, 8)
     _without(monkeypatch, model, rotary=adapters.Rotary())
     assert _verified(model, x)[1] > 1e-3
+
+
+@torch.no_grad()
+def test_olmoes_clip_comes_after_its_qk_norm(monkeypatch):
+    """OLMoE clamps q, k, v after its q/k RMSNorm (values near 1 there, the clip 0.5 cuts them):
+    clamping before the norms instead, as OLMo does, fails verify."""
+    model = _model("olmoe", "interface", init=0.02)
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    assert headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config.clip_after_norm
+    _without(monkeypatch, model, clip_after_norm=False)
+    assert _verified(model)[1] > 1e-2
+
+
+@pytest.mark.parametrize("change, layer", [(dict(temperature=None), 1), (dict(qk_norm=None), 0)],
+                         ids=["no-temperature", "no-l2-norm"])
+@torch.no_grad()
+def test_llama4s_temperature_and_l2_norm_matter(change, layer, monkeypatch):
+    """Layer 0 (rotary, chunked) has the L2 norm of q and k after rotary, taken before it; layer 1
+    (NoPE) the query temperature, which grows past position 3 with floor_scale 4. Dropping either
+    fails verify at its layer, and only there."""
+    model = _model("llama4_text", "interface")
+    table = headscope.verify(model, tiny_inputs())
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    mine = [headscope.MultiHeadAttention.from_hf(block, model.config).config for _, block in attention_blocks(model)]
+    assert [(c.rotary_dim, c.qk_norm, c.query_temperature) for c in mine] == [(16, True, None), (0, False, (4.0, 0.5))]
+    _without(monkeypatch, model, **change)
+    wrong = headscope.verify(model, tiny_inputs()).max_abs_diff_pattern
+    assert wrong[layer] > 1e-2 and wrong[1 - layer] <= 1e-5
+
+
+def test_a_norm_after_rotary_with_a_gain_is_refused():
+    """Taking Llama 4's norm before rotary holds for a gainless norm only: one with a gain is refused."""
+    model = _model("llama4_text", "interface")
+    block = attention_blocks(model)[0][1]
+    block.qk_norm.weight = torch.nn.Parameter(torch.ones(16))
+    with pytest.raises(headscope.HeadscopeError, match="after rotary and have a gain") as err:
+        headscope.MultiHeadAttention.from_hf(block, model.config)
+    assert "\n" not in str(err.value)
+
+
+@torch.no_grad()
+def test_gemma4s_value_norm_and_full_attention_layer(monkeypatch):
+    """Layer 1 (full attention) has heads of 24 and one key/value head whose values are the key
+    projection's output (attention_k_eq_v), through the gainless value norm; dropping the value
+    norm fails verify."""
+    model = _model("gemma4_text", "interface")
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    (_, sliding), (_, full) = attention_blocks(model)
+    assert full.v_proj is None
+    mine = [headscope.MultiHeadAttention.from_hf(block, model.config) for block in (sliding, full)]
+    assert [(m.config.d_head, m.config.n_kv_heads, m.config.rotary_dim) for m in mine] == [(16, 2, 16), (24, 1, 24)]
+    assert torch.equal(mine[1].W_v.weight, full.k_proj.weight) and mine[1].config.v_norm
+    assert mine[1].config.scale == 1.0
+    _without(monkeypatch, model, v_norm=None)
+    assert _verified(model)[0] > 1e-2
+
+
+@torch.no_grad()
+def test_gemma4s_layers_reusing_keys_and_values_are_refused_and_still_captured():
+    """With num_kv_shared_layers, the last layers attend with the keys and values an earlier layer
+    computed from its own input: from_hf refuses them (and so verify) in one line; capture works."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("gemma4_text", **{**COMMON, **EXTRA["gemma4_text"], "num_hidden_layers": 4,
+                                                     "num_kv_shared_layers": 2,
+                                                     "layer_types": ["sliding_attention", "full_attention"] * 2})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    blocks = attention_blocks(model)
+    assert [block.is_kv_shared_layer for _, block in blocks] == [False, False, True, True]
+    headscope.MultiHeadAttention.from_hf(blocks[1][1], model.config)
+    for call in (lambda: headscope.MultiHeadAttention.from_hf(blocks[2][1], model.config),
+                 lambda: headscope.verify(model, tiny_inputs())):
+        with pytest.raises(headscope.HeadscopeError, match="reuses the keys and values") as err:
+            call()
+        assert "\n" not in str(err.value)
+    x = tiny_inputs()
+    before = model(**x).logits
+    with headscope.capture(model) as cap:
+        assert (model(**x).logits - before).abs().max() <= 1e-4
+    assert sorted(cap.patterns) == [0, 1, 2, 3]

@@ -131,6 +131,14 @@ EXTRA = {
                        initializer_range=0.5),
     "exaone_moe": dict(WINDOW, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, num_shared_experts=1,
                        first_k_dense_replace=1),
+    "olmoe": dict(clip_qkv=0.5, num_experts=4, num_experts_per_tok=2),
+    # NoPE layer 1 with a temperature that grows within the test sequences (floor_scale 4); chunks of 6 in layer 0
+    # (shorter ones would leave the padded tail of tiny_inputs a chunk of its own: query rows with no key to read).
+    "llama4_text": dict(no_rope_layers=[1, 0], attention_chunk_size=6, floor_scale=4, attn_scale=0.5,
+                        use_qk_norm=True, num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=48),
+    # Layer 1 (full attention): heads of 24, one key/value head whose values are the keys' projection.
+    "gemma4_text": dict(WINDOW, global_head_dim=24, num_global_key_value_heads=1, attention_k_eq_v=True,
+                        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB),
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
@@ -383,6 +391,7 @@ def _interface_config(family: str):
     from transformers import AutoConfig
 
     known = AutoConfig.for_model(family)
+    known.allow_global_per_layer_attribute_access = True  # gemma4_text's head_dim is per layer: asked only here
     common = {k: v for k, v in COMMON.items() if hasattr(known, k)}
     kwargs = {k: v for k, v in {**common, **EXTRA[family]}.items() if v is not None}
     return AutoConfig.for_model(family, **kwargs)
