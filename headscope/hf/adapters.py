@@ -80,7 +80,7 @@ ADAPTERS = (
     Adapter("gemma3", ("gemma3_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), softcap="attn_logit_softcapping",
             notes="per-head q/k norm, local and global rotary, sliding windows"),
-    Adapter("gemma4", ("gemma4_text",), layers="layers", block="self_attn", core="",
+    Adapter("gemma4", ("gemma4_text", "gemma3n_text"), layers="layers", block="self_attn", core="",
             qkv=KeysAsValues("q_proj", "k_proj", "v_proj"), out="o_proj", rotary=Rotary(),
             qk_norm=QKNorm("q_norm", "k_norm"), v_norm="v_norm", sizes_per_layer=True, kv_shared="is_kv_shared_layer",
             notes="per-head q/k RMSNorm and a gainless RMSNorm on each head's values, scores unscaled (scaling 1), "
@@ -89,7 +89,7 @@ ADAPTERS = (
                   "attention_k_eq_v, fewer key/value heads whose values are the key projection's output; from_hf "
                   "and verify refuse the last num_kv_shared_layers layers (they reuse another layer's keys and "
                   "values; analyze then skips the OV table with a note); the OV table leaves out the value norm's "
-                  "per-token scale"),
+                  "per-token scale; gemma3n_text: the same attention, every layer's heads alike"),
     Adapter("cohere", ("cohere",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(interleaved=True), qk_norm=QKNorm("q_norm", "k_norm", switch="use_qk_norm"),
             notes="interleaved rotary, optional per-head q/k LayerNorm"),

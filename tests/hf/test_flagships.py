@@ -109,22 +109,28 @@ def test_a_norm_after_rotary_with_a_gain_is_refused():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("family", ["gemma4_text", "gemma3n_text"])
 @torch.no_grad()
-def test_gemma4s_value_norm_and_full_attention_layer(monkeypatch):
-    """Layer 1 (full attention) has heads of 24 and one key/value head whose values are the key
-    projection's output (attention_k_eq_v), through the gainless value norm; dropping the value
-    norm fails verify."""
-    model = _model("gemma4_text", "interface")
+def test_the_gainless_value_norm_matters(family, monkeypatch):
+    model = _model(family, "interface")
     output, pattern = _verified(model)
     assert output <= 1e-4 and pattern <= 1e-5
+    mine = [headscope.MultiHeadAttention.from_hf(block, model.config).config for _, block in attention_blocks(model)]
+    assert all(c.v_norm and c.qk_norm and c.scale == 1.0 for c in mine)
+    _without(monkeypatch, model, v_norm=None)
+    assert _verified(model)[0] > 1e-2
+
+
+@torch.no_grad()
+def test_gemma4s_full_attention_layer_has_its_own_sizes_and_its_keys_as_values():
+    """Layer 1 (full attention) has heads of 24 and one key/value head whose values are the key
+    projection's output (attention_k_eq_v); its proportional rotary tables are as wide as its heads."""
+    model = _model("gemma4_text", "interface")
     (_, sliding), (_, full) = attention_blocks(model)
     assert full.v_proj is None
     mine = [headscope.MultiHeadAttention.from_hf(block, model.config) for block in (sliding, full)]
     assert [(m.config.d_head, m.config.n_kv_heads, m.config.rotary_dim) for m in mine] == [(16, 2, 16), (24, 1, 24)]
-    assert torch.equal(mine[1].W_v.weight, full.k_proj.weight) and mine[1].config.v_norm
-    assert mine[1].config.scale == 1.0
-    _without(monkeypatch, model, v_norm=None)
-    assert _verified(model)[0] > 1e-2
+    assert torch.equal(mine[1].W_v.weight, full.k_proj.weight)
 
 
 @torch.no_grad()

@@ -139,6 +139,9 @@ EXTRA = {
     # Layer 1 (full attention): heads of 24, one key/value head whose values are the keys' projection.
     "gemma4_text": dict(WINDOW, global_head_dim=24, num_global_key_value_heads=1, attention_k_eq_v=True,
                         hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB),
+    "gemma3n_text": dict(WINDOW, num_kv_shared_layers=0, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+                         laurel_rank=8, altup_num_inputs=2, activation_sparsity_pattern=[0.0, 0.0],
+                         final_logit_softcapping=None),
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
