@@ -157,3 +157,24 @@ def test_gemma4s_layers_reusing_keys_and_values_are_refused_and_still_captured()
     with headscope.capture(model) as cap:
         assert (model(**x).logits - before).abs().max() <= 1e-4
     assert sorted(cap.patterns) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+@torch.no_grad()
+def test_qwen3_5s_text_decoder_verifies_with_an_image(family):
+    """Qwen3.5 as its vision-language model, one image per example: the image tokens take their own
+    positions on the three rotary axes (the model joins them into one table per position), and
+    verify of the text decoder's attention layers (1 and 2) agrees there; capture leaves the logits."""
+    from tests.support.tiny import tiny_image_inputs, tiny_model
+
+    model = tiny_model(family, kind="composite")
+    x = tiny_image_inputs(family)
+    x = dict(x, mm_token_type_ids=(x["input_ids"] == 98).long())  # what its processor marks: the image tokens
+    logits = model(**x).logits
+    assert (logits - model(**tiny_inputs()).logits).abs().max() > 1e-2  # the image reaches the text
+    with headscope.capture(model) as cap:
+        assert (model(**x).logits - logits).abs().max() <= 1e-4
+    assert sorted(cap.patterns) == [1, 2]
+    table = headscope.verify(model, x)
+    assert tuple(table.layer) == (1, 2)
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5

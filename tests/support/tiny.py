@@ -20,6 +20,8 @@ Two kinds, each a table of configs:
   tower of 2 heads on 28-pixel images), built as `AutoModelForImageTextToText`, with the
   parameters that keep a fresh model's logits blind to the image (gates and projections
   initialised to zero or nearly, `_IMAGE_GATES`) filled, so that the vision tower matters.
+  Qwen3.5's (qwen3_5, qwen3_5_moe) text decoders are hybrids: attention in the layers
+  `COMPOSITE_ATTENTION[family]` only.
 
 - `kind="encoder_decoder"` (`ENCODER_DECODER_FAMILIES`: bart, whisper, t5, mt5), each as its
   ...ForConditionalGeneration: 2 encoder and 2 decoder layers, hidden 64; bart and whisper with
@@ -49,7 +51,7 @@ import functools
 import torch
 
 __all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
-           "COMPOSITE_FAMILIES", "VERIFIED_COMPOSITES", "TEXT_DECODERS", "ENCODER_DECODER_FAMILIES", "tiny_config", "tiny_model",
+           "COMPOSITE_FAMILIES", "COMPOSITE_ATTENTION", "VERIFIED_COMPOSITES", "TEXT_DECODERS", "ENCODER_DECODER_FAMILIES", "tiny_config", "tiny_model",
            "tiny_mllama", "tiny_inputs", "tiny_seq2seq_inputs", "tiny_image_inputs", "output_of"]
 
 VOCAB = 99
@@ -217,9 +219,21 @@ COMPOSITE = {
                                           fullatt_block_indexes=[1], window_size=56),
                        image_token_id=98, video_token_id=97),
 }
+# Qwen3.5: its hybrid text decoder (layer 0 Gated DeltaNet, 1 and 2 attention) beside a windowless packed tower.
+QWEN3_5_TEXT = dict(TEXT, **{**QWEN3_5, "num_hidden_layers": 3},
+                    layer_types=["linear_attention", "full_attention", "full_attention"])
+QWEN3_5_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=64, patch_size=14)
+COMPOSITE["qwen3_5"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3_5_text"), vision_config=QWEN3_5_VISION,
+                            image_token_id=98, video_token_id=97)
+COMPOSITE["qwen3_5_moe"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3_5_moe_text", num_experts=2,
+                                                 num_experts_per_tok=1, moe_intermediate_size=16,
+                                                 shared_expert_intermediate_size=16),
+                                vision_config=QWEN3_5_VISION, image_token_id=98, video_token_id=97)
 COMPOSITE_FAMILIES = tuple(COMPOSITE)
-# Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text).
-VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl")
+# The text layers that attend, where not all of them (a hybrid text decoder).
+COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2)}
+# Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text, qwen3_5_text, qwen3_5_moe_text).
+VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
 TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl"}
 
@@ -355,7 +369,7 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
                     aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long),
                     aspect_ratio_mask=torch.ones(2, 1, 1, dtype=torch.long),
                     cross_attention_mask=torch.ones(2, 11, 1, 1, dtype=torch.long))
-    if family == "qwen2_5_vl":  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens per image
+    if family in ("qwen2_5_vl", "qwen3_5", "qwen3_5_moe"):  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens
         ids[:, 2:8] = 98
         return dict(x, input_ids=ids, pixel_values=torch.randn(2 * 24, 3 * 2 * 14 * 14, generator=g),
                     image_grid_thw=torch.tensor([[1, 4, 6], [1, 4, 6]]))
