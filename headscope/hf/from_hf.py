@@ -10,7 +10,8 @@
   (`Adapter.lora`, zamba2), those of `layer` folded into W_q, W_k, W_v (W + B A). A block whose
   linear layers do not apply their weight as it is stored (a quantized checkpoint's layers, as
   BitNet's `BitLinear` and `AutoBitLinear`, which round their inputs to 8 bits per token as they
-  run) is refused in one line: no fixed matrix reproduces them.
+  run) is refused in one line: no fixed matrix reproduces them; so is a layer attending with the
+  keys and values another layer computed (`Adapter.kv_shared`, Gemma 4's shared layers).
 - `rotary_tables(block, config, position_embeddings)`: the `(cos, sin)` the model passed to the
   block, in the layout and width `MultiHeadAttention` takes (None for a layer without rotary).
 - `call_arguments(module, config, received, returned)`: the arguments that make such a module
