@@ -229,11 +229,19 @@ COMPOSITE["qwen3_5_moe"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3
                                                  num_experts_per_tok=1, moe_intermediate_size=16,
                                                  shared_expert_intermediate_size=16),
                                 vision_config=QWEN3_5_VISION, image_token_id=98, video_token_id=97)
+# Gemma 4: its text decoder's last layer full attention (heads of 24, one key/value head: EXTRA's), SigLIP-like tower.
+COMPOSITE["gemma4"] = dict(text_config={**TEXT, **EXTRA["gemma4_text"], "model_type": "gemma4_text",
+                                        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+                           vision_config=dict(hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                              num_attention_heads=2, num_key_value_heads=2, head_dim=16, patch_size=14,
+                                              position_embedding_size=64),
+                           audio_config=None, image_token_id=98, video_token_id=97, boi_token_id=96, eoi_token_id=95,
+                           audio_token_id=94, boa_token_id=93, eoa_token_index=92)
 COMPOSITE_FAMILIES = tuple(COMPOSITE)
 # The text layers that attend, where not all of them (a hybrid text decoder).
 COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2)}
-# Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text, qwen3_5_text, qwen3_5_moe_text).
-VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe")
+# Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text, qwen3_5_text, qwen3_5_moe_text, gemma4_text).
+VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe", "gemma4")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
 TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl"}
 
