@@ -25,6 +25,7 @@ from .loading import distributed
 from .analysis.result import Analysis
 from .atomic import atomic_dir
 from .errors import HeadscopeError
+from .hf.adapters import config_value
 from .hf.families import family_table
 from . import kv
 from .loading.control import CONTROL_KINDS
@@ -508,7 +509,7 @@ def kv_eval_command(
         kv.read_policy(policy_path, keep=keep)
     typer.echo(f"loading {model} ...", err=True)
     loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
-    n_kv = getattr(loaded.model.config, "num_key_value_heads", None) or loaded.n_heads
+    n_kv = config_value(loaded.model.config, "num_key_value_heads") or loaded.n_heads
     policy = kv.read_policy(policy_path, keep=keep, n_kv_heads=n_kv)
     evaluation = headscope.kv_evaluate(loaded, policy, lengths=numbers[0], depths=numbers[1], n_needles=needles,
                                        keeps=numbers[2], n_random=random_draws, seed=seed, progress=_Bars())

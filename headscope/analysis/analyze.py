@@ -39,7 +39,7 @@ from ..loading.control import resolve_control
 from ..detectors.registry import defaults_for, get
 from ..checks import check_count
 from ..errors import CannotScore, HeadscopeError
-from ..hf.adapters import adapter_for
+from ..hf.adapters import adapter_for, config_value
 from ..hf.capture import capture
 from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
 from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
@@ -358,7 +358,7 @@ def _meta(loaded, plan, run, scored, seed, batch_size, ov, timings) -> AnalysisM
     return AnalysisMeta(
         model=loaded.name, family=loaded.family, causal=loaded.causal,
         n_layers=loaded.n_layers, n_heads=loaded.n_heads,
-        n_kv_heads=getattr(config, "num_key_value_heads", None) or loaded.n_heads,
+        n_kv_heads=config_value(config, "num_key_value_heads") or loaded.n_heads,  # gemma4: its first layer's
         parameters=sum(p.numel() for p in loaded.model.parameters()),
         device=str(loaded.device), dtype=str(loaded.model.dtype).replace("torch.", ""),
         probes=probes, batch_size=batch_size, seed=seed,

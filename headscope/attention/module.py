@@ -6,7 +6,8 @@ models use: grouped-query attention (`n_kv_heads`), optional biases, a head size
 `d_model / n_heads`, causal or bidirectional masking, padding masks, rotary position embedding
 (full or partial, "rotate half" or interleaved pairs), a scaling override, dropout, and the
 extras of recent models: q/k norms before rotary (Qwen3, Gemma 3, OLMo 2), clipping of q/k/v
-(OLMo), score soft-capping (Gemma 2), a learned sink logit per head (gpt-oss) and a sigmoid output gate
+(OLMo; after the q/k norms: OLMoE), a norm on each head's values (Gemma 4), a per-position query
+temperature (Llama 4's layers without rotary), score soft-capping (Gemma 2), a learned sink logit per head (gpt-oss) and a sigmoid output gate
 (Qwen3-Next: z * sigmoid(W_gate x), per element of each head, before W_O), and a norm over all
 heads' outputs together before W_O (BitNet's `attn_sub_norm`: W_O RMSNorm(Concat(head_1..head_h))),
 which mixes the heads through its per-token scale. Given a
@@ -18,7 +19,7 @@ head size (`d_value`), and q, k, v may come from low-rank latents instead of W_q
 (`latent`: multi-head latent attention, DeepSeek-V2/V3, `headscope.attention.latent`).
 
 Hook points (read or replace with `headscope.attention.hook_points.hooks(module, {...})` or `module.hooks(...)`):
-    hook_q       [batch, head, pos, d_head]      queries, after q/k norm and rotary
+    hook_q       [batch, head, pos, d_head]      queries, after q/k norm, rotary and temperature
     hook_k       [batch, kv_head, key, d_head]   keys, after q/k norm and rotary
     hook_v       [batch, kv_head, key, d_value]  values (key = pos, or the context's positions;
                                                  d_value = d_head unless set apart)
@@ -74,6 +75,13 @@ class AttentionConfig:
         qk_norm: q and k pass through `q_norm` / `k_norm` (on `[batch, pos, head, d_head]`)
             before rotary.
         clip: q, k and v are clamped to [-clip, clip] after the projections (None: no clip).
+        clip_after_norm: the clamp comes after the q/k norms, not before them (OLMoE).
+        v_norm: each head's values pass `v_norm` (on `[batch, key, kv_head, d_value]`; Gemma 4's
+            RMSNorm without a gain).
+        query_temperature: `(floor_scale, attn_scale)`: the query at position t is multiplied by
+            1 + attn_scale * log(1 + floor((t + 1) / floor_scale)) after q/k norm and rotary
+            (Llama 4's temperature tuning in its layers without rotary; Nakanishi 2025,
+            arXiv 2501.19399); None: no temperature.
         softcap: scores become softcap * tanh(scores / softcap) (None: no cap).
         sinks: each head has a learned sink logit (`sinks` `[head]`) in its softmax.
         output_gate: z is multiplied per element by sigmoid(W_gate x) before W_O (`W_gate`,
@@ -102,6 +110,9 @@ class AttentionConfig:
     rotary_interleaved: bool = False
     qk_norm: bool = False
     clip: Optional[float] = None
+    clip_after_norm: bool = False
+    v_norm: bool = False
+    query_temperature: Optional[tuple[float, float]] = None
     softcap: Optional[float] = None
     sinks: bool = False
     output_gate: bool = False
@@ -126,7 +137,11 @@ class MultiHeadAttention(nn.Module):
         rotary_interleaved: rotate dims in pairs (2i, 2i + 1) (GPT-J layout).
         qk_norm: RMS-normalise each head's q and k before rotary (`q_norm`, `k_norm`, replaceable
             by any module mapping `[batch, pos, head, d_head]` to itself).
-        clip: clamp q, k and v to [-clip, clip].
+        clip: clamp q, k and v to [-clip, clip]; with `clip_after_norm`, after the q/k norms.
+        v_norm: normalise each head's values (`v_norm`, an `nn.RMSNorm(d_value)` without gain,
+            replaceable by any module mapping `[batch, key, kv_head, d_value]` to itself).
+        query_temperature: `(floor_scale, attn_scale)`: scale the query at position t (from
+            `positions`, default 0..pos-1) by 1 + attn_scale * log(1 + floor((t + 1) / floor_scale)).
         softcap: cap scores at softcap * tanh(scores / softcap).
         sinks: add a learned sink logit per head (`sinks` `[head]`, initialised to 0).
         output_gate: gate z per element by sigmoid(W_gate x) before W_O (`W_gate` with a bias
@@ -161,6 +176,9 @@ class MultiHeadAttention(nn.Module):
         rotary_interleaved: bool = False,
         qk_norm: bool = False,
         clip: Optional[float] = None,
+        clip_after_norm: bool = False,
+        v_norm: bool = False,
+        query_temperature: Optional[tuple[float, float]] = None,
         softcap: Optional[float] = None,
         sinks: bool = False,
         output_gate: bool = False,
@@ -176,6 +194,8 @@ class MultiHeadAttention(nn.Module):
             d_model, n_heads, n_kv_heads, d_head, d_value=d_value, causal=causal, qkv_bias=bias,
             out_bias=bias if out_bias is None else out_bias, rotary_dim=rotary_dim, rotary_base=rotary_base,
             scale=scale, dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
+            clip_after_norm=clip_after_norm, v_norm=v_norm,
+            query_temperature=None if query_temperature is None else tuple(map(float, query_temperature)),
             softcap=softcap, sinks=sinks, output_gate=output_gate, d_in=d_in, pre_out_norm=pre_out_norm,
             latent=latent,
         )
@@ -195,6 +215,7 @@ class MultiHeadAttention(nn.Module):
             self.latent = LatentProjections(latent, cfg.d_in, cfg.n_heads, cfg.d_head, cfg.d_value, bias, **kw)
         self.q_norm = nn.RMSNorm(cfg.d_head, **kw) if qk_norm else None  # on (B, T, H, D)
         self.k_norm = nn.RMSNorm(cfg.d_head, **kw) if qk_norm else None
+        self.v_norm = nn.RMSNorm(cfg.d_value, elementwise_affine=False, **kw) if v_norm else None  # on (B, S, Hkv, Dv)
         z_width = cfg.n_heads * cfg.d_value
         self.W_o = nn.Linear(z_width, cfg.d_model, bias=cfg.out_bias, **kw)
         self.W_gate = nn.Linear(cfg.d_in, z_width, bias=cfg.qkv_bias, **kw) if cfg.output_gate else None
@@ -263,6 +284,8 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         source = x if context is None else context  # keys and values read it
         q, k, v = self._project(x, source, None if context is not None else self._rotary(T, x, positions, rotary))
+        if cfg.query_temperature is not None:
+            q = self._tempered(q, positions)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
 
         mask = _as_4d_mask(attention_mask)
@@ -303,6 +326,14 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"rotary tables have {rotary[0].shape[-1]} dims, module rotates {cfg.rotary_dim}")
         return rotary
 
+    def _tempered(self, q: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
+        """q `[B, H, T, D]` times its position's temperature 1 + attn_scale * log(1 + floor((t + 1) / floor_scale))."""
+        floor_scale, attn_scale = self.config.query_temperature
+        T = q.shape[2]
+        t = torch.arange(T, device=q.device) if positions is None else positions  # (T,) or (B, T)
+        temperature = torch.log1p(torch.floor((t.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+        return (q * temperature.view(-1, 1, T, 1)).to(q.dtype)  # (B or 1, 1, T, 1) broadcast over heads
+
     def _project(self, x: torch.Tensor, source: torch.Tensor, rotary) -> tuple[torch.Tensor, ...]:
         """q `[B, H, T, D]`, k `[B, Hkv, S, D]`, v `[B, Hkv, S, Dv]` from the queries' input x and the
         keys' and values' `source` (x, or a cross-attention's context; `rotary`: None there)."""
@@ -312,14 +343,18 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         S = source.shape[1]
         q, k, v = self.W_q(x), self.W_k(source), self.W_v(source)  # (B, T, H * D), (B, S, Hkv * D), (B, S, Hkv * Dv)
-        if cfg.clip is not None:
+        if cfg.clip is not None and not cfg.clip_after_norm:
             q, k, v = (t.clamp(-cfg.clip, cfg.clip) for t in (q, k, v))
         q = q.view(B, T, cfg.n_heads, cfg.d_head)  # (B, T, H, D)
         k = k.view(B, S, cfg.n_kv_heads, cfg.d_head)  # (B, S, Hkv, D)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, Hkv, S, D)
-        v = v.view(B, S, cfg.n_kv_heads, cfg.d_value).transpose(1, 2)  # (B, Hkv, S, Dv)
+        if cfg.clip is not None and cfg.clip_after_norm:  # elementwise: the same on any view
+            q, k, v = (t.clamp(-cfg.clip, cfg.clip) for t in (q, k, v))
+        v = v.view(B, S, cfg.n_kv_heads, cfg.d_value)  # (B, S, Hkv, Dv)
+        if cfg.v_norm:
+            v = self.v_norm(v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
         if rotary is not None:  # cross-attention: positions of two sequences, no rotary
             cos, sin = rotary
             q = apply_rotary(q, cos, sin, cfg.rotary_interleaved)

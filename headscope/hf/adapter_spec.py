@@ -3,7 +3,7 @@
 - `Adapter`: where a family keeps its layers and attention blocks, the q/k/v/o layout and what its
   attention adds to plain softmax attention (rotary, q/k norms, clipping, soft-capping, sinks, an
   output gate, a norm mixing heads, per-layer LoRA), its other site groups and its family-table line.
-- `Rotary`, `QKNorm`, `LoRA`, `Latent`, `SiteGroup`, `AudioEncoder`: the parts an `Adapter` names.
+- `Rotary`, `QKNorm`, `Temperature`, `LoRA`, `Latent`, `SiteGroup`, `AudioEncoder`: the parts an `Adapter` names.
 
 Data only: the table of adapters and the functions reading it are `headscope.hf.adapters`.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "Latent"]
+__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "Temperature", "LoRA", "Latent"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,10 @@ class QKNorm:
         switch: attribute of the core module that says whether the norms are used.
         where_present: the norms are used by the cores that have them, in a family whose
             cores differ (mllama's cross-attention has them, its self-attention not).
+        after_rotary: the model norms after rotary (Llama 4's L2 norm). Taken before it, which
+            is the same for a norm without gain over each head's whole vector: rotary rotates
+            pairs of dims, keeping the vector's RMS (with tables of magnitude 1); from_hf
+            refuses such norms with a gain.
     """
 
     q: str
@@ -65,6 +69,22 @@ class QKNorm:
     over: str = "head"
     switch: Optional[str] = None
     where_present: bool = False
+    after_rotary: bool = False
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """Llama 4's temperature tuning: in the layers without rotary, the query at position t times
+    1 + attn_scale * log(1 + floor((t + 1) / floor_scale)) (`MultiHeadAttention(query_temperature=)`).
+
+    Attributes:
+        floor, scale: core attributes holding floor_scale and attn_scale.
+        switch: core attribute that is True where the temperature is used.
+    """
+
+    floor: str
+    scale: str
+    switch: str
 
 
 @dataclass(frozen=True)
@@ -178,6 +198,13 @@ class Adapter:
         rotary: how rotary embedding is applied (None: no rotary).
         qk_norm: norms on q and k before rotary (None: none).
         clip: config attribute clamping q, k and v after the projections.
+        clip_after_norm: the clamp comes after the q/k norms (OLMoE), not right after the projections.
+        v_norm: path from the core to a norm on each head's values `[batch, pos, head, d_head]` (Gemma 4).
+        temperature: a per-position query temperature in the layers without rotary (`Temperature`).
+        sizes_per_layer: head size and key/value heads differ by layer (Gemma 4's full-attention
+            layers): read from the core's `head_dim` and `num_key_value_groups`.
+        kv_shared: core attribute that is True in layers reusing the keys and values another
+            layer computed (Gemma 4's last num_kv_shared_layers): from_hf refuses those layers.
         softcap: core attribute holding the score soft-cap.
         sinks: core attribute holding the per-head sink logits.
         query_prescaled: the model multiplies q by `core.scaling` and asks for scale 1.
@@ -244,6 +271,11 @@ class Adapter:
     rotary: Optional[Rotary] = None
     qk_norm: Optional[QKNorm] = None
     clip: Optional[str] = None
+    clip_after_norm: bool = False
+    v_norm: Optional[str] = None
+    temperature: Optional[Temperature] = None
+    sizes_per_layer: bool = False
+    kv_shared: Optional[str] = None
     softcap: Optional[str] = None
     sinks: Optional[str] = None
     query_prescaled: bool = False

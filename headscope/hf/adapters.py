@@ -36,14 +36,14 @@ import inspect
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
-from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup
-from .layouts import FusedConv1D, FusedPerHead, FusedRows, GatedQuery, Separate
+from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup, Temperature
+from .layouts import FusedConv1D, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
 __all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "Latent", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
-           "discovered_cores", "group_blocks", "stack_counts", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "supported_families", "text_config",
+           "discovered_cores", "group_blocks", "stack_counts", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "config_value", "supported_families", "text_config",
            "text_stack", "VISION_ADAPTERS", "vision_adapter_for", "block_adapter"]
 
 
@@ -80,11 +80,25 @@ ADAPTERS = (
     Adapter("gemma3", ("gemma3_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), softcap="attn_logit_softcapping",
             notes="per-head q/k norm, local and global rotary, sliding windows"),
+    Adapter("gemma4", ("gemma4_text", "gemma3n_text"), layers="layers", block="self_attn", core="",
+            qkv=KeysAsValues("q_proj", "k_proj", "v_proj"), out="o_proj", rotary=Rotary(),
+            qk_norm=QKNorm("q_norm", "k_norm"), v_norm="v_norm", sizes_per_layer=True, kv_shared="is_kv_shared_layer",
+            notes="per-head q/k RMSNorm and a gainless RMSNorm on each head's values, scores unscaled (scaling 1), "
+                  "sliding windows; its full-attention layers with their own head size (global_head_dim), "
+                  "proportional rotary (tables as wide as the head, angle 0 past partial_rotary_factor) and, with "
+                  "attention_k_eq_v, fewer key/value heads whose values are the key projection's output; from_hf "
+                  "and verify refuse the last num_kv_shared_layers layers (they reuse another layer's keys and "
+                  "values; analyze then skips the OV table with a note); the OV table leaves out the value norm's "
+                  "per-token scale; gemma3n_text: the same attention, every layer's heads alike"),
     Adapter("cohere", ("cohere",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(interleaved=True), qk_norm=QKNorm("q_norm", "k_norm", switch="use_qk_norm"),
             notes="interleaved rotary, optional per-head q/k LayerNorm"),
     Adapter("olmo", ("olmo",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), clip="clip_qkv", notes="clip_qkv clamps q, k, v"),
+    Adapter("olmoe", ("olmoe",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", over="projection"), clip="clip_qkv",
+            clip_after_norm=True, notes="q/k RMSNorm over the whole projection; clip_qkv clamps q, k, v after the "
+                                        "norms"),
     Adapter("olmo2", ("olmo2", "olmo3", "flex_olmo", "minimax_m2"), layers="layers", block="self_attn", core="",
             qkv=_QKV, out="o_proj", rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", over="projection"),
             notes="q/k RMSNorm over the whole projection; olmo3: sliding windows in some layers; minimax_m2: "
@@ -112,6 +126,15 @@ ADAPTERS = (
             no_from_hf="from_hf and verify are not available for hunyuan_v1 (its per-head q/k RMSNorm comes after "
                        "rotary, MultiHeadAttention's before); capture, ablate and analyze work",
             notes="per-head q/k RMSNorm after rotary; from_hf/verify not available"),
+    Adapter("llama4_text", ("llama4_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(interleaved=True, tables="complex", switch="use_rope"),
+            qk_norm=QKNorm("qk_norm", "qk_norm", where_present=True, after_rotary=True),
+            temperature=Temperature("floor_scale", "attn_scale", switch="attn_temperature_tuning"),
+            notes="rotary on interleaved pairs, as complex numbers, in the layers no_rope_layers marks, the others "
+                  "NoPE with temperature tuning (the query at position t times 1 + attn_scale * log(1 + floor((t + "
+                  "1) / floor_scale))); chunked attention (attention_chunk_size) in the rotary layers; use_qk_norm: "
+                  "a gainless L2 norm of q and k after rotary, which from_hf takes before it (a rotation keeps the "
+                  "norm)"),
     Adapter("smollm3", ("smollm3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(switch="use_rope"), notes="NoPE layers (no rotary) between rotary ones"),
     Adapter("gpt_oss", ("gpt_oss",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
@@ -166,16 +189,21 @@ ADAPTERS = (
             rotary=Rotary(), hybrid=True, notes="hybrid: attention and Mamba 2 side by side in every layer; the attention is captured"),
     Adapter("minimax", ("minimax",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), hybrid=True, notes=_HYBRID.format("beside lightning (linear) attention layers")),
-    Adapter("lfm2", ("lfm2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj", rotary=Rotary(),
-            qk_norm=QKNorm("q_layernorm", "k_layernorm"), hybrid=True,
+    Adapter("lfm2", ("lfm2", "lfm2_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_layernorm", "k_layernorm"), hybrid=True,
             notes=_HYBRID.format("beside short convolutions") + "; per-head q/k norm"),
-    Adapter("qwen3_next", ("qwen3_next",), layers="layers", block="self_attn", core="",
+    Adapter("kimi_linear", ("kimi_linear",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
+            latent=Latent(), hybrid=True,
+            notes=_HYBRID.format("beside Kimi Delta Attention (linear) layers, both under `self_attn`") + "; " + _MLA
+                  + " without rotary: no positional encoding in attention, the shared key part unrotated"),
+    Adapter("qwen3_next", ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), layers="layers", block="self_attn", core="",
             qkv=GatedQuery("q_proj", "k_proj", "v_proj"), out="o_proj", rotary=Rotary(),
             qk_norm=QKNorm("q_norm", "k_norm"), output_gate=True, hybrid=True,
             notes=_HYBRID.format("beside Gated DeltaNet linear attention") + "; per-head q/k RMSNorm, partial "
                   "rotary; a sigmoid output gate (per element, from the layer's input) between attention and o_proj: "
                   "z (hook_z, ablation, patching) is o_proj's input, after the gate; no OV table (the gate, "
-                  "which depends on the input, sits inside the OV circuit)"),
+                  "which depends on the input, sits inside the OV circuit); qwen3_5_text and qwen3_5_moe_text (Qwen3.5's "
+                  "text decoders): the same attention, their multimodal rotary tables plain ones for text"),
     Adapter("zamba2", ("zamba2",), layers="layers", block="shared_transformer.self_attn", core="", qkv=_QKV,
             out="o_proj", rotary=Rotary(config_switch=("use_mem_rope", True)), hybrid=True,
             lora=LoRA("linear_q_adapter_list", "linear_k_adapter_list", "linear_v_adapter_list", index="layer_dic",
@@ -447,13 +475,22 @@ def out_projection(model: nn.Module, block: nn.Module) -> nn.Module:
 
 
 def head_sizes(config) -> tuple[int, int, int, int]:
-    """`(d_model, n_heads, n_kv_heads, d_head)` read from a transformers config (its text config)."""
+    """`(d_model, n_heads, n_kv_heads, d_head)` read from a transformers config (its text config);
+    where the layers' sizes differ (gemma4_text), the first layer's (`config_value`)."""
     config = text_config(config)
     d_model = config.hidden_size
     n_heads = config.num_attention_heads
-    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
-    d_head = getattr(config, "head_dim", None) or d_model // n_heads
+    n_kv = config_value(config, "num_key_value_heads") or n_heads
+    d_head = config_value(config, "head_dim") or d_model // n_heads
     return d_model, n_heads, n_kv, d_head
+
+
+def config_value(config, name: str, default=None):
+    """`config.<name>` (`default` where absent); for an attribute a heterogeneous config sets per
+    layer (gemma4_text's `head_dim` and `num_key_value_heads`, which transformers refuses to read
+    globally), the first layer's value."""
+    per_layer = getattr(config, "per_layer_attributes", None) or ()
+    return getattr(config.per_layer_config[0] if name in per_layer else config, name, default)
 
 
 def stack_counts(config) -> tuple[int, int]:

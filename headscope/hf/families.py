@@ -28,12 +28,15 @@ OUTSIDE_INTERFACE = ("falcon", "bloom", "mpt", "gpt_neo")
 
 _VLM = ("vision-language: its text decoder (text_config) with text-only probes; the vision tower is the "
         "opt-in stack sites=\"vision\" (bidirectional self-attention over the image's patches)")
+_VLM_TEXT = ("vision-language: its text decoder ({}) with text-only probes; its vision tower is not tested as a site "
+             "group")
+_GATED_HYBRID = ": gated attention beside Gated DeltaNet layers, captured under the model's layer numbers"
 _PACKED = ("; its vision attention runs once per image or window over one packed sequence of all images' patches "
            "(cu_seqlens): a layer's map is [1, head, patch, patch], block-diagonal, in the tower's window order; "
            "hook_z is the only hook point there")
 # Families with no adapter of their own, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py);
 # a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama,
-# qwen2_5_vl_text, mllama_text_model); a fourth:
+# qwen2_5_vl_text, mllama_text_model, qwen3_5_text, qwen3_5_moe_text, gemma4_text); a fourth:
 # its groups of attention sites where not only "text".
 _WITH_VISION = "text, vision"  # the text decoder (the default), the vision tower (tests/hf/test_vision_towers.py)
 _WITH_CROSS = "text, text.self, text.cross"  # the text stack holds self- and cross-attention layers
@@ -41,6 +44,9 @@ DISCOVERED = (
     ("gemma3", _VLM, True, _WITH_VISION),
     ("llava", _VLM, True, _WITH_VISION),
     ("qwen2_5_vl", _VLM + _PACKED, True, _WITH_VISION),
+    ("qwen3_5", _VLM_TEXT.format("qwen3_5_text" + _GATED_HYBRID), True),
+    ("qwen3_5_moe", _VLM_TEXT.format("qwen3_5_moe_text" + _GATED_HYBRID), True),
+    ("gemma4", _VLM_TEXT.format("gemma4_text"), True),
     ("mllama", _VLM + "; its vision layers numbered local then global; its cross-attention layers never run "
                "without an image: reported as not run, skipped by analyze with a note, an error to ablate, hook "
                "or verify",

@@ -1,7 +1,8 @@
 """Building headscope's `MultiHeadAttention` from a Hugging Face attention block, by its adapter.
 
 - `module_from_hf(cls, block, config, layer=None)`: a `MultiHeadAttention` holding the block's
-  weights, its q/k norms (copies of the model's own modules), clip, soft-cap, sink logits and
+  weights, its q/k norms and values' norm (copies of the model's own modules), clip, query
+  temperature, soft-cap, sink logits and
   output gate and a norm over all heads before the output projection (`Adapter.mixes_heads`,
   copied as `pre_out_norm`); for multi-head latent attention (`Adapter.latent`: DeepSeek-V2/V3),
   a `MultiHeadAttention` with `latent=`, holding the block's down and up projections and copies of
@@ -9,7 +10,8 @@
   (`Adapter.lora`, zamba2), those of `layer` folded into W_q, W_k, W_v (W + B A). A block whose
   linear layers do not apply their weight as it is stored (a quantized checkpoint's layers, as
   BitNet's `BitLinear` and `AutoBitLinear`, which round their inputs to 8 bits per token as they
-  run) is refused in one line: no fixed matrix reproduces them.
+  run) is refused in one line: no fixed matrix reproduces them; so is a layer attending with the
+  keys and values another layer computed (`Adapter.kv_shared`, Gemma 4's shared layers).
 - `rotary_tables(block, config, position_embeddings)`: the `(cos, sin)` the model passed to the
   block, in the layout and width `MultiHeadAttention` takes (None for a layer without rotary).
 - `call_arguments(module, config, received, returned)`: the arguments that make such a module
@@ -74,8 +76,21 @@ def _norms(adapter: Adapter, core: nn.Module) -> Optional[tuple[nn.Module, nn.Mo
         return None
     if spec.where_present and not hasattr(core, spec.q):
         return None
+    norms = _sub(core, spec.q), _sub(core, spec.k)
+    if spec.after_rotary and any(getattr(norm, "weight", None) is not None for norm in norms):
+        raise HeadscopeError(f"from_hf and verify are not available for this {type(core).__name__}: its q/k norms "
+                             f"come after rotary and have a gain, so they cannot be taken before it; capture, "
+                             f"ablate and analyze work")
     wrap = _WRAP[spec.over]
-    return wrap(copy.deepcopy(_sub(core, spec.q))), wrap(copy.deepcopy(_sub(core, spec.k)))
+    return tuple(wrap(copy.deepcopy(norm)) for norm in norms)
+
+
+def _temperature(adapter: Adapter, core: nn.Module, rotary_dim: int) -> Optional[tuple[float, float]]:
+    """`(floor_scale, attn_scale)` of a layer without rotary whose core tunes its queries' temperature."""
+    spec = adapter.temperature
+    if spec is None or rotary_dim or not getattr(core, spec.switch):
+        return None
+    return float(getattr(core, spec.floor)), float(getattr(core, spec.scale))
 
 
 def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
@@ -111,6 +126,9 @@ def _sizes(adapter: Adapter, core: nn.Module, config) -> tuple[int, int, int, in
     """`(d_model, n_heads, n_kv_heads, d_head)`; where the adapter names the module's own head count
     (an encoder-decoder's stacks may differ, a vision tower's config names it its own way), that count,
     the module's `head_dim` (else d_model over it) and no grouped keys."""
+    if adapter.sizes_per_layer:  # Gemma 4: its full-attention layers' heads are larger, with fewer keys
+        n_heads = int(config.num_attention_heads)  # the config's head size and key/value heads are per layer
+        return int(config.hidden_size), n_heads, n_heads // int(core.num_key_value_groups), int(core.head_dim)
     if not adapter.heads:
         return head_sizes(config)
     d_model, n_heads = int(config.hidden_size), int(getattr(core, adapter.heads))
@@ -159,6 +177,10 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         raise HeadscopeError(adapter.no_from_hf)
     _runs_as_stored(block)
     core = _sub(block, adapter.core)
+    if adapter.kv_shared and getattr(core, adapter.kv_shared):
+        raise HeadscopeError(f"from_hf and verify are not available for this {type(core).__name__}: its layer reuses "
+                             f"the keys and values another layer computed from that layer's input; capture, ablate "
+                             f"and analyze work")
     if adapter.latent is not None:
         return _latent_module(cls, adapter, block, core, config)
     d_model, n_heads, n_kv, d_head = _sizes(adapter, core, config)
@@ -176,14 +198,16 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
     norms = _norms(adapter, core)
     sinks = getattr(core, adapter.sinks) if adapter.sinks else None
     wg, bg = adapter.qkv.gate(block, n_heads, d_head) if adapter.output_gate else (None, None)
+    rotary_dim = _rotary_dim(adapter, core, config, d_head)
     module = cls(
         d_model, n_heads, n_kv, d_head,
         causal=bool(getattr(core, "is_causal", adapter.causal)),
         bias=any(b is not None for b in (bq, bk, bv)), out_bias=bo is not None,
-        rotary_dim=_rotary_dim(adapter, core, config, d_head), rotary_base=_rotary_base(config),
+        rotary_dim=rotary_dim, rotary_base=_rotary_base(config),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
         scale=scale, qk_norm=norms is not None,
-        clip=getattr(config, adapter.clip, None) if adapter.clip else None,
+        clip=getattr(config, adapter.clip, None) if adapter.clip else None, clip_after_norm=adapter.clip_after_norm,
+        v_norm=adapter.v_norm is not None, query_temperature=_temperature(adapter, core, rotary_dim),
         softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,
         sinks=sinks is not None, output_gate=wg is not None, pre_out_norm=adapter.mixes_heads is not None,
         d_in=wq.shape[1],
@@ -196,6 +220,8 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
             module.sinks.copy_(sinks)
     if norms is not None:
         module.q_norm, module.k_norm = norms
+    if adapter.v_norm is not None:  # the model's own norm on each head's values, (B, T, Hkv, D)
+        module.v_norm = copy.deepcopy(_sub(core, adapter.v_norm))
     if adapter.mixes_heads is not None:  # the model's own norm over all heads' features, (B, T, H * D)
         module.pre_out_norm = copy.deepcopy(_sub(block, adapter.mixes_heads))
     return module.eval()

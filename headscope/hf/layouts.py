@@ -7,6 +7,8 @@ each weight Linear-style `(out features, in features)` and bias None when the mo
 - `FusedRows`: one Linear whose output is `[q | k | v]` (Phi-3 `qkv_proj`, ModernBERT `Wqkv`).
 - `FusedConv1D`: the same in a transformers Conv1D, which stores `(in, out)` (GPT-2 `c_attn`).
 - `FusedPerHead`: one Linear grouped per head as `[q_h | k_h | v_h]` (GPT-NeoX).
+- `KeysAsValues`: three Linear modules, but where the value projection is absent (Gemma 4's
+  full-attention layers with `attention_k_eq_v`) the values are the key projection's output.
 - `GatedQuery`: three Linear modules, the query's grouped per head as `[q_h | gate_h]`, the
   rows of a sigmoid output gate beside each head's query rows (Qwen3-Next); `gate(...)` gives them.
 """
@@ -19,7 +21,8 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     import torch
     from torch import nn
 
-__all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead", "GatedQuery"]
+__all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead", "KeysAsValues",
+           "GatedQuery"]
 
 Weights = "tuple[torch.Tensor, torch.Tensor | None]"  # Linear-style (out, in) weight and bias
 
@@ -87,6 +90,20 @@ class FusedPerHead:
             (w[:, i].reshape(n_heads * d_head, -1), b[:, i].reshape(-1) if b is not None else None)
             for i in range(3)
         ]
+
+
+@dataclass(frozen=True)
+class KeysAsValues:
+    """Gemma 4: separate q, k, v Linears; a block whose `v` is None takes its values from `k`
+    (the same weights: v = W_k x, before the key's norm)."""
+
+    q: str
+    k: str
+    v: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        v = self.v if getattr(block, self.v, None) is not None else self.k
+        return [linear(block.get_submodule(p)) for p in (self.q, self.k, v)]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ SMALL = dict(detectors=PATTERN_DETECTORS, probes=[TextProbe(4, 24), RepeatedProb
              explorer_examples=1, explorer_len=12)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "qwen3", "phi3", "gpt_oss", "bitnet"])
+@pytest.mark.parametrize("family", ["gemma2", "qwen3", "phi3", "gpt_oss", "bitnet", "gemma4_text", "llama4_text", "olmoe"])
 def test_analyze_labels_and_renders(family, tmp_path):
     model = tiny_model(family, kind="interface")
     default = model.config._attn_implementation

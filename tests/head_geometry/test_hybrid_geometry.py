@@ -23,7 +23,7 @@ from tests.support.tiny import HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config, t
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-FAMILIES = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]  # all nine adapted
+FAMILIES = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]  # all of them adapted
 PROBE = dict(n_examples=3, seq_len=16)
 BATCH = 2
 

@@ -250,12 +250,14 @@ def test_a_kernel_ignoring_softcap_or_sinks_would_fail(family, what, monkeypatch
 
 
 @pytest.mark.parametrize("family, change", [("glm", dict(tables="layout")), ("ernie4_5", dict(tables="layout")),
-                                            ("exaone4", dict(switch=None)), ("cohere2", dict(switch=None))])
+                                            ("exaone4", dict(switch=None)), ("cohere2", dict(switch=None)),
+                                            ("llama4_text", dict(switch=None))])
 @torch.no_grad()
 def test_a_rotary_read_otherwise_would_fail_verify(family, change, monkeypatch):
     """The matrix's rotary layouts and NoPE layers matter: reading glm's and ernie's tables as
     rotate-half ones (not one angle per interleaved pair from their first half), or rotating
-    exaone4's and cohere2's full-attention layers, moves verify's patterns far past its tolerance."""
+    exaone4's and cohere2's full-attention layers or llama4's NoPE layer, moves verify's patterns far
+    past its tolerance."""
     model = tiny_model(family, kind="interface")
     adapter = adapter_for(model.config)
     wrong = dataclasses.replace(adapter, rotary=dataclasses.replace(adapter.rotary, **change))

@@ -9,7 +9,7 @@ import torch
 
 import headscope
 from headscope.hf import route
-from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
+from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores, text_config
 from headscope.hf.from_hf import rotary_tables
 from tests.support.contracts import (assert_hook_contract, assert_ov_refused, eager_weights, head_meaned_at,
                                      head_zeroed_at, run_eager)
@@ -19,7 +19,7 @@ from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
 from headscope.probes.treebank import TreebankProbe
 from headscope.report import render_html
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import (COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config,
+from tests.support.tiny import (COMPOSITE_ATTENTION, COMPOSITE_FAMILIES, VERIFIED_COMPOSITES, HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config,
                                 tiny_image_inputs, tiny_inputs, tiny_mllama, tiny_model)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -29,11 +29,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 # its block's MLP and the next Mamba mixer): all of them. zamba2's LoRA and joined input: tests/hf/test_zamba2.py.
 ADAPTED_HYBRIDS = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]
 CASES = [(f, "hybrid") for f in HYBRID_FAMILIES] + [(f, "composite") for f in COMPOSITE_FAMILIES]
-OUT = {"lfm2": "out_proj"}  # the output projection's name inside the attention module (default o_proj)
+OUT = {"lfm2": "out_proj", "lfm2_moe": "out_proj"}  # the output projection's name inside the attention module (default o_proj)
 
 
 def _attention_layers(family, kind, model):
-    return HYBRID_ATTENTION[family] if kind == "hybrid" else tuple(range(model.config.text_config.num_hidden_layers))
+    if kind == "hybrid":
+        return HYBRID_ATTENTION[family]
+    return COMPOSITE_ATTENTION.get(family, tuple(range(model.config.text_config.num_hidden_layers)))
 
 
 def _eager_patterns(model, x) -> dict[int, torch.Tensor]:
@@ -74,7 +76,7 @@ def test_ablation_is_removing_the_head_at_the_output_projection_and_restores(fam
     before = model(**x).logits
     with headscope.ablate(model, heads=[(layer, head)]):
         ablated = model(**x).logits
-    with head_zeroed_at(out, head, out.in_features // core.head_dim):
+    with head_zeroed_at(out, head, text_config(model.config).num_attention_heads):
         reference = model(**x).logits
     assert (ablated - before).abs().max() > 1e-3
     assert (ablated - reference).abs().max() <= 1e-4
@@ -113,9 +115,9 @@ def test_analyze_runs_end_to_end_and_renders(family, kind):
     without = sorted(set(range(loaded.n_layers)) - set(layers))
     notes = " ".join(analysis.meta.get("notes", []))
     assert (f"layers {', '.join(map(str, without))} have no attention" in notes) == bool(without)
-    gated = "OV copying not computed: OV copying is not available for layer 2: a sigmoid output gate"
-    assert (gated in notes) == (family == "qwen3_next")  # no input-free OV circuit through a gate
     adapter = adapter_for(model.config)  # the OV table reads W_V and W_O through the text decoder's adapter
+    gated = f"OV copying not computed: OV copying is not available for layer {layers[0]}: a sigmoid output gate"
+    assert (gated in notes) == bool(adapter and adapter.output_gate)  # no input-free OV circuit through a gate
     assert ("ov" in analysis.tables) == (adapter is not None and not adapter.output_gate and not adapter.no_ov)
     page = render_html(analysis, plotlyjs="cdn")
     assert f"tiny-{family}" in page
@@ -131,7 +133,7 @@ def test_a_saved_vision_language_model_loads_as_a_causal_text_decoder(family, tm
     loaded = headscope.load(str(tmp_path), device="cpu")
     assert type(loaded.model) is type(model)
     assert loaded.causal and (loaded.n_layers, loaded.n_heads) == (3, 4)
-    assert loaded.attention_layers == (0, 1, 2)
+    assert loaded.attention_layers == _attention_layers(family, "composite", model)  # qwen3_5's: 1, 2
     ids = torch.randint(3, 99, (1, 9))
     with torch.no_grad():
         assert loaded.body(input_ids=ids).last_hidden_state.shape == (1, 9, 64)
@@ -208,13 +210,14 @@ def test_a_hybrids_retrieval_rows_carry_the_models_layer_numbers():
 @pytest.mark.parametrize("family", VERIFIED_COMPOSITES)
 @torch.no_grad()
 def test_a_vision_language_models_text_decoder_has_its_familys_adapter(family):
-    """gemma3's text decoder is gemma3_text, llava's a llama: their adapters give from_hf, verify
-    and hook_result, and point at the modules discovery finds."""
+    """gemma3's text decoder is gemma3_text, llava's a llama, qwen3_5's qwen3_5_text (attention in
+    layers 1 and 2): their adapters give from_hf, verify and hook_result, and point at the modules
+    discovery finds."""
     model = tiny_model(family, kind="composite")
     x = tiny_inputs()
     assert [core for _, core in core_modules(model)] == discovered_cores(model)
     table = headscope.verify(model, x)
-    assert list(table.layer) == [0, 1, 2]
+    assert tuple(table.layer) == _attention_layers(family, "composite", model)
     assert table.max_abs_diff_output.max() <= 1e-4
     assert table.max_abs_diff_pattern.max() <= 1e-5
     assert_hook_contract(model)

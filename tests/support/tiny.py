@@ -20,6 +20,8 @@ Two kinds, each a table of configs:
   tower of 2 heads on 28-pixel images), built as `AutoModelForImageTextToText`, with the
   parameters that keep a fresh model's logits blind to the image (gates and projections
   initialised to zero or nearly, `_IMAGE_GATES`) filled, so that the vision tower matters.
+  Qwen3.5's (qwen3_5, qwen3_5_moe) text decoders are hybrids: attention in the layers
+  `COMPOSITE_ATTENTION[family]` only.
 
 - `kind="encoder_decoder"` (`ENCODER_DECODER_FAMILIES`: bart, whisper, marian, mbart, m2m_100,
   pegasus, blenderbot, blenderbot-small, plbart, t5, mt5), each as its ...ForConditionalGeneration
@@ -50,7 +52,7 @@ import functools
 import torch
 
 __all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
-           "COMPOSITE_FAMILIES", "VERIFIED_COMPOSITES", "TEXT_DECODERS", "ENCODER_DECODER_FAMILIES", "tiny_config", "tiny_model",
+           "COMPOSITE_FAMILIES", "COMPOSITE_ATTENTION", "VERIFIED_COMPOSITES", "TEXT_DECODERS", "ENCODER_DECODER_FAMILIES", "tiny_config", "tiny_model",
            "tiny_mllama", "tiny_inputs", "tiny_seq2seq_inputs", "tiny_image_inputs", "output_of"]
 
 VOCAB = 99
@@ -132,6 +134,17 @@ EXTRA = {
                        initializer_range=0.5),
     "exaone_moe": dict(WINDOW, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, num_shared_experts=1,
                        first_k_dense_replace=1),
+    "olmoe": dict(clip_qkv=0.5, num_experts=4, num_experts_per_tok=2),
+    # NoPE layer 1 with a temperature that grows within the test sequences (floor_scale 4); chunks of 6 in layer 0
+    # (shorter ones would leave the padded tail of tiny_inputs a chunk of its own: query rows with no key to read).
+    "llama4_text": dict(no_rope_layers=[1, 0], attention_chunk_size=6, floor_scale=4, attn_scale=0.5,
+                        use_qk_norm=True, num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=48),
+    # Layer 1 (full attention): heads of 24, one key/value head whose values are the keys' projection.
+    "gemma4_text": dict(WINDOW, global_head_dim=24, num_global_key_value_heads=1, attention_k_eq_v=True,
+                        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB),
+    "gemma3n_text": dict(WINDOW, num_kv_shared_layers=0, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+                         laurel_rank=8, altup_num_inputs=2, activation_sparsity_pattern=[0.0, 0.0],
+                         final_logit_softcapping=None),
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
@@ -156,6 +169,8 @@ ENCODERS = ("bert", "roberta", "electra", "xlm-roberta", "camembert", "data2vec-
 
 MAMBA = dict(mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
              mamba_chunk_size=8)
+QWEN3_5 = dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+               linear_value_head_dim=8)
 HYBRID = {  # family -> (config extras, the layers that hold attention)
     "jamba": (dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=4,
                    expert_layer_offset=3, num_experts=2, num_experts_per_tok=1,
@@ -171,6 +186,21 @@ HYBRID = {  # family -> (config extras, the layers that hold attention)
                         shared_expert_intermediate_size=16,
                         layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"]),
                    (2,)),
+    # Qwen3.5's text decoders: qwen3_next's gated attention, multimodal rotary tables (all axes alike for text).
+    "qwen3_5_text": (dict(QWEN3_5, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                 "full_attention"]), (1, 3)),
+    "qwen3_5_moe_text": (dict(QWEN3_5, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                              shared_expert_intermediate_size=16,
+                              layer_types=["full_attention", "linear_attention", "linear_attention",
+                                           "full_attention"]), (0, 3)),
+    "lfm2_moe": (dict(num_hidden_layers=4, num_dense_layers=1, num_experts=2, num_experts_per_tok=1,
+                      moe_intermediate_size=16, layer_types=["conv", "full_attention", "conv", "full_attention"]),
+                 (1, 3)),
+    # Multi-head latent attention without rotary (the shared key part unrotated) beside Kimi Delta Attention.
+    "kimi_linear": (dict(MLA, num_hidden_layers=4, q_lora_rank=None, linear_num_heads=2, linear_head_dim=16,
+                         num_local_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                         mlp_layer_types=["dense", "sparse", "dense", "sparse"]), (1, 3)),
     "nemotron_h": (dict(num_hidden_layers=4, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
                         chunk_size=8, layers_block_type=["linear_attention", "full_attention", "mlp", "full_attention"]),
                    (1, 3)),
@@ -201,9 +231,29 @@ COMPOSITE = {
                                           fullatt_block_indexes=[1], window_size=56),
                        image_token_id=98, video_token_id=97),
 }
+# Qwen3.5: its hybrid text decoder (layer 0 Gated DeltaNet, 1 and 2 attention) beside a windowless packed tower.
+QWEN3_5_TEXT = dict(TEXT, **{**QWEN3_5, "num_hidden_layers": 3},
+                    layer_types=["linear_attention", "full_attention", "full_attention"])
+QWEN3_5_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=64, patch_size=14)
+COMPOSITE["qwen3_5"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3_5_text"), vision_config=QWEN3_5_VISION,
+                            image_token_id=98, video_token_id=97)
+COMPOSITE["qwen3_5_moe"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3_5_moe_text", num_experts=2,
+                                                 num_experts_per_tok=1, moe_intermediate_size=16,
+                                                 shared_expert_intermediate_size=16),
+                                vision_config=QWEN3_5_VISION, image_token_id=98, video_token_id=97)
+# Gemma 4: its text decoder's last layer full attention (heads of 24, one key/value head: EXTRA's), SigLIP-like tower.
+COMPOSITE["gemma4"] = dict(text_config={**TEXT, **EXTRA["gemma4_text"], "model_type": "gemma4_text",
+                                        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+                           vision_config=dict(hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                              num_attention_heads=2, num_key_value_heads=2, head_dim=16, patch_size=14,
+                                              position_embedding_size=64),
+                           audio_config=None, image_token_id=98, video_token_id=97, boi_token_id=96, eoi_token_id=95,
+                           audio_token_id=94, boa_token_id=93, eoa_token_index=92)
 COMPOSITE_FAMILIES = tuple(COMPOSITE)
-# Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text).
-VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl")
+# The text layers that attend, where not all of them (a hybrid text decoder).
+COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2)}
+# Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text, qwen3_5_text, qwen3_5_moe_text, gemma4_text).
+VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe", "gemma4")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
 TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl"}
 
@@ -346,7 +396,7 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
                     aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long),
                     aspect_ratio_mask=torch.ones(2, 1, 1, dtype=torch.long),
                     cross_attention_mask=torch.ones(2, 11, 1, 1, dtype=torch.long))
-    if family == "qwen2_5_vl":  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens per image
+    if family in ("qwen2_5_vl", "qwen3_5", "qwen3_5_moe"):  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens
         ids[:, 2:8] = 98
         return dict(x, input_ids=ids, pixel_values=torch.randn(2 * 24, 3 * 2 * 14 * 14, generator=g),
                     image_grid_thw=torch.tensor([[1, 4, 6], [1, 4, 6]]))
@@ -385,6 +435,7 @@ def _interface_config(family: str):
     from transformers import AutoConfig
 
     known = AutoConfig.for_model(family)
+    known.allow_global_per_layer_attribute_access = True  # gemma4_text's head_dim is per layer: asked only here
     common = {k: v for k, v in COMMON.items() if hasattr(known, k)}
     kwargs = {k: v for k, v in {**common, **EXTRA[family]}.items() if v is not None}
     return AutoConfig.for_model(family, **kwargs)

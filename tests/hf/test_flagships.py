@@ -1,0 +1,180 @@
+"""Recent flagship families beyond the family matrix (tests/support/tiny.py): weights large enough
+for each part of their attention to matter, verify against the model's eager attention at the
+matrix's tolerances, and a mutation per feature: the adapter read without it fails verify by far."""
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import headscope
+from headscope.hf import adapters
+from headscope.hf.adapters import adapter_for, attention_blocks
+from tests.support.tiny import COMMON, EXTRA, HYBRID_ATTENTION, tiny_config, tiny_inputs
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _model(family, kind, seed=0, init=0.3, **extra):
+    """The family's tiny config of `kind` with `extra` set and weights of std `init`; norm weights
+    drawn off their init (1, or 0 where the norm multiplies by 1 + weight) so a skipped norm shows."""
+    config = tiny_config(family, kind=kind)
+    for name, value in dict(initializer_range=init, **extra).items():
+        setattr(config, name, value)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.add_(torch.randn(param.shape, generator=generator) * 0.5)
+    return model
+
+
+def _verified(model, x=None):
+    table = headscope.verify(model, tiny_inputs() if x is None else x)
+    return table.max_abs_diff_output.max(), table.max_abs_diff_pattern.max()
+
+
+def _without(monkeypatch, model, **change):
+    """The model's adapter replaced in ADAPTERS by a copy with `change`."""
+    adapter = adapter_for(model.config)
+    wrong = dataclasses.replace(adapter, **change)
+    monkeypatch.setattr(adapters, "ADAPTERS", tuple(wrong if a is adapter else a for a in adapters.ADAPTERS))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe_text"])
+@torch.no_grad()
+def test_qwen3_5s_gated_attention_verifies_and_needs_its_gate(family, monkeypatch):
+    model = _model(family, "hybrid")
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
+    assert mine.output_gate and mine.qk_norm and mine.rotary_dim == 4  # head_dim 16 * partial_rotary_factor 0.25
+    _without(monkeypatch, model, output_gate=False)
+    assert _verified(model)[0] > 1e-2  # the same pattern, an output without the gate far off
+
+
+@torch.no_grad()
+def test_kimi_linears_latent_attention_verifies_with_its_shared_key_unrotated(monkeypatch):
+    """Multi-head latent attention without rotary: from_hf gives rotary_dim 0, the shared key part
+    joins every head's key unrotated; rotating it (a rotary read into the adapter) fails verify."""
+    model = _model("kimi_linear", "hybrid")
+    x = tiny_inputs(length=13)
+    output, pattern = _verified(model, x)
+    assert output <= 1e-5 and pattern <= 1e-5
+    assert [l for l, _ in attention_blocks(model)] == list(HYBRID_ATTENTION["kimi_linear"])
+    mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
+    assert (mine.d_head, mine.d_value, mine.rotary_dim, mine.latent.d_rope) == (24, 12, 0, 8)
+    _without(monkeypatch, model, rotary=adapters.Rotary())
+    assert _verified(model, x)[1] > 1e-3
+
+
+@torch.no_grad()
+def test_olmoes_clip_comes_after_its_qk_norm(monkeypatch):
+    """OLMoE clamps q, k, v after its q/k RMSNorm (values near 1 there, the clip 0.5 cuts them):
+    clamping before the norms instead, as OLMo does, fails verify."""
+    model = _model("olmoe", "interface", init=0.02)
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    assert headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config.clip_after_norm
+    _without(monkeypatch, model, clip_after_norm=False)
+    assert _verified(model)[1] > 1e-2
+
+
+@pytest.mark.parametrize("change, layer", [(dict(temperature=None), 1), (dict(qk_norm=None), 0)],
+                         ids=["no-temperature", "no-l2-norm"])
+@torch.no_grad()
+def test_llama4s_temperature_and_l2_norm_matter(change, layer, monkeypatch):
+    """Layer 0 (rotary, chunked) has the L2 norm of q and k after rotary, taken before it; layer 1
+    (NoPE) the query temperature, which grows past position 3 with floor_scale 4. Dropping either
+    fails verify at its layer, and only there."""
+    model = _model("llama4_text", "interface")
+    table = headscope.verify(model, tiny_inputs())
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    mine = [headscope.MultiHeadAttention.from_hf(block, model.config).config for _, block in attention_blocks(model)]
+    assert [(c.rotary_dim, c.qk_norm, c.query_temperature) for c in mine] == [(16, True, None), (0, False, (4.0, 0.5))]
+    _without(monkeypatch, model, **change)
+    wrong = headscope.verify(model, tiny_inputs()).max_abs_diff_pattern
+    assert wrong[layer] > 1e-2 and wrong[1 - layer] <= 1e-5
+
+
+def test_a_norm_after_rotary_with_a_gain_is_refused():
+    """Taking Llama 4's norm before rotary holds for a gainless norm only: one with a gain is refused."""
+    model = _model("llama4_text", "interface")
+    block = attention_blocks(model)[0][1]
+    block.qk_norm.weight = torch.nn.Parameter(torch.ones(16))
+    with pytest.raises(headscope.HeadscopeError, match="after rotary and have a gain") as err:
+        headscope.MultiHeadAttention.from_hf(block, model.config)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family", ["gemma4_text", "gemma3n_text"])
+@torch.no_grad()
+def test_the_gainless_value_norm_matters(family, monkeypatch):
+    model = _model(family, "interface")
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = [headscope.MultiHeadAttention.from_hf(block, model.config).config for _, block in attention_blocks(model)]
+    assert all(c.v_norm and c.qk_norm and c.scale == 1.0 for c in mine)
+    _without(monkeypatch, model, v_norm=None)
+    assert _verified(model)[0] > 1e-2
+
+
+@torch.no_grad()
+def test_gemma4s_full_attention_layer_has_its_own_sizes_and_its_keys_as_values():
+    """Layer 1 (full attention) has heads of 24 and one key/value head whose values are the key
+    projection's output (attention_k_eq_v); its proportional rotary tables are as wide as its heads."""
+    model = _model("gemma4_text", "interface")
+    (_, sliding), (_, full) = attention_blocks(model)
+    assert full.v_proj is None
+    mine = [headscope.MultiHeadAttention.from_hf(block, model.config) for block in (sliding, full)]
+    assert [(m.config.d_head, m.config.n_kv_heads, m.config.rotary_dim) for m in mine] == [(16, 2, 16), (24, 1, 24)]
+    assert torch.equal(mine[1].W_v.weight, full.k_proj.weight)
+
+
+@torch.no_grad()
+def test_gemma4s_layers_reusing_keys_and_values_are_refused_and_still_captured():
+    """With num_kv_shared_layers, the last layers attend with the keys and values an earlier layer
+    computed from its own input: from_hf refuses them (and so verify) in one line; capture works."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("gemma4_text", **{**COMMON, **EXTRA["gemma4_text"], "num_hidden_layers": 4,
+                                                     "num_kv_shared_layers": 2,
+                                                     "layer_types": ["sliding_attention", "full_attention"] * 2})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    blocks = attention_blocks(model)
+    assert [block.is_kv_shared_layer for _, block in blocks] == [False, False, True, True]
+    headscope.MultiHeadAttention.from_hf(blocks[1][1], model.config)
+    for call in (lambda: headscope.MultiHeadAttention.from_hf(blocks[2][1], model.config),
+                 lambda: headscope.verify(model, tiny_inputs())):
+        with pytest.raises(headscope.HeadscopeError, match="reuses the keys and values") as err:
+            call()
+        assert "\n" not in str(err.value)
+    x = tiny_inputs()
+    before = model(**x).logits
+    with headscope.capture(model) as cap:
+        assert (model(**x).logits - before).abs().max() <= 1e-4
+    assert sorted(cap.patterns) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+@torch.no_grad()
+def test_qwen3_5s_text_decoder_verifies_with_an_image(family):
+    """Qwen3.5 as its vision-language model, one image per example: the image tokens take their own
+    positions on the three rotary axes (the model joins them into one table per position), and
+    verify of the text decoder's attention layers (1 and 2) agrees there; capture leaves the logits."""
+    from tests.support.tiny import tiny_image_inputs, tiny_model
+
+    model = tiny_model(family, kind="composite")
+    x = tiny_image_inputs(family)
+    x = dict(x, mm_token_type_ids=(x["input_ids"] == 98).long())  # what its processor marks: the image tokens
+    logits = model(**x).logits
+    assert (logits - model(**tiny_inputs()).logits).abs().max() > 1e-2  # the image reaches the text
+    with headscope.capture(model) as cap:
+        assert (model(**x).logits - logits).abs().max() <= 1e-4
+    assert sorted(cap.patterns) == [1, 2]
+    table = headscope.verify(model, x)
+    assert tuple(table.layer) == (1, 2)
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
