@@ -5,7 +5,7 @@
   output gate, a norm mixing heads, per-layer LoRA), its other site groups and its family-table line.
 - `Rotary`, `QKNorm`, `Temperature`, `LoRA`, `Latent`, `SiteGroup`, `AudioEncoder`: the parts an `Adapter` names.
 
-Data only: the table of adapters and the functions reading it are `headscope.hf.adapters`.
+Data only: the table of adapters is `headscope.hf.adapter_table`, the functions reading it `headscope.hf.adapters`.
 """
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """Declarative adapters from Hugging Face architectures to headscope's canonical names.
 
-Each family is one `Adapter`: where the layers are, which submodule is the attention block
-(what `MultiHeadAttention.from_hf` takes), which part of it calls transformers' attention
-interface, how q/k/v/o weights are laid out, and the extras its attention computes (rotary
-layout, q/k norms, clipping, soft-capping, sinks). Shared code reads adapters; it never
-branches on an architecture name.
+Each family is one `Adapter` (`headscope.hf.adapter_spec`), a row of `ADAPTERS` in
+`headscope.hf.adapter_table` (re-exported here): where the layers are, which submodule is the
+attention block (what `MultiHeadAttention.from_hf` takes), which part of it calls transformers'
+attention interface, how q/k/v/o weights are laid out, and the extras its attention computes
+(rotary layout, q/k norms, clipping, soft-capping, sinks, latents). This module reads the table;
+shared code never branches on an architecture name.
 
 Capture, ablation and analysis need no adapter: in a model of another family, the modules whose
 `forward` calls the attention interface are found by what they do (`discovered_cores`).
@@ -36,8 +37,8 @@ import inspect
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
-from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup, Temperature
-from .layouts import FusedConv1D, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate
+from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup
+from .adapter_table import ADAPTERS, VISION_ADAPTERS
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
@@ -45,242 +46,6 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
 __all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "Latent", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
            "discovered_cores", "group_blocks", "stack_counts", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "config_value", "supported_families", "text_config",
            "text_stack", "VISION_ADAPTERS", "vision_adapter_for", "block_adapter"]
-
-
-_QKV = Separate("q_proj", "k_proj", "v_proj")
-_HYBRID = "hybrid: only its attention layers ({}) are captured, under the model's own layer numbers"
-_BERT_QKV = Separate("self.query", "self.key", "self.value")
-# An encoder-decoder's decoder: causal self-attention and cross-attention over the encoder's output.
-_BART_DECODER = (SiteGroup("decoder", "self", "decoder.layers", "self_attn", heads="decoder_attention_heads"),
-                 SiteGroup("decoder", "cross", "decoder.layers", "encoder_attn", heads="decoder_attention_heads"))
-_T5_DECODER = (SiteGroup("decoder", "self", "decoder.block", "layer.0.SelfAttention"),
-               SiteGroup("decoder", "cross", "decoder.block", "layer.1.EncDecAttention"))
-_MLA = ("multi-head latent attention (MLA): q from a low-rank latent, keys and values of every head from one "
-        "latent per token and a rotary key shared by all heads; q/k heads larger than v's; from_hf builds "
-        "MultiHeadAttention(latent=...)")
-_ENCODER_DECODER = ("sites: encoder (self, bidirectional; the default), decoder.self (causal), decoder.cross "
-                    "(queries from the decoder, keys from the encoder's output)")
-
-ADAPTERS = (
-    Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2", "ministral", "phimoe",
-                      "seed_oss", "arcee", "exaone", "internlm3"),
-            layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
-            notes="GQA, rotary, sliding windows where configured; seed_oss: q/k/v biases without an o_proj bias"),
-    Adapter("qwen2_5_vl_text", ("qwen2_5_vl_text",), layers="layers", block="self_attn", core="", qkv=_QKV,
-            out="o_proj", rotary=Rotary(),
-            notes="qwen2_5_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
-                  "joins the temporal, height and width tables by mrope_section into one table per position)"),
-    Adapter("granite", ("granite", "granitemoe", "granitemoeshared"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), notes="attention_multiplier is the score scale"),
-    Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), notes="per-head q/k RMSNorm before rotary"),
-    Adapter("gemma2", ("gemma2", "vaultgemma"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), softcap="attn_logit_softcapping",
-            notes="tanh soft-capped scores, query_pre_attn_scalar, sliding windows; defaults to eager"),
-    Adapter("gemma3", ("gemma3_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), softcap="attn_logit_softcapping",
-            notes="per-head q/k norm, local and global rotary, sliding windows"),
-    Adapter("gemma4", ("gemma4_text", "gemma3n_text"), layers="layers", block="self_attn", core="",
-            qkv=KeysAsValues("q_proj", "k_proj", "v_proj"), out="o_proj", rotary=Rotary(),
-            qk_norm=QKNorm("q_norm", "k_norm"), v_norm="v_norm", sizes_per_layer=True, kv_shared="is_kv_shared_layer",
-            notes="per-head q/k RMSNorm and a gainless RMSNorm on each head's values, scores unscaled (scaling 1), "
-                  "sliding windows; its full-attention layers with their own head size (global_head_dim), "
-                  "proportional rotary (tables as wide as the head, angle 0 past partial_rotary_factor) and, with "
-                  "attention_k_eq_v, fewer key/value heads whose values are the key projection's output; from_hf "
-                  "and verify refuse the last num_kv_shared_layers layers (they reuse another layer's keys and "
-                  "values; analyze then skips the OV table with a note); the OV table leaves out the value norm's "
-                  "per-token scale; gemma3n_text: the same attention, every layer's heads alike"),
-    Adapter("cohere", ("cohere",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(interleaved=True), qk_norm=QKNorm("q_norm", "k_norm", switch="use_qk_norm"),
-            notes="interleaved rotary, optional per-head q/k LayerNorm"),
-    Adapter("olmo", ("olmo",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), clip="clip_qkv", notes="clip_qkv clamps q, k, v"),
-    Adapter("olmoe", ("olmoe",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", over="projection"), clip="clip_qkv",
-            clip_after_norm=True, notes="q/k RMSNorm over the whole projection; clip_qkv clamps q, k, v after the "
-                                        "norms"),
-    Adapter("olmo2", ("olmo2", "olmo3", "flex_olmo", "minimax_m2"), layers="layers", block="self_attn", core="",
-            qkv=_QKV, out="o_proj", rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", over="projection"),
-            notes="q/k RMSNorm over the whole projection; olmo3: sliding windows in some layers; minimax_m2: "
-                  "partial rotary (partial_rotary_factor)"),
-    Adapter("glm", ("glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe"), layers="layers", block="self_attn", core="",
-            qkv=_QKV, out="o_proj", rotary=Rotary(interleaved=True, tables="halves"),
-            notes="interleaved rotary (pairs 2i, 2i + 1) taking its angles from the first half of rotate-half "
-                  "tables; partial (the first partial_rotary_factor of each head) where configured: glm and glm4 "
-                  "by default 0.5"),
-    Adapter("glm4_moe", ("glm4_moe",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", switch="use_qk_norm"),
-            notes="partial rotary (partial_rotary_factor, by default 0.5), optional per-head q/k RMSNorm before it"),
-    Adapter("exaone4", ("exaone4", "exaone_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(switch="is_sliding", switch_if_set="sliding_window"), qk_norm=QKNorm("q_norm", "k_norm"),
-            notes="per-head q/k RMSNorm before rotary; with a sliding_window, rotary only in the sliding layers, "
-                  "the full-attention layers without positional encoding (NoPE)"),
-    Adapter("cohere2", ("cohere2",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(interleaved=True, switch="sliding_window"),
-            notes="interleaved rotary in the sliding-window layers only, the full-attention layers without "
-                  "positional encoding (NoPE)"),
-    Adapter("nemotron", ("nemotron",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), notes="partial rotary (partial_rotary_factor)"),
-    Adapter("hunyuan_v1", ("hunyuan_v1_dense", "hunyuan_v1_moe"), layers="layers", block="self_attn", core="",
-            qkv=_QKV, out="o_proj", rotary=Rotary(),
-            no_from_hf="from_hf and verify are not available for hunyuan_v1 (its per-head q/k RMSNorm comes after "
-                       "rotary, MultiHeadAttention's before); capture, ablate and analyze work",
-            notes="per-head q/k RMSNorm after rotary; from_hf/verify not available"),
-    Adapter("llama4_text", ("llama4_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(interleaved=True, tables="complex", switch="use_rope"),
-            qk_norm=QKNorm("qk_norm", "qk_norm", where_present=True, after_rotary=True),
-            temperature=Temperature("floor_scale", "attn_scale", switch="attn_temperature_tuning"),
-            notes="rotary on interleaved pairs, as complex numbers, in the layers no_rope_layers marks, the others "
-                  "NoPE with temperature tuning (the query at position t times 1 + attn_scale * log(1 + floor((t + "
-                  "1) / floor_scale))); chunked attention (attention_chunk_size) in the rotary layers; use_qk_norm: "
-                  "a gainless L2 norm of q and k after rotary, which from_hf takes before it (a rotation keeps the "
-                  "norm)"),
-    Adapter("smollm3", ("smollm3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(switch="use_rope"), notes="NoPE layers (no rotary) between rotary ones"),
-    Adapter("gpt_oss", ("gpt_oss",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), sinks="sinks",
-            notes="learned sink logit per head: pattern rows sum to less than 1; defaults to eager"),
-    Adapter("phi", ("phi",), layers="layers", block="self_attn", core="", qkv=_QKV, out="dense",
-            rotary=Rotary(dims="rotary_ndims"), qk_norm=QKNorm("q_layernorm", "k_layernorm", switch="qk_layernorm"),
-            notes="partial rotary"),
-    Adapter("stablelm", ("stablelm",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(dims="rotary_ndims"),
-            qk_norm=QKNorm("q_layernorm", "k_layernorm", over="heads_first", switch="qk_layernorm"),
-            notes="partial rotary"),
-    Adapter("phi3", ("phi3",), layers="layers", block="self_attn", core="", qkv=FusedRows("qkv_proj"), out="o_proj",
-            rotary=Rotary(), notes="fused qkv_proj"),
-    Adapter("gptj", ("gptj",), layers="h", block="attn", core="", qkv=_QKV, out="out_proj",
-            rotary=Rotary(dims="rotary_dim", interleaved=True, sin_first=True), notes="partial interleaved rotary"),
-    Adapter("gpt_neox", ("gpt_neox",), layers="layers", block="attention", core="",
-            qkv=FusedPerHead("query_key_value"), out="dense", rotary=Rotary(dims="rotary_ndims"),
-            notes="fused per-head qkv, partial rotary"),
-    Adapter("gpt2", ("gpt2",), layers="h", block="attn", core="", qkv=FusedConv1D("c_attn"),
-            out="c_proj", out_is_conv1d=True, notes="fused Conv1D qkv"),
-    Adapter("opt", ("opt",), layers="decoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
-            query_prescaled=True, notes="queries pre-scaled, kernel scale 1"),
-    # Multi-head latent attention: keys and values from one low-rank latent per token, a rotary key shared by all heads.
-    Adapter("deepseek_v3", ("deepseek_v3", "glm4_moe_lite", "youtu"), layers="layers", block="self_attn",
-            core="", qkv=None, out="o_proj", latent=Latent(regroup="rope_interleave"), rotary=Rotary(),
-            notes=_MLA + "; with rope_interleave, the rotary dims' pairs (2i, 2i + 1) regrouped to halves and rotated "
-                         "so"),
-    Adapter("deepseek_v2", ("deepseek_v2",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
-            latent=Latent(), rotary=Rotary(interleaved=True, tables="complex"),
-            notes=_MLA + "; rotary on interleaved pairs, as complex numbers"),
-    Adapter("minicpm3", ("minicpm3",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
-            latent=Latent(), rotary=Rotary(), notes=_MLA + "; rotate-half rotary"),
-    Adapter("bitnet", ("bitnet",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), mixes_heads="attn_sub_norm",
-            notes="attn_sub_norm (an RMSNorm over all heads) mixes heads before o_proj: z (hook_z, ablation, "
-                  "patching) is o_proj's input, after it, and from_hf copies it (`pre_out_norm`); the OV table folds "
-                  "its gain into W_O and leaves out its per-token scale; a quantized checkpoint (BitLinear, "
-                  "AutoBitLinear layers) is refused by from_hf and verify"),
-    # Hybrids: attention in some layers only, beside Mamba, convolutions or linear attention.
-    Adapter("jamba", ("jamba",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", hybrid=True,
-            notes=_HYBRID.format("beside Mamba layers") + "; no positional encoding in attention"),
-    Adapter("nemotron_h", ("nemotron_h",), layers="layers", block="mixer", core="", qkv=_QKV, out="o_proj",
-            hybrid=True, notes=_HYBRID.format("beside Mamba 2 and MLP layers, all under `mixer`") + "; no rotary"),
-    Adapter("bamba", ("bamba",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
-            hybrid=True, notes=_HYBRID.format("beside Mamba 2 layers")),
-    Adapter("granitemoehybrid", ("granitemoehybrid",), layers="layers", block="self_attn", core="", qkv=_QKV,
-            out="o_proj", rotary=Rotary(config_switch=("position_embedding_type", "rope")), hybrid=True,
-            notes=_HYBRID.format("beside Mamba 2 layers") + "; attention_multiplier is the score scale; rotary "
-                                                              "only with position_embedding_type 'rope'"),
-    Adapter("falcon_h1", ("falcon_h1",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), hybrid=True, notes="hybrid: attention and Mamba 2 side by side in every layer; the attention is captured"),
-    Adapter("minimax", ("minimax",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), hybrid=True, notes=_HYBRID.format("beside lightning (linear) attention layers")),
-    Adapter("lfm2", ("lfm2", "lfm2_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
-            rotary=Rotary(), qk_norm=QKNorm("q_layernorm", "k_layernorm"), hybrid=True,
-            notes=_HYBRID.format("beside short convolutions") + "; per-head q/k norm"),
-    Adapter("kimi_linear", ("kimi_linear",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
-            latent=Latent(), hybrid=True,
-            notes=_HYBRID.format("beside Kimi Delta Attention (linear) layers, both under `self_attn`") + "; " + _MLA
-                  + " without rotary: no positional encoding in attention, the shared key part unrotated"),
-    Adapter("qwen3_next", ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), layers="layers", block="self_attn", core="",
-            qkv=GatedQuery("q_proj", "k_proj", "v_proj"), out="o_proj", rotary=Rotary(),
-            qk_norm=QKNorm("q_norm", "k_norm"), output_gate=True, hybrid=True,
-            notes=_HYBRID.format("beside Gated DeltaNet linear attention") + "; per-head q/k RMSNorm, partial "
-                  "rotary; a sigmoid output gate (per element, from the layer's input) between attention and o_proj: "
-                  "z (hook_z, ablation, patching) is o_proj's input, after the gate; no OV table (the gate, "
-                  "which depends on the input, sits inside the OV circuit); qwen3_5_text and qwen3_5_moe_text (Qwen3.5's "
-                  "text decoders): the same attention, their multimodal rotary tables plain ones for text"),
-    Adapter("zamba2", ("zamba2",), layers="layers", block="shared_transformer.self_attn", core="", qkv=_QKV,
-            out="o_proj", rotary=Rotary(config_switch=("use_mem_rope", True)), hybrid=True,
-            lora=LoRA("linear_q_adapter_list", "linear_k_adapter_list", "linear_v_adapter_list", index="layer_dic",
-                      switch="use_shared_attention_adapter"),
-            no_ov="OV copying is not available for zamba2: a head's output reaches the residual stream only through "
-                  "the shared block's MLP, a linear layer and the next Mamba mixer, so there is no W_O W_U path to "
-                  "score (from_hf, verify, capture, ablate, geometry and the other detectors work)",
-            notes=_HYBRID.format("the shared transformer blocks, beside Mamba 2 layers") + "; one attention block "
-                  "shared by several layers reads the hidden state joined to the embeddings (q, k, v read 2 * "
-                  "hidden_size, `MultiHeadAttention`'s d_in), each layer's LoRA on q, k, v folded into its own "
-                  "module (from_hf needs layer=); rotary with use_mem_rope; scores scaled by (head_dim / 2) ** -0.5; "
-                  "no OV table (the attention output reaches the residual only through the block's MLP and the "
-                  "next Mamba mixer)"),
-    Adapter("mllama_text", ("mllama_text_model",), layers="layers", block="self_attn", core="", qkv=_QKV,
-            out="o_proj", rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm", where_present=True), hybrid=True,
-            groups=(SiteGroup("text", "cross", "layers", "cross_attn"),),
-            notes="mllama's text model (MllamaForCausalLM, and MllamaForConditionalGeneration's language model): "
-                  "self-attention layers (rotary, GQA) and cross-attention layers (per-head q/k RMSNorm, keys and "
-                  "values from cross_attention_states, the image's features; no rotary); sites: text (both, the "
-                  "default), text.self, text.cross; its cross-attention layers never run without an image: "
-                  "capture reports them as not run, analyze skips them with a note, ablating, hooking or "
-                  "verifying them is an error"),
-    Adapter("bert", ("bert", "roberta", "electra", "xlm-roberta", "camembert", "data2vec-text", "xlm-roberta-xl",
-                     "ernie", "roc_bert", "xmod"), layers="encoder.layer", block="attention", core="self",
-            qkv=_BERT_QKV, out="output.dense", causal=False,
-            notes="encoder; xlm-roberta-xl (and xmod with pre_norm): a LayerNorm before the attention, inside the "
-                  "block, whose output is what q, k and v read; xmod: per-language adapters in the MLP, the "
-                  "language from lang_ids or config.default_language (the model refuses to run without one)"),
-    Adapter("nomic_bert", ("nomic_bert",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
-            rotary=Rotary(), causal=False, notes="encoder, rotary, no q/k/v/o biases"),
-    Adapter("distilbert", ("distilbert",), layers="transformer.layer", block="attention", core="",
-            qkv=Separate("q_lin", "k_lin", "v_lin"), out="out_lin", causal=False, notes="encoder"),
-    Adapter("modernbert", ("modernbert",), layers="layers", block="attn", core="", qkv=FusedRows("Wqkv"), out="Wo",
-            rotary=Rotary(), causal=False, notes="encoder, fused Wqkv, local and global attention"),
-    Adapter("t5", ("t5", "mt5"), layers="encoder.block", block="layer.0.SelfAttention", core="", qkv=Separate("q", "k", "v"),
-            out="o", causal=False, body="encoder", stack="encoder", groups=_T5_DECODER, heads="n_heads",
-            returns=("output", "position_bias", "weights"),
-            notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross "
-                                     "the decoder's (teacher-forced copies; T5EncoderModel: the encoder alone); "
-                                     "scores unscaled, the relative position bias of each stack's first layer "
-                                     "joins every layer's mask"),
-    Adapter("bart", ("bart", "marian", "pegasus", "m2m_100", "blenderbot", "blenderbot-small"),
-            layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj", causal=False,
-            body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
-            notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross "
-                                     "the decoder's (teacher-forced copies from decoder_start_token_id); m2m_100 "
-                                     "(NLLB's dense checkpoints) too"),
-    # mBART and PLBart: bart's attention, but the decoder starts from the target language's code, which their
-    # shift_tokens_right rotates from the end of the labels to the front; no single decoder_start_token_id.
-    Adapter("mbart", ("mbart", "plbart"), layers="encoder.layers", block="self_attn", core="", qkv=_QKV,
-            out="out_proj", causal=False, body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
-            notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross the "
-                                     "decoder's, teacher-forced from the config's decoder_start_token_id; where "
-                                     "the config has none (the default: the model starts its decoder from the "
-                                     "language code at the end of the labels) analyze at the decoder's sites and "
-                                     "`headscope verify` refuse in one line, and headscope.verify on token ids "
-                                     "alone runs the model's own shift"),
-    Adapter("bart_causal_lm", ("bart", "marian", "pegasus", "blenderbot", "blenderbot-small", "mbart", "plbart"),
-            layers="decoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj", body="decoder",
-            groups=(SiteGroup("text", "cross", "decoder.layers", "encoder_attn", heads="decoder_attention_heads"),),
-            heads="num_heads", decoder_only=True, default_sites="text.self",
-            counts=("decoder_layers", "decoder_attention_heads"),
-            notes="BartForCausalLM: bart's decoder alone, a causal LM (and the ForCausalLM of marian, pegasus, "
-                  "blenderbot, blenderbot-small, mbart and plbart); sites: text.self (the default), text.cross "
-                  "(over encoder_hidden_states, which a causal LM's forward rarely gets: without them capture "
-                  "reports it as not run, analyze skips it with a note, ablating or hooking it is an error)"),
-    Adapter("whisper", ("whisper",), layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
-            causal=False, body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",
-            query_prescaled=True,
-            no_analyze="analyze of whisper's encoder is not available (it takes log-mel input_features, not token "
-                       "ids); use sites='decoder.self' or 'decoder.cross' (--sites in the CLI): the decoder on the "
-                       "text probes, the encoder fed silence",
-            audio_encoder=AudioEncoder("num_mel_bins", "max_source_positions", frames_per_position=2),
-            notes=_ENCODER_DECODER + "; the encoder takes log-mel input_features: analyze runs at decoder.self and "
-                                     "decoder.cross only, the encoder fed the log-mel features of silence; queries "
-                                     "pre-scaled, k_proj without bias"),
-)
 
 
 def supported_families() -> str:
@@ -501,26 +266,6 @@ def stack_counts(config) -> tuple[int, int]:
                                                                                    "num_attention_heads")
     config = text_config(config)
     return getattr(config, layers), getattr(config, heads)
-
-
-# ---- Vision towers -------------------------------------------------------------------------------------------------
-# A vision-language model's vision tower, keyed by `config.vision_config.model_type`. Its attention modules are found
-# in the tower by what they do (`headscope.hf.sites`), so `layers`, `block` and `core` are empty: each module is its
-# own block and core, and the paths below start at it. Sizes come from the vision config (`hidden_size`) and the
-# module (`heads`: its head count attribute); all are bidirectional.
-_VISION = dict(layers="", block="", core="", causal=False, stack="vision", heads="num_heads")
-
-VISION_ADAPTERS = (
-    Adapter("siglip", ("siglip_vision_model",), qkv=_QKV, out="out_proj", scale="scale", **_VISION,
-            notes="gemma3's SigLIP tower"),
-    Adapter("clip", ("clip_vision_model",), qkv=_QKV, out="out_proj", scale="scale", **_VISION,
-            notes="llava's CLIP tower"),
-    Adapter("mllama_vision", ("mllama_vision_model",), qkv=_QKV, out="o_proj", **_VISION,
-            notes="mllama's local then global vision layers, no biases"),
-    # One packed sequence `[patch, d_model]` per forward pass, attention within the pieces cu_seqlens bounds.
-    Adapter("qwen2_5_vl_vision", ("qwen2_5_vl_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(),
-            returns=("output",), **_VISION, notes="qwen2_5_vl's windowed tower: fused qkv, 2-D rotary tables"),
-)
 
 
 def vision_adapter_for(config) -> Optional[Adapter]:
