@@ -4,6 +4,7 @@
   points (re-exported here: `from headscope.attention import MultiHeadAttention`).
 - `latent`: multi-head latent attention's projections (DeepSeek-V2/V3: keys and values from one
   low-rank latent per token), which `MultiHeadAttention(..., latent=LatentRanks(...))` uses.
+- `config`: `AttentionConfig`, a module's resolved sizes and options.
 - `kernel`: the attention function with transformers' SDPA signature (fast and explicit paths).
 - `lazy`: per-head statistics of a pattern without its map (`A = exp(s - lse)`).
 - `pattern`: the `Pattern` interface detectors read, dense or lazy.
