@@ -132,10 +132,10 @@ class MultiHeadAttention(nn.Module):
             latent=latent,
         )
         cfg, kw = self.config, dict(device=device, dtype=dtype)
-        if latent is not None and (cfg.n_kv_heads != cfg.n_heads or qk_norm or clip is not None
+        if latent is not None and (cfg.n_kv_heads != cfg.n_heads or qk_norm or v_norm or clip is not None
                                    or cfg.rotary_dim not in (0, latent.d_rope)):
             raise ValueError(f"latent attention has a key per head (n_kv_heads {cfg.n_kv_heads} must be n_heads "
-                             f"{cfg.n_heads}), no q/k norm or clip, and rotates its d_rope={latent.d_rope} dims or none "
+                             f"{cfg.n_heads}), no q/k or value norm or clip, and rotates its d_rope={latent.d_rope} dims or none "
                              f"(rotary_dim {cfg.rotary_dim})")
         if latent is None:
             self.W_q = nn.Linear(cfg.d_in, cfg.n_heads * cfg.d_head, bias=bias, **kw)

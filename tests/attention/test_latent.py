@@ -186,8 +186,9 @@ def test_latent_sizes_that_do_not_fit_are_refused():
         MultiHeadAttention(32, 4, 2, d_head=10, latent=ranks)
     with pytest.raises(ValueError, match="rotates its d_rope=4"):
         MultiHeadAttention(32, 4, d_head=10, rotary_dim=2, latent=ranks)
-    with pytest.raises(ValueError, match="no q/k norm"):
-        MultiHeadAttention(32, 4, d_head=10, qk_norm=True, latent=ranks)
+    for option in (dict(qk_norm=True), dict(v_norm=True), dict(clip=1.0)):  # the latent path has none of them
+        with pytest.raises(ValueError, match="no q/k or value norm or clip"):
+            MultiHeadAttention(32, 4, d_head=10, latent=ranks, **option)
 
 
 @torch.no_grad()
