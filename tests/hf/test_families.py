@@ -12,7 +12,7 @@ import headscope
 from headscope import detectors
 import headscope.attention.lazy as lazy_module
 from headscope.attention import MultiHeadAttention
-from headscope.hf import adapters, route
+from headscope.hf import route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores
 from headscope.hf.families import OTHER, OUTSIDE_INTERFACE, family_markdown, family_table
 from headscope.hf.from_hf import rotary_tables
@@ -20,7 +20,7 @@ from headscope.hf.verify import _named_inputs
 from headscope.probes.base import ProbeBatch
 from tests.support.tiny import (COMPOSITE_FAMILIES, ENCODER_DECODER_FAMILIES, ENCODERS, HYBRID_FAMILIES,
                                 INTERFACE_FAMILIES, TEXT_DECODERS, VERIFIED_COMPOSITES, tiny_config, tiny_inputs, tiny_model, output_of)
-from tests.support.contracts import assert_hook_contract, head_zeroed_at
+from tests.support.contracts import assert_hook_contract, head_zeroed_at, with_adapter_changed
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -259,9 +259,8 @@ def test_a_rotary_read_otherwise_would_fail_verify(family, change, monkeypatch):
     exaone4's and cohere2's full-attention layers or llama4's NoPE layer, moves verify's patterns far
     past its tolerance."""
     model = tiny_model(family, kind="interface")
-    adapter = adapter_for(model.config)
-    wrong = dataclasses.replace(adapter, rotary=dataclasses.replace(adapter.rotary, **change))
-    monkeypatch.setattr(adapters, "ADAPTERS", tuple(wrong if a is adapter else a for a in adapters.ADAPTERS))
+    rotary = adapter_for(model.config).rotary
+    with_adapter_changed(monkeypatch, model, rotary=dataclasses.replace(rotary, **change))
     assert headscope.verify(model, tiny_inputs()).max_abs_diff_pattern.max() > 1e-3
 
 

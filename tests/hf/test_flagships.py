@@ -1,15 +1,14 @@
 """Recent flagship families beyond the family matrix (tests/support/tiny.py): weights large enough
 for each part of their attention to matter, verify against the model's eager attention at the
 matrix's tolerances, and a mutation per feature: the adapter read without it fails verify by far."""
-import dataclasses
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import headscope
 from headscope.hf import adapters
-from headscope.hf.adapters import adapter_for, attention_blocks
+from headscope.hf.adapters import attention_blocks
+from tests.support.contracts import with_adapter_changed
 from tests.support.tiny import COMMON, EXTRA, HYBRID_ATTENTION, tiny_config, tiny_inputs
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -36,13 +35,6 @@ def _verified(model, x=None):
     return table.max_abs_diff_output.max(), table.max_abs_diff_pattern.max()
 
 
-def _without(monkeypatch, model, **change):
-    """The model's adapter replaced in ADAPTERS by a copy with `change`."""
-    adapter = adapter_for(model.config)
-    wrong = dataclasses.replace(adapter, **change)
-    monkeypatch.setattr(adapters, "ADAPTERS", tuple(wrong if a is adapter else a for a in adapters.ADAPTERS))
-
-
 @pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe_text"])
 @torch.no_grad()
 def test_qwen3_5s_gated_attention_verifies_and_needs_its_gate(family, monkeypatch):
@@ -51,7 +43,7 @@ def test_qwen3_5s_gated_attention_verifies_and_needs_its_gate(family, monkeypatc
     assert output <= 1e-4 and pattern <= 1e-5
     mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
     assert mine.output_gate and mine.qk_norm and mine.rotary_dim == 4  # head_dim 16 * partial_rotary_factor 0.25
-    _without(monkeypatch, model, output_gate=False)
+    with_adapter_changed(monkeypatch, model, output_gate=False)
     assert _verified(model)[0] > 1e-2  # the same pattern, an output without the gate far off
 
 
@@ -66,7 +58,7 @@ def test_kimi_linears_latent_attention_verifies_with_its_shared_key_unrotated(mo
     assert [l for l, _ in attention_blocks(model)] == list(HYBRID_ATTENTION["kimi_linear"])
     mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
     assert (mine.d_head, mine.d_value, mine.rotary_dim, mine.latent.d_rope) == (24, 12, 0, 8)
-    _without(monkeypatch, model, rotary=adapters.Rotary())
+    with_adapter_changed(monkeypatch, model, rotary=adapters.Rotary())
     assert _verified(model, x)[1] > 1e-3
 
 
@@ -78,7 +70,7 @@ def test_olmoes_clip_comes_after_its_qk_norm(monkeypatch):
     output, pattern = _verified(model)
     assert output <= 1e-4 and pattern <= 1e-5
     assert headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config.clip_after_norm
-    _without(monkeypatch, model, clip_after_norm=False)
+    with_adapter_changed(monkeypatch, model, clip_after_norm=False)
     assert _verified(model)[1] > 1e-2
 
 
@@ -94,7 +86,7 @@ def test_llama4s_temperature_and_l2_norm_matter(change, layer, monkeypatch):
     assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
     mine = [headscope.MultiHeadAttention.from_hf(block, model.config).config for _, block in attention_blocks(model)]
     assert [(c.rotary_dim, c.qk_norm, c.query_temperature) for c in mine] == [(16, True, None), (0, False, (4.0, 0.5))]
-    _without(monkeypatch, model, **change)
+    with_adapter_changed(monkeypatch, model, **change)
     wrong = headscope.verify(model, tiny_inputs()).max_abs_diff_pattern
     assert wrong[layer] > 1e-2 and wrong[1 - layer] <= 1e-5
 
@@ -117,7 +109,7 @@ def test_the_gainless_value_norm_matters(family, monkeypatch):
     assert output <= 1e-4 and pattern <= 1e-5
     mine = [headscope.MultiHeadAttention.from_hf(block, model.config).config for _, block in attention_blocks(model)]
     assert all(c.v_norm and c.qk_norm and c.scale == 1.0 for c in mine)
-    _without(monkeypatch, model, v_norm=None)
+    with_adapter_changed(monkeypatch, model, v_norm=None)
     assert _verified(model)[0] > 1e-2
 
 

@@ -2,19 +2,17 @@
 family matrix: verify against the model's eager attention with weights large enough for every part
 to matter, each layout (rope_interleave on and off, a full-rank query, biases); the OV table against
 an OV circuit built here straight from the checkpoint's matrices; analyze end to end."""
-import dataclasses
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import headscope
-from headscope.hf import adapters
-from headscope.hf.adapters import Latent, Rotary, adapter_for, attention_blocks
+from headscope.hf.adapters import Latent, Rotary, attention_blocks
 from headscope.head_geometry.ov_circuit import ov_copying, ov_scores
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import RepeatedProbe, TextProbe
 from headscope.report import render_html
+from tests.support.contracts import with_adapter_changed
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import tiny_config, tiny_inputs
 
@@ -101,7 +99,5 @@ def test_each_rotary_reading_matters(family, change, monkeypatch):
     """Not regrouping DeepSeek-V3's interleaved pairs, rotating DeepSeek-V2's pairs as halves, or no
     rotary at all moves verify's patterns far past its tolerance."""
     model = _model(family)
-    adapter = adapter_for(model.config)
-    wrong = dataclasses.replace(adapter, **change)
-    monkeypatch.setattr(adapters, "ADAPTERS", tuple(wrong if a is adapter else a for a in adapters.ADAPTERS))
+    with_adapter_changed(monkeypatch, model, **change)
     assert headscope.verify(model, tiny_inputs(length=13)).max_abs_diff_pattern.max() > 1e-3

@@ -1,17 +1,27 @@
 """What the family tests share: the hook contract of an adapter (the five-family and the
-all-family tests), and the two references they hold headscope to, independent of its kernel:
+all-family tests), an adapter changed for one test (`with_adapter_changed`, for mutation tests), and the two references they hold headscope to, independent of its kernel:
 each attention module's own eager weights (`eager_weights`) and removing a head at its output
 projection's input (`head_zeroed_at`, or `head_meaned_at` for mean ablation)."""
+import dataclasses
 from contextlib import contextmanager
 
 import pytest
 import torch
 
 from headscope.attention import MultiHeadAttention
-from headscope.hf.adapters import attention_blocks
+from headscope.hf import adapters
+from headscope.hf.adapters import adapter_for, attention_blocks
 from headscope.attention.hook_points import hook_points
 from headscope.errors import HeadscopeError
 from headscope.head_geometry.ov_circuit import ov_copying, ov_table
+
+
+def with_adapter_changed(monkeypatch, model, **change) -> None:
+    """For the rest of the test, the model's adapter in `ADAPTERS` is a copy with the fields `change`
+    (a mutation: what verify must notice)."""
+    adapter = adapter_for(model.config)
+    wrong = dataclasses.replace(adapter, **change)
+    monkeypatch.setattr(adapters, "ADAPTERS", tuple(wrong if a is adapter else a for a in adapters.ADAPTERS))
 
 
 @torch.no_grad()
