@@ -1,6 +1,6 @@
 """The example notebooks: committed without outputs, and every cell runs top to bottom in a
-python3 kernel (nbclient) on the real reference models (slow: ~2 min, ~1 min and a few minutes
-for patching.ipynb on 2 CPU cores).
+python3 kernel (nbclient) on the real reference models (slow: ~20 s, ~15 s and ~40 s on 2 CPU
+cores).
 
 Needs `pip install nbclient nbformat ipykernel`; skipped when missing, except under CI (CI=true).
 """
