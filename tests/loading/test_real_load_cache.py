@@ -1,11 +1,15 @@
 """The load cache on the bundled SmolLM2 GGUF file: exact equality with a fresh conversion and
-with transformers' own loading, changed files, damaged entries, two processes at once (slow)."""
+with transformers' own loading, changed files, damaged entries, two processes at once (slow).
+
+A conversion takes several seconds, so the file is copied and converted once per module
+(`converted`); a test that damages an entry starts from a copy of that entry (`seeded`)."""
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -30,24 +34,57 @@ def _logits(loaded):
     return loaded.model(**tok(TEXT, return_tensors="pt", padding=True)).logits
 
 
-@pytest.fixture
-def gguf_copy(tmp_path):
-    path = tmp_path / "copy" / "SmolLM2.gguf"
+def _copy_of_the_file(folder: Path) -> Path:
+    path = folder / "copy" / "SmolLM2.gguf"
     path.parent.mkdir()
     shutil.copy2(ALIASES["smollm2-135m"].location(), path)
     return path
+
+
+@pytest.fixture
+def gguf_copy(tmp_path):
+    return _copy_of_the_file(tmp_path)
 
 
 def _entries(root: Path) -> list[Path]:
     return sorted((root / "models").iterdir())
 
 
-def test_cached_model_equals_a_fresh_conversion(gguf_copy, own_cache):
-    fresh = headscope.load(str(gguf_copy), device="cpu", cache=False)
-    assert not own_cache.exists()  # cache=False writes nothing
-    first = headscope.load(str(gguf_copy), device="cpu")  # converts and stores
-    (entry,) = _entries(own_cache)
-    second = headscope.load(str(gguf_copy), device="cpu")  # read from the entry
+class Converted(NamedTuple):
+    path: Path  # the module's copy of the file
+    cache: Path  # the module's load cache, holding one entry
+    entry: Path
+    fresh: object  # loaded with cache=False
+    first: object  # the load that converted and stored the entry
+    fresh_wrote_nothing: bool
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("converted")
+    path = _copy_of_the_file(root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HEADSCOPE_CACHE", str(root / "cache"))
+        fresh = headscope.load(str(path), device="cpu", cache=False)
+        wrote_nothing = not (root / "cache").exists()
+        first = headscope.load(str(path), device="cpu")  # converts and stores
+    (entry,) = _entries(root / "cache")
+    return Converted(path, root / "cache", entry, fresh, first, wrote_nothing)
+
+
+@pytest.fixture
+def seeded(converted, own_cache) -> Path:
+    """This test's own cache holding a copy of the module's entry (valid for `converted.path`)."""
+    entry = own_cache / "models" / converted.entry.name
+    shutil.copytree(converted.entry, entry)
+    return entry
+
+
+def test_cached_model_equals_a_fresh_conversion(converted, monkeypatch):
+    fresh, first, entry = converted.fresh, converted.first, converted.entry
+    assert converted.fresh_wrote_nothing  # cache=False writes nothing
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(converted.cache))
+    second = headscope.load(str(converted.path), device="cpu")  # read from the entry
     assert second.model.name_or_path == str(entry)
     reference = _logits(fresh)
     assert torch.equal(_logits(first), reference)
@@ -90,39 +127,42 @@ def test_a_modified_file_of_the_same_name_is_converted_again(gguf_copy, own_cach
     after = headscope.load(str(gguf_copy), device="cpu")
     (new_entry,) = _entries(own_cache)  # the stale entry is gone
     assert new_entry != old_entry and after.model.name_or_path != str(old_entry)
-    expected = headscope.load(str(gguf_copy), device="cpu", cache=False).model.state_dict()
-    got, stale = after.model.state_dict(), before.model.state_dict()
+    # What the edit made: the final norm's last 256 values doubled, every other tensor as it was.
+    got, expected = after.model.state_dict(), dict(before.model.state_dict())
+    norm = expected["model.norm.weight"].clone()
+    assert last.offset + 4 * norm.numel() == stat.st_size - read_tensor_table(gguf_copy).data_start
+    norm[-256:] *= 2
+    expected["model.norm.weight"] = norm
+    assert got.keys() == expected.keys()
     assert all(torch.equal(got[k], expected[k]) for k in expected)
-    assert not torch.equal(got["model.norm.weight"], stale["model.norm.weight"])
 
 
-def test_a_truncated_entry_is_rebuilt_with_one_line(gguf_copy, own_cache, capfd):
-    first = headscope.load(str(gguf_copy), device="cpu")
-    (entry,) = _entries(own_cache)
+def test_a_truncated_entry_is_rebuilt_with_one_line(converted, seeded, capfd):
+    path, entry = str(converted.path), seeded
+    assert headscope.load(path, device="cpu").model.name_or_path == str(entry)  # the copy is read
     weights = entry / "model.safetensors"
     size = weights.stat().st_size
     with open(weights, "r+b") as fh:
         fh.truncate(size // 2)
     capfd.readouterr()
-    rebuilt = headscope.load(str(gguf_copy), device="cpu")
+    rebuilt = headscope.load(path, device="cpu")
     damaged = [line for line in capfd.readouterr().err.splitlines() if "damaged" in line]
     assert len(damaged) == 1 and str(entry) in damaged[0] and "rebuilding" in damaged[0]
     assert weights.stat().st_size == size
-    assert torch.equal(_logits(rebuilt), _logits(first))
-    again = headscope.load(str(gguf_copy), device="cpu")
+    assert torch.equal(_logits(rebuilt), _logits(converted.first))
+    again = headscope.load(path, device="cpu")
     assert again.model.name_or_path == str(entry)
 
 
-def test_a_damaged_header_is_rebuilt_with_one_line(gguf_copy, own_cache, capfd):
-    headscope.load(str(gguf_copy), device="cpu")
-    (entry,) = _entries(own_cache)
+def test_a_damaged_header_is_rebuilt_with_one_line(converted, seeded, capfd):
+    path, entry = str(converted.path), seeded
     with open(entry / "model.safetensors", "r+b") as fh:  # same size, unreadable header
         fh.write(b"\xff" * 64)
     capfd.readouterr()
-    rebuilt = headscope.load(str(gguf_copy), device="cpu")
+    rebuilt = headscope.load(path, device="cpu")
     damaged = [line for line in capfd.readouterr().err.splitlines() if "damaged" in line]
-    assert len(damaged) == 1
-    assert rebuilt.n_layers == 30 and headscope.load(str(gguf_copy), device="cpu").model.name_or_path == str(entry)
+    assert len(damaged) == 1 and str(entry) in damaged[0]
+    assert rebuilt.n_layers == 30 and headscope.load(path, device="cpu").model.name_or_path == str(entry)
 
 
 LOAD_AND_SAVE = textwrap.dedent("""
