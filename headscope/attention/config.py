@@ -38,6 +38,8 @@ class AttentionConfig:
         dropout: dropout on the pattern during training.
         qk_norm: q and k pass through `q_norm` / `k_norm` (on `[batch, pos, head, d_head]`)
             before rotary.
+        qk_norm_after_rotary: the q/k norms come after rotary instead (HunYuan), still on
+            `[batch, pos, head, d_head]`.
         clip: q, k and v are clamped to [-clip, clip] after the projections (None: no clip).
         clip_after_norm: the clamp comes after the q/k norms, not before them (OLMoE).
         v_norm: each head's values pass `v_norm` (on `[batch, key, kv_head, d_value]`; Gemma 4's
@@ -73,6 +75,7 @@ class AttentionConfig:
     d_in: int
     rotary_interleaved: bool = False
     qk_norm: bool = False
+    qk_norm_after_rotary: bool = False
     clip: Optional[float] = None
     clip_after_norm: bool = False
     v_norm: bool = False

@@ -5,7 +5,7 @@ head_i = softmax(Q_i K_i^T / sqrt(d_head)) V_i (Vaswani et al. 2017), extended w
 models use: grouped-query attention (`n_kv_heads`), optional biases, a head size not tied to
 `d_model / n_heads`, causal or bidirectional masking, padding masks, rotary position embedding
 (full or partial, "rotate half" or interleaved pairs), a scaling override, dropout, and the
-extras of recent models: q/k norms before rotary (Qwen3, Gemma 3, OLMo 2), clipping of q/k/v
+extras of recent models: q/k norms before rotary (Qwen3, Gemma 3, OLMo 2) or after it (HunYuan), clipping of q/k/v
 (OLMo; after the q/k norms: OLMoE), a norm on each head's values (Gemma 4), a per-position query
 temperature (Llama 4's layers without rotary), score soft-capping (Gemma 2), a learned sink logit per head (gpt-oss) and a sigmoid output gate
 (Qwen3-Next: z * sigmoid(W_gate x), per element of each head, before W_O), and a norm over all
@@ -69,6 +69,8 @@ class MultiHeadAttention(nn.Module):
         rotary_interleaved: rotate dims in pairs (2i, 2i + 1) (GPT-J layout).
         qk_norm: RMS-normalise each head's q and k before rotary (`q_norm`, `k_norm`, replaceable
             by any module mapping `[batch, pos, head, d_head]` to itself).
+        qk_norm_after_rotary: apply the q/k norms after rotary instead (HunYuan); not with
+            `clip_after_norm`.
         clip: clamp q, k and v to [-clip, clip]; with `clip_after_norm`, after the q/k norms.
         v_norm: normalise each head's values (`v_norm`, an `nn.RMSNorm(d_value)` without gain,
             replaceable by any module mapping `[batch, key, kv_head, d_value]` to itself).
@@ -107,6 +109,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         rotary_interleaved: bool = False,
         qk_norm: bool = False,
+        qk_norm_after_rotary: bool = False,
         clip: Optional[float] = None,
         clip_after_norm: bool = False,
         v_norm: bool = False,
@@ -126,12 +129,15 @@ class MultiHeadAttention(nn.Module):
             d_model, n_heads, n_kv_heads, d_head, d_value=d_value, causal=causal, qkv_bias=bias,
             out_bias=bias if out_bias is None else out_bias, rotary_dim=rotary_dim, rotary_base=rotary_base,
             scale=scale, dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
-            clip_after_norm=clip_after_norm, v_norm=v_norm,
+            qk_norm_after_rotary=qk_norm_after_rotary, clip_after_norm=clip_after_norm, v_norm=v_norm,
             query_temperature=None if query_temperature is None else tuple(map(float, query_temperature)),
             softcap=softcap, sinks=sinks, output_gate=output_gate, d_in=d_in, pre_out_norm=pre_out_norm,
             latent=latent,
         )
         cfg, kw = self.config, dict(device=device, dtype=dtype)
+        if qk_norm_after_rotary and (not qk_norm or clip_after_norm):
+            raise ValueError("qk_norm_after_rotary needs qk_norm, and a clip after the norms would come after rotary "
+                             "too: not with clip_after_norm")
         if latent is not None and (cfg.n_kv_heads != cfg.n_heads or qk_norm or v_norm or clip is not None
                                    or cfg.rotary_dim not in (0, latent.d_rope)):
             raise ValueError(f"latent attention has a key per head (n_kv_heads {cfg.n_kv_heads} must be n_heads "
@@ -279,7 +285,7 @@ class MultiHeadAttention(nn.Module):
             q, k, v = (t.clamp(-cfg.clip, cfg.clip) for t in (q, k, v))
         q = q.view(B, T, cfg.n_heads, cfg.d_head)  # (B, T, H, D)
         k = k.view(B, S, cfg.n_kv_heads, cfg.d_head)  # (B, S, Hkv, D)
-        if cfg.qk_norm:
+        if cfg.qk_norm and not cfg.qk_norm_after_rotary:
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.clip is not None and cfg.clip_after_norm:  # elementwise: the same on any view
             q, k, v = (t.clamp(-cfg.clip, cfg.clip) for t in (q, k, v))
@@ -291,6 +297,8 @@ class MultiHeadAttention(nn.Module):
             cos, sin = rotary
             q = apply_rotary(q, cos, sin, cfg.rotary_interleaved)
             k = apply_rotary(k, cos, sin, cfg.rotary_interleaved)
+        if cfg.qk_norm_after_rotary:  # the norms see (B, T, H, D), as before rotary
+            q, k = self.q_norm(q.transpose(1, 2)).transpose(1, 2), self.k_norm(k.transpose(1, 2)).transpose(1, 2)
         return q, k, v
 
     @classmethod

@@ -49,7 +49,7 @@ class Rotary:
 
 @dataclass(frozen=True)
 class QKNorm:
-    """Norms on q and k before rotary.
+    """Norms on q and k, before rotary unless `after_rotary`.
 
     Attributes:
         q, k: paths from the core module to the two norm modules.
@@ -58,10 +58,8 @@ class QKNorm:
         switch: attribute of the core module that says whether the norms are used.
         where_present: the norms are used by the cores that have them, in a family whose
             cores differ (mllama's cross-attention has them, its self-attention not).
-        after_rotary: the model norms after rotary (Llama 4's L2 norm). Taken before it, which
-            is the same for a norm without gain over each head's whole vector: rotary rotates
-            pairs of dims, keeping the vector's RMS (with tables of magnitude 1); from_hf
-            refuses such norms with a gain.
+        after_rotary: the model norms after rotary (HunYuan's RMSNorm, Llama 4's L2 norm);
+            from_hf's module does too (`MultiHeadAttention(qk_norm_after_rotary=True)`).
     """
 
     q: str

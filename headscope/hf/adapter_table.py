@@ -91,9 +91,8 @@ ADAPTERS = (
             rotary=Rotary(), notes="partial rotary (partial_rotary_factor)"),
     Adapter("hunyuan_v1", ("hunyuan_v1_dense", "hunyuan_v1_moe"), layers="layers", block="self_attn", core="",
             qkv=_QKV, out="o_proj", rotary=Rotary(),
-            no_from_hf="from_hf and verify are not available for hunyuan_v1 (its per-head q/k RMSNorm comes after "
-                       "rotary, MultiHeadAttention's before); capture, ablate and analyze work",
-            notes="per-head q/k RMSNorm after rotary; from_hf/verify not available"),
+            qk_norm=QKNorm("query_layernorm", "key_layernorm", after_rotary=True),
+            notes="per-head q/k RMSNorm after rotary"),
     Adapter("llama4_text", ("llama4_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(interleaved=True, tables="complex", switch="use_rope"),
             qk_norm=QKNorm("qk_norm", "qk_norm", where_present=True, after_rotary=True),

@@ -77,10 +77,6 @@ def _norms(adapter: Adapter, core: nn.Module) -> Optional[tuple[nn.Module, nn.Mo
     if spec.where_present and not hasattr(core, spec.q):
         return None
     norms = _sub(core, spec.q), _sub(core, spec.k)
-    if spec.after_rotary and any(getattr(norm, "weight", None) is not None for norm in norms):
-        raise HeadscopeError(f"from_hf and verify are not available for this {type(core).__name__}: its q/k norms "
-                             f"come after rotary and have a gain, so they cannot be taken before it; capture, "
-                             f"ablate and analyze work")
     wrap = _WRAP[spec.over]
     return tuple(wrap(copy.deepcopy(norm)) for norm in norms)
 
@@ -205,7 +201,7 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         bias=any(b is not None for b in (bq, bk, bv)), out_bias=bo is not None,
         rotary_dim=rotary_dim, rotary_base=_rotary_base(config),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
-        scale=scale, qk_norm=norms is not None,
+        scale=scale, qk_norm=norms is not None, qk_norm_after_rotary=norms is not None and adapter.qk_norm.after_rotary,
         clip=getattr(config, adapter.clip, None) if adapter.clip else None, clip_after_norm=adapter.clip_after_norm,
         v_norm=adapter.v_norm is not None, query_temperature=_temperature(adapter, core, rotary_dim),
         softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,

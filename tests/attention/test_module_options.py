@@ -1,6 +1,6 @@
 """MultiHeadAttention's options from recent families, each against its formula written out here:
-the query temperature (Llama 4), the values' norm (Gemma 4) and the clip after the q/k norms
-(OLMoE); the fast path equals the explicit one with each."""
+the query temperature (Llama 4), the values' norm (Gemma 4), the clip after the q/k norms
+(OLMoE) and the q/k norms after rotary (HunYuan); the fast path equals the explicit one with each."""
 import math
 
 import pytest
@@ -89,3 +89,43 @@ def test_the_clip_comes_before_or_after_the_qk_norms(after):
     other = _module(qk_norm=True, clip=clip, clip_after_norm=not after)
     assert (other(x) - out).abs().max() > 1e-2
     assert math.isclose(m.config.clip, clip)
+
+
+def _rotate_half_by_hand(t, base=10000.0):
+    """`[B, T, H, D]` rotated as rotate-half rotary does: pair (i, i + D/2) at position p turned by
+    p * base ** (-2i / D), written with cos and sin of each angle."""
+    half = D // 2
+    angle = torch.arange(T, dtype=torch.float32)[:, None] * base ** (-torch.arange(half, dtype=torch.float32) * 2 / D)
+    cos, sin = angle.cos()[None, :, None], angle.sin()[None, :, None]  # (1, T, 1, D/2)
+    first, second = t[..., :half], t[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+@torch.no_grad()
+def test_qk_norms_after_rotary_come_after_it():
+    m = _module(qk_norm=True, rotary_dim=D, qk_norm_after_rotary=True)
+    gains = torch.Generator().manual_seed(2)
+    for norm in (m.q_norm, m.k_norm):
+        norm.weight.copy_(torch.rand(D, generator=gains) + 0.5)  # a gain: before or after rotary differ
+    x = torch.randn(B, T, D_MODEL)
+
+    def rms(t, norm):
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps) * norm.weight
+
+    q = rms(_rotate_half_by_hand(_heads(m.W_q(x))), m.q_norm)
+    k = rms(_rotate_half_by_hand(_heads(m.W_k(x))), m.k_norm)
+    out, seen = _hooked_q(m, x)
+    torch.testing.assert_close(seen["q"], q.transpose(1, 2), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out, _attend(m, q, k, _heads(m.W_v(x))), atol=1e-5, rtol=0)
+    torch.testing.assert_close(m(x, return_pattern=True)[0], out, atol=1e-5, rtol=0)
+    before = _module(qk_norm=True, rotary_dim=D)
+    before.load_state_dict(m.state_dict())
+    assert (before(x) - out).abs().max() > 1e-2  # the same norms before rotary: another output
+
+
+@pytest.mark.parametrize("options", [dict(qk_norm_after_rotary=True),
+                                     dict(qk_norm=True, clip=0.5, clip_after_norm=True, qk_norm_after_rotary=True)],
+                         ids=["without-qk-norm", "with-a-clip-after-the-norms"])
+def test_qk_norm_after_rotary_is_refused_where_it_means_nothing(options):
+    with pytest.raises(ValueError, match="qk_norm_after_rotary"):
+        _module(**options)

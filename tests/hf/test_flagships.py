@@ -91,14 +91,34 @@ def test_llama4s_temperature_and_l2_norm_matter(change, layer, monkeypatch):
     assert wrong[layer] > 1e-2 and wrong[1 - layer] <= 1e-5
 
 
-def test_a_norm_after_rotary_with_a_gain_is_refused():
-    """Taking Llama 4's norm before rotary holds for a gainless norm only: one with a gain is refused."""
+@pytest.mark.parametrize("family", ["hunyuan_v1_dense", "hunyuan_v1_moe"])
+@torch.no_grad()
+def test_hunyuans_qk_norm_after_rotary_verifies_and_must_come_after_it(family, monkeypatch):
+    """HunYuan's per-head q/k RMSNorm, gains drawn in [0.5, 1.5], comes after rotary: from_hf's
+    module norms there too and verifies; the same norms taken before rotary fail verify."""
+    model = _model(family, "interface")
+    generator = torch.Generator().manual_seed(5)
+    for _, block in attention_blocks(model):
+        for norm in (block.query_layernorm, block.key_layernorm):
+            norm.weight.copy_(torch.rand(norm.weight.shape, generator=generator) + 0.5)
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
+    assert mine.qk_norm and mine.qk_norm_after_rotary and mine.rotary_dim == 16
+    with_adapter_changed(monkeypatch, model, qk_norm=adapters.QKNorm("query_layernorm", "key_layernorm"))
+    assert _verified(model)[1] > 1e-3
+
+
+@torch.no_grad()
+def test_llama4s_l2_norm_after_rotary_with_a_gain_verifies():
+    """Llama 4's norm is gainless; given a gain, taking it before rotary would no longer be the same,
+    and from_hf's module, which norms after rotary as the model does, still verifies."""
     model = _model("llama4_text", "interface")
     block = attention_blocks(model)[0][1]
-    block.qk_norm.weight = torch.nn.Parameter(torch.ones(16))
-    with pytest.raises(headscope.HeadscopeError, match="after rotary and have a gain") as err:
-        headscope.MultiHeadAttention.from_hf(block, model.config)
-    assert "\n" not in str(err.value)
+    block.qk_norm.weight = torch.nn.Parameter(torch.rand(16, generator=torch.Generator().manual_seed(3)) + 0.5)
+    assert headscope.MultiHeadAttention.from_hf(block, model.config).config.qk_norm_after_rotary
+    table = headscope.verify(model, tiny_inputs())
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
 
 
 @pytest.mark.parametrize("family", ["gemma4_text", "gemma3n_text"])
