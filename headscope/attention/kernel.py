@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention", "expand_kv", "causal_mask", "with_bias", "TensorEdit"]
+__all__ = ["attention", "expand_kv", "causal_mask", "with_bias", "with_selected_keys", "TensorEdit"]
 
 TensorEdit = Callable[[torch.Tensor], Optional[torch.Tensor]]
 
@@ -69,6 +69,35 @@ def with_bias(mask: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> Opt
     if mask.dtype == torch.bool:
         return bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
     return bias + mask.to(bias.dtype)
+
+
+def with_selected_keys(mask: Optional[torch.Tensor], indices: Optional[torch.Tensor], n_keys: int,
+                       causal: bool) -> Optional[torch.Tensor]:
+    """`mask` that also hides every key a query did not select (DeepSeek-V3.2's sparse attention:
+    its indexer picks each query's top-k keys, the same for every head).
+
+    Args:
+        mask: None, boolean (True = may attend) or additive float, broadcastable to
+            `[batch, head, query, key]`.
+        indices: None (nothing selected: `mask` as it is) or `[batch, query, k]` key positions.
+        n_keys: the number of keys.
+        causal: `mask` is None and the queries may not see later keys (the last query is the last
+            key), which then joins the mask.
+    Returns:
+        The mask (boolean when `mask` was None or boolean, else additive in its dtype).
+    """
+    if indices is None:
+        return mask
+    batch, n_queries, _ = indices.shape
+    chosen = torch.zeros(batch, n_queries, n_keys, dtype=torch.bool, device=indices.device)
+    chosen = chosen.scatter(-1, indices.long(), True).unsqueeze(1)  # (B, 1, Tq, Tk)
+    if mask is None:
+        if not causal:
+            return chosen
+        return chosen & causal_mask(n_queries, n_keys, indices.device)
+    if mask.dtype == torch.bool:
+        return mask & chosen
+    return mask.masked_fill(~chosen, torch.finfo(mask.dtype).min)
 
 
 def _apply(edit: Optional[TensorEdit], x: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,8 @@ output (key length not the query length), the encoder's padding mask, and `is_ca
 the module, so no causal mask is added; T5 hands it a zero position bias.
 
 The kernel honours what models pass beyond q, k, v and the mask: `softcap` (Gemma 2),
-per-head sink logits (`s_aux` in gpt-oss, or `sinks`) and an additive `position_bias` (T5).
+per-head sink logits (`s_aux` in gpt-oss, or `sinks`), an additive `position_bias` (T5) and
+`indices`, each query's selected keys (DeepSeek-V3.2's sparse attention), which join the mask.
 Sliding windows arrive built into the mask. An argument it does not know stops the forward
 pass with a one-line HeadscopeError instead of being silently ignored.
 
@@ -55,7 +56,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..attention.kernel import attention, expand_kv, with_bias
+from ..attention.kernel import attention, expand_kv, with_bias, with_selected_keys
 from ..attention.lazy import lazy_attention
 from ..attention.streaming import KeyWindow, restricted_mask, windowed_attention
 from .adapters import check_on_interface, head_sizes, z_at_out
@@ -148,7 +149,7 @@ class Session:
 # Keyword arguments models pass to the attention function. Honoured: they change the math.
 # Ignored: they change nothing here (sliding windows arrive built into the mask; the rest
 # serve caches and other kernels). Anything else stops the forward pass with its name.
-HONOURED = ("softcap", "s_aux", "sinks", "position_bias", "is_causal")
+HONOURED = ("softcap", "s_aux", "sinks", "position_bias", "is_causal", "indices")
 IGNORED = ("position_ids", "use_cache", "sliding_window", "encoder_hidden_states", "deterministic",
            "output_attentions", "cache_position", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
            "output_router_logits", "output_hidden_states")
@@ -180,6 +181,9 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
     # As in transformers' SDPA path: a missing mask means "causal" only for causal modules.
     is_causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
     mask = with_bias(attention_mask, bias)  # T5: relative position bias joins the mask
+    indices = kwargs.get("indices")  # DeepSeek-V3.2: each query's selected keys join the mask
+    if indices is not None:
+        mask, is_causal = with_selected_keys(mask, indices, key.shape[2], is_causal), False
     watchers = [(s, layer) for s, layer in active if s.wants_pattern(layer)]
     windows = [w for w in (s.key_window(layer) for s, layer in active) if w is not None]
     if len(windows) > 1:

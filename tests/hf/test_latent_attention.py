@@ -1,18 +1,21 @@
 """Multi-head latent attention families (DeepSeek-V2/V3, MiniCPM3, GLM-4-MoE-Lite, Youtu) beyond the
 family matrix: verify against the model's eager attention with weights large enough for every part
 to matter, each layout (rope_interleave on and off, a full-rank query, biases); the OV table against
-an OV circuit built here straight from the checkpoint's matrices; analyze end to end."""
+an OV circuit built here straight from the checkpoint's matrices; analyze end to end; DeepSeek-V3.2's
+sparse attention captured as its indexer selects."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import headscope
-from headscope.hf.adapters import Latent, Rotary, attention_blocks
+from headscope.attention.kernel import with_selected_keys
+from headscope.hf import route
+from headscope.hf.adapters import Latent, Rotary, adapter_for, attention_blocks
 from headscope.head_geometry.ov_circuit import ov_copying, ov_scores
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import RepeatedProbe, TextProbe
 from headscope.report import render_html
-from tests.support.contracts import with_adapter_changed
+from tests.support.contracts import eager_weights, with_adapter_changed
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import tiny_config, tiny_inputs
 
@@ -80,15 +83,22 @@ def test_ov_table_is_the_circuit_of_the_checkpoints_matrices(family):
         assert row.positive_eig_share == pytest.approx(share, abs=1e-5)
 
 
-def test_analyze_runs_end_to_end_with_the_ov_table_and_renders():
-    model = _model("deepseek_v3")
-    loaded = Loaded.from_model(model, char_tokenizer(), "tiny-deepseek_v3")
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32"])
+def test_analyze_runs_end_to_end_with_the_ov_table_and_renders(family):
+    """deepseek_v32 has no from_hf, so no OV table either, and its analysis says why."""
+    model = _model(family)
+    loaded = Loaded.from_model(model, char_tokenizer(), f"tiny-{family}")
     probes = [TextProbe(n_examples=4, seq_len=32), RepeatedProbe(n_examples=4, repeat_len=8, repeats=3)]
     analysis = headscope.analyze(loaded, detectors=["previous_token", "induction", "sink"], probes=probes,
                                  explorer_examples=1)
     assert len(analysis.scores) == 3 * 2 * 4 and analysis.scores.score.notna().all()
-    assert "ov" in analysis.tables and len(analysis.tables["ov"]) == 2 * 4
-    assert "tiny-deepseek_v3" in render_html(analysis, plotlyjs="cdn")
+    if family == "deepseek_v3":
+        assert "ov" in analysis.tables and len(analysis.tables["ov"]) == 2 * 4
+    else:
+        assert "ov" not in analysis.tables
+        assert [n for n in analysis.meta["notes"] if n.startswith("OV copying not computed")] == [
+            "OV copying not computed: " + adapter_for(model.config).no_from_hf]
+    assert f"tiny-{family}" in render_html(analysis, plotlyjs="cdn")
 
 
 @pytest.mark.parametrize("family, change", [("deepseek_v3", dict(latent=Latent())),  # rope_interleave ignored
@@ -101,3 +111,58 @@ def test_each_rotary_reading_matters(family, change, monkeypatch):
     model = _model(family)
     with_adapter_changed(monkeypatch, model, **change)
     assert headscope.verify(model, tiny_inputs(length=13)).max_abs_diff_pattern.max() > 1e-3
+
+
+@torch.no_grad()
+def test_deepseek_v32s_patterns_keep_only_the_keys_its_indexer_picks(monkeypatch):
+    """DeepSeek-V3.2 hands headscope's kernel each query's top-k keys (`indices`; index_topk 4 of
+    up to 13 here) instead of folding them into the mask: the captured patterns equal the model's
+    eager (folded) weights, attend only to keys the layer's own indexer returned, and the kernel
+    dropping the selection would change the model's output by far."""
+    model = _model("deepseek_v32")
+    x = tiny_inputs(length=13)
+    valid = x["attention_mask"].bool()
+    cores = dict(attention_blocks(model))
+    picked, handles = {}, []
+    for layer, block in cores.items():
+        handles.append(block.indexer.register_forward_hook(lambda m, a, out, layer=layer: picked.setdefault(layer, out)))
+    before = model(**x).logits
+    with headscope.capture(model) as cap:
+        captured = model(**x).logits
+    for handle in handles:
+        handle.remove()
+    assert (before - captured).abs()[valid].max() <= 1e-4
+    eager = eager_weights(model, cores, x)
+    for layer in cores:
+        mine = cap.patterns[layer]  # (B, H, T, T)
+        assert (mine - eager[layer]).abs().max() <= 1e-5
+        chosen = torch.zeros(mine.shape[0], 13, 13, dtype=torch.bool).scatter(-1, picked[layer].long(), True)
+        assert not (mine > 0)[~chosen[:, None].expand_as(mine)].any()  # nothing outside the selection
+        rows = (mine[0] > 0).sum(-1)  # (H, T): the first example has no padding
+        assert rows.max() == 4 and (rows[:, 4:] == 4).all()  # sparse once more than 4 keys are visible
+    monkeypatch.setattr(route, "with_selected_keys", lambda mask, indices, n_keys, causal: mask)
+    with headscope.capture(model):
+        dense = model(**x).logits
+    assert (before - dense).abs()[valid].max() > 1e-2
+
+
+@pytest.mark.parametrize("given", ["none-causal", "none-bidirectional", "boolean", "additive"])
+def test_selected_keys_join_any_mask_as_written_out(given):
+    """`with_selected_keys` against the mask built by hand, key by key: a key is kept where the
+    given mask keeps it (a causal one: not later than the query, aligned to the end) and the query
+    selected it."""
+    g = torch.Generator().manual_seed(0)
+    B, Tq, Tk, k = 2, 5, 7, 3
+    indices = torch.stack([torch.stack([torch.randperm(Tk, generator=g)[:k] for _ in range(Tq)]) for _ in range(B)])
+    keep = torch.rand(B, 1, Tq, Tk, generator=g) > 0.3
+    mask = {"none-causal": None, "none-bidirectional": None, "boolean": keep,
+            "additive": torch.zeros(B, 1, Tq, Tk).masked_fill(~keep, float("-inf"))}[given]
+    got = with_selected_keys(mask, indices.int(), Tk, causal=given == "none-causal")
+    for b in range(B):
+        for q in range(Tq):
+            for key in range(Tk):
+                allowed = {"none-causal": key <= q + Tk - Tq, "none-bidirectional": True}.get(given, keep[b, 0, q, key])
+                expected = bool(allowed) and key in indices[b, q].tolist()
+                value = got[b, 0, q, key]
+                assert (bool(value) if got.dtype == torch.bool else bool(value > -1e30)) == expected
+    assert with_selected_keys(mask, None, Tk, causal=False) is mask

@@ -94,6 +94,10 @@ EXTRA = {
     "gpt_oss": dict(WINDOW, num_local_experts=4, num_experts_per_tok=2),
     "deepseek_v3": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
                         moe_intermediate_size=16, first_k_dense_replace=1),
+    # DeepSeek-V3.2: each query attends to the 4 keys its indexer picks (of up to 11).
+    "deepseek_v32": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                         moe_intermediate_size=16, first_k_dense_replace=1, index_topk=4, index_n_heads=2,
+                         index_head_dim=16),
     "deepseek_v2": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                         first_k_dense_replace=1),
     "minicpm3": dict(MLA),
