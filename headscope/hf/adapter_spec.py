@@ -10,7 +10,7 @@ Data only: the table of adapters is `headscope.hf.adapter_table`, the functions 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 __all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "Temperature", "LoRA", "Latent"]
 
@@ -122,7 +122,7 @@ class Latent:
             without and with rotary and of the values.
         regroup: config attribute that, when True, says the rotary part's pairs (2i, 2i + 1) are
             regrouped to `[evens | odds]` and rotated "rotate half" (DeepSeek-V3's
-            `rope_interleave`; `LatentRanks.regroup`).
+            `rope_interleave`; `LatentRanks.regroup`), or True: always (DeepSeek-V3.2).
     """
 
     q: str = "q_proj"
@@ -137,7 +137,7 @@ class Latent:
     nope: str = "qk_nope_head_dim"
     rope: str = "qk_rope_head_dim"
     value: str = "v_head_dim"
-    regroup: Optional[str] = None
+    regroup: Union[str, bool, None] = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +255,10 @@ class Adapter:
         no_ov: why the OV table is not available ("" when it is).
         latent: the block is multi-head latent attention (`Latent`): from_hf builds a
             `LatentAttention`, its rotary part last in each head's q and k.
+        selector: path from the core to a module whose output is each query's selected keys
+            `[batch, query, k]`, the same for every head (DeepSeek-V3.2's DSA indexer): the model
+            attends to those keys only. from_hf's module has no such module; `verify` hands it the
+            selection the model's own module made, joined to the mask (`with_selected_keys`).
         notes: one line for the family table.
     """
 
@@ -296,4 +300,5 @@ class Adapter:
     lora: Optional[LoRA] = None
     no_ov: str = ""
     latent: Optional[Latent] = None
+    selector: Optional[str] = None
     notes: str = ""

@@ -131,12 +131,11 @@ ADAPTERS = (
             notes=_MLA + "; with rope_interleave, the rotary dims' pairs (2i, 2i + 1) regrouped to halves and rotated "
                          "so"),
     Adapter("deepseek_v32", ("deepseek_v32",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
-            latent=Latent(), rotary=Rotary(),
-            no_from_hf="from_hf and verify are not available for deepseek_v32 (its DSA indexer picks each query's keys, "
-                       "which MultiHeadAttention does not compute); capture, ablate and analyze work",
-            notes=_MLA.split("; from_hf")[0] + "; DeepSeek Sparse Attention: an indexer picks each query's top "
-                  "index_topk keys, the same for every head, and the others are masked (the patterns are sparse); "
-                  "from_hf/verify not available"),
+            latent=Latent(regroup=True), rotary=Rotary(), selector="indexer",
+            notes=_MLA + ", without an indexer; DeepSeek Sparse Attention: an indexer picks each query's top "
+                         "index_topk keys, the same for every head, and the others are masked (the patterns are "
+                         "sparse); verify hands from_hf's module the model's own selection in the mask; the rotary "
+                         "pairs (2i, 2i + 1) regrouped to halves"),
     Adapter("deepseek_v2", ("deepseek_v2",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), rotary=Rotary(interleaved=True, tables="complex"),
             notes=_MLA + "; rotary on interleaved pairs, as complex numbers"),

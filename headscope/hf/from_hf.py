@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..attention.kernel import with_bias
+from ..attention.kernel import with_bias, with_selected_keys
 from ..attention.latent import LatentRanks
 from ..attention.rotary import full_width
 from .adapters import Adapter, _sub, block_adapter, head_sizes
@@ -252,7 +252,7 @@ def _latent_module(cls: Callable, adapter: Adapter, block: nn.Module, core: nn.M
         rotary_dim=rope if adapter.rotary is not None else 0, rotary_base=_rotary_base(config),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
         scale=getattr(core, adapter.scale, None), d_in=down.shape[1],
-        latent=LatentRanks(kv_rank, rope, q_rank, regroup=bool(spec.regroup and getattr(config, spec.regroup, False))),
+        latent=LatentRanks(kv_rank, rope, q_rank, regroup=_regrouped(spec.regroup, config)),
         device=down.device, dtype=down.dtype,
     )
     lat = module.latent
@@ -289,6 +289,11 @@ def _within_pieces(bounds: torch.Tensor) -> torch.Tensor:
     return (piece[:, None] == piece[None, :])[None, None]
 
 
+def _regrouped(regroup, config) -> bool:
+    """`Latent.regroup` read: always (True), never (None) or as a config attribute says."""
+    return regroup is True or bool(isinstance(regroup, str) and getattr(config, regroup, False))
+
+
 def call_arguments(module, config, received: dict, returned, block: Optional[nn.Module] = None) -> dict:
     """Keyword arguments for `module` (built by `module_from_hf`) that reproduce one call of the
     model's attention module.
@@ -298,7 +303,8 @@ def call_arguments(module, config, received: dict, returned, block: Optional[nn.
         config: the model's config.
         received: the attention module's forward inputs by name (`hidden_states`, its mask,
             `key_value_states` or mllama's `cross_attention_states` at cross-attention,
-            `position_embeddings`).
+            `position_embeddings`), and `indices`, the keys its selector picked (`Adapter.selector`),
+            which join the mask.
         returned: what its forward returned (T5's holds the position bias it used,
             `Adapter.returns`).
         block: the attention block `module` was built from (None: a text block); a vision
@@ -313,6 +319,8 @@ def call_arguments(module, config, received: dict, returned, block: Optional[nn.
     mask = next((received[name] for name in _MASK_NAMES if received.get(name) is not None), None)
     if "position_bias" in returns:  # [1 or batch, head, query, key], added to the scores like the mask
         mask = with_bias(mask, returned[returns.index("position_bias")])
+    if received.get("indices") is not None:  # DeepSeek-V3.2: only the keys its indexer picked
+        mask = with_selected_keys(mask, received["indices"], x.shape[1], causal=mask is None and module.config.causal)
     if received.get(_PIECES_NAME) is not None:  # one packed sequence (P, d_model): block-diagonal attention
         x, mask = x[None], _within_pieces(received[_PIECES_NAME])
     context = next((received[name] for name in _CONTEXT_NAMES if received.get(name) is not None), None)

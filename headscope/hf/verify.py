@@ -3,8 +3,9 @@
 `verify(model, inputs, sites=None)` runs the model once with its eager attention and
 `output_attentions=True`, records what every attention module of a group of sites received
 (hidden states, mask, cross-attention's context, rotary tables) and returned (T5: the position
-bias it used) and what its output projection produced, then runs a `MultiHeadAttention` built
-with `from_hf` on exactly those inputs. `sites` names the group (`headscope.hf.sites`: an
+bias it used; DeepSeek-V3.2: the keys its indexer selected, `Adapter.selector`) and what its
+output projection produced, then runs a `MultiHeadAttention` built with `from_hf` on exactly
+those inputs. `sites` names the group (`headscope.hf.sites`: an
 encoder-decoder's "encoder", the default, "decoder.self" or "decoder.cross"); the reference
 patterns are the model's own `encoder_attentions`, `decoder_attentions` or `cross_attentions`
 where its output has them, else each module's eager weights (mllama's "text.cross": its
@@ -14,8 +15,7 @@ tower's attention is compared (gemma3's SigLIP, llava's CLIP, mllama's, qwen2_5_
 (qwen2_5_vl's, once per image or window: `headscope.hf.sites`) against the eager weights of its calls,
 kept by an attention implementation that runs the module's own eager function (`_record_eager`), joined
 along the diagonal, its headscope module run on the whole packed sequence with a block-diagonal mask
-(`call_arguments`). Families whose adapter says from_hf is not available (multi-head latent
-attention), blocks whose linear layers quantize as they run (a quantized bitnet checkpoint) and
+(`call_arguments`). Families whose adapter says from_hf is not available, blocks whose linear layers quantize as they run (a quantized bitnet checkpoint) and
 families without an adapter get a one-line HeadscopeError. It returns one row per layer of the
 group: layer, site (the module path), max_abs_diff_output, max_abs_diff_pattern.
 `teacher_forced(model, inputs)` adds an encoder-decoder's decoder_input_ids (its start token, then
@@ -32,7 +32,7 @@ from torch import nn
 
 from ..errors import HeadscopeError
 from ..attention.module import MultiHeadAttention
-from .adapters import _needs_adapter, block_adapter, out_projection
+from .adapters import _needs_adapter, _sub, block_adapter, out_projection
 from .from_hf import call_arguments
 from .route import block_diagonal
 from .sites import select
@@ -156,6 +156,11 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
             produced[layer] = output
         return hook
 
+    def save_selection(layer):  # runs inside the core's forward, after its inputs were saved
+        def hook(module, args, output):
+            received[layer]["indices"] = output
+        return hook
+
     previous = model.config._attn_implementation
     if packed:
         _register_recording()
@@ -165,6 +170,8 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
             handles.append(core.register_forward_pre_hook(save_inputs(layer), with_kwargs=True))
             handles.append(core.register_forward_hook(save_returned(layer)))
             handles.append(out_projection(model, block).register_forward_hook(save_output(layer)))
+            if adapters[layer].selector:
+                handles.append(_sub(core, adapters[layer].selector).register_forward_hook(save_selection(layer)))
         _KEPT.update({id(core): [] for core in packed.values()})
         model.set_attn_implementation(_RECORDING if packed else "eager")
         outputs = model(**inputs, output_attentions=True)

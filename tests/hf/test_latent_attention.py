@@ -2,7 +2,7 @@
 family matrix: verify against the model's eager attention with weights large enough for every part
 to matter, each layout (rope_interleave on and off, a full-rank query, biases); the OV table against
 an OV circuit built here straight from the checkpoint's matrices; analyze end to end; DeepSeek-V3.2's
-sparse attention captured as its indexer selects."""
+sparse attention captured as its indexer selects, and verified with the indexer's own selection."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 import headscope
 from headscope.attention.kernel import with_selected_keys
 from headscope.hf import route
-from headscope.hf.adapters import Latent, Rotary, adapter_for, attention_blocks
+from headscope.hf.adapters import Latent, Rotary, attention_blocks
 from headscope.head_geometry.ov_circuit import ov_copying, ov_scores
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import RepeatedProbe, TextProbe
@@ -35,8 +35,9 @@ def _model(family, seed=0, **extra):
 @pytest.mark.parametrize("family, extra", [
     ("deepseek_v3", {}), ("deepseek_v3", dict(rope_interleave=False)), ("deepseek_v3", dict(q_lora_rank=None)),
     ("deepseek_v3", dict(attention_bias=True)), ("deepseek_v2", {}), ("minicpm3", {}), ("glm4_moe_lite", {}),
-    ("youtu", dict(rope_interleave=True)),
-], ids=["v3", "v3-halves", "v3-full-rank-q", "v3-biases", "v2-complex", "minicpm3", "glm4-moe-lite", "youtu"])
+    ("youtu", dict(rope_interleave=True)), ("deepseek_v32", {}),
+], ids=["v3", "v3-halves", "v3-full-rank-q", "v3-biases", "v2-complex", "minicpm3", "glm4-moe-lite", "youtu",
+        "v32-sparse"])
 @torch.no_grad()
 def test_verify_agrees_at_every_layout(family, extra):
     model = _model(family, **extra)
@@ -85,23 +86,18 @@ def test_ov_table_is_the_circuit_of_the_checkpoints_matrices(family):
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32"])
 def test_analyze_runs_end_to_end_with_the_ov_table_and_renders(family):
-    """deepseek_v32 has no from_hf, so no OV table either, and its analysis says why."""
     model = _model(family)
     loaded = Loaded.from_model(model, char_tokenizer(), f"tiny-{family}")
     probes = [TextProbe(n_examples=4, seq_len=32), RepeatedProbe(n_examples=4, repeat_len=8, repeats=3)]
     analysis = headscope.analyze(loaded, detectors=["previous_token", "induction", "sink"], probes=probes,
                                  explorer_examples=1)
     assert len(analysis.scores) == 3 * 2 * 4 and analysis.scores.score.notna().all()
-    if family == "deepseek_v3":
-        assert "ov" in analysis.tables and len(analysis.tables["ov"]) == 2 * 4
-    else:
-        assert "ov" not in analysis.tables
-        assert [n for n in analysis.meta["notes"] if n.startswith("OV copying not computed")] == [
-            "OV copying not computed: " + adapter_for(model.config).no_from_hf]
+    assert "ov" in analysis.tables and len(analysis.tables["ov"]) == 2 * 4
     assert f"tiny-{family}" in render_html(analysis, plotlyjs="cdn")
 
 
 @pytest.mark.parametrize("family, change", [("deepseek_v3", dict(latent=Latent())),  # rope_interleave ignored
+                                            ("deepseek_v32", dict(latent=Latent())),  # its pairs not regrouped
                                             ("deepseek_v2", dict(rotary=Rotary(interleaved=False, tables="complex"))),
                                             ("minicpm3", dict(rotary=None))])
 @torch.no_grad()
@@ -144,6 +140,18 @@ def test_deepseek_v32s_patterns_keep_only_the_keys_its_indexer_picks(monkeypatch
     with headscope.capture(model):
         dense = model(**x).logits
     assert (before - dense).abs()[valid].max() > 1e-2
+
+
+@torch.no_grad()
+def test_deepseek_v32s_verify_needs_the_indexers_selection(monkeypatch):
+    """verify hands from_hf's module (dense latent attention, no indexer) the keys the model's own
+    indexer picked; without them the module attends to every earlier key and fails by far."""
+    model = _model("deepseek_v32")
+    x = tiny_inputs(length=13)
+    table = headscope.verify(model, x)
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    with_adapter_changed(monkeypatch, model, selector=None)
+    assert headscope.verify(model, x).max_abs_diff_pattern.max() > 1e-2
 
 
 @pytest.mark.parametrize("given", ["none-causal", "none-bidirectional", "boolean", "additive"])
