@@ -240,6 +240,9 @@ class Adapter:
             ("output", "position_bias", "weights"), the additive score bias it used (its relative
             positions, computed by the first layer of each stack and handed on), which `verify`
             adds to the mask.
+        bias_in_call: the core computes an additive score bias itself and hands it to the
+            attention function (`position_bias`) without returning it (UMT5: every layer its own
+            relative position bias); `verify` reads it from that call and adds it to the mask.
         no_from_hf: why `from_hf` and `verify` are not available ("" when they are).
         decoder_only: the adapter of a family's decoder alone (BartForCausalLM: the decoder
             without its encoder, `config.is_encoder_decoder` False), chosen over the family's
@@ -293,6 +296,7 @@ class Adapter:
     hybrid: bool = False
     heads: Optional[str] = None
     returns: tuple[str, ...] = ("output", "weights")
+    bias_in_call: bool = False
     decoder_only: bool = False
     default_sites: str = ""
     counts: tuple[str, ...] = ()

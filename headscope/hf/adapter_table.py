@@ -218,6 +218,13 @@ ADAPTERS = (
                                      "the decoder's (teacher-forced copies; T5EncoderModel: the encoder alone); "
                                      "scores unscaled, the relative position bias of each stack's first layer "
                                      "joins every layer's mask"),
+    Adapter("umt5", ("umt5",), layers="encoder.block", block="layer.0.SelfAttention", core="",
+            qkv=Separate("q", "k", "v"), out="o", causal=False, body="encoder", stack="encoder", groups=_T5_DECODER,
+            heads="n_heads", bias_in_call=True,
+            notes=_ENCODER_DECODER + "; analyze runs the encoder, with --sites decoder.self or decoder.cross "
+                                     "the decoder's (teacher-forced copies; UMT5EncoderModel: the encoder alone); "
+                                     "scores unscaled, every self-attention layer with a relative position bias of "
+                                     "its own, which verify reads from the layer's call"),
     Adapter("bart", ("bart", "marian", "pegasus", "m2m_100", "blenderbot", "blenderbot-small"),
             layers="encoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj", causal=False,
             body="encoder", stack="encoder", groups=_BART_DECODER, heads="num_heads",

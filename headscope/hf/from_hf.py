@@ -40,7 +40,7 @@ __all__ = ["module_from_hf", "rotary_tables", "call_arguments"]
 # What models name the inputs of their attention modules: the mask (T5: `mask`) and
 # cross-attention's source of keys and values (bart, whisper, T5: the encoder's output; mllama: the image's).
 _MASK_NAMES = ("attention_mask", "mask")
-_CONTEXT_NAMES = ("key_value_states", "cross_attention_states")
+_CONTEXT_NAMES = ("key_value_states", "cross_attention_states", "encoder_hidden_states")
 # A packed module's bounds of its pieces in one sequence of patches (qwen2_5_vl's vision attention).
 _PIECES_NAME = "cu_seqlens"
 
@@ -304,7 +304,8 @@ def call_arguments(module, config, received: dict, returned, block: Optional[nn.
         received: the attention module's forward inputs by name (`hidden_states`, its mask,
             `key_value_states` or mllama's `cross_attention_states` at cross-attention,
             `position_embeddings`), and `indices`, the keys its selector picked (`Adapter.selector`),
-            which join the mask.
+            which join the mask, and `bias_in_call`, the score bias it handed its attention
+            function (`Adapter.bias_in_call`), added to the mask.
         returned: what its forward returned (T5's holds the position bias it used,
             `Adapter.returns`).
         block: the attention block `module` was built from (None: a text block); a vision
@@ -319,6 +320,8 @@ def call_arguments(module, config, received: dict, returned, block: Optional[nn.
     mask = next((received[name] for name in _MASK_NAMES if received.get(name) is not None), None)
     if "position_bias" in returns:  # [1 or batch, head, query, key], added to the scores like the mask
         mask = with_bias(mask, returned[returns.index("position_bias")])
+    if received.get("bias_in_call") is not None:  # UMT5: each layer's own relative position bias
+        mask = with_bias(mask, received["bias_in_call"])
     if received.get("indices") is not None:  # DeepSeek-V3.2: only the keys its indexer picked
         mask = with_selected_keys(mask, received["indices"], x.shape[1], causal=mask is None and module.config.causal)
     if received.get(_PIECES_NAME) is not None:  # one packed sequence (P, d_model): block-diagonal attention

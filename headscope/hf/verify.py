@@ -47,12 +47,14 @@ _EAGER_OUTPUTS = {"encoder.self": "encoder_attentions", "decoder.self": "decoder
 # The attention implementation verify runs a model with packed sites under: eager, keeping their calls' weights.
 _RECORDING = "headscope_verify"
 _KEPT: dict[int, list] = {}  # id(packed module) -> the eager weights of its calls so far, while verify runs
+_BIAS: dict[int, Optional[torch.Tensor]] = {}  # id(module) -> the score bias it handed its attention function
 
 
 def _record_eager(module, query, key, value, attention_mask, **kwargs):
     """transformers attention-interface function: the eager attention of the module's own modeling file
     (what its forward falls back on under "eager"), keeping the weights `[1, head, n, n]` of a packed
-    module's calls; the weights are returned as eager returns them."""
+    module's calls and the `position_bias` of a module that computes its own (`Adapter.bias_in_call`);
+    the weights are returned as eager returns them."""
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if eager is None:
         raise HeadscopeError(f"{type(module).__name__}'s modeling file has no eager_attention_forward for verify "
@@ -60,6 +62,8 @@ def _record_eager(module, query, key, value, attention_mask, **kwargs):
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
     if id(module) in _KEPT:
         _KEPT[id(module)].append(weights)
+    if id(module) in _BIAS:
+        _BIAS[id(module)] = kwargs.get("position_bias")
     return out, weights
 
 
@@ -136,6 +140,7 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
     # Built first: from_hf raises where the family's adapter says it is not available.
     mine = {layer: MultiHeadAttention.from_hf(block, model.config, layer) for layer, block in blocks}
     packed = {layer: selection.cores[layer] for layer in selection.packed if layer in selection.blocks}
+    biased = {layer: selection.cores[layer] for layer, _ in blocks if adapters[layer].bias_in_call}
     received: dict[int, dict] = {}
     returned: dict[int, tuple] = {}
     produced: dict[int, torch.Tensor] = {}
@@ -162,7 +167,8 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
         return hook
 
     previous = model.config._attn_implementation
-    if packed:
+    recording = bool(packed or biased)
+    if recording:
         _register_recording()
     try:
         for layer, block in blocks:
@@ -173,14 +179,20 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
             if adapters[layer].selector:
                 handles.append(_sub(core, adapters[layer].selector).register_forward_hook(save_selection(layer)))
         _KEPT.update({id(core): [] for core in packed.values()})
-        model.set_attn_implementation(_RECORDING if packed else "eager")
+        _BIAS.update({id(core): None for core in biased.values()})
+        model.set_attn_implementation(_RECORDING if recording else "eager")
         outputs = model(**inputs, output_attentions=True)
         kept = {layer: _KEPT[id(core)] for layer, core in packed.items()}
+        for layer, core in biased.items():
+            if layer in received:
+                received[layer]["bias_in_call"] = _BIAS[id(core)]
     finally:
         for handle in handles:
             handle.remove()
         for core in packed.values():
             _KEPT.pop(id(core), None)
+        for core in biased.values():
+            _BIAS.pop(id(core), None)
         model.set_attn_implementation(previous)
 
     missing = [layer for layer, _ in blocks if layer not in received]

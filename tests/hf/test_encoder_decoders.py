@@ -16,7 +16,7 @@ from headscope.hf import route
 from headscope.hf.verify import _named_inputs
 from headscope.hf.sites import select, sites
 from headscope.loading.loader import Loaded
-from tests.support.contracts import head_zeroed_at, run_eager
+from tests.support.contracts import head_zeroed_at, run_eager, with_adapter_changed
 from tests.support.planted import char_tokenizer
 from tests.support.tiny import ENCODER_DECODER_FAMILIES, tiny_model, tiny_seq2seq_inputs
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 GROUPS = ("encoder", "decoder.self", "decoder.cross")
 EAGER = {"encoder": "encoder_attentions", "decoder.self": "decoder_attentions", "decoder.cross": "cross_attentions"}
-T5_LIKE = ("t5", "mt5")  # the others are bart's attention (whisper's k_proj has no bias)
+T5_LIKE = ("t5", "mt5", "umt5")  # the others are bart's attention (whisper's k_proj has no bias)
 OUT = {f: "o" if f in T5_LIKE else "out_proj" for f in ENCODER_DECODER_FAMILIES}  # output projection inside the site
 KEYS = {f: "k" if f in T5_LIKE else "k_proj" for f in ENCODER_DECODER_FAMILIES}  # key projection
 CASES = [(family, group) for family in ENCODER_DECODER_FAMILIES for group in GROUPS]
@@ -279,8 +279,9 @@ def _site_call(model, x, site):
 def test_from_hf_module_reproduces_a_site_from_its_captured_inputs(family, group):
     """from_hf on layer 1's site, run by hand on what the site received (its hidden states, its
     mask, at cross-attention the encoder's output as `context`; T5: plus the relative position
-    bias the site returned, which its first layer computed): the site's own output (out
-    projection included) and the model's eager pattern. Without T5's bias the pattern is off."""
+    bias the site returned, which its first layer computed; UMT5: the bias the site's own
+    `compute_bias` gives): the site's own output (out projection included) and the model's eager
+    pattern. Without the bias the pattern is off."""
     model = tiny_model(family, kind="encoder_decoder")
     x = tiny_seq2seq_inputs(family)
     site = select(model, group).sites[1]
@@ -289,19 +290,25 @@ def test_from_hf_module_reproduces_a_site_from_its_captured_inputs(family, group
     assert mine.config.n_heads == _heads(family, group, model)
     assert mine.config.causal == (group == "decoder.self")
     mask = seen.get("attention_mask", seen.get("mask"))
-    bias = seen["returned"][1] if family in T5_LIKE else None
+    context = seen.get("key_value_states", seen.get("encoder_hidden_states"))
+    core = model.get_submodule(site.name)
+    if family == "umt5":  # its own bias in every self-attention layer, none at cross-attention
+        T, S = seen["hidden_states"].shape[1], (seen["hidden_states"] if context is None else context).shape[1]
+        bias = core.compute_bias(T, S) if core.has_relative_attention_bias else None
+    else:
+        bias = seen["returned"][1] if family in T5_LIKE else None
     additive = mask if bias is None else (bias if mask is None else bias + mask)
     got = {}
     with mine.hooks({"hook_k": lambda k, hook: got.update(k=k)}):
-        out, pattern = mine(seen["hidden_states"], additive, context=seen.get("key_value_states"), return_pattern=True)
+        out, pattern = mine(seen["hidden_states"], additive, context=context, return_pattern=True)
     theirs = _eager(model, x, group)[1]
     assert (out - seen["returned"][0]).abs().max() <= 1e-4
     assert (pattern - theirs).abs().max() <= 1e-5
-    source = seen["hidden_states"] if seen.get("key_value_states") is None else seen["key_value_states"]
-    keys = model.get_submodule(site.name).get_submodule(KEYS[family])(source)  # (B, S, H * D)
+    source = seen["hidden_states"] if context is None else context
+    keys = core.get_submodule(KEYS[family])(source)  # (B, S, H * D)
     assert (got["k"].transpose(1, 2).flatten(2) - keys).abs().max() <= 1e-5
     if bias is not None and group != "decoder.cross":  # cross-attention's bias is zero
-        _, unbiased = mine(seen["hidden_states"], mask, context=seen.get("key_value_states"), return_pattern=True)
+        _, unbiased = mine(seen["hidden_states"], mask, context=context, return_pattern=True)
         assert (unbiased - theirs).abs().max() > 1e-3
 
 
@@ -341,3 +348,21 @@ def test_verify_command_takes_sites_and_teacher_forces_the_decoder(group, monkey
     assert result.exit_code == 0, result.output
     assert f"OK: all 2 layers of the {group} sites within 0.0001" in result.output
     assert all(select(model, group).sites[layer].name in result.output for layer in (0, 1))
+
+
+@torch.no_grad()
+def test_umt5s_own_bias_in_every_layer_is_read_from_its_call(monkeypatch):
+    """Every UMT5 self-attention layer computes a relative position bias of its own (T5 hands its
+    first layer's on) and keeps it: verify reads it from the layer's call to its attention
+    function. Layer 1's bias is not layer 0's, and without the biases every layer's pattern is off."""
+    model = tiny_model("umt5", kind="encoder_decoder")
+    x = tiny_seq2seq_inputs("umt5")
+    cores = [model.get_submodule(site.name) for site in select(model, "encoder").sites.values()]
+    first, second = (core.compute_bias(6, 6) for core in cores)
+    assert (first - second).abs().max() > 1e-2
+    for group in ("encoder", "decoder.self"):
+        table = headscope.verify(model, x, sites=group)
+        assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    with_adapter_changed(monkeypatch, model, bias_in_call=False)
+    for group in ("encoder", "decoder.self"):
+        assert (headscope.verify(model, x, sites=group).max_abs_diff_pattern > 1e-3).all()

@@ -166,10 +166,11 @@ EXTRA = {
     "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, embedding_dropout=0.0, mlp_dropout=0.0),
     "t5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=48, num_layers=2, dropout_rate=0.0),
     "mt5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=48, num_layers=2, dropout_rate=0.0),
+    "umt5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=48, num_layers=2, dropout_rate=0.0),
 }
 INTERFACE_FAMILIES = tuple(EXTRA)
 ENCODERS = ("bert", "roberta", "electra", "xlm-roberta", "camembert", "data2vec-text", "xlm-roberta-xl", "ernie",
-            "nomic_bert", "roc_bert", "xmod", "distilbert", "modernbert", "t5", "mt5")
+            "nomic_bert", "roc_bert", "xmod", "distilbert", "modernbert", "t5", "mt5", "umt5")
 
 MAMBA = dict(mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
              mamba_chunk_size=8)
@@ -280,6 +281,9 @@ ENCODER_DECODER = {
                decoder_start_token_id=0),
     "mt5": dict(EXTRA["mt5"], vocab_size=VOCAB, num_decoder_layers=2, pad_token_id=0, eos_token_id=2,
                 decoder_start_token_id=0),
+    # UMT5: a relative position bias of its own in every layer, not only the first.
+    "umt5": dict(EXTRA["mt5"], vocab_size=VOCAB, num_decoder_layers=2, pad_token_id=0, eos_token_id=2,
+                 decoder_start_token_id=0),
 }
 ENCODER_DECODER_FAMILIES = tuple(ENCODER_DECODER)
 
@@ -447,13 +451,13 @@ def _interface_config(family: str):
 
 @functools.cache
 def _interface_model(family: str, seed: int = 0):
-    """Logits for decoders, the last hidden state for encoders (T5, mT5: the encoder alone)."""
+    """Logits for decoders, the last hidden state for encoders (T5, mT5, UMT5: the encoder alone)."""
     import transformers as tf
 
     torch.manual_seed(seed)
     config = _interface_config(family)
-    if family in ("t5", "mt5"):
-        model = tf.T5EncoderModel(config) if family == "t5" else tf.MT5EncoderModel(config)
+    if family in ("t5", "mt5", "umt5"):
+        model = {"t5": tf.T5EncoderModel, "mt5": tf.MT5EncoderModel, "umt5": tf.UMT5EncoderModel}[family](config)
     elif family in ENCODERS:
         model = tf.AutoModel.from_config(config)
     else:
