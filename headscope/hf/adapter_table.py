@@ -271,7 +271,7 @@ VISION_ADAPTERS = (
             rotary=Rotary(), returns=("output",), **_VISION,
             notes="Qwen3.5's packed tower without windows: fused qkv, 2-D rotary tables (height and width angles "
                   "in one rotate-half table)"),
-    # Gemma 4's projections are Gemma4ClippableLinear: a Linear (`linear`) between optional clamps of its input and output.
+    # Gemma 4's projections are Gemma4ClippableLinear: a Linear (`linear`) between optional clamps of input and output.
     Adapter("gemma4_vision", ("gemma4_vision",), qkv=Separate("q_proj.linear", "k_proj.linear", "v_proj.linear"),
             out="o_proj.linear", rotary=Rotary(axes=2), qk_norm=QKNorm("q_norm", "k_norm"), v_norm="v_norm",
             sizes_per_layer=True, **{**_VISION, "heads": None},
