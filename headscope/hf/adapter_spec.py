@@ -37,8 +37,8 @@ class Rotary:
             e^(i angle) per pair, its magnitude the rotary's attention scaling: DeepSeek-V2's
             `freqs_cis`).
         axes: each head's dims are `axes` equal parts, each rotated "rotate half" within itself
-            by its own slice of the tables (Gemma 4's vision tower: a part for the patch's row,
-            one for its column; transformers' `apply_multidimensional_rope`). from_hf reorders
+            by its own slice of the tables (Gemma 4's vision tower: a part for the patch's x,
+            one for its y; transformers' `apply_multidimensional_rope`). from_hf reorders
             each head's q and k dims (W_q's and W_k's rows, the per-head q/k norms' gains) to
             the parts' first halves, then their second halves, and `rotary_tables` the tables
             alike: the pairs are then one rotate-half layout over the head, and q . k, the
@@ -208,7 +208,8 @@ class Adapter:
         v_norm: path from the core to a norm on each head's values `[batch, pos, head, d_head]` (Gemma 4).
         temperature: a per-position query temperature in the layers without rotary (`Temperature`).
         sizes_per_layer: head size and key/value heads differ by layer (Gemma 4's full-attention
-            layers): read from the core's `head_dim` and `num_key_value_groups`.
+            layers): read from the core's `head_dim` and `num_key_value_groups` (Gemma 4's vision
+            tower too, whose modules name no head count of their own), the query heads from the config.
         kv_shared: core attribute that is True in layers reusing the keys and values another
             layer computed (Gemma 4's last num_kv_shared_layers): from_hf refuses those layers.
         softcap: core attribute holding the score soft-cap.

@@ -226,7 +226,8 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
     if adapter.rotary is not None and adapter.rotary.axes > 1:  # one rotate-half layout per head (`Rotary.axes`)
         order = _axis_order(d_head, adapter.rotary.axes)
         (wq, bq), (wk, bk) = _heads_reordered(wq, bq, n_heads, order), _heads_reordered(wk, bk, n_kv, order)
-        norms = norms and tuple(_norm_reordered(norm, order) for norm in norms)
+        if norms is not None:
+            norms = tuple(_norm_reordered(norm, order) for norm in norms)
     sinks = getattr(core, adapter.sinks) if adapter.sinks else None
     wg, bg = adapter.qkv.gate(block, n_heads, d_head) if adapter.output_gate else (None, None)
     rotary_dim = _rotary_dim(adapter, core, config, d_head)

@@ -11,7 +11,7 @@ sequence of patches: its map per layer is the eager weights of those calls place
 diagonal by the module's own cu_seqlens, in its window order (mapped back to the input order,
 exactly the patches of one window see each other), and only hook_z among the hook points is offered;
 Qwen3.5's (qwen3_5, qwen3_5_moe) runs the same way once per image, in input order. Gemma 4's tower
-rotates each head's two halves by the patch's row and column: from_hf reorders the q/k dims into one
+rotates each head's two halves by the patch's x and y: from_hf reorders the q/k dims into one
 rotate-half layout, and a wrong reading of it (or of Qwen3.5's rotary) fails verify by far."""
 import pytest
 import torch
@@ -506,7 +506,7 @@ def test_a_vision_adapter_read_wrongly_fails_verify_by_far(family, change, monke
 def test_gemma4s_from_hf_module_holds_each_heads_q_in_one_rotate_half_layout():
     """What the adapter's notes say: the headscope module's hook_q (layer 0, fed the layer's own
     inputs) is the model's rotated query (read in the model with cache_activations) with each head's
-    dims in the order [row part's first half, column part's first half, row's second, column's second]."""
+    dims in the order [x part's first half, y part's first half, x's second half, y's second half]."""
     model, x = _model("gemma4"), tiny_image_inputs("gemma4")
     module = model.get_submodule(select(model, "vision").sites[0].name)
     mine = MultiHeadAttention.from_hf(module, model.config)
