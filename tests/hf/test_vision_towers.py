@@ -561,3 +561,18 @@ def test_gemma4s_clipped_projections_are_refused_by_from_hf_and_kept_by_capture(
         reference = model(**x).logits
     assert (ablated - before).abs().max() > 1e-3 and (ablated - reference).abs().max() <= 1e-4
     assert not route.routed_models()
+
+
+@torch.no_grad()
+def test_gemma4s_tower_with_fewer_key_value_heads_verifies():
+    """Its two query heads sharing one key/value head (num_key_value_heads 1): from_hf reads the sizes
+    from the module (head_dim, num_key_value_groups) and reorders the one key head's dims; verify agrees."""
+    config = tiny_config("gemma4", kind="composite")
+    config.vision_config.num_key_value_heads = 1
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config).eval()
+    module = model.get_submodule(select(model, "vision").sites[0].name)
+    mine = MultiHeadAttention.from_hf(module, model.config)
+    assert (mine.n_heads, mine.config.n_kv_heads, mine.config.d_head) == (2, 1, 16)
+    table = headscope.verify(model, tiny_image_inputs("gemma4"), sites="vision")
+    assert table["max_abs_diff_output"].max() <= 1e-4 and table["max_abs_diff_pattern"].max() <= 1e-5
