@@ -36,6 +36,13 @@ class Rotary:
             interleaved pair i its angle a_i: GLM, ERNIE 4.5, Helium) or "complex" (one tensor of
             e^(i angle) per pair, its magnitude the rotary's attention scaling: DeepSeek-V2's
             `freqs_cis`).
+        axes: each head's dims are `axes` equal parts, each rotated "rotate half" within itself
+            by its own slice of the tables (Gemma 4's vision tower: a part for the patch's x,
+            one for its y; transformers' `apply_multidimensional_rope`). from_hf reorders
+            each head's q and k dims (W_q's and W_k's rows, the per-head q/k norms' gains) to
+            the parts' first halves, then their second halves, and `rotary_tables` the tables
+            alike: the pairs are then one rotate-half layout over the head, and q . k, the
+            scores and all after them are unchanged; hook_q and hook_k hold the reordered dims.
     """
 
     dims: Optional[str] = None
@@ -45,6 +52,7 @@ class Rotary:
     switch_if_set: Optional[str] = None
     config_switch: Optional[tuple[str, object]] = None
     tables: str = "layout"
+    axes: int = 1
 
 
 @dataclass(frozen=True)
@@ -200,7 +208,8 @@ class Adapter:
         v_norm: path from the core to a norm on each head's values `[batch, pos, head, d_head]` (Gemma 4).
         temperature: a per-position query temperature in the layers without rotary (`Temperature`).
         sizes_per_layer: head size and key/value heads differ by layer (Gemma 4's full-attention
-            layers): read from the core's `head_dim` and `num_key_value_groups`.
+            layers): read from the core's `head_dim` and `num_key_value_groups` (Gemma 4's vision
+            tower too, whose modules name no head count of their own), the query heads from the config.
         kv_shared: core attribute that is True in layers reusing the keys and values another
             layer computed (Gemma 4's last num_kv_shared_layers): from_hf refuses those layers.
         softcap: core attribute holding the score soft-cap.
@@ -244,6 +253,10 @@ class Adapter:
             attention function (`position_bias`) without returning it (UMT5: every layer its own
             relative position bias); `verify` reads it from that call and adds it to the mask.
         no_from_hf: why `from_hf` and `verify` are not available ("" when they are).
+        no_from_hf_when: `(config attribute, why)`: from_hf and verify refuse, giving why,
+            where the config holding the block's sizes sets that attribute (Gemma 4's vision
+            tower with `use_clipped_linears`: its projections clamp their inputs and outputs
+            to bounds read from the checkpoint, which `MultiHeadAttention` does not hold).
         decoder_only: the adapter of a family's decoder alone (BartForCausalLM: the decoder
             without its encoder, `config.is_encoder_decoder` False), chosen over the family's
             encoder-decoder adapter for such a config; its table row is named `family`.
@@ -291,6 +304,7 @@ class Adapter:
     stack: str = "text"
     groups: tuple[SiteGroup, ...] = ()
     no_from_hf: str = ""
+    no_from_hf_when: tuple[str, str] = ()
     no_analyze: str = ""
     audio_encoder: Optional[AudioEncoder] = None
     hybrid: bool = False

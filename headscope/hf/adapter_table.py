@@ -280,4 +280,21 @@ VISION_ADAPTERS = (
     # One packed sequence `[patch, d_model]` per forward pass, attention within the pieces cu_seqlens bounds.
     Adapter("qwen2_5_vl_vision", ("qwen2_5_vl_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(),
             returns=("output",), **_VISION, notes="qwen2_5_vl's windowed tower: fused qkv, 2-D rotary tables"),
+    Adapter("qwen3_5_vision", ("qwen3_5_vision", "qwen3_5_moe_vision"), qkv=FusedRows("qkv"), out="proj",
+            rotary=Rotary(), returns=("output",), **_VISION,
+            notes="Qwen3.5's packed tower without windows: fused qkv, 2-D rotary tables (height and width angles "
+                  "in one rotate-half table)"),
+    # Gemma 4's projections are Gemma4ClippableLinear: a Linear (`linear`) between optional clamps of input and output.
+    Adapter("gemma4_vision", ("gemma4_vision",), qkv=Separate("q_proj.linear", "k_proj.linear", "v_proj.linear"),
+            out="o_proj.linear", rotary=Rotary(axes=2), qk_norm=QKNorm("q_norm", "k_norm"), v_norm="v_norm",
+            sizes_per_layer=True, **dict(_VISION, heads=None),  # its module names no head count: the config's
+            no_from_hf_when=("use_clipped_linears", "from_hf and verify are not available for Gemma 4's vision tower "
+                             "with use_clipped_linears: its projections clamp their inputs and outputs to bounds "
+                             "from the checkpoint, which MultiHeadAttention does not hold; capture, ablate and hooks "
+                             "work"),
+            notes="Gemma 4's tower: per-head q/k RMSNorm and a gainless RMSNorm on each head's values, scores "
+                  "unscaled (scaling 1), 2-D rotary over two halves of each head (the patch's x angles, then its "
+                  "y's), which from_hf turns into one rotate-half layout by reordering each head's q and k dims "
+                  "(scores unchanged; hook_q and hook_k hold the reordered dims); refused with use_clipped_linears "
+                  "(clamped projections)"),
 )

@@ -28,12 +28,15 @@ OUTSIDE_INTERFACE = ("falcon", "bloom", "mpt", "gpt_neo")
 
 _VLM = ("vision-language: its text decoder (text_config) with text-only probes; the vision tower is the "
         "opt-in stack sites=\"vision\" (bidirectional self-attention over the image's patches)")
-_VLM_TEXT = ("vision-language: its text decoder ({}) with text-only probes; its vision tower is not tested as a site "
-             "group")
+_VLM_TEXT = ("vision-language: its text decoder ({}) with text-only probes; the vision tower is the opt-in stack "
+             "sites=\"vision\" (bidirectional self-attention over the image's patches)")
 _GATED_HYBRID = ": gated attention beside Gated DeltaNet layers, captured under the model's layer numbers"
 _PACKED = ("; its vision attention runs once per image or window over one packed sequence of all images' patches "
            "(cu_seqlens): a layer's map is [1, head, patch, patch], block-diagonal, in the tower's window order; "
            "hook_z is the only hook point there")
+_PACKED_IMAGES = ("; its vision attention runs once per image over one packed sequence of all images' patches "
+                  "(cu_seqlens), without windows: a layer's map is [1, head, patch, patch], block-diagonal by image, in "
+                  "input order; hook_z is the only hook point there")
 # Families with no adapter of their own, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py);
 # a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama,
 # qwen2_5_vl_text, mllama_text_model, qwen3_5_text, qwen3_5_moe_text, gemma4_text); a fourth:
@@ -44,9 +47,9 @@ DISCOVERED = (
     ("gemma3", _VLM, True, _WITH_VISION),
     ("llava", _VLM, True, _WITH_VISION),
     ("qwen2_5_vl", _VLM + _PACKED, True, _WITH_VISION),
-    ("qwen3_5", _VLM_TEXT.format("qwen3_5_text" + _GATED_HYBRID), True),
-    ("qwen3_5_moe", _VLM_TEXT.format("qwen3_5_moe_text" + _GATED_HYBRID), True),
-    ("gemma4", _VLM_TEXT.format("gemma4_text"), True),
+    ("qwen3_5", _VLM_TEXT.format("qwen3_5_text" + _GATED_HYBRID) + _PACKED_IMAGES, True, _WITH_VISION),
+    ("qwen3_5_moe", _VLM_TEXT.format("qwen3_5_moe_text" + _GATED_HYBRID) + _PACKED_IMAGES, True, _WITH_VISION),
+    ("gemma4", _VLM_TEXT.format("gemma4_text"), True, _WITH_VISION),
     ("mllama", _VLM + "; its vision layers numbered local then global; its cross-attention layers never run "
                "without an image: reported as not run, skipped by analyze with a note, an error to ablate, hook "
                "or verify",
@@ -57,7 +60,8 @@ DISCOVERED = (
 # The model type of each vision-language family's vision config (`config.vision_config.model_type`): where
 # `VISION_ADAPTERS` describes it, from_hf and verify work at sites="vision" (tests/hf/test_vision_towers.py).
 VISION_TOWERS = {"gemma3": "siglip_vision_model", "llava": "clip_vision_model", "mllama": "mllama_vision_model",
-                 "qwen2_5_vl": "qwen2_5_vl_vision"}
+                 "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_5": "qwen3_5_vision", "qwen3_5_moe": "qwen3_5_moe_vision",
+                 "gemma4": "gemma4_vision"}
 
 
 def _vision_note(model_type: str) -> str:

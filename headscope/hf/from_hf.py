@@ -113,6 +113,35 @@ def _takes_tables(core: nn.Module) -> bool:
     return "position_embeddings" in inspect.signature(type(core).forward).parameters
 
 
+def _axis_order(d_head: int, axes: int) -> torch.Tensor:
+    """The order of a head's dims that makes `axes` rotate-half parts one rotate-half layout
+    (`Rotary.axes`): every part's first half, then every part's second half, so that dim j pairs
+    with j + d_head / 2 as part a's dim i pairs with its i + part / 2. Identity for one axis."""
+    part = d_head // axes
+    first = [torch.arange(a * part, a * part + part // 2) for a in range(axes)]
+    second = [torch.arange(a * part + part // 2, (a + 1) * part) for a in range(axes)]
+    return torch.cat(first + second)  # (d_head,)
+
+
+def _heads_reordered(weight: torch.Tensor, bias: Optional[torch.Tensor], heads: int, order: torch.Tensor):
+    """A projection's rows `(heads * d_head, d_in)` and bias, each head's dims taken in `order`."""
+    d_head = order.numel()
+    weight = weight.view(heads, d_head, -1)[:, order.to(weight.device)].reshape(heads * d_head, -1)
+    if bias is not None:
+        bias = bias.view(heads, d_head)[:, order.to(bias.device)].reshape(-1)
+    return weight, bias
+
+
+def _norm_reordered(norm: nn.Module, order: torch.Tensor) -> nn.Module:
+    """A per-head norm's copy whose gains (its parameters over the head's dims) follow `order`:
+    the norm's statistics over a head do not depend on the order of its dims."""
+    with torch.no_grad():
+        for param in norm.parameters():
+            if param.shape == order.shape:
+                param.copy_(param[order.to(param.device)])
+    return norm
+
+
 def _rotary_base(config) -> float:
     params = getattr(config, "rope_parameters", None) or {}
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
@@ -171,6 +200,8 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
     adapter, config = block_adapter(config, block)
     if adapter.no_from_hf:
         raise HeadscopeError(adapter.no_from_hf)
+    if adapter.no_from_hf_when and getattr(config, adapter.no_from_hf_when[0], False):
+        raise HeadscopeError(adapter.no_from_hf_when[1])
     _runs_as_stored(block)
     core = _sub(block, adapter.core)
     if adapter.kv_shared and getattr(core, adapter.kv_shared):
@@ -192,6 +223,11 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
     if adapter.query_prescaled:  # q = W_q x * scaling, scores scaled by 1: fold it into W_q
         wq, bq, scale = wq * scale, (bq * scale if bq is not None else None), 1.0
     norms = _norms(adapter, core)
+    if adapter.rotary is not None and adapter.rotary.axes > 1:  # one rotate-half layout per head (`Rotary.axes`)
+        order = _axis_order(d_head, adapter.rotary.axes)
+        (wq, bq), (wk, bk) = _heads_reordered(wq, bq, n_heads, order), _heads_reordered(wk, bk, n_kv, order)
+        if norms is not None:
+            norms = tuple(_norm_reordered(norm, order) for norm in norms)
     sinks = getattr(core, adapter.sinks) if adapter.sinks else None
     wg, bg = adapter.qkv.gate(block, n_heads, d_head) if adapter.output_gate else (None, None)
     rotary_dim = _rotary_dim(adapter, core, config, d_head)
@@ -280,7 +316,11 @@ def rotary_tables(module, config, position_embeddings, block: Optional[nn.Module
         cos, sin = (second, first) if spec.sin_first else (first, second)
         if spec.tables == "halves":  # one angle per pair: the first half of a rotate-half table
             cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
-    return full_width(cos, sin, dim, interleaved)
+    cos, sin = full_width(cos, sin, dim, interleaved)
+    if spec.axes > 1:  # the order from_hf gave the head's q and k dims
+        order = _axis_order(dim, spec.axes).to(cos.device)
+        cos, sin = cos[..., order], sin[..., order]
+    return cos, sin
 
 
 def _within_pieces(bounds: torch.Tensor) -> torch.Tensor:

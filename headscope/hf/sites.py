@@ -14,7 +14,7 @@ image). Stacks:
              bidirectional self-attention over the image's patches; opt-in (`sites="vision"`),
              found by what its modules do (they call the interface) and numbered in the order
              the tower runs them (mllama: its local transformer's layers, then its global ones)
-A vision tower whose attention takes `cu_seqlens` (qwen2_5_vl's) is *packed*: every image's patches
+A vision tower whose attention takes `cu_seqlens` (qwen2_5_vl's, Qwen3.5's) is *packed*: every image's patches
 form one sequence, and the module calls the attention function once per packed piece (an image, or
 a window of patches in the windowed layers). `headscope.hf.route` joins those calls into one
 block-diagonal pattern per layer and forward pass (`[1, head, patch, patch]`, zero between pieces:
@@ -23,7 +23,8 @@ once. The patches are in the order the module sees them, qwen2_5_vl's internal w
 tower regroups the merge units (`unit = spatial_merge_size ** 2` consecutive patches) by
 `window_index` (transformers' `vision_utils.get_vision_window_index(grid_thw, ...)`), so map
 position `i` is input patch `window_index[i // unit] * unit + i % unit`; indexing both patch axes
-by `torch.argsort` of those numbers gives the map in input order. Packed modules whose output
+by `torch.argsort` of those numbers gives the map in input order (Qwen3.5's tower has no windows:
+its pieces are the images, its order the input's). Packed modules whose output
 projection `_PACKED_OUT` does not name are refused by `select` in one line.
 
 A group of sites is named "STACK" or "STACK.KIND" ("encoder", "decoder.self", "decoder.cross");

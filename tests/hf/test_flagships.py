@@ -180,8 +180,7 @@ def test_qwen3_5s_text_decoder_verifies_with_an_image(family):
     from tests.support.tiny import tiny_image_inputs, tiny_model
 
     model = tiny_model(family, kind="composite")
-    x = tiny_image_inputs(family)
-    x = dict(x, mm_token_type_ids=(x["input_ids"] == 98).long())  # what its processor marks: the image tokens
+    x = tiny_image_inputs(family)  # with mm_token_type_ids, what its processor marks: the image tokens
     logits = model(**x).logits
     assert (logits - model(**tiny_inputs()).logits).abs().max() > 1e-2  # the image reaches the text
     with headscope.capture(model) as cap:

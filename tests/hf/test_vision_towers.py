@@ -1,6 +1,7 @@
 """Vision-language models' vision towers as the opt-in "vision" stack (gemma3's SigLIP, llava's
-CLIP, mllama's local and global vision transformers, qwen2_5_vl's windowed one; tiny random-init
-models with one 28-pixel image per example, qwen2_5_vl's of 4 x 6 patches, tests/support/tiny.py):
+CLIP, mllama's local and global vision transformers, qwen2_5_vl's windowed one, Qwen3.5's packed one
+without windows, Gemma 4's; tiny random-init models with one 28-pixel image per example, qwen2_5_vl's
+and Qwen3.5's of 4 x 6 patches, Gemma 4's of 18 patches on a 6 x 3 grid, tests/support/tiny.py):
 the default stays the text decoder; with `sites="vision"` headscope inside the model changes
 nothing, its patterns are the modules' own eager weights (bidirectional), every vision site that
 ran is captured, ablation equals zeroing the head's slice of the output projection's input and
@@ -8,29 +9,46 @@ restores the model, and a tower that never ran (text alone) is reported and refu
 qwen2_5_vl's vision attention runs once per image or window (cu_seqlens) over one packed
 sequence of patches: its map per layer is the eager weights of those calls placed along the
 diagonal by the module's own cu_seqlens, in its window order (mapped back to the input order,
-exactly the patches of one window see each other), and only hook_z among the hook points is offered."""
+exactly the patches of one window see each other), and only hook_z among the hook points is offered;
+Qwen3.5's (qwen3_5, qwen3_5_moe) runs the same way once per image, in input order. Gemma 4's tower
+rotates each head's two halves by the patch's x and y: from_hf reorders the q/k dims into one
+rotate-half layout, and a wrong reading of it (or of Qwen3.5's rotary) fails verify by far."""
 import pytest
 import torch
 import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as modeling_qwen2_5_vl
+import transformers.models.qwen3_5.modeling_qwen3_5 as modeling_qwen3_5
+import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as modeling_qwen3_5_moe
+from transformers import AutoModelForImageTextToText
 from transformers.vision_utils import get_vision_window_index
 
 import headscope
 from headscope.attention.module import MultiHeadAttention
 from headscope.hf import adapters, route
+from headscope.hf.from_hf import rotary_tables
+from headscope.hf.adapter_spec import Rotary
 from headscope.hf.sites import group_names, select, sites, vision_tower
-from tests.support.contracts import eager_weights, head_zeroed_at, run_eager
-from tests.support.tiny import tiny_image_inputs, tiny_inputs, tiny_mllama, tiny_model
+from tests.support.contracts import eager_weights, head_zeroed_at, run_eager, with_adapter_changed
+from tests.support.tiny import tiny_config, tiny_image_inputs, tiny_inputs, tiny_mllama, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-FAMILIES = ("gemma3", "llava", "mllama", "qwen2_5_vl")
-DENSE = ("gemma3", "llava", "mllama")  # one call of the attention function per layer and forward pass
-OUT = {"gemma3": "out_proj", "llava": "out_proj", "mllama": "o_proj", "qwen2_5_vl": "proj"}  # inside the site
-LAYERS = {"gemma3": [0, 1], "llava": [0, 1], "mllama": [0, 1, 2], "qwen2_5_vl": [0, 1]}  # mllama: 2 local, 1 global
+FAMILIES = ("gemma3", "llava", "mllama", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe", "gemma4")
+DENSE = ("gemma3", "llava", "mllama", "gemma4")  # one call of the attention function per layer and forward pass
+PACKED = ("qwen2_5_vl", "qwen3_5", "qwen3_5_moe")  # one call per image or window (cu_seqlens)
+OUT = {"gemma3": "out_proj", "llava": "out_proj", "mllama": "o_proj", "qwen2_5_vl": "proj", "qwen3_5": "proj",
+       "qwen3_5_moe": "proj", "gemma4": "o_proj"}  # inside the site
+LAYERS = {"gemma3": [0, 1], "llava": [0, 1], "mllama": [0, 1, 2], "qwen2_5_vl": [0, 1], "qwen3_5": [0, 1],
+          "qwen3_5_moe": [0, 1], "gemma4": [0, 1]}  # mllama: 2 local, 1 global
 # The layer each family's ablation removes a head of: the last, but llava's image features are its
 # tower's penultimate hidden state (vision_feature_layer -2), so its last layer never reaches the text;
 # qwen2_5_vl's windowed layer 0.
-ABLATED = {"gemma3": 1, "llava": 0, "mllama": 2, "qwen2_5_vl": 0}
+ABLATED = {"gemma3": 1, "llava": 0, "mllama": 2, "qwen2_5_vl": 0, "qwen3_5": 1, "qwen3_5_moe": 1, "gemma4": 1}
+# Each packed tower's pieces per layer (cu_seqlens over both images' 48 patches): qwen2_5_vl's layer 0 two
+# windows per image, its layer 1 and Qwen3.5's layers the two images.
+BOUNDS = {"qwen2_5_vl": {0: [0, 16, 24, 40, 48], 1: [0, 24, 48]}, "qwen3_5": {0: [0, 24, 48], 1: [0, 24, 48]},
+          "qwen3_5_moe": {0: [0, 24, 48], 1: [0, 24, 48]}}
+MODELING = {"qwen2_5_vl": modeling_qwen2_5_vl, "qwen3_5": modeling_qwen3_5, "qwen3_5_moe": modeling_qwen3_5_moe}
+SCALE = {"gemma4": 1.0}  # the score scale where not d_head ** -0.5 (Gemma 4's scores are unscaled)
 
 
 def _model(family):
@@ -173,20 +191,22 @@ def test_hooks_and_cache_address_the_vision_tower():
     assert not route.routed_models()
 
 
-def _qwen():
-    return tiny_model("qwen2_5_vl", kind="composite"), tiny_image_inputs("qwen2_5_vl")
+def _qwen(family="qwen2_5_vl"):
+    return tiny_model(family, kind="composite"), tiny_image_inputs(family)
 
 
-def _eager_packed_patterns(model, x, monkeypatch) -> tuple[dict, dict]:
-    """qwen2_5_vl's vision maps built without headscope, and each layer's cu_seqlens: the model
-    on eager attention, transformers' eager attention function wrapped to keep the weights
+def _eager_packed_patterns(model, x, monkeypatch, family="qwen2_5_vl") -> tuple[dict, dict]:
+    """A packed tower's vision maps built without headscope, and each layer's cu_seqlens: the model
+    on eager attention, transformers' eager attention function (the family's modeling file's)
+    wrapped to keep the weights
     `[1, head, n, n]` of each call by a vision module, a forward pre-hook on each module keeping
     the cu_seqlens it is given; call i's weights placed at rows and columns
     [cu_seqlens[i], cu_seqlens[i + 1]) of a zero map."""
     modules = {layer: model.get_submodule(site.name) for layer, site in select(model, "vision").sites.items()}
     layer_of = {id(module): layer for layer, module in modules.items()}
     weights, bounds = {layer: [] for layer in modules}, {}
-    eager = modeling_qwen2_5_vl.eager_attention_forward
+    modeling = MODELING[family]
+    eager = modeling.eager_attention_forward
 
     def keeping(module, *args, **kwargs):
         out, w = eager(module, *args, **kwargs)
@@ -199,7 +219,7 @@ def _eager_packed_patterns(model, x, monkeypatch) -> tuple[dict, dict]:
             bounds[layer] = kwargs["cu_seqlens"].tolist()
         return hook
 
-    monkeypatch.setattr(modeling_qwen2_5_vl, "eager_attention_forward", keeping)
+    monkeypatch.setattr(modeling, "eager_attention_forward", keeping)
     handles = [module.register_forward_pre_hook(keep_bounds(layer), with_kwargs=True)
                for layer, module in modules.items()]
     run_eager(model, x, handles)
@@ -215,13 +235,14 @@ def _eager_packed_patterns(model, x, monkeypatch) -> tuple[dict, dict]:
     return maps, bounds
 
 
+@pytest.mark.parametrize("family", PACKED)
 @torch.no_grad()
-def test_qwen2_5_vls_packed_vision_attention_is_captured_block_diagonally(monkeypatch):
+def test_packed_vision_attention_is_captured_block_diagonally(family, monkeypatch):
     """One map per layer and forward pass, `[1, head, patch, patch]` over both images' 48 patches:
-    the eager weights of the layer's calls (4 windows in layer 0, the 2 images in layer 1) along
-    the diagonal, zero between them; the model's output (image features through headscope's
-    kernel) is the default implementation's."""
-    model, x = _qwen()
+    the eager weights of the layer's calls (qwen2_5_vl: 4 windows in layer 0, the 2 images in layer
+    1; Qwen3.5: the 2 images in both) along the diagonal, zero between them; the model's output
+    (image features through headscope's kernel) is the default implementation's."""
+    model, x = _qwen(family)
     assert select(model, "vision").packed == frozenset({0, 1}) and select(model).packed == frozenset()
     valid = x["attention_mask"].bool()
     before = model(**x).logits
@@ -229,8 +250,8 @@ def test_qwen2_5_vls_packed_vision_attention_is_captured_block_diagonally(monkey
         captured = model(**x).logits
     assert (before - captured).abs()[valid].max() <= 1e-4
     assert sorted(cap.patterns) == [0, 1] and cap.not_run == []
-    eager, bounds = _eager_packed_patterns(model, x, monkeypatch)
-    assert bounds == {0: [0, 16, 24, 40, 48], 1: [0, 24, 48]}  # two windows per image in layer 0
+    eager, bounds = _eager_packed_patterns(model, x, monkeypatch, family)
+    assert bounds == BOUNDS[family]
     for layer, edges in bounds.items():
         mine = cap.patterns[layer]
         assert mine.shape == eager[layer].shape == (1, 2, 48, 48)
@@ -266,12 +287,13 @@ def test_qwen2_5_vls_map_in_input_order_joins_exactly_the_patches_of_a_window():
         assert torch.equal(in_input_order[0] > 0, (group[:, None] == group[None, :]).expand(2, -1, -1))
 
 
+@pytest.mark.parametrize("family", PACKED)
 @torch.no_grad()
-def test_qwen2_5_vls_vision_hooks_offer_hook_z_and_refuse_the_pieces():
+def test_packed_vision_hooks_offer_hook_z_and_refuse_the_pieces(family):
     """hook_z is the output projection's whole input `[1, patch, head, d_head]` (read there with a
     pre-hook as the reference); zeroing a head in it is ablation; the points each call sees one
-    window of (q, k, v, scores, pattern) and lazy or head-group capture are refused in one line."""
-    model, x = _qwen()
+    image or window of (q, k, v, scores, pattern) and lazy or head-group capture are refused in one line."""
+    model, x = _qwen(family)
     proj = model.get_submodule(select(model, "vision").sites[0].name).proj
     seen = []
     handle = proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
@@ -380,26 +402,30 @@ def _seen_by(module, model, x) -> tuple[dict, object]:
 @torch.no_grad()
 def test_from_hf_fed_a_vision_layers_inputs_reproduces_its_output_and_eager_weights(family):
     """The last vision layer's module: its hidden states and mask (mllama's aspect-ratio mask; none
-    for SigLIP and CLIP) fed to the headscope module give its output and its eager weights."""
+    for SigLIP and CLIP; Gemma 4's of the patches, and its rotary tables with their dims in the order
+    from_hf gave q and k) fed to the headscope module give its output and its eager weights."""
     model = _model(family)
     x = tiny_image_inputs(family)
     layer = LAYERS[family][-1]
     module = model.get_submodule(select(model, "vision").sites[layer].name)
     mine = MultiHeadAttention.from_hf(module, model.config)
     assert (mine.config.d_model, mine.n_heads, mine.config.d_head, mine.config.causal) == (32, 2, 16, False)
-    assert mine.config.scale == pytest.approx(0.25)
+    assert mine.config.scale == pytest.approx(SCALE.get(family, 0.25))
     received, (output, weights) = _seen_by(module, model, x)
-    out, pattern = mine(received["hidden_states"], received.get("attention_mask"), return_pattern=True)
+    rotary = rotary_tables(mine, model.config, received.get("position_embeddings"), module)
+    out, pattern = mine(received["hidden_states"], received.get("attention_mask"), rotary=rotary, return_pattern=True)
     assert out.shape == output.shape and (out - output).abs().max() <= 1e-4
     assert pattern.shape == weights.shape and (pattern - weights).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("family", PACKED)
 @torch.no_grad()
-def test_from_hf_fed_qwen2_5_vls_packed_layer_reproduces_its_output_and_eager_weights(monkeypatch):
-    """Layer 0 (windowed): the module's packed hidden states `[48, 32]` as a batch of one, the rotary
-    tables the tower passed, and a mask built here from its cu_seqlens (patches attend within their
-    window) give its output, and the eager weights of its calls placed along the diagonal."""
-    model, x = _qwen()
+def test_from_hf_fed_a_packed_layer_reproduces_its_output_and_eager_weights(family, monkeypatch):
+    """Layer 0 (qwen2_5_vl's windowed one): the module's packed hidden states `[48, 32]` as a batch of
+    one, the rotary tables the tower passed, and a mask built here from its cu_seqlens (patches
+    attend within their window or image) give its output, and the eager weights of its calls placed
+    along the diagonal."""
+    model, x = _qwen(family)
     module = model.get_submodule(select(model, "vision").sites[0].name)
     mine = MultiHeadAttention.from_hf(module, model.config)
     assert (mine.config.d_model, mine.n_heads, mine.config.rotary_dim, mine.config.causal) == (32, 2, 16, False)
@@ -411,7 +437,7 @@ def test_from_hf_fed_qwen2_5_vls_packed_layer_reproduces_its_output_and_eager_we
     out, pattern = mine(received["hidden_states"][None], allowed[None, None], rotary=received["position_embeddings"],
                         return_pattern=True)
     assert (out[0] - output).abs().max() <= 1e-4
-    eager, _ = _eager_packed_patterns(model, x, monkeypatch)
+    eager, _ = _eager_packed_patterns(model, x, monkeypatch, family)
     assert (pattern - eager[0]).abs().max() <= 1e-5
 
 
@@ -462,3 +488,91 @@ def _assert_zeroing_hook_z_is_ablation(model, x, layer, head):
     with headscope.ablate(model, heads=[(layer, head)], sites="vision"):
         ablated = model(**x).logits
     assert torch.equal(hooked, ablated)
+
+
+@pytest.mark.parametrize("family, change", [("gemma4", dict(rotary=Rotary())), ("gemma4", dict(rotary=None)),
+                                            ("qwen3_5", dict(rotary=None))])
+@torch.no_grad()
+def test_a_vision_adapter_read_wrongly_fails_verify_by_far(family, change, monkeypatch):
+    """Gemma 4's rotary read as one rotate-half layout over the head (its two halves not told apart),
+    or either tower's rotary left out: verify's patterns are off by far more than its tolerance."""
+    model, x = _model(family), tiny_image_inputs(family)
+    assert headscope.verify(model, x, sites="vision")["max_abs_diff_pattern"].max() <= 1e-5
+    with_adapter_changed(monkeypatch, model, vision=True, **change)
+    assert headscope.verify(model, x, sites="vision")["max_abs_diff_pattern"].max() > 1e-2
+
+
+@torch.no_grad()
+def test_gemma4s_from_hf_module_holds_each_heads_q_in_one_rotate_half_layout():
+    """What the adapter's notes say: the headscope module's hook_q (layer 0, fed the layer's own
+    inputs) is the model's rotated query (read in the model with cache_activations) with each head's
+    dims in the order [x part's first half, y part's first half, x's second half, y's second half]."""
+    model, x = _model("gemma4"), tiny_image_inputs("gemma4")
+    module = model.get_submodule(select(model, "vision").sites[0].name)
+    mine = MultiHeadAttention.from_hf(module, model.config)
+    with headscope.cache_activations(model, ["layers.0.attn.hook_q"], sites="vision") as cache:
+        model(**x)
+    theirs = cache["layers.0.attn.hook_q"]  # (images, head, patch, d_head)
+    received, _ = _seen_by(module, model, x)
+    seen = []
+    with mine.hooks({"hook_q": lambda q, hook: seen.append(q)}):
+        mine(received["hidden_states"], received.get("attention_mask"),
+             rotary=rotary_tables(mine, model.config, received["position_embeddings"], module))
+    order = torch.cat([torch.arange(0, 4), torch.arange(8, 12), torch.arange(4, 8), torch.arange(12, 16)])
+    assert seen[0].shape == theirs.shape == (2, 2, 18, 16)
+    assert (seen[0] - theirs[..., order]).abs().max() <= 1e-5
+    assert (seen[0] - theirs).abs().max() > 1e-2  # the order matters
+
+
+@torch.no_grad()
+def test_gemma4s_clipped_projections_are_refused_by_from_hf_and_kept_by_capture():
+    """With use_clipped_linears the tower's projections clamp their inputs and outputs (bounds set
+    here, tight enough to cut): from_hf and verify refuse in one line, capture still gives the
+    modules' own eager weights and changes no output, and ablation is still zeroing the head's
+    slice of o_proj's input."""
+    config = tiny_config("gemma4", kind="composite")
+    config.vision_config.use_clipped_linears = True
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config).eval()  # tiny_model's, with clamps (no gates to fill)
+    for name, buffer in model.named_buffers():
+        if name.endswith(("input_min", "output_min", "input_max", "output_max")) and "vision_tower" in name:
+            buffer.fill_(-0.5 if name.endswith("min") else 0.5)
+    x = tiny_image_inputs("gemma4")
+    module = model.get_submodule(select(model, "vision").sites[1].name)
+    for call in (lambda: MultiHeadAttention.from_hf(module, model.config),
+                 lambda: headscope.verify(model, x, sites="vision")):
+        with pytest.raises(headscope.HeadscopeError, match="use_clipped_linears") as err:
+            call()
+        assert "\n" not in str(err.value)
+    unclamped = []
+    handle = module.q_proj.register_forward_pre_hook(lambda m, args: unclamped.append(args[0].abs().max()))
+    try:
+        before = model(**x).logits
+    finally:
+        handle.remove()
+    assert unclamped[0] > 0.5  # the clamp of q_proj's input cuts
+    with headscope.capture(model, sites="vision") as cap:
+        assert (model(**x).logits - before).abs().max() <= 1e-4
+    eager = _eager_vision_patterns(model, x)
+    assert max((cap.patterns[layer] - eager[layer]).abs().max() for layer in (0, 1)) <= 1e-5
+    with headscope.ablate(model, heads=[(1, 1)], sites="vision"):
+        ablated = model(**x).logits
+    with head_zeroed_at(module.o_proj, 1, 2):
+        reference = model(**x).logits
+    assert (ablated - before).abs().max() > 1e-3 and (ablated - reference).abs().max() <= 1e-4
+    assert not route.routed_models()
+
+
+@torch.no_grad()
+def test_gemma4s_tower_with_fewer_key_value_heads_verifies():
+    """Its two query heads sharing one key/value head (num_key_value_heads 1): from_hf reads the sizes
+    from the module (head_dim, num_key_value_groups) and reorders the one key head's dims; verify agrees."""
+    config = tiny_config("gemma4", kind="composite")
+    config.vision_config.num_key_value_heads = 1
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config).eval()
+    module = model.get_submodule(select(model, "vision").sites[0].name)
+    mine = MultiHeadAttention.from_hf(module, model.config)
+    assert (mine.n_heads, mine.config.n_kv_heads, mine.config.d_head) == (2, 1, 16)
+    table = headscope.verify(model, tiny_image_inputs("gemma4"), sites="vision")
+    assert table["max_abs_diff_output"].max() <= 1e-4 and table["max_abs_diff_pattern"].max() <= 1e-5

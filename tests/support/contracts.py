@@ -16,12 +16,13 @@ from headscope.errors import HeadscopeError
 from headscope.head_geometry.ov_circuit import ov_copying, ov_table
 
 
-def with_adapter_changed(monkeypatch, model, **change) -> None:
-    """For the rest of the test, the model's adapter in `ADAPTERS` is a copy with the fields `change`
-    (a mutation: what verify must notice)."""
-    adapter = adapter_for(model.config)
+def with_adapter_changed(monkeypatch, model, vision: bool = False, **change) -> None:
+    """For the rest of the test, the model's adapter in `ADAPTERS` (with `vision`, its vision tower's
+    in `VISION_ADAPTERS`) is a copy with the fields `change` (a mutation: what verify must notice)."""
+    table = "VISION_ADAPTERS" if vision else "ADAPTERS"
+    adapter = adapters.vision_adapter_for(model.config) if vision else adapter_for(model.config)
     wrong = dataclasses.replace(adapter, **change)
-    monkeypatch.setattr(adapters, "ADAPTERS", tuple(wrong if a is adapter else a for a in adapters.ADAPTERS))
+    monkeypatch.setattr(adapters, table, tuple(wrong if a is adapter else a for a in getattr(adapters, table)))
 
 
 @torch.no_grad()

@@ -41,7 +41,9 @@ Two kinds, each a table of configs:
   (`COMPOSITE_FAMILIES` and "mllama", the model of `tiny_mllama(full=True)`): `tiny_inputs()`
   with the family's image tokens in the ids, `pixel_values` and what else the family needs
   (mllama: aspect ratios and a cross-attention mask; qwen2_5_vl: `image_grid_thw`, 4 x 6 patches,
-  which its windowed vision layer 0 splits into two windows, its full-attention layer 1 not).
+  which its windowed vision layer 0 splits into two windows, its full-attention layer 1 not; qwen3_5
+  and qwen3_5_moe: the same patches, no windows, and `mm_token_type_ids`; gemma4: 18 patches per
+  image as rows `[patch, 3 * 14 * 14]` with their (x, y) on a 6 x 3 grid, `image_position_ids`).
 
 - `tiny_config(family, kind, positions)`, `tiny_model(family, seed, kind, positions)`.
 - `tiny_inputs(batch, length, seed, pad)`: random ids in [3, 99) with right padding on the
@@ -239,7 +241,8 @@ COMPOSITE = {
 # Qwen3.5: its hybrid text decoder (layer 0 Gated DeltaNet, 1 and 2 attention) beside a windowless packed tower.
 QWEN3_5_TEXT = dict(TEXT, **{**QWEN3_5, "num_hidden_layers": 3},
                     layer_types=["linear_attention", "full_attention", "full_attention"])
-QWEN3_5_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=64, patch_size=14)
+QWEN3_5_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=64, patch_size=14,
+                      initializer_range=0.2)
 COMPOSITE["qwen3_5"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3_5_text"), vision_config=QWEN3_5_VISION,
                             image_token_id=98, video_token_id=97)
 COMPOSITE["qwen3_5_moe"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3_5_moe_text", num_experts=2,
@@ -406,8 +409,17 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
                     cross_attention_mask=torch.ones(2, 11, 1, 1, dtype=torch.long))
     if family in ("qwen2_5_vl", "qwen3_5", "qwen3_5_moe"):  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens
         ids[:, 2:8] = 98
-        return dict(x, input_ids=ids, pixel_values=torch.randn(2 * 24, 3 * 2 * 14 * 14, generator=g),
-                    image_grid_thw=torch.tensor([[1, 4, 6], [1, 4, 6]]))
+        images = dict(pixel_values=torch.randn(2 * 24, 3 * 2 * 14 * 14, generator=g),
+                      image_grid_thw=torch.tensor([[1, 4, 6], [1, 4, 6]]))
+        if family != "qwen2_5_vl":  # Qwen3.5's multimodal rotary needs to be told which tokens are the image's
+            images["mm_token_type_ids"] = (ids == 98).long()
+        return dict(x, input_ids=ids, **images)
+    if family == "gemma4":  # patches of 14 pixels on a 6 x 3 grid (x, y), pooled 3 x 3: 2 image tokens
+        ids[:, 2:4] = 98
+        across, down = torch.meshgrid(torch.arange(6), torch.arange(3), indexing="xy")  # (3, 6) each
+        positions = torch.stack([across.flatten(), down.flatten()], dim=-1)  # (18, 2), row by row
+        return dict(x, input_ids=ids, pixel_values=torch.rand(2, 18, 3 * 14 * 14, generator=g),
+                    image_position_ids=positions.expand(2, -1, -1).clone())
     ids[:, 2:6] = 98  # (28 / 14) ** 2 = 4 patches: gemma3's mm_tokens_per_image, llava's patches
     if family == "gemma3":
         ids[:, 1], ids[:, 6] = 97, 96  # begin and end of image
