@@ -42,9 +42,18 @@ def test_inside_equals_alongside_hook_by_hook(family):
             returned[layer] = output  # T5's holds the position bias it used
         return hook
 
+    def keep_selection(layer):  # DeepSeek-V3.2's indexer: the keys the layer attends to (`Adapter.selector`)
+        def hook(module, args, output):
+            received[layer]["indices"] = output
+        return hook
+
     cores = dict(core_modules(model))
     handles = [core.register_forward_pre_hook(keep(layer), with_kwargs=True) for layer, core in cores.items()]
     handles += [core.register_forward_hook(keep_returned(layer)) for layer, core in cores.items()]
+    selector = adapter_for(model.config).selector
+    if selector:
+        handles += [core.get_submodule(selector).register_forward_hook(keep_selection(layer))
+                    for layer, core in cores.items()]
     try:
         with headscope.model_hooks(model, {"layers.*.attn.hook_*": _recorder(inside)}):
             model(**x)
