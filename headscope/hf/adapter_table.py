@@ -31,16 +31,17 @@ _ENCODER_DECODER = ("sites: encoder (self, bidirectional; the default), decoder.
 
 ADAPTERS = (
     Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2", "ministral", "phimoe",
-                      "seed_oss", "arcee", "exaone", "internlm3"),
+                      "seed_oss", "arcee", "exaone", "internlm3", "solar_open", "jais2", "cwm"),
             layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
-            notes="GQA, rotary, sliding windows where configured; seed_oss: q/k/v biases without an o_proj bias"),
+            notes="GQA, rotary, sliding windows where configured; seed_oss and solar_open: q/k/v biases without an "
+                  "o_proj bias"),
     Adapter("qwen2_5_vl_text", ("qwen2_5_vl_text",), layers="layers", block="self_attn", core="", qkv=_QKV,
             out="o_proj", rotary=Rotary(),
             notes="qwen2_5_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
                   "joins the temporal, height and width tables by mrope_section into one table per position)"),
     Adapter("granite", ("granite", "granitemoe", "granitemoeshared"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="attention_multiplier is the score scale"),
-    Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+    Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1", "mellum", "hy_v3"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), notes="per-head q/k RMSNorm before rotary"),
     Adapter("gemma2", ("gemma2", "vaultgemma"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), softcap="attn_logit_softcapping",
