@@ -24,7 +24,12 @@ class Rotary:
             times the config's `partial_rotary_factor`, 1 if absent).
         interleaved: pairs are dims (2i, 2i + 1) (GPT-J, Cohere), not (i, i + dims / 2).
         sin_first: the model passes `position_embeddings` as (sin, cos) (GPT-J).
+        backwards: the model rotates each pair by minus its angle (nanochat's rotate_half is
+            `[x2, -x1]`, not `[-x2, x1]`): its tables are read with sin negated.
         switch: attribute of the core module that is False in layers without rotary (NoPE).
+        force: attribute of the core module that, where True, gives the layer rotary whatever
+            `switch` says (cohere2_moe's `force_rope`: its dense prefix layers, full attention with
+            rotary beside sliding layers that have it and full-attention ones that do not).
         switch_if_set: attribute of the core module: the switch decides only where this one is
             set (not None), and every layer has rotary elsewhere (exaone4: `is_sliding`, with a
             `sliding_window` configured; its full-attention layers are then NoPE).
@@ -41,7 +46,9 @@ class Rotary:
     dims: Optional[str] = None
     interleaved: bool = False
     sin_first: bool = False
+    backwards: bool = False
     switch: Optional[str] = None
+    force: Optional[str] = None
     switch_if_set: Optional[str] = None
     config_switch: Optional[tuple[str, object]] = None
     tables: str = "layout"
@@ -200,7 +207,8 @@ class Adapter:
         v_norm: path from the core to a norm on each head's values `[batch, pos, head, d_head]` (Gemma 4).
         temperature: a per-position query temperature in the layers without rotary (`Temperature`).
         sizes_per_layer: head size and key/value heads differ by layer (Gemma 4's full-attention
-            layers): read from the core's `head_dim` and `num_key_value_groups`.
+            layers), or the config does not hold them (GPT-BigCode's one key/value head with
+            multi_query): read from the core's `head_dim` and `num_key_value_groups`.
         kv_shared: core attribute that is True in layers reusing the keys and values another
             layer computed (Gemma 4's last num_kv_shared_layers): from_hf refuses those layers.
         softcap: core attribute holding the score soft-cap.

@@ -11,7 +11,7 @@ re-exports it; shared code never branches on a family's name.
 from __future__ import annotations
 
 from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup, Temperature
-from .layouts import FusedConv1D, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate
+from .layouts import FusedConv1D, FusedMultiQuery, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate
 
 __all__ = ["ADAPTERS", "VISION_ADAPTERS"]
 
@@ -88,12 +88,20 @@ ADAPTERS = (
             rotary=Rotary(interleaved=True, switch="sliding_window"),
             notes="interleaved rotary in the sliding-window layers only, the full-attention layers without "
                   "positional encoding (NoPE)"),
+    Adapter("cohere2_moe", ("cohere2_moe",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(interleaved=True, switch="sliding_window", force="force_rope"),
+            notes="cohere2's attention: interleaved rotary in the sliding-window layers, the full-attention layers "
+                  "NoPE, except the dense prefix layers (force_rope, with prefix_dense_sliding_window_pattern 1), "
+                  "full attention with rotary"),
     Adapter("nemotron", ("nemotron",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="partial rotary (partial_rotary_factor)"),
     Adapter("hunyuan_v1", ("hunyuan_v1_dense", "hunyuan_v1_moe"), layers="layers", block="self_attn", core="",
             qkv=_QKV, out="o_proj", rotary=Rotary(),
             qk_norm=QKNorm("query_layernorm", "key_layernorm", after_rotary=True),
             notes="per-head q/k RMSNorm after rotary"),
+    Adapter("nanochat", ("nanochat",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(backwards=True), qk_norm=QKNorm("q_norm", "k_norm", after_rotary=True),
+            notes="rotary by minus the angle (its rotate_half flips signs); per-head gainless q/k RMSNorm after it"),
     Adapter("llama4_text", ("llama4_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(interleaved=True, tables="complex", switch="use_rope"),
             qk_norm=QKNorm("qk_norm", "qk_norm", where_present=True, after_rotary=True),
@@ -115,6 +123,10 @@ ADAPTERS = (
             rotary=Rotary(dims="rotary_ndims"),
             qk_norm=QKNorm("q_layernorm", "k_layernorm", over="heads_first", switch="qk_layernorm"),
             notes="partial rotary"),
+    Adapter("persimmon", ("persimmon",), layers="layers", block="self_attn", core="",
+            qkv=FusedPerHead("query_key_value"), out="dense", rotary=Rotary(dims="rotary_ndims"),
+            qk_norm=QKNorm("q_layernorm", "k_layernorm", switch="qk_layernorm"),
+            notes="fused per-head qkv, partial rotary, optional per-head q/k LayerNorm before it"),
     Adapter("phi3", ("phi3",), layers="layers", block="self_attn", core="", qkv=FusedRows("qkv_proj"), out="o_proj",
             rotary=Rotary(), notes="fused qkv_proj"),
     Adapter("gptj", ("gptj",), layers="h", block="attn", core="", qkv=_QKV, out="out_proj",
@@ -124,6 +136,10 @@ ADAPTERS = (
             notes="fused per-head qkv, partial rotary"),
     Adapter("gpt2", ("gpt2",), layers="h", block="attn", core="", qkv=FusedConv1D("c_attn"),
             out="c_proj", out_is_conv1d=True, notes="fused Conv1D qkv"),
+    Adapter("gpt_bigcode", ("gpt_bigcode",), layers="h", block="attn", core="",
+            qkv=FusedMultiQuery("c_attn", "multi_query"), out="c_proj", sizes_per_layer=True,
+            notes="StarCoder: fused c_attn, with multi_query (the default) [q | k | v] with one key/value head (MQA), "
+                  "else grouped per head; learned absolute positions, no rotary"),
     Adapter("opt", ("opt",), layers="decoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             query_prescaled=True, notes="queries pre-scaled, kernel scale 1"),
     # Multi-head latent attention: keys and values from one low-rank latent per token, a rotary key shared by all heads.

@@ -97,7 +97,8 @@ def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
     if spec is None or not _takes_tables(core):
         return 0
     switched = spec.switch is not None and (spec.switch_if_set is None or getattr(core, spec.switch_if_set) is not None)
-    if switched and not getattr(core, spec.switch):
+    forced = spec.force is not None and getattr(core, spec.force)
+    if switched and not getattr(core, spec.switch) and not forced:
         return 0
     if spec.config_switch is not None and getattr(config, spec.config_switch[0], None) != spec.config_switch[1]:
         return 0
@@ -280,6 +281,8 @@ def rotary_tables(module, config, position_embeddings, block: Optional[nn.Module
         cos, sin = (second, first) if spec.sin_first else (first, second)
         if spec.tables == "halves":  # one angle per pair: the first half of a rotate-half table
             cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
+    if spec.backwards:  # a rotation by -angle: cos(-a) = cos(a), sin(-a) = -sin(a)
+        sin = -sin
     return full_width(cos, sin, dim, interleaved)
 
 

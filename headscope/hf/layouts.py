@@ -9,6 +9,8 @@ each weight Linear-style `(out features, in features)` and bias None when the mo
 - `FusedPerHead`: one Linear grouped per head as `[q_h | k_h | v_h]` (GPT-NeoX).
 - `KeysAsValues`: three Linear modules, but where the value projection is absent (Gemma 4's
   full-attention layers with `attention_k_eq_v`) the values are the key projection's output.
+- `FusedMultiQuery`: one Linear that is `FusedRows` where the block's switch is set (one key/value
+  head) and `FusedPerHead` where not (GPT-BigCode `c_attn`, `multi_query`).
 - `GatedQuery`: three Linear modules, the query's grouped per head as `[q_h | gate_h]`, the
   rows of a sigmoid output gate beside each head's query rows (Qwen3-Next); `gate(...)` gives them.
 """
@@ -21,8 +23,8 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     import torch
     from torch import nn
 
-__all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead", "KeysAsValues",
-           "GatedQuery"]
+__all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead", "FusedMultiQuery",
+           "KeysAsValues", "GatedQuery"]
 
 Weights = "tuple[torch.Tensor, torch.Tensor | None]"  # Linear-style (out, in) weight and bias
 
@@ -90,6 +92,19 @@ class FusedPerHead:
             (w[:, i].reshape(n_heads * d_head, -1), b[:, i].reshape(-1) if b is not None else None)
             for i in range(3)
         ]
+
+
+@dataclass(frozen=True)
+class FusedMultiQuery:
+    """GPT-BigCode: one Linear, `[q | k | v]` along its output features where the block's `switch`
+    is True (multi-query: one key/value head), grouped per head as `[q_h | k_h | v_h]` where not."""
+
+    path: str
+    switch: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        layout = FusedRows(self.path) if getattr(block, self.switch) else FusedPerHead(self.path)
+        return layout.extract(block, n_heads, n_kv, d_head)
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,12 @@ EXTRA = {
     "cwm": dict(WINDOW),
     "mellum": dict(WINDOW, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
     "hy_v3": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+    "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    # layer 0 a dense prefix layer: full attention, with rotary (force_rope); layer 1 sliding
+    "cohere2_moe": dict(sliding_window=4, layer_types=["full_attention", "sliding_attention"],
+                        mlp_layer_types=["dense", "sparse"], num_experts=4, num_experts_per_tok=2),
+    "persimmon": dict(qk_layernorm=True, partial_rotary_factor=0.5, hidden_dropout=0.0),
+    "nanochat": {},
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
