@@ -11,7 +11,8 @@ re-exports it; shared code never branches on a family's name.
 from __future__ import annotations
 
 from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup, Temperature
-from .layouts import FusedConv1D, FusedMultiQuery, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate
+from .layouts import (FusedConv1D, FusedMultiQuery, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate,
+                      SeparateGate)
 
 __all__ = ["ADAPTERS", "VISION_ADAPTERS"]
 
@@ -127,6 +128,30 @@ ADAPTERS = (
             qkv=FusedPerHead("query_key_value"), out="dense", rotary=Rotary(dims="rotary_ndims"),
             qk_norm=QKNorm("q_layernorm", "k_layernorm", switch="qk_layernorm"),
             notes="fused per-head qkv, partial rotary, optional per-head q/k LayerNorm before it"),
+    Adapter("afmoe", ("afmoe",), layers="layers", block="self_attn", core="",
+            qkv=SeparateGate("q_proj", "k_proj", "v_proj", "gate_proj"), out="o_proj",
+            rotary=Rotary(switch="is_local_attention"), qk_norm=QKNorm("q_norm", "k_norm"), output_gate=True,
+            notes="per-head q/k RMSNorm; rotary in the sliding-window layers only, the full-attention layers NoPE; "
+                  "a sigmoid output gate (gate_proj, per element, from the layer's input) between attention and "
+                  "o_proj: z (hook_z, ablation, patching) is o_proj's input, after the gate; no OV table"),
+    Adapter("ministral3", ("ministral3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(),
+            no_from_hf="from_hf and verify are not available for ministral3 (its queries are scaled by 1 + beta * "
+                       "log(1 + floor(t / original_max_position_embeddings)), which MultiHeadAttention's query "
+                       "temperature does not take); capture, ablate and analyze work",
+            notes="GQA, rotary, sliding windows where configured; Llama 4's position-dependent query scale "
+                  "(rope_parameters' llama_4_scaling_beta), beyond original_max_position_embeddings; "
+                  "from_hf/verify not available"),
+    Adapter("mimo_v2_flash", ("mimo_v2_flash",), layers="layers", block="self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(), sinks="sinks",
+            no_from_hf="from_hf and verify are not available for mimo_v2_flash (values narrower than keys, scaled "
+                       "by attention_value_scale, and partial rotary set per layer type); capture, ablate and "
+                       "analyze work",
+            notes="sliding-window layers with twice the key/value heads and learned sink logits, full-attention "
+                  "layers without sinks; values narrower than q/k (v_head_dim) and scaled; partial rotary per layer "
+                  "type; from_hf/verify not available"),
+    Adapter("biogpt", ("biogpt",), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
+            notes="learned absolute positions, no rotary; q/k/v/o biases"),
     Adapter("phi3", ("phi3",), layers="layers", block="self_attn", core="", qkv=FusedRows("qkv_proj"), out="o_proj",
             rotary=Rotary(), notes="fused qkv_proj"),
     Adapter("gptj", ("gptj",), layers="h", block="attn", core="", qkv=_QKV, out="out_proj",
@@ -154,6 +179,13 @@ ADAPTERS = (
             notes=_MLA.split("; from_hf")[0] + "; DeepSeek Sparse Attention: an indexer picks each query's top "
                   "index_topk keys, the same for every head, and the others are masked (the patterns are sparse); "
                   "from_hf/verify not available"),
+    Adapter("hy_v4", ("hy_v4",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
+            latent=Latent(), rotary=Rotary(), sinks="sinks", output_gate=True,
+            no_from_hf="from_hf and verify are not available for hy_v4 (its DSA indexer picks each query's keys, "
+                       "which MultiHeadAttention does not compute); capture, ablate and analyze work",
+            notes=_MLA.split("; from_hf")[0] + "; DeepSeek Sparse Attention as deepseek_v32's (indexer_types: "
+                  "'shared' layers reuse the previous indexer's picks), learned sink logits and a sigmoid output "
+                  "gate (z is o_proj's input, after it); from_hf/verify not available"),
     Adapter("deepseek_v2", ("deepseek_v2",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), rotary=Rotary(interleaved=True, tables="complex"),
             notes=_MLA + "; rotary on interleaved pairs, as complex numbers"),

@@ -13,6 +13,7 @@ each weight Linear-style `(out features, in features)` and bias None when the mo
   head) and `FusedPerHead` where not (GPT-BigCode `c_attn`, `multi_query`).
 - `GatedQuery`: three Linear modules, the query's grouped per head as `[q_h | gate_h]`, the
   rows of a sigmoid output gate beside each head's query rows (Qwen3-Next); `gate(...)` gives them.
+- `SeparateGate`: three Linear modules and a fourth, the sigmoid output gate's (AFMoE `gate_proj`).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
 __all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead", "FusedMultiQuery",
-           "KeysAsValues", "GatedQuery"]
+           "KeysAsValues", "GatedQuery", "SeparateGate"]
 
 Weights = "tuple[torch.Tensor, torch.Tensor | None]"  # Linear-style (out, in) weight and bias
 
@@ -143,3 +144,21 @@ class GatedQuery:
     def gate(self, block: nn.Module, n_heads: int, d_head: int) -> Weights:
         """The output gate's rows `(n_heads * d_head, d_model)` and bias: z * sigmoid(x W^T + b)."""
         return self._halves(block, n_heads, d_head, 1)
+
+
+@dataclass(frozen=True)
+class SeparateGate:
+    """AFMoE: separate q, k, v Linears and a fourth, `gate`, whose output gates z per element:
+    z * sigmoid(x W_gate^T + b)."""
+
+    q: str
+    k: str
+    v: str
+    gate_path: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        return [linear(block.get_submodule(p)) for p in (self.q, self.k, self.v)]
+
+    def gate(self, block: nn.Module, n_heads: int, d_head: int) -> Weights:
+        """The output gate's rows `(n_heads * d_head, d_model)` and bias."""
+        return linear(block.get_submodule(self.gate_path))

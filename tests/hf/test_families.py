@@ -157,9 +157,9 @@ def _interface_inputs(model, x):
 
     seen = {}
 
-    def record(module, query, key, value, mask, **kwargs):  # then headscope's kernel (it knows softcap, sinks)
-        seen[id(module)] = (query, key)
-        return route._headscope_attention(module, query, key, value, mask, **kwargs)
+    def record(module, query, key, value, attention_mask, **kwargs):  # then headscope's kernel (softcap, sinks)
+        seen[id(module)] = (query, key)  # the mask by its name: afmoe passes it as a keyword
+        return route._headscope_attention(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("headscope-test-record", record)
     AttentionMaskInterface.register("headscope-test-record", sdpa_mask)

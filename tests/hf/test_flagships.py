@@ -206,3 +206,18 @@ def test_gpt_bigcodes_c_attn_is_read_by_its_multi_query_switch(multi_query, monk
     if not multi_query:  # per-head groups read as [q | k | v]
         with_adapter_changed(monkeypatch, model, qkv=FusedRows("c_attn"))
         assert _verified(model)[1] > 1e-2
+
+
+@pytest.mark.parametrize("change, diff", [(dict(output_gate=False), 0), (dict(rotary=adapters.Rotary()), 1)],
+                         ids=["no-gate", "rotary-everywhere"])
+@torch.no_grad()
+def test_afmoes_gate_and_nope_layers_matter(change, diff, monkeypatch):
+    """AFMoE's sigmoid output gate (its own gate_proj) and its NoPE full-attention layer: verify agrees;
+    without the gate the output, rotating layer 1 the pattern, are far off."""
+    model = _model("afmoe", "interface")
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = [headscope.MultiHeadAttention.from_hf(b, model.config).config for _, b in attention_blocks(model)]
+    assert [(c.output_gate, c.rotary_dim) for c in mine] == [(True, 16), (True, 0)]
+    with_adapter_changed(monkeypatch, model, **change)
+    assert _verified(model)[diff] > 1e-2

@@ -161,6 +161,15 @@ EXTRA = {
                         mlp_layer_types=["dense", "sparse"], num_experts=4, num_experts_per_tok=2),
     "persimmon": dict(qk_layernorm=True, partial_rotary_factor=0.5, hidden_dropout=0.0),
     "nanochat": {},
+    # layer 0 sliding (rotary), layer 1 full attention (NoPE); layer 0's MLP dense
+    "afmoe": dict(WINDOW, num_experts=4, num_experts_per_tok=2, num_shared_experts=1, moe_intermediate_size=16),
+    "ministral3": dict(WINDOW),
+    "mimo_v2_flash": dict(WINDOW, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                          mlp_layer_types=["dense", "sparse"]),
+    "biogpt": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, activation_dropout=0.0),
+    # each query attends to the 4 keys its indexer picks; layer 1 reuses layer 0's picks
+    "hy_v4": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, index_topk=4,
+                  index_n_heads=2, index_head_dim=16, indexer_types=["full", "shared"], learnable_sink_init=1.0),
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
