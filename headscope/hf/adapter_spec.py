@@ -202,7 +202,8 @@ class Adapter:
         out_is_conv1d: the output projection is a transformers Conv1D (x @ W).
         rotary: how rotary embedding is applied (None: no rotary).
         qk_norm: norms on q and k before rotary (None: none).
-        clip: config attribute clamping q, k and v after the projections.
+        clip: attribute clamping q, k and v after the projections: the core's where it has one
+            (DBRX keeps it in its nested attn_config, copied onto the core), else the config's.
         clip_after_norm: the clamp comes after the q/k norms (OLMoE), not right after the projections.
         v_norm: path from the core to a norm on each head's values `[batch, pos, head, d_head]` (Gemma 4).
         temperature: a per-position query temperature in the layers without rotary (`Temperature`).

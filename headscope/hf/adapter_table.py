@@ -152,6 +152,16 @@ ADAPTERS = (
                   "type; from_hf/verify not available"),
     Adapter("biogpt", ("biogpt",), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             notes="learned absolute positions, no rotary; q/k/v/o biases"),
+    Adapter("dbrx", ("dbrx",), layers="blocks", block="norm_attn_norm.attn", core="", qkv=FusedRows("Wqkv"),
+            out="out_proj", rotary=Rotary(), clip="clip_qkv", sizes_per_layer=True,
+            notes="fused Wqkv, GQA (attn_config's kv_n_heads), clip_qkv clamps q, k, v"),
+    Adapter("laguna", ("laguna",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), output_gate=True,
+            no_from_hf="from_hf and verify are not available for laguna (its output gate is a softplus, per head "
+                       "by default, not MultiHeadAttention's per-element sigmoid); capture, ablate and analyze work",
+            notes="per-head q/k RMSNorm before rotary, sliding windows; a softplus output gate (g_proj, per head or "
+                  "per element) between attention and o_proj: z (hook_z, ablation, patching) is o_proj's input, "
+                  "after the gate; from_hf/verify not available"),
     Adapter("phi3", ("phi3",), layers="layers", block="self_attn", core="", qkv=FusedRows("qkv_proj"), out="o_proj",
             rotary=Rotary(), notes="fused qkv_proj"),
     Adapter("gptj", ("gptj",), layers="h", block="attn", core="", qkv=_QKV, out="out_proj",

@@ -81,6 +81,13 @@ def _norms(adapter: Adapter, core: nn.Module) -> Optional[tuple[nn.Module, nn.Mo
     return tuple(wrap(copy.deepcopy(norm)) for norm in norms)
 
 
+def _clip(adapter: Adapter, core: nn.Module, config) -> Optional[float]:
+    """The clamp of q, k and v: the core's attribute where it has it, else the config's (None: no clamp)."""
+    if not adapter.clip:
+        return None
+    return getattr(core, adapter.clip) if hasattr(core, adapter.clip) else getattr(config, adapter.clip, None)
+
+
 def _temperature(adapter: Adapter, core: nn.Module, rotary_dim: int) -> Optional[tuple[float, float]]:
     """`(floor_scale, attn_scale)` of a layer without rotary whose core tunes its queries' temperature."""
     spec = adapter.temperature
@@ -203,7 +210,7 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         rotary_dim=rotary_dim, rotary_base=_rotary_base(config),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
         scale=scale, qk_norm=norms is not None, qk_norm_after_rotary=norms is not None and adapter.qk_norm.after_rotary,
-        clip=getattr(config, adapter.clip, None) if adapter.clip else None, clip_after_norm=adapter.clip_after_norm,
+        clip=_clip(adapter, core, config), clip_after_norm=adapter.clip_after_norm,
         v_norm=adapter.v_norm is not None, query_temperature=_temperature(adapter, core, rotary_dim),
         softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,
         sinks=sinks is not None, output_gate=wg is not None, pre_out_norm=adapter.mixes_heads is not None,

@@ -221,3 +221,16 @@ def test_afmoes_gate_and_nope_layers_matter(change, diff, monkeypatch):
     assert [(c.output_gate, c.rotary_dim) for c in mine] == [(True, 16), (True, 0)]
     with_adapter_changed(monkeypatch, model, **change)
     assert _verified(model)[diff] > 1e-2
+
+
+@torch.no_grad()
+def test_dbrxs_clip_from_its_attn_config_matters(monkeypatch):
+    """DBRX keeps clip_qkv in its nested attn_config (read from the core): with weights of std 0.3
+    the clamp at 0.5 cuts q, k and v; verify agrees, and dropping the clamp fails it by far."""
+    model = _model("dbrx", "interface")
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
+    assert (mine.clip, mine.n_kv_heads) == (0.5, 2)
+    with_adapter_changed(monkeypatch, model, clip=None)
+    assert _verified(model)[1] > 1e-2

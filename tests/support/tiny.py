@@ -170,6 +170,10 @@ EXTRA = {
     # each query attends to the 4 keys its indexer picks; layer 1 reuses layer 0's picks
     "hy_v4": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, index_topk=4,
                   index_n_heads=2, index_head_dim=16, indexer_types=["full", "shared"], learnable_sink_init=1.0),
+    "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=64, resid_pdrop=0.0, emb_pdrop=0.0,
+                 attn_config=dict(kv_n_heads=2, clip_qkv=0.5, rope_theta=10000.0),
+                 ffn_config=dict(ffn_hidden_size=48, moe_num_experts=4, moe_top_k=2)),
+    "laguna": dict(WINDOW, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
