@@ -162,6 +162,13 @@ ADAPTERS = (
             notes="per-head q/k RMSNorm before rotary, sliding windows; a softplus output gate (g_proj, per head or "
                   "per element) between attention and o_proj: z (hook_z, ablation, patching) is o_proj's input, "
                   "after the gate; from_hf/verify not available"),
+    Adapter("doge", ("doge",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
+            no_from_hf="from_hf and verify are not available for doge (its dynamic mask, a per-head score bias from "
+                       "the values keeping each query's top keep_window_size keys, is not computed by "
+                       "MultiHeadAttention); capture, ablate and analyze work",
+            notes="dynamic mask attention: a per-head score bias computed from the values (dt_proj, A), past "
+                  "keep_window_size keys only the top ones kept, joins the mask the model passes (captured as "
+                  "it is); from_hf/verify not available"),
     Adapter("phi3", ("phi3",), layers="layers", block="self_attn", core="", qkv=FusedRows("qkv_proj"), out="o_proj",
             rotary=Rotary(), notes="fused qkv_proj"),
     Adapter("gptj", ("gptj",), layers="h", block="attn", core="", qkv=_QKV, out="out_proj",

@@ -174,6 +174,7 @@ EXTRA = {
                  attn_config=dict(kv_n_heads=2, clip_qkv=0.5, rope_theta=10000.0),
                  ffn_config=dict(ffn_hidden_size=48, moe_num_experts=4, moe_top_k=2)),
     "laguna": dict(WINDOW, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+    "doge": dict(keep_window_size=4, hidden_dropout=0.0),  # the dynamic mask keeps 4 keys per query
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
