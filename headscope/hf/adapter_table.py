@@ -189,12 +189,14 @@ ADAPTERS = (
             core="", qkv=None, out="o_proj", latent=Latent(regroup="rope_interleave"), rotary=Rotary(),
             notes=_MLA + "; with rope_interleave, the rotary dims' pairs (2i, 2i + 1) regrouped to halves and rotated "
                          "so"),
-    Adapter("deepseek_v32", ("deepseek_v32",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
+    Adapter("deepseek_v32", ("deepseek_v32", "glm_moe_dsa"), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), rotary=Rotary(),
-            no_from_hf="from_hf and verify are not available for deepseek_v32 (its DSA indexer picks each query's keys, "
-                       "which MultiHeadAttention does not compute); capture, ablate and analyze work",
+            no_from_hf="from_hf and verify are not available for deepseek_v32 and glm_moe_dsa (their DSA indexer "
+                       "picks each query's keys, which MultiHeadAttention does not compute); capture, ablate and "
+                       "analyze work",
             notes=_MLA.split("; from_hf")[0] + "; DeepSeek Sparse Attention: an indexer picks each query's top "
                   "index_topk keys, the same for every head, and the others are masked (the patterns are sparse); "
+                  "glm_moe_dsa: the same, its 'shared' layers (indexer_types) reusing the previous indexer's picks; "
                   "from_hf/verify not available"),
     Adapter("hy_v4", ("hy_v4",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), rotary=Rotary(), sinks="sinks", output_gate=True,

@@ -175,6 +175,10 @@ EXTRA = {
                  ffn_config=dict(ffn_hidden_size=48, moe_num_experts=4, moe_top_k=2)),
     "laguna": dict(WINDOW, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
     "doge": dict(keep_window_size=4, hidden_dropout=0.0),  # the dynamic mask keeps 4 keys per query
+    # GLM-5's DSA: 4 keys a query, layer 1 reusing layer 0's picks
+    "glm_moe_dsa": dict(MLA, head_dim=24, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                        moe_intermediate_size=16, index_topk=4, index_n_heads=2, index_head_dim=16,
+                        indexer_types=["full", "shared"]),
     "bert": dict(ENCODER),
     "roberta": dict(ENCODER),
     "electra": dict(ENCODER, embedding_size=64),
