@@ -24,7 +24,12 @@ class Rotary:
             times the config's `partial_rotary_factor`, 1 if absent).
         interleaved: pairs are dims (2i, 2i + 1) (GPT-J, Cohere), not (i, i + dims / 2).
         sin_first: the model passes `position_embeddings` as (sin, cos) (GPT-J).
+        backwards: the model rotates each pair by minus its angle (nanochat's rotate_half is
+            `[x2, -x1]`, not `[-x2, x1]`): its tables are read with sin negated.
         switch: attribute of the core module that is False in layers without rotary (NoPE).
+        force: attribute of the core module that, where True, gives the layer rotary whatever
+            `switch` says (cohere2_moe's `force_rope`: its dense prefix layers, full attention with
+            rotary beside sliding layers that have it and full-attention ones that do not).
         switch_if_set: attribute of the core module: the switch decides only where this one is
             set (not None), and every layer has rotary elsewhere (exaone4: `is_sliding`, with a
             `sliding_window` configured; its full-attention layers are then NoPE).
@@ -48,7 +53,9 @@ class Rotary:
     dims: Optional[str] = None
     interleaved: bool = False
     sin_first: bool = False
+    backwards: bool = False
     switch: Optional[str] = None
+    force: Optional[str] = None
     switch_if_set: Optional[str] = None
     config_switch: Optional[tuple[str, object]] = None
     tables: str = "layout"
@@ -203,13 +210,15 @@ class Adapter:
         out_is_conv1d: the output projection is a transformers Conv1D (x @ W).
         rotary: how rotary embedding is applied (None: no rotary).
         qk_norm: norms on q and k before rotary (None: none).
-        clip: config attribute clamping q, k and v after the projections.
+        clip: attribute clamping q, k and v after the projections: the core's where it has one
+            (DBRX keeps it in its nested attn_config, copied onto the core), else the config's.
         clip_after_norm: the clamp comes after the q/k norms (OLMoE), not right after the projections.
         v_norm: path from the core to a norm on each head's values `[batch, pos, head, d_head]` (Gemma 4).
         temperature: a per-position query temperature in the layers without rotary (`Temperature`).
         sizes_per_layer: head size and key/value heads differ by layer (Gemma 4's full-attention
-            layers): read from the core's `head_dim` and `num_key_value_groups` (Gemma 4's vision
-            tower too, whose modules name no head count of their own), the query heads from the config.
+            layers), or the config does not hold them (GPT-BigCode's one key/value head with
+            multi_query; Gemma 4's vision tower, whose modules name no head count of their own): read
+            from the core's `head_dim` and `num_key_value_groups`, the query heads from the config.
         kv_shared: core attribute that is True in layers reusing the keys and values another
             layer computed (Gemma 4's last num_kv_shared_layers): from_hf refuses those layers.
         softcap: core attribute holding the score soft-cap.
@@ -248,7 +257,9 @@ class Adapter:
         returns: what the core's forward returns, in order: ("output", "weights"), or T5's
             ("output", "position_bias", "weights"), the additive score bias it used (its relative
             positions, computed by the first layer of each stack and handed on), which `verify`
-            adds to the mask.
+            adds to the mask, or GLM-5's ("output", "weights", "indices"), the keys each query
+            attended to (its own indexer's picks or, in a "shared" layer, the previous one's),
+            which `verify` joins to the mask.
         bias_in_call: the core computes an additive score bias itself and hands it to the
             attention function (`position_bias`) without returning it (UMT5: every layer its own
             relative position bias); `verify` reads it from that call and adds it to the mask.

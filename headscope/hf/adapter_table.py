@@ -11,7 +11,8 @@ re-exports it; shared code never branches on a family's name.
 from __future__ import annotations
 
 from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup, Temperature
-from .layouts import FusedConv1D, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate
+from .layouts import (FusedConv1D, FusedMultiQuery, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate,
+                      SeparateGate)
 
 __all__ = ["ADAPTERS", "VISION_ADAPTERS"]
 
@@ -31,16 +32,17 @@ _ENCODER_DECODER = ("sites: encoder (self, bidirectional; the default), decoder.
 
 ADAPTERS = (
     Adapter("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "starcoder2", "ministral", "phimoe",
-                      "seed_oss", "arcee", "exaone", "internlm3"),
+                      "seed_oss", "arcee", "exaone", "internlm3", "solar_open", "jais2", "cwm"),
             layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
-            notes="GQA, rotary, sliding windows where configured; seed_oss: q/k/v biases without an o_proj bias"),
+            notes="GQA, rotary, sliding windows where configured; seed_oss and solar_open: q/k/v biases without an "
+                  "o_proj bias"),
     Adapter("qwen2_5_vl_text", ("qwen2_5_vl_text",), layers="layers", block="self_attn", core="", qkv=_QKV,
             out="o_proj", rotary=Rotary(),
             notes="qwen2_5_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
                   "joins the temporal, height and width tables by mrope_section into one table per position)"),
     Adapter("granite", ("granite", "granitemoe", "granitemoeshared"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="attention_multiplier is the score scale"),
-    Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+    Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1", "mellum", "hy_v3"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), notes="per-head q/k RMSNorm before rotary"),
     Adapter("gemma2", ("gemma2", "vaultgemma"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), softcap="attn_logit_softcapping",
@@ -87,12 +89,20 @@ ADAPTERS = (
             rotary=Rotary(interleaved=True, switch="sliding_window"),
             notes="interleaved rotary in the sliding-window layers only, the full-attention layers without "
                   "positional encoding (NoPE)"),
+    Adapter("cohere2_moe", ("cohere2_moe",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(interleaved=True, switch="sliding_window", force="force_rope"),
+            notes="cohere2's attention: interleaved rotary in the sliding-window layers, the full-attention layers "
+                  "NoPE, except the dense prefix layers (force_rope, with prefix_dense_sliding_window_pattern 1), "
+                  "full attention with rotary"),
     Adapter("nemotron", ("nemotron",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="partial rotary (partial_rotary_factor)"),
     Adapter("hunyuan_v1", ("hunyuan_v1_dense", "hunyuan_v1_moe"), layers="layers", block="self_attn", core="",
             qkv=_QKV, out="o_proj", rotary=Rotary(),
             qk_norm=QKNorm("query_layernorm", "key_layernorm", after_rotary=True),
             notes="per-head q/k RMSNorm after rotary"),
+    Adapter("nanochat", ("nanochat",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(backwards=True), qk_norm=QKNorm("q_norm", "k_norm", after_rotary=True),
+            notes="rotary by minus the angle (its rotate_half flips signs); per-head gainless q/k RMSNorm after it"),
     Adapter("llama4_text", ("llama4_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(interleaved=True, tables="complex", switch="use_rope"),
             qk_norm=QKNorm("qk_norm", "qk_norm", where_present=True, after_rotary=True),
@@ -114,6 +124,51 @@ ADAPTERS = (
             rotary=Rotary(dims="rotary_ndims"),
             qk_norm=QKNorm("q_layernorm", "k_layernorm", over="heads_first", switch="qk_layernorm"),
             notes="partial rotary"),
+    Adapter("persimmon", ("persimmon",), layers="layers", block="self_attn", core="",
+            qkv=FusedPerHead("query_key_value"), out="dense", rotary=Rotary(dims="rotary_ndims"),
+            qk_norm=QKNorm("q_layernorm", "k_layernorm", switch="qk_layernorm"),
+            notes="fused per-head qkv, partial rotary, optional per-head q/k LayerNorm before it"),
+    Adapter("afmoe", ("afmoe",), layers="layers", block="self_attn", core="",
+            qkv=SeparateGate("q_proj", "k_proj", "v_proj", "gate_proj"), out="o_proj",
+            rotary=Rotary(switch="is_local_attention"), qk_norm=QKNorm("q_norm", "k_norm"), output_gate=True,
+            notes="per-head q/k RMSNorm; rotary in the sliding-window layers only, the full-attention layers NoPE; "
+                  "a sigmoid output gate (gate_proj, per element, from the layer's input) between attention and "
+                  "o_proj: z (hook_z, ablation, patching) is o_proj's input, after the gate; no OV table"),
+    Adapter("ministral3", ("ministral3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(),
+            no_from_hf="from_hf and verify are not available for ministral3 (its queries are scaled by 1 + beta * "
+                       "log(1 + floor(t / original_max_position_embeddings)), which MultiHeadAttention's query "
+                       "temperature does not take); capture, ablate and analyze work",
+            notes="GQA, rotary, sliding windows where configured; Llama 4's position-dependent query scale "
+                  "(rope_parameters' llama_4_scaling_beta), beyond original_max_position_embeddings; "
+                  "from_hf/verify not available"),
+    Adapter("mimo_v2_flash", ("mimo_v2_flash",), layers="layers", block="self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(), sinks="sinks",
+            no_from_hf="from_hf and verify are not available for mimo_v2_flash (values narrower than keys, scaled "
+                       "by attention_value_scale, and partial rotary set per layer type); capture, ablate and "
+                       "analyze work",
+            notes="sliding-window layers with twice the key/value heads and learned sink logits, full-attention "
+                  "layers without sinks; values narrower than q/k (v_head_dim) and scaled; partial rotary per layer "
+                  "type; from_hf/verify not available"),
+    Adapter("biogpt", ("biogpt",), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
+            notes="learned absolute positions, no rotary; q/k/v/o biases"),
+    Adapter("dbrx", ("dbrx",), layers="blocks", block="norm_attn_norm.attn", core="", qkv=FusedRows("Wqkv"),
+            out="out_proj", rotary=Rotary(), clip="clip_qkv", sizes_per_layer=True,
+            notes="fused Wqkv, GQA (attn_config's kv_n_heads), clip_qkv clamps q, k, v"),
+    Adapter("laguna", ("laguna",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), output_gate=True,
+            no_from_hf="from_hf and verify are not available for laguna (its output gate is a softplus, per head "
+                       "by default, not MultiHeadAttention's per-element sigmoid); capture, ablate and analyze work",
+            notes="per-head q/k RMSNorm before rotary, sliding windows; a softplus output gate (g_proj, per head or "
+                  "per element) between attention and o_proj: z (hook_z, ablation, patching) is o_proj's input, "
+                  "after the gate; from_hf/verify not available"),
+    Adapter("doge", ("doge",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
+            no_from_hf="from_hf and verify are not available for doge (its dynamic mask, a per-head score bias from "
+                       "the values keeping each query's top keep_window_size keys, is not computed by "
+                       "MultiHeadAttention); capture, ablate and analyze work",
+            notes="dynamic mask attention: a per-head score bias computed from the values (dt_proj, A), past "
+                  "keep_window_size keys only the top ones kept, joins the mask the model passes (captured as "
+                  "it is); from_hf/verify not available"),
     Adapter("phi3", ("phi3",), layers="layers", block="self_attn", core="", qkv=FusedRows("qkv_proj"), out="o_proj",
             rotary=Rotary(), notes="fused qkv_proj"),
     Adapter("gptj", ("gptj",), layers="h", block="attn", core="", qkv=_QKV, out="out_proj",
@@ -123,6 +178,10 @@ ADAPTERS = (
             notes="fused per-head qkv, partial rotary"),
     Adapter("gpt2", ("gpt2",), layers="h", block="attn", core="", qkv=FusedConv1D("c_attn"),
             out="c_proj", out_is_conv1d=True, notes="fused Conv1D qkv"),
+    Adapter("gpt_bigcode", ("gpt_bigcode",), layers="h", block="attn", core="",
+            qkv=FusedMultiQuery("c_attn", "multi_query"), out="c_proj", sizes_per_layer=True,
+            notes="StarCoder: fused c_attn, with multi_query (the default) [q | k | v] with one key/value head (MQA), "
+                  "else grouped per head; learned absolute positions, no rotary"),
     Adapter("opt", ("opt",), layers="decoder.layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             query_prescaled=True, notes="queries pre-scaled, kernel scale 1"),
     # Multi-head latent attention: keys and values from one low-rank latent per token, a rotary key shared by all heads.
@@ -136,6 +195,19 @@ ADAPTERS = (
                          "index_topk keys, the same for every head, and the others are masked (the patterns are "
                          "sparse); verify hands from_hf's module the model's own selection in the mask; the rotary "
                          "pairs (2i, 2i + 1) regrouped to halves"),
+    Adapter("glm_moe_dsa", ("glm_moe_dsa",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
+            latent=Latent(regroup=True), rotary=Rotary(), returns=("output", "weights", "indices"),
+            notes=_MLA + ", without an indexer; DeepSeek Sparse Attention as deepseek_v32's, its 'shared' layers "
+                         "(indexer_types) reusing the previous indexer's picks; each layer returns the keys it "
+                         "attended to, which verify hands from_hf's module in the mask; the rotary pairs (2i, 2i + 1) "
+                         "regrouped to halves"),
+    Adapter("hy_v4", ("hy_v4",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
+            latent=Latent(), rotary=Rotary(), sinks="sinks", output_gate=True,
+            no_from_hf="from_hf and verify are not available for hy_v4 (its DSA indexer picks each query's keys, "
+                       "which MultiHeadAttention does not compute); capture, ablate and analyze work",
+            notes=_MLA.split("; from_hf")[0] + "; DeepSeek Sparse Attention as deepseek_v32's (indexer_types: "
+                  "'shared' layers reuse the previous indexer's picks), learned sink logits and a sigmoid output "
+                  "gate (z is o_proj's input, after it); from_hf/verify not available"),
     Adapter("deepseek_v2", ("deepseek_v2",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), rotary=Rotary(interleaved=True, tables="complex"),
             notes=_MLA + "; rotary on interleaved pairs, as complex numbers"),

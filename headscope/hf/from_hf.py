@@ -81,6 +81,13 @@ def _norms(adapter: Adapter, core: nn.Module) -> Optional[tuple[nn.Module, nn.Mo
     return tuple(wrap(copy.deepcopy(norm)) for norm in norms)
 
 
+def _clip(adapter: Adapter, core: nn.Module, config) -> Optional[float]:
+    """The clamp of q, k and v: the core's attribute where it has it, else the config's (None: no clamp)."""
+    if not adapter.clip:
+        return None
+    return getattr(core, adapter.clip) if hasattr(core, adapter.clip) else getattr(config, adapter.clip, None)
+
+
 def _temperature(adapter: Adapter, core: nn.Module, rotary_dim: int) -> Optional[tuple[float, float]]:
     """`(floor_scale, attn_scale)` of a layer without rotary whose core tunes its queries' temperature."""
     spec = adapter.temperature
@@ -97,7 +104,8 @@ def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
     if spec is None or not _takes_tables(core):
         return 0
     switched = spec.switch is not None and (spec.switch_if_set is None or getattr(core, spec.switch_if_set) is not None)
-    if switched and not getattr(core, spec.switch):
+    forced = spec.force is not None and getattr(core, spec.force)
+    if switched and not getattr(core, spec.switch) and not forced:
         return 0
     if spec.config_switch is not None and getattr(config, spec.config_switch[0], None) != spec.config_switch[1]:
         return 0
@@ -238,7 +246,7 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         rotary_dim=rotary_dim, rotary_base=_rotary_base(config),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
         scale=scale, qk_norm=norms is not None, qk_norm_after_rotary=norms is not None and adapter.qk_norm.after_rotary,
-        clip=getattr(config, adapter.clip, None) if adapter.clip else None, clip_after_norm=adapter.clip_after_norm,
+        clip=_clip(adapter, core, config), clip_after_norm=adapter.clip_after_norm,
         v_norm=adapter.v_norm is not None, query_temperature=_temperature(adapter, core, rotary_dim),
         softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,
         sinks=sinks is not None, output_gate=wg is not None, pre_out_norm=adapter.mixes_heads is not None,
@@ -316,6 +324,8 @@ def rotary_tables(module, config, position_embeddings, block: Optional[nn.Module
         cos, sin = (second, first) if spec.sin_first else (first, second)
         if spec.tables == "halves":  # one angle per pair: the first half of a rotate-half table
             cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
+    if spec.backwards:  # a rotation by -angle: cos(-a) = cos(a), sin(-a) = -sin(a)
+        sin = -sin
     cos, sin = full_width(cos, sin, dim, interleaved)
     if spec.axes > 1:  # the order from_hf gave the head's q and k dims
         order = _axis_order(dim, spec.axes).to(cos.device)
@@ -343,8 +353,8 @@ def call_arguments(module, config, received: dict, returned, block: Optional[nn.
         config: the model's config.
         received: the attention module's forward inputs by name (`hidden_states`, its mask,
             `key_value_states` or mllama's `cross_attention_states` at cross-attention,
-            `position_embeddings`), and `indices`, the keys its selector picked (`Adapter.selector`),
-            which join the mask, and `bias_in_call`, the score bias it handed its attention
+            `position_embeddings`), and `indices`, the keys its selector picked (`Adapter.selector`;
+            or returned, "indices" in `Adapter.returns`), which join the mask, and `bias_in_call`, the score bias it handed its attention
             function (`Adapter.bias_in_call`), added to the mask.
         returned: what its forward returned (T5's holds the position bias it used,
             `Adapter.returns`).
@@ -362,8 +372,9 @@ def call_arguments(module, config, received: dict, returned, block: Optional[nn.
         mask = with_bias(mask, returned[returns.index("position_bias")])
     if received.get("bias_in_call") is not None:  # UMT5: each layer's own relative position bias
         mask = with_bias(mask, received["bias_in_call"])
-    if received.get("indices") is not None:  # DeepSeek-V3.2: only the keys its indexer picked
-        mask = with_selected_keys(mask, received["indices"], x.shape[1], causal=mask is None and module.config.causal)
+    indices = returned[returns.index("indices")] if "indices" in returns else received.get("indices")
+    if indices is not None:  # DeepSeek-V3.2, GLM-5: only the keys its indexer picked
+        mask = with_selected_keys(mask, indices, x.shape[1], causal=mask is None and module.config.causal)
     if received.get(_PIECES_NAME) is not None:  # one packed sequence (P, d_model): block-diagonal attention
         x, mask = x[None], _within_pieces(received[_PIECES_NAME])
     context = next((received[name] for name in _CONTEXT_NAMES if received.get(name) is not None), None)

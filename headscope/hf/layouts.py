@@ -9,8 +9,11 @@ each weight Linear-style `(out features, in features)` and bias None when the mo
 - `FusedPerHead`: one Linear grouped per head as `[q_h | k_h | v_h]` (GPT-NeoX).
 - `KeysAsValues`: three Linear modules, but where the value projection is absent (Gemma 4's
   full-attention layers with `attention_k_eq_v`) the values are the key projection's output.
+- `FusedMultiQuery`: one Linear that is `FusedRows` where the block's switch is set (one key/value
+  head) and `FusedPerHead` where not (GPT-BigCode `c_attn`, `multi_query`).
 - `GatedQuery`: three Linear modules, the query's grouped per head as `[q_h | gate_h]`, the
   rows of a sigmoid output gate beside each head's query rows (Qwen3-Next); `gate(...)` gives them.
+- `SeparateGate`: three Linear modules and a fourth, the sigmoid output gate's (AFMoE `gate_proj`).
 """
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     import torch
     from torch import nn
 
-__all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead", "KeysAsValues",
-           "GatedQuery"]
+__all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead", "FusedMultiQuery",
+           "KeysAsValues", "GatedQuery", "SeparateGate"]
 
 Weights = "tuple[torch.Tensor, torch.Tensor | None]"  # Linear-style (out, in) weight and bias
 
@@ -93,6 +96,19 @@ class FusedPerHead:
 
 
 @dataclass(frozen=True)
+class FusedMultiQuery:
+    """GPT-BigCode: one Linear, `[q | k | v]` along its output features where the block's `switch`
+    is True (multi-query: one key/value head), grouped per head as `[q_h | k_h | v_h]` where not."""
+
+    path: str
+    switch: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        layout = FusedRows(self.path) if getattr(block, self.switch) else FusedPerHead(self.path)
+        return layout.extract(block, n_heads, n_kv, d_head)
+
+
+@dataclass(frozen=True)
 class KeysAsValues:
     """Gemma 4: separate q, k, v Linears; a block whose `v` is None takes its values from `k`
     (the same weights: v = W_k x, before the key's norm)."""
@@ -128,3 +144,21 @@ class GatedQuery:
     def gate(self, block: nn.Module, n_heads: int, d_head: int) -> Weights:
         """The output gate's rows `(n_heads * d_head, d_model)` and bias: z * sigmoid(x W^T + b)."""
         return self._halves(block, n_heads, d_head, 1)
+
+
+@dataclass(frozen=True)
+class SeparateGate:
+    """AFMoE: separate q, k, v Linears and a fourth, `gate`, whose output gates z per element:
+    z * sigmoid(x W_gate^T + b)."""
+
+    q: str
+    k: str
+    v: str
+    gate_path: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        return [linear(block.get_submodule(p)) for p in (self.q, self.k, self.v)]
+
+    def gate(self, block: nn.Module, n_heads: int, d_head: int) -> Weights:
+        """The output gate's rows `(n_heads * d_head, d_model)` and bias."""
+        return linear(block.get_submodule(self.gate_path))

@@ -171,11 +171,11 @@ def test_zamba2s_layers_share_a_block_but_each_has_its_own_loras_subspaces():
 def test_a_model_without_an_adapter_is_refused_in_one_line():
     import transformers as tf
 
-    config = tf.AutoConfig.for_model("persimmon", vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     num_key_value_heads=2, head_dim=16, intermediate_size=48, pad_token_id=0,
-                                     bos_token_id=1, eos_token_id=2)
+    config = tf.AutoConfig.for_model("jetmoe", vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, kv_channels=16, intermediate_size=48, num_local_experts=4,
+                                     pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
-    loaded = Loaded.from_model(tf.AutoModelForCausalLM.from_config(config).eval(), char_tokenizer(), "tiny-persimmon")
-    with pytest.raises(headscope.HeadscopeError, match="'persimmon' has no headscope adapter") as err:
+    loaded = Loaded.from_model(tf.AutoModelForCausalLM.from_config(config).eval(), char_tokenizer(), "tiny-jetmoe")
+    with pytest.raises(headscope.HeadscopeError, match="'jetmoe' has no headscope adapter") as err:
         headscope.geometry(loaded, **PROBE)
     assert "\n" not in str(err.value)

@@ -157,9 +157,9 @@ def _interface_inputs(model, x):
 
     seen = {}
 
-    def record(module, query, key, value, mask, **kwargs):  # then headscope's kernel (it knows softcap, sinks)
-        seen[id(module)] = (query, key)
-        return route._headscope_attention(module, query, key, value, mask, **kwargs)
+    def record(module, query, key, value, attention_mask, **kwargs):  # then headscope's kernel (softcap, sinks)
+        seen[id(module)] = (query, key)  # the mask by its name: afmoe passes it as a keyword
+        return route._headscope_attention(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("headscope-test-record", record)
     AttentionMaskInterface.register("headscope-test-record", sdpa_mask)
@@ -257,12 +257,14 @@ def test_a_kernel_ignoring_softcap_or_sinks_would_fail(family, what, monkeypatch
 
 @pytest.mark.parametrize("family, change", [("glm", dict(tables="layout")), ("ernie4_5", dict(tables="layout")),
                                             ("exaone4", dict(switch=None)), ("cohere2", dict(switch=None)),
+                                            ("cohere2_moe", dict(force=None)), ("nanochat", dict(backwards=False)),
                                             ("llama4_text", dict(switch=None))])
 @torch.no_grad()
 def test_a_rotary_read_otherwise_would_fail_verify(family, change, monkeypatch):
     """The matrix's rotary layouts and NoPE layers matter: reading glm's and ernie's tables as
     rotate-half ones (not one angle per interleaved pair from their first half), or rotating
-    exaone4's and cohere2's full-attention layers or llama4's NoPE layer, moves verify's patterns far
+    exaone4's and cohere2's full-attention layers or llama4's NoPE layer, or not rotating cohere2_moe's
+    dense prefix layer (force_rope), or rotating nanochat's pairs forwards, moves verify's patterns far
     past its tolerance."""
     model = tiny_model(family, kind="interface")
     rotary = adapter_for(model.config).rotary
@@ -310,12 +312,12 @@ def test_adapter_cores_are_the_modules_calling_the_interface(family):
 
 @torch.no_grad()
 def test_a_family_without_adapter_is_captured_by_discovery():
-    """persimmon has no adapter: capture finds its attention modules; from_hf says it needs an adapter."""
+    """jetmoe has no adapter (its query heads are routed experts, `headscope.hf.families`): capture finds its attention modules; from_hf says it needs an adapter."""
     import transformers as tf
 
-    config = tf.AutoConfig.for_model("persimmon", vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     num_key_value_heads=2, head_dim=16, intermediate_size=48, pad_token_id=0,
-                                     bos_token_id=1, eos_token_id=2)
+    config = tf.AutoConfig.for_model("jetmoe", vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, kv_channels=16, intermediate_size=48, num_local_experts=4,
+                                     pad_token_id=0, bos_token_id=1, eos_token_id=2)
     assert adapter_for(config) is None
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config).eval()
@@ -327,7 +329,7 @@ def test_a_family_without_adapter_is_captured_by_discovery():
     assert (before - captured).abs()[valid].max() <= 1e-4
     eager = _eager_patterns(model, x)
     assert max((cap.patterns[l] - e).abs().permute(0, 2, 1, 3)[valid].max() for l, e in enumerate(eager)) <= 1e-5
-    with pytest.raises(headscope.HeadscopeError, match="'persimmon' has no headscope adapter.*capture, ablate and analyze"):
+    with pytest.raises(headscope.HeadscopeError, match="'jetmoe' has no headscope adapter.*capture, ablate and analyze"):
         headscope.verify(model, x)
 
 

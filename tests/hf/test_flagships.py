@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 import headscope
 from headscope.hf import adapters
 from headscope.hf.adapters import attention_blocks
+from headscope.hf.layouts import FusedRows
 from tests.support.contracts import with_adapter_changed
 from tests.support.tiny import COMMON, EXTRA, HYBRID_ATTENTION, tiny_config, tiny_inputs
 
@@ -189,3 +190,46 @@ def test_qwen3_5s_text_decoder_verifies_with_an_image(family):
     table = headscope.verify(model, x)
     assert tuple(table.layer) == (1, 2)
     assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+
+
+@pytest.mark.parametrize("multi_query", [True, False], ids=["mqa", "mha"])
+@torch.no_grad()
+def test_gpt_bigcodes_c_attn_is_read_by_its_multi_query_switch(multi_query, monkeypatch):
+    """GPT-BigCode's c_attn is `[q | k | v]` with one key/value head under multi_query, grouped per
+    head otherwise: each verifies, and reading the per-head one as `[q | k | v]` fails verify by far."""
+    model = _model("gpt_bigcode", "interface", multi_query=multi_query)
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    assert headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config.n_kv_heads == (
+        1 if multi_query else 4)
+    if not multi_query:  # per-head groups read as [q | k | v]
+        with_adapter_changed(monkeypatch, model, qkv=FusedRows("c_attn"))
+        assert _verified(model)[1] > 1e-2
+
+
+@pytest.mark.parametrize("change, diff", [(dict(output_gate=False), 0), (dict(rotary=adapters.Rotary()), 1)],
+                         ids=["no-gate", "rotary-everywhere"])
+@torch.no_grad()
+def test_afmoes_gate_and_nope_layers_matter(change, diff, monkeypatch):
+    """AFMoE's sigmoid output gate (its own gate_proj) and its NoPE full-attention layer: verify agrees;
+    without the gate the output, rotating layer 1 the pattern, are far off."""
+    model = _model("afmoe", "interface")
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = [headscope.MultiHeadAttention.from_hf(b, model.config).config for _, b in attention_blocks(model)]
+    assert [(c.output_gate, c.rotary_dim) for c in mine] == [(True, 16), (True, 0)]
+    with_adapter_changed(monkeypatch, model, **change)
+    assert _verified(model)[diff] > 1e-2
+
+
+@torch.no_grad()
+def test_dbrxs_clip_from_its_attn_config_matters(monkeypatch):
+    """DBRX keeps clip_qkv in its nested attn_config (read from the core): with weights of std 0.3
+    the clamp at 0.5 cuts q, k and v; verify agrees, and dropping the clamp fails it by far."""
+    model = _model("dbrx", "interface")
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
+    assert (mine.clip, mine.n_kv_heads) == (0.5, 2)
+    with_adapter_changed(monkeypatch, model, clip=None)
+    assert _verified(model)[1] > 1e-2

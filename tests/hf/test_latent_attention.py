@@ -35,9 +35,9 @@ def _model(family, seed=0, **extra):
 @pytest.mark.parametrize("family, extra", [
     ("deepseek_v3", {}), ("deepseek_v3", dict(rope_interleave=False)), ("deepseek_v3", dict(q_lora_rank=None)),
     ("deepseek_v3", dict(attention_bias=True)), ("deepseek_v2", {}), ("minicpm3", {}), ("glm4_moe_lite", {}),
-    ("youtu", dict(rope_interleave=True)), ("deepseek_v32", {}),
+    ("youtu", dict(rope_interleave=True)), ("deepseek_v32", {}), ("glm_moe_dsa", {}),
 ], ids=["v3", "v3-halves", "v3-full-rank-q", "v3-biases", "v2-complex", "minicpm3", "glm4-moe-lite", "youtu",
-        "v32-sparse"])
+        "v32-sparse", "glm5-sparse-shared"])
 @torch.no_grad()
 def test_verify_agrees_at_every_layout(family, extra):
     model = _model(family, **extra)
@@ -142,16 +142,20 @@ def test_deepseek_v32s_patterns_keep_only_the_keys_its_indexer_picks(monkeypatch
     assert (before - dense).abs()[valid].max() > 1e-2
 
 
+@pytest.mark.parametrize("family, without", [("deepseek_v32", dict(selector=None)),
+                                             ("glm_moe_dsa", dict(returns=("output", "weights")))])
 @torch.no_grad()
-def test_deepseek_v32s_verify_needs_the_indexers_selection(monkeypatch):
+def test_sparse_attentions_verify_needs_the_indexers_selection(family, without, monkeypatch):
     """verify hands from_hf's module (dense latent attention, no indexer) the keys the model's own
-    indexer picked; without them the module attends to every earlier key and fails by far."""
-    model = _model("deepseek_v32")
+    indexer picked (DeepSeek-V3.2: read from the indexer; GLM-5: returned by each layer, its layer 1
+    reusing layer 0's picks); without them the module attends to every earlier key and fails by far,
+    in every layer."""
+    model = _model(family)
     x = tiny_inputs(length=13)
     table = headscope.verify(model, x)
     assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
-    with_adapter_changed(monkeypatch, model, selector=None)
-    assert headscope.verify(model, x).max_abs_diff_pattern.max() > 1e-2
+    with_adapter_changed(monkeypatch, model, **without)
+    assert (headscope.verify(model, x).max_abs_diff_pattern > 1e-2).all()
 
 
 @pytest.mark.parametrize("given", ["none-causal", "none-bidirectional", "boolean", "additive"])
