@@ -353,9 +353,9 @@ def call_arguments(module, config, received: dict, returned, block: Optional[nn.
         config: the model's config.
         received: the attention module's forward inputs by name (`hidden_states`, its mask,
             `key_value_states` or mllama's `cross_attention_states` at cross-attention,
-            `position_embeddings`), and `indices`, the keys its selector picked (`Adapter.selector`;
-            or returned, "indices" in `Adapter.returns`), which join the mask, and `bias_in_call`, the score bias it handed its attention
-            function (`Adapter.bias_in_call`), added to the mask.
+            `position_embeddings`); `indices`, the keys its selector picked (`Adapter.selector`,
+            or returned: "indices" in `Adapter.returns`), which join the mask; `bias_in_call`, the
+            score bias it handed its attention function (`Adapter.bias_in_call`), added to the mask.
         returned: what its forward returned (T5's holds the position bias it used,
             `Adapter.returns`).
         block: the attention block `module` was built from (None: a text block); a vision
