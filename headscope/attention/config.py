@@ -44,10 +44,11 @@ class AttentionConfig:
         clip_after_norm: the clamp comes after the q/k norms, not before them (OLMoE).
         v_norm: each head's values pass `v_norm` (on `[batch, key, kv_head, d_value]`; Gemma 4's
             RMSNorm without a gain).
-        query_temperature: `(floor_scale, attn_scale)`: the query at position t is multiplied by
-            1 + attn_scale * log(1 + floor((t + 1) / floor_scale)) after q/k norm and rotary
-            (Llama 4's temperature tuning in its layers without rotary; Nakanishi 2025,
-            arXiv 2501.19399); None: no temperature.
+        query_temperature: `(floor_scale, attn_scale, offset)`: the query at position t is
+            multiplied by 1 + attn_scale * log(1 + floor((t + offset) / floor_scale)) after q/k norm
+            and rotary (Llama 4's temperature tuning in its layers without rotary, offset 1;
+            Nakanishi 2025, arXiv 2501.19399; Ministral 3's scale in every layer, offset 0); None:
+            no temperature.
         softcap: scores become softcap * tanh(scores / softcap) (None: no cap).
         sinks: each head has a learned sink logit (`sinks` `[head]`) in its softmax.
         output_gate: z is multiplied per element by sigmoid(W_gate x) before W_O (`W_gate`,
@@ -79,7 +80,7 @@ class AttentionConfig:
     clip: Optional[float] = None
     clip_after_norm: bool = False
     v_norm: bool = False
-    query_temperature: Optional[tuple[float, float]] = None
+    query_temperature: Optional[tuple[float, float, float]] = None
     softcap: Optional[float] = None
     sinks: bool = False
     output_gate: bool = False

@@ -74,8 +74,10 @@ class MultiHeadAttention(nn.Module):
         clip: clamp q, k and v to [-clip, clip]; with `clip_after_norm`, after the q/k norms.
         v_norm: normalise each head's values (`v_norm`, an `nn.RMSNorm(d_value)` without gain,
             replaceable by any module mapping `[batch, key, kv_head, d_value]` to itself).
-        query_temperature: `(floor_scale, attn_scale)`: scale the query at position t (from
-            `positions`, default 0..pos-1) by 1 + attn_scale * log(1 + floor((t + 1) / floor_scale)).
+        query_temperature: `(floor_scale, attn_scale)` or `(floor_scale, attn_scale, offset)`: scale
+            the query at position t (from `positions`, default 0..pos-1) by
+            1 + attn_scale * log(1 + floor((t + offset) / floor_scale)); offset 1 (Llama 4, the
+            default) or 0 (Ministral 3).
         softcap: cap scores at softcap * tanh(scores / softcap).
         sinks: add a learned sink logit per head (`sinks` `[head]`, initialised to 0).
         output_gate: gate z per element by sigmoid(W_gate x) before W_O (`W_gate` with a bias
@@ -113,7 +115,7 @@ class MultiHeadAttention(nn.Module):
         clip: Optional[float] = None,
         clip_after_norm: bool = False,
         v_norm: bool = False,
-        query_temperature: Optional[tuple[float, float]] = None,
+        query_temperature: Optional[tuple[float, ...]] = None,
         softcap: Optional[float] = None,
         sinks: bool = False,
         output_gate: bool = False,
@@ -130,7 +132,7 @@ class MultiHeadAttention(nn.Module):
             out_bias=bias if out_bias is None else out_bias, rotary_dim=rotary_dim, rotary_base=rotary_base,
             scale=scale, dropout=dropout, rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, clip=clip,
             qk_norm_after_rotary=qk_norm_after_rotary, clip_after_norm=clip_after_norm, v_norm=v_norm,
-            query_temperature=None if query_temperature is None else tuple(map(float, query_temperature)),
+            query_temperature=_temperature_of(query_temperature),
             softcap=softcap, sinks=sinks, output_gate=output_gate, d_in=d_in, pre_out_norm=pre_out_norm,
             latent=latent,
         )
@@ -265,11 +267,12 @@ class MultiHeadAttention(nn.Module):
         return rotary
 
     def _tempered(self, q: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
-        """q `[B, H, T, D]` times its position's temperature 1 + attn_scale * log(1 + floor((t + 1) / floor_scale))."""
-        floor_scale, attn_scale = self.config.query_temperature
+        """q `[B, H, T, D]` times its position's temperature
+        1 + attn_scale * log(1 + floor((t + offset) / floor_scale))."""
+        floor_scale, attn_scale, offset = self.config.query_temperature
         T = q.shape[2]
         t = torch.arange(T, device=q.device) if positions is None else positions  # (T,) or (B, T)
-        temperature = torch.log1p(torch.floor((t.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+        temperature = torch.log1p(torch.floor((t.float() + offset) / floor_scale)) * attn_scale + 1.0
         return (q * temperature.view(-1, 1, T, 1)).to(q.dtype)  # (B or 1, 1, T, 1) broadcast over heads
 
     def _project(self, x: torch.Tensor, source: torch.Tensor, rotary) -> tuple[torch.Tensor, ...]:
@@ -316,6 +319,17 @@ class MultiHeadAttention(nn.Module):
             A `MultiHeadAttention` on the same device and dtype, in eval mode.
         """
         return module_from_hf(cls, attention_module, config, layer)
+
+
+def _temperature_of(given: Optional[tuple]) -> Optional[tuple[float, float, float]]:
+    """`(floor_scale, attn_scale, offset)` from a query temperature of two (offset 1) or three numbers."""
+    if given is None:
+        return None
+    if len(given) not in (2, 3):
+        raise ValueError(f"query_temperature is (floor_scale, attn_scale) or (floor_scale, attn_scale, offset), "
+                         f"got {given!r}")
+    floor_scale, attn_scale, offset = (*given, 1.0) if len(given) == 2 else given
+    return float(floor_scale), float(attn_scale), float(offset)
 
 
 def _as_4d_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

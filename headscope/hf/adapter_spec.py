@@ -87,17 +87,27 @@ class QKNorm:
 
 @dataclass(frozen=True)
 class Temperature:
-    """Llama 4's temperature tuning: in the layers without rotary, the query at position t times
-    1 + attn_scale * log(1 + floor((t + 1) / floor_scale)) (`MultiHeadAttention(query_temperature=)`).
+    """A position-dependent query scale, 1 + attn_scale * log(1 + floor((t + offset) / floor_scale))
+    for the query at position t (`MultiHeadAttention(query_temperature=)`): Llama 4's temperature
+    tuning in its layers without rotary (offset 1), Ministral 3's in every layer (offset 0).
 
     Attributes:
-        floor, scale: core attributes holding floor_scale and attn_scale.
-        switch: core attribute that is True where the temperature is used.
+        floor, scale: core attributes holding floor_scale and attn_scale, or with
+            `in_rope_parameters` keys of the config's `rope_parameters` (Ministral 3's
+            original_max_position_embeddings and llama_4_scaling_beta).
+        switch: core attribute that is True where the temperature is used (None: wherever it
+            applies).
+        nope_only: it applies in the layers without rotary only (Llama 4).
+        offset: added to the position before the floor division.
+        in_rope_parameters: `floor` and `scale` are read from `config.rope_parameters`.
     """
 
     floor: str
     scale: str
-    switch: str
+    switch: Optional[str] = None
+    nope_only: bool = True
+    offset: float = 1.0
+    in_rope_parameters: bool = False
 
 
 @dataclass(frozen=True)

@@ -136,12 +136,11 @@ ADAPTERS = (
                   "o_proj: z (hook_z, ablation, patching) is o_proj's input, after the gate; no OV table"),
     Adapter("ministral3", ("ministral3",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(),
-            no_from_hf="from_hf and verify are not available for ministral3 (its queries are scaled by 1 + beta * "
-                       "log(1 + floor(t / original_max_position_embeddings)), which MultiHeadAttention's query "
-                       "temperature does not take); capture, ablate and analyze work",
-            notes="GQA, rotary, sliding windows where configured; Llama 4's position-dependent query scale "
-                  "(rope_parameters' llama_4_scaling_beta), beyond original_max_position_embeddings; "
-                  "from_hf/verify not available"),
+            temperature=Temperature("original_max_position_embeddings", "llama_4_scaling_beta", nope_only=False,
+                                    offset=0.0, in_rope_parameters=True),
+            notes="GQA, rotary, sliding windows where configured; every layer scales the query at position t by "
+                  "1 + beta * log(1 + floor(t / original_max_position_embeddings)) (rope_parameters' "
+                  "llama_4_scaling_beta), after rotary"),
     Adapter("mimo_v2_flash", ("mimo_v2_flash",), layers="layers", block="self_attn", core="", qkv=_QKV,
             out="o_proj", rotary=Rotary(), sinks="sinks",
             no_from_hf="from_hf and verify are not available for mimo_v2_flash (values narrower than keys, scaled "

@@ -37,13 +37,13 @@ import inspect
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import HeadscopeError
-from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup
+from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup, Temperature
 from .adapter_table import ADAPTERS, VISION_ADAPTERS
 
 if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
-__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "Latent", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
+__all__ = ["Adapter", "AudioEncoder", "SiteGroup", "Rotary", "QKNorm", "LoRA", "Latent", "Temperature", "ADAPTERS", "adapter_for", "family_of", "attention_blocks", "core_modules",
            "discovered_cores", "group_blocks", "stack_counts", "analysed_body", "check_on_interface", "out_projection", "z_at_out", "head_sizes", "config_value", "supported_families", "text_config",
            "text_stack", "VISION_ADAPTERS", "vision_adapter_for", "block_adapter"]
 

@@ -88,12 +88,20 @@ def _clip(adapter: Adapter, core: nn.Module, config) -> Optional[float]:
     return getattr(core, adapter.clip) if hasattr(core, adapter.clip) else getattr(config, adapter.clip, None)
 
 
-def _temperature(adapter: Adapter, core: nn.Module, rotary_dim: int) -> Optional[tuple[float, float]]:
-    """`(floor_scale, attn_scale)` of a layer without rotary whose core tunes its queries' temperature."""
+def _temperature(adapter: Adapter, core: nn.Module, config, rotary_dim: int) -> Optional[tuple[float, float, float]]:
+    """`(floor_scale, attn_scale, offset)` of a layer whose queries are scaled by position
+    (`Temperature`: Llama 4's layers without rotary, Ministral 3's every layer)."""
     spec = adapter.temperature
-    if spec is None or rotary_dim or not getattr(core, spec.switch):
+    if spec is None or (spec.nope_only and rotary_dim) or (spec.switch is not None and not getattr(core, spec.switch)):
         return None
-    return float(getattr(core, spec.floor)), float(getattr(core, spec.scale))
+    if spec.in_rope_parameters:
+        params = getattr(config, "rope_parameters", None) or {}
+        floor, scale = params.get(spec.floor), params.get(spec.scale)
+    else:
+        floor, scale = getattr(core, spec.floor), getattr(core, spec.scale)
+    if floor is None or scale is None:
+        return None
+    return float(floor), float(scale), float(spec.offset)
 
 
 def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
@@ -247,7 +255,7 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
         scale=scale, qk_norm=norms is not None, qk_norm_after_rotary=norms is not None and adapter.qk_norm.after_rotary,
         clip=_clip(adapter, core, config), clip_after_norm=adapter.clip_after_norm,
-        v_norm=adapter.v_norm is not None, query_temperature=_temperature(adapter, core, rotary_dim),
+        v_norm=adapter.v_norm is not None, query_temperature=_temperature(adapter, core, config, rotary_dim),
         softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,
         sinks=sinks is not None, output_gate=wg is not None, pre_out_norm=adapter.mixes_heads is not None,
         d_in=wq.shape[1],

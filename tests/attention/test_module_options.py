@@ -1,5 +1,5 @@
 """MultiHeadAttention's options from recent families, each against its formula written out here:
-the query temperature (Llama 4), the values' norm (Gemma 4), the clip after the q/k norms
+the query temperature (Llama 4; Ministral 3's offset), the values' norm (Gemma 4), the clip after the q/k norms
 (OLMoE) and the q/k norms after rotary (HunYuan); the fast path equals the explicit one with each."""
 import math
 
@@ -55,6 +55,29 @@ def test_query_temperature_scales_each_position_as_llama4_does():
     torch.testing.assert_close(seen["q"], (_heads(m.W_q(x)) * later[None, :, None, None]).transpose(1, 2),
                                atol=1e-6, rtol=0)
     assert (_module()(x) - out).abs().max() > 1e-2  # without it, another output
+
+
+@torch.no_grad()
+def test_query_temperature_with_offset_0_scales_as_ministral3_does():
+    floor_scale, attn_scale = 3.0, 0.7
+    m = _module(query_temperature=(floor_scale, attn_scale, 0))
+    assert m.config.query_temperature == (3.0, 0.7, 0.0)
+    x = torch.randn(B, T, D_MODEL)
+    t = torch.arange(T, dtype=torch.float32)
+    temperature = 1 + attn_scale * torch.log(1 + torch.floor(t / floor_scale))  # 1, 1, 1, 1.49, ...
+    assert temperature[2] == 1 and temperature[3] > 1.4
+    q = _heads(m.W_q(x)) * temperature[None, :, None, None]
+    out, seen = _hooked_q(m, x)
+    torch.testing.assert_close(seen["q"], q.transpose(1, 2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(out, _attend(m, q, _heads(m.W_k(x)), _heads(m.W_v(x))), atol=1e-5, rtol=0)
+    llama4 = _module(query_temperature=(floor_scale, attn_scale))  # offset 1: another output
+    assert (llama4(x) - out).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("given", [(3.0,), (3.0, 0.7, 0.0, 1.0)])
+def test_a_query_temperature_of_another_length_is_refused(given):
+    with pytest.raises(ValueError, match="query_temperature is"):
+        _module(query_temperature=given)
 
 
 @torch.no_grad()

@@ -86,10 +86,30 @@ def test_llama4s_temperature_and_l2_norm_matter(change, layer, monkeypatch):
     table = headscope.verify(model, tiny_inputs())
     assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
     mine = [headscope.MultiHeadAttention.from_hf(block, model.config).config for _, block in attention_blocks(model)]
-    assert [(c.rotary_dim, c.qk_norm, c.query_temperature) for c in mine] == [(16, True, None), (0, False, (4.0, 0.5))]
+    assert [(c.rotary_dim, c.qk_norm, c.query_temperature) for c in mine] == [(16, True, None), (0, False, (4.0, 0.5, 1.0))]
     with_adapter_changed(monkeypatch, model, **change)
     wrong = headscope.verify(model, tiny_inputs()).max_abs_diff_pattern
     assert wrong[layer] > 1e-2 and wrong[1 - layer] <= 1e-5
+
+
+@pytest.mark.parametrize("change", [dict(temperature=None),
+                                    dict(temperature=adapters.Temperature("original_max_position_embeddings",
+                                                                          "llama_4_scaling_beta", nope_only=False,
+                                                                          in_rope_parameters=True))],
+                         ids=["no-scale", "llama4s-offset"])
+@torch.no_grad()
+def test_ministral3s_query_scale_verifies_and_needs_its_own_formula(change, monkeypatch):
+    """Ministral 3 scales the query at position t by 1 + beta * log(1 + floor(t / M)) in every
+    layer (M = original_max_position_embeddings 4, beta 0.5 in the tiny config): verify agrees;
+    without the scale, or with Llama 4's (t + 1), it fails by far."""
+    model = _model("ministral3", "interface")
+    x = tiny_inputs(length=13)
+    output, pattern = _verified(model, x)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = [headscope.MultiHeadAttention.from_hf(block, model.config).config for _, block in attention_blocks(model)]
+    assert [c.query_temperature for c in mine] == [(4.0, 0.5, 0.0)] * 2 and all(c.rotary_dim == 16 for c in mine)
+    with_adapter_changed(monkeypatch, model, **change)
+    assert _verified(model, x)[1] > 1e-2
 
 
 @pytest.mark.parametrize("family", ["hunyuan_v1_dense", "hunyuan_v1_moe"])

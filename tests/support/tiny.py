@@ -165,7 +165,9 @@ EXTRA = {
     "nanochat": {},
     # layer 0 sliding (rotary), layer 1 full attention (NoPE); layer 0's MLP dense
     "afmoe": dict(WINDOW, num_experts=4, num_experts_per_tok=2, num_shared_experts=1, moe_intermediate_size=16),
-    "ministral3": dict(WINDOW),
+    # Its query scale grows from position 4 on (original_max_position_embeddings 4, beta 0.5).
+    "ministral3": dict(WINDOW, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                    original_max_position_embeddings=4, llama_4_scaling_beta=0.5)),
     "mimo_v2_flash": dict(WINDOW, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                           mlp_layer_types=["dense", "sparse"]),
     "biogpt": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, activation_dropout=0.0),
