@@ -40,6 +40,10 @@ ADAPTERS = (
             out="o_proj", rotary=Rotary(),
             notes="qwen2_5_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
                   "joins the temporal, height and width tables by mrope_section into one table per position)"),
+    Adapter("qwen3_vl_text", ("qwen3_vl_text", "qwen3_vl_moe_text"), layers="layers", block="self_attn", core="",
+            qkv=_QKV, out="o_proj", rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"),
+            notes="Qwen3-VL's text decoder: GQA, per-head q/k RMSNorm before rotary, multimodal rotary (the model's "
+                  "rotary module builds one table per position from its temporal, height and width positions)"),
     Adapter("granite", ("granite", "granitemoe", "granitemoeshared"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="attention_multiplier is the score scale"),
     Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1", "mellum", "hy_v3"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
@@ -351,10 +355,10 @@ VISION_ADAPTERS = (
     # One packed sequence `[patch, d_model]` per forward pass, attention within the pieces cu_seqlens bounds.
     Adapter("qwen2_5_vl_vision", ("qwen2_5_vl_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(),
             returns=("output",), **_VISION, notes="qwen2_5_vl's windowed tower: fused qkv, 2-D rotary tables"),
-    Adapter("qwen3_5_vision", ("qwen3_5_vision", "qwen3_5_moe_vision"), qkv=FusedRows("qkv"), out="proj",
-            rotary=Rotary(), returns=("output",), **_VISION,
-            notes="Qwen3.5's packed tower without windows: fused qkv, 2-D rotary tables (height and width angles "
-                  "in one rotate-half table)"),
+    Adapter("qwen3_5_vision", ("qwen3_5_vision", "qwen3_5_moe_vision", "qwen3_vl_vision", "qwen3_vl_moe_vision"),
+            qkv=FusedRows("qkv"), out="proj", rotary=Rotary(), returns=("output",), **_VISION,
+            notes="Qwen3.5's and Qwen3-VL's packed tower without windows: fused qkv, 2-D rotary tables (height and "
+                  "width angles in one rotate-half table)"),
     # Gemma 4's projections are Gemma4ClippableLinear: a Linear (`linear`) between optional clamps of input and output.
     Adapter("gemma4_vision", ("gemma4_vision",), qkv=Separate("q_proj.linear", "k_proj.linear", "v_proj.linear"),
             out="o_proj.linear", rotary=Rotary(axes=2), qk_norm=QKNorm("q_norm", "k_norm"), v_norm="v_norm",

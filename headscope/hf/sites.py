@@ -14,7 +14,7 @@ image). Stacks:
              bidirectional self-attention over the image's patches; opt-in (`sites="vision"`),
              found by what its modules do (they call the interface) and numbered in the order
              the tower runs them (mllama: its local transformer's layers, then its global ones)
-A vision tower whose attention takes `cu_seqlens` (qwen2_5_vl's, Qwen3.5's) is *packed*: every image's patches
+A vision tower whose attention takes `cu_seqlens` (qwen2_5_vl's, Qwen3.5's, Qwen3-VL's) is *packed*: every image's patches
 form one sequence, and the module calls the attention function once per packed piece (an image, or
 a window of patches in the windowed layers). `headscope.hf.route` joins those calls into one
 block-diagonal pattern per layer and forward pass (`[1, head, patch, patch]`, zero between pieces:

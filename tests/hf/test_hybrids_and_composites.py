@@ -12,7 +12,7 @@ from headscope.hf import route
 from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores, text_config
 from headscope.hf.from_hf import rotary_tables
 from tests.support.contracts import (assert_hook_contract, assert_ov_refused, eager_weights, head_meaned_at,
-                                     head_zeroed_at, run_eager)
+                                     head_zeroed_at, run_eager, with_adapter_changed)
 from headscope.hf.hooks import hook_names
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import NeedleProbe, RepeatedProbe, TextProbe
@@ -261,6 +261,21 @@ def test_qwen2_5_vls_text_decoder_verifies_with_an_image_whose_positions_differ_
     assert list(table.layer) == [0, 1, 2]
     assert table.max_abs_diff_output.max() <= 1e-4
     assert table.max_abs_diff_pattern.max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
+@torch.no_grad()
+def test_qwen3_vls_text_decoder_verifies_with_an_image_and_needs_its_qk_norms(family, monkeypatch):
+    """Qwen3-VL's text attention (per-head q/k RMSNorm, multimodal rotary) with an image, its three
+    rotary axes holding different positions at the image tokens: verify agrees; the adapter read
+    without the q/k norms fails by far."""
+    model = tiny_model(family, kind="composite")
+    x = tiny_image_inputs(family)
+    table = headscope.verify(model, x)
+    assert list(table.layer) == [0, 1, 2]
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    with_adapter_changed(monkeypatch, model, qk_norm=None)
+    assert headscope.verify(model, x).max_abs_diff_pattern.max() > 1e-3
 
 
 @pytest.mark.parametrize("image", [False, True], ids=["text", "image"])
