@@ -287,6 +287,9 @@ class Adapter:
             they are not `num_hidden_layers` and `num_attention_heads` (a BART config maps
             those to its encoder's).
         scale: core attribute holding the score scale (absent there: d_head ** -0.5).
+        width: config attribute holding the width the block reads and writes, where the adapter
+            names the module's own head count (`heads`) or `sizes_per_layer` (Qwen2-VL's vision
+            tower: `embed_dim`, its `hidden_size` being the text decoder's).
         lora: per-layer low-rank adapters on q, k, v of a block shared by several layers
             (`LoRA`; `from_hf` then needs the layer's number).
         no_ov: why the OV table is not available ("" when it is).
@@ -336,6 +339,7 @@ class Adapter:
     default_sites: str = ""
     counts: tuple[str, ...] = ()
     scale: str = "scaling"
+    width: str = "hidden_size"
     lora: Optional[LoRA] = None
     no_ov: str = ""
     latent: Optional[Latent] = None

@@ -36,9 +36,9 @@ ADAPTERS = (
             layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj", rotary=Rotary(),
             notes="GQA, rotary, sliding windows where configured; seed_oss and solar_open: q/k/v biases without an "
                   "o_proj bias"),
-    Adapter("qwen2_5_vl_text", ("qwen2_5_vl_text",), layers="layers", block="self_attn", core="", qkv=_QKV,
+    Adapter("qwen2_5_vl_text", ("qwen2_5_vl_text", "qwen2_vl_text"), layers="layers", block="self_attn", core="", qkv=_QKV,
             out="o_proj", rotary=Rotary(),
-            notes="qwen2_5_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
+            notes="qwen2_5_vl's and qwen2_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
                   "joins the temporal, height and width tables by mrope_section into one table per position)"),
     Adapter("qwen3_vl_text", ("qwen3_vl_text", "qwen3_vl_moe_text"), layers="layers", block="self_attn", core="",
             qkv=_QKV, out="o_proj", rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"),
@@ -355,6 +355,9 @@ VISION_ADAPTERS = (
     # One packed sequence `[patch, d_model]` per forward pass, attention within the pieces cu_seqlens bounds.
     Adapter("qwen2_5_vl_vision", ("qwen2_5_vl_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(),
             returns=("output",), **_VISION, notes="qwen2_5_vl's windowed tower: fused qkv, 2-D rotary tables"),
+    Adapter("qwen2_vl_vision", ("qwen2_vl_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(), returns=("output",),
+            **dict(_VISION, width="embed_dim"),
+            notes="Qwen2-VL's packed tower without windows: fused qkv, 2-D rotary tables, its width embed_dim"),
     Adapter("qwen3_5_vision", ("qwen3_5_vision", "qwen3_5_moe_vision", "qwen3_vl_vision", "qwen3_vl_moe_vision"),
             qkv=FusedRows("qkv"), out="proj", rotary=Rotary(), returns=("output",), **_VISION,
             notes="Qwen3.5's and Qwen3-VL's packed tower without windows: fused qkv, 2-D rotary tables (height and "

@@ -39,7 +39,8 @@ _PACKED_IMAGES = ("; its vision attention runs once per image over one packed se
                   "input order; hook_z is the only hook point there")
 # Families with no adapter of their own, each tested on a tiny model (tests/hf/test_hybrids_and_composites.py);
 # a third item True: from_hf/verify work through the text decoder's adapter (gemma3_text, llama,
-# qwen2_5_vl_text, mllama_text_model, qwen3_5_text, qwen3_5_moe_text, qwen3_vl_text, qwen3_vl_moe_text, gemma4_text);
+# qwen2_5_vl_text for qwen2_vl too, mllama_text_model, qwen3_5_text, qwen3_5_moe_text, qwen3_vl_text,
+# qwen3_vl_moe_text, gemma4_text);
 # a fourth:
 # its groups of attention sites where not only "text".
 _WITH_VISION = "text, vision"  # the text decoder (the default), the vision tower (tests/hf/test_vision_towers.py)
@@ -50,6 +51,7 @@ DISCOVERED = (
     ("qwen2_5_vl", _VLM + _PACKED, True, _WITH_VISION),
     ("qwen3_5", _VLM_TEXT.format("qwen3_5_text" + _GATED_HYBRID) + _PACKED_IMAGES, True, _WITH_VISION),
     ("qwen3_5_moe", _VLM_TEXT.format("qwen3_5_moe_text" + _GATED_HYBRID) + _PACKED_IMAGES, True, _WITH_VISION),
+    ("qwen2_vl", _VLM_TEXT.format("qwen2_vl_text") + _PACKED_IMAGES, True, _WITH_VISION),
     ("qwen3_vl", _VLM_TEXT.format("qwen3_vl_text") + _PACKED_IMAGES, True, _WITH_VISION),
     ("qwen3_vl_moe", _VLM_TEXT.format("qwen3_vl_moe_text") + _PACKED_IMAGES, True, _WITH_VISION),
     ("gemma4", _VLM_TEXT.format("gemma4_text"), True, _WITH_VISION),
@@ -64,7 +66,7 @@ DISCOVERED = (
 # `VISION_ADAPTERS` describes it, from_hf and verify work at sites="vision" (tests/hf/test_vision_towers.py).
 VISION_TOWERS = {"gemma3": "siglip_vision_model", "llava": "clip_vision_model", "mllama": "mllama_vision_model",
                  "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_5": "qwen3_5_vision", "qwen3_5_moe": "qwen3_5_moe_vision",
-                 "qwen3_vl": "qwen3_vl_vision", "qwen3_vl_moe": "qwen3_vl_moe_vision",
+                 "qwen2_vl": "qwen2_vl_vision", "qwen3_vl": "qwen3_vl_vision", "qwen3_vl_moe": "qwen3_vl_moe_vision",
                  "gemma4": "gemma4_vision"}
 
 

@@ -169,10 +169,10 @@ def _sizes(adapter: Adapter, core: nn.Module, config) -> tuple[int, int, int, in
     the module's `head_dim` (else d_model over it) and no grouped keys."""
     if adapter.sizes_per_layer:  # Gemma 4: its full-attention layers' heads are larger, with fewer keys
         n_heads = int(config.num_attention_heads)  # the config's head size and key/value heads are per layer
-        return int(config.hidden_size), n_heads, n_heads // int(core.num_key_value_groups), int(core.head_dim)
+        return int(getattr(config, adapter.width)), n_heads, n_heads // int(core.num_key_value_groups), int(core.head_dim)
     if not adapter.heads:
         return head_sizes(config)
-    d_model, n_heads = int(config.hidden_size), int(getattr(core, adapter.heads))
+    d_model, n_heads = int(getattr(config, adapter.width)), int(getattr(core, adapter.heads))
     return d_model, n_heads, n_heads, int(getattr(core, "head_dim", None) or d_model // n_heads)
 
 

@@ -281,6 +281,12 @@ COMPOSITE["qwen3_5_moe"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3
                                                  num_experts_per_tok=1, moe_intermediate_size=16,
                                                  shared_expert_intermediate_size=16),
                                 vision_config=QWEN3_5_VISION, image_token_id=98, video_token_id=97)
+# Qwen2-VL: qwen2_5_vl's text decoder beside a windowless packed tower of width embed_dim (its hidden_size: the text's).
+COMPOSITE["qwen2_vl"] = dict(text_config=dict(TEXT, model_type="qwen2_vl_text",
+                                              rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+                             vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
+                                                patch_size=14, initializer_range=0.2),
+                             image_token_id=98, video_token_id=97)
 # Qwen3-VL: a Qwen3 text decoder (q/k norms, multimodal rotary) beside Qwen3.5's kind of tower, whose layer 0
 # features also join the text's first layer (deepstack).
 QWEN3_VL_VISION = dict(QWEN3_5_VISION, deepstack_visual_indexes=[0])
@@ -302,9 +308,11 @@ COMPOSITE_FAMILIES = tuple(COMPOSITE)
 COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2)}
 # Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text, qwen3_5_text, qwen3_5_moe_text,
 # qwen3_vl_text, qwen3_vl_moe_text, gemma4_text).
-VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "gemma4")
+VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe",
+                       "gemma4")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
-TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl", "qwen3_vl_text": "qwen3_vl", "qwen3_vl_moe_text": "qwen3_vl_moe"}
+TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl", "qwen2_vl_text": "qwen2_vl", "qwen3_vl_text": "qwen3_vl",
+                 "qwen3_vl_moe_text": "qwen3_vl_moe"}
 
 
 SEQ2SEQ = dict(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -448,11 +456,11 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
                     aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long),
                     aspect_ratio_mask=torch.ones(2, 1, 1, dtype=torch.long),
                     cross_attention_mask=torch.ones(2, 11, 1, 1, dtype=torch.long))
-    if family in ("qwen2_5_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe"):  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens
+    if family in ("qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe"):  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens
         ids[:, 2:8] = 98
         images = dict(pixel_values=torch.randn(2 * 24, 3 * 2 * 14 * 14, generator=g),
                       image_grid_thw=torch.tensor([[1, 4, 6], [1, 4, 6]]))
-        if family != "qwen2_5_vl":  # Qwen3.5's and Qwen3-VL's multimodal rotary need to be told which tokens are the image's
+        if family != "qwen2_5_vl":  # the others' multimodal rotary needs to be told which tokens are the image's
             images["mm_token_type_ids"] = (ids == 98).long()
         return dict(x, input_ids=ids, **images)
     if family == "gemma4":  # patches of 14 pixels on a 6 x 3 grid (x, y), pooled 3 x 3: 2 image tokens
