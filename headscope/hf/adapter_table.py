@@ -346,8 +346,8 @@ ADAPTERS = (
 _VISION = dict(layers="", block="", core="", causal=False, stack="vision", heads="num_heads")
 
 VISION_ADAPTERS = (
-    Adapter("siglip", ("siglip_vision_model",), qkv=_QKV, out="out_proj", scale="scale", **_VISION,
-            notes="gemma3's SigLIP tower"),
+    Adapter("siglip", ("siglip_vision_model", "idefics3_vision", "smolvlm_vision"), qkv=_QKV, out="out_proj",
+            scale="scale", **_VISION, notes="gemma3's SigLIP tower, and Idefics3's and SmolVLM's (SigLIP's attention)"),
     Adapter("clip", ("clip_vision_model",), qkv=_QKV, out="out_proj", scale="scale", **_VISION,
             notes="llava's CLIP tower"),
     Adapter("mllama_vision", ("mllama_vision_model",), qkv=_QKV, out="o_proj", **_VISION,

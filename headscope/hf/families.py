@@ -48,6 +48,8 @@ _WITH_CROSS = "text, text.self, text.cross"  # the text stack holds self- and cr
 DISCOVERED = (
     ("gemma3", _VLM, True, _WITH_VISION),
     ("llava", _VLM, True, _WITH_VISION),
+    ("idefics3", _VLM, True, _WITH_VISION),
+    ("smolvlm", _VLM, True, _WITH_VISION),
     ("qwen2_5_vl", _VLM + _PACKED, True, _WITH_VISION),
     ("qwen3_5", _VLM_TEXT.format("qwen3_5_text" + _GATED_HYBRID) + _PACKED_IMAGES, True, _WITH_VISION),
     ("qwen3_5_moe", _VLM_TEXT.format("qwen3_5_moe_text" + _GATED_HYBRID) + _PACKED_IMAGES, True, _WITH_VISION),
@@ -65,6 +67,7 @@ DISCOVERED = (
 # The model type of each vision-language family's vision config (`config.vision_config.model_type`): where
 # `VISION_ADAPTERS` describes it, from_hf and verify work at sites="vision" (tests/hf/test_vision_towers.py).
 VISION_TOWERS = {"gemma3": "siglip_vision_model", "llava": "clip_vision_model", "mllama": "mllama_vision_model",
+                 "idefics3": "idefics3_vision", "smolvlm": "smolvlm_vision",
                  "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_5": "qwen3_5_vision", "qwen3_5_moe": "qwen3_5_moe_vision",
                  "qwen2_vl": "qwen2_vl_vision", "qwen3_vl": "qwen3_vl_vision", "qwen3_vl_moe": "qwen3_vl_moe_vision",
                  "gemma4": "gemma4_vision"}

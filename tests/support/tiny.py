@@ -281,6 +281,10 @@ COMPOSITE["qwen3_5_moe"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3
                                                  num_experts_per_tok=1, moe_intermediate_size=16,
                                                  shared_expert_intermediate_size=16),
                                 vision_config=QWEN3_5_VISION, image_token_id=98, video_token_id=97)
+# Idefics3 and SmolVLM: a Llama text decoder beside a SigLIP-like tower; scale_factor 1 keeps the 4 patches as 4 image tokens.
+for _name in ("idefics3", "smolvlm"):
+    COMPOSITE[_name] = dict(text_config=dict(TEXT, model_type="llama"), vision_config=dict(VISION, initializer_range=0.2),
+                            scale_factor=1, image_token_id=98)
 # Qwen2-VL: qwen2_5_vl's text decoder beside a windowless packed tower of width embed_dim (its hidden_size: the text's).
 COMPOSITE["qwen2_vl"] = dict(text_config=dict(TEXT, model_type="qwen2_vl_text",
                                               rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
@@ -308,8 +312,8 @@ COMPOSITE_FAMILIES = tuple(COMPOSITE)
 COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2)}
 # Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text, qwen3_5_text, qwen3_5_moe_text,
 # qwen3_vl_text, qwen3_vl_moe_text, gemma4_text).
-VERIFIED_COMPOSITES = ("gemma3", "llava", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe",
-                       "gemma4")
+VERIFIED_COMPOSITES = ("gemma3", "llava", "idefics3", "smolvlm", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe",
+                       "qwen3_vl", "qwen3_vl_moe", "gemma4")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
 TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl", "qwen2_vl_text": "qwen2_vl", "qwen3_vl_text": "qwen3_vl",
                  "qwen3_vl_moe_text": "qwen3_vl_moe"}
@@ -472,6 +476,8 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
     ids[:, 2:6] = 98  # (28 / 14) ** 2 = 4 patches: gemma3's mm_tokens_per_image, llava's patches
     if family == "gemma3":
         ids[:, 1], ids[:, 6] = 97, 96  # begin and end of image
+    if family in ("idefics3", "smolvlm"):  # [batch, image, channel, height, width]: one image each
+        return dict(x, input_ids=ids, pixel_values=torch.randn(2, 1, 3, 28, 28, generator=g))
     return dict(x, input_ids=ids, pixel_values=torch.randn(2, 3, 28, 28, generator=g))
 
 
