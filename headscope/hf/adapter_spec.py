@@ -41,6 +41,9 @@ class Rotary:
             interleaved pair i its angle a_i: GLM, ERNIE 4.5, Helium) or "complex" (one tensor of
             e^(i angle) per pair, its magnitude the rotary's attention scaling: DeepSeek-V2's
             `freqs_cis`).
+        by_layer_type: attribute of the core module holding its layer's type, the key under which
+            `config.rope_parameters` holds that layer's rotary parameters (mimo_v2_flash: a
+            `partial_rotary_factor` per layer type; the factor and base are read there).
         axes: each head's dims are `axes` equal parts, each rotated "rotate half" within itself
             by its own slice of the tables (Gemma 4's vision tower: a part for the patch's x,
             one for its y; transformers' `apply_multidimensional_rope`). from_hf reorders
@@ -59,6 +62,7 @@ class Rotary:
     switch_if_set: Optional[str] = None
     config_switch: Optional[tuple[str, object]] = None
     tables: str = "layout"
+    by_layer_type: Optional[str] = None
     axes: int = 1
 
 
@@ -219,10 +223,15 @@ class Adapter:
             layers), or the config does not hold them (GPT-BigCode's one key/value head with
             multi_query; Gemma 4's vision tower, whose modules name no head count of their own): read
             from the core's `head_dim` and `num_key_value_groups`, the query heads from the config.
+        value_size: core attribute holding the values' head size where it differs from q's and k's
+            (mimo_v2_flash's `v_head_dim`; `MultiHeadAttention(d_value=)`).
+        value_scale: core attribute multiplying the values after their projection (mimo_v2_flash's
+            `v_scale`): from_hf folds it into W_V's rows and bias, s (W_V x + b) = (s W_V) x + s b,
+            so hook_v holds the scaled values the model attends with.
         kv_shared: core attribute that is True in layers reusing the keys and values another
             layer computed (Gemma 4's last num_kv_shared_layers): from_hf refuses those layers.
         softcap: core attribute holding the score soft-cap.
-        sinks: core attribute holding the per-head sink logits.
+        sinks: core attribute holding the per-head sink logits (None there: a layer without).
         query_prescaled: the model multiplies q by `core.scaling` and asks for scale 1.
         causal: decoder (True) or encoder (False).
         body: path from the text stack to the module that runs the captured layers on token ids
@@ -307,6 +316,8 @@ class Adapter:
     kv_shared: Optional[str] = None
     softcap: Optional[str] = None
     sinks: Optional[str] = None
+    value_size: Optional[str] = None
+    value_scale: Optional[str] = None
     query_prescaled: bool = False
     causal: bool = True
     body: str = ""

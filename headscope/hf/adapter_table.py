@@ -143,13 +143,12 @@ ADAPTERS = (
                   "(rope_parameters' llama_4_scaling_beta), beyond original_max_position_embeddings; "
                   "from_hf/verify not available"),
     Adapter("mimo_v2_flash", ("mimo_v2_flash",), layers="layers", block="self_attn", core="", qkv=_QKV,
-            out="o_proj", rotary=Rotary(), sinks="sinks",
-            no_from_hf="from_hf and verify are not available for mimo_v2_flash (values narrower than keys, scaled "
-                       "by attention_value_scale, and partial rotary set per layer type); capture, ablate and "
-                       "analyze work",
+            out="o_proj", rotary=Rotary(by_layer_type="layer_type"), sinks="sinks", sizes_per_layer=True,
+            value_size="v_head_dim", value_scale="v_scale",
             notes="sliding-window layers with twice the key/value heads and learned sink logits, full-attention "
-                  "layers without sinks; values narrower than q/k (v_head_dim) and scaled; partial rotary per layer "
-                  "type; from_hf/verify not available"),
+                  "layers without sinks; values narrower than q/k (v_head_dim) and scaled by attention_value_scale "
+                  "(from_hf folds the scale into W_V); partial rotary per layer type (rope_parameters by "
+                  "layer type)"),
     Adapter("biogpt", ("biogpt",), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             notes="learned absolute positions, no rotary; q/k/v/o biases"),
     Adapter("dbrx", ("dbrx",), layers="blocks", block="norm_attn_norm.attn", core="", qkv=FusedRows("Wqkv"),

@@ -233,3 +233,46 @@ def test_dbrxs_clip_from_its_attn_config_matters(monkeypatch):
     assert (mine.clip, mine.n_kv_heads) == (0.5, 2)
     with_adapter_changed(monkeypatch, model, clip=None)
     assert _verified(model)[1] > 1e-2
+
+
+@torch.no_grad()
+def test_mimo_v2_flashs_narrow_scaled_values_sinks_and_rotary_per_layer_type_verify():
+    """MiMo-V2-Flash: values of 12 beside q/k heads of 16, scaled by attention_value_scale (0.6 here,
+    folded into W_V); its sliding layer with twice the key/value heads, sink logits and 6 rotary dims
+    (int(16 * 0.334) rounded up to a pair), its full-attention layer 8 (factor 0.5) and no sinks."""
+    model = _model("mimo_v2_flash", "interface")
+    output, pattern = _verified(model, tiny_inputs(length=13))
+    assert output <= 1e-4 and pattern <= 1e-5
+    sliding, full = (headscope.MultiHeadAttention.from_hf(b, model.config).config for _, b in attention_blocks(model))
+    assert (sliding.n_kv_heads, sliding.rotary_dim, sliding.sinks, sliding.d_value) == (4, 6, True, 12)
+    assert (full.n_kv_heads, full.rotary_dim, full.sinks, full.d_value) == (2, 8, False, 12)
+    block = attention_blocks(model)[0][1]
+    mine = headscope.MultiHeadAttention.from_hf(block, model.config)
+    assert torch.equal(mine.W_v.weight, block.v_proj.weight * 0.6)
+
+
+@pytest.mark.parametrize("change, diff", [(dict(value_scale=None), 0), (dict(sinks=None), 1)],
+                         ids=["no-value-scale", "no-sinks"])
+@torch.no_grad()
+def test_mimo_v2_flashs_value_scale_and_sinks_matter(change, diff, monkeypatch):
+    """Leaving out the value scale moves the output (the pattern stays), leaving out the sinks the
+    pattern, by far past verify's tolerances."""
+    model = _model("mimo_v2_flash", "interface")
+    with_adapter_changed(monkeypatch, model, **change)
+    assert _verified(model, tiny_inputs(length=13))[diff] > 1e-2
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(rotary=adapters.Rotary()), ValueError, "rotary tables have 6 dims, module rotates 16"),
+    (dict(value_size=None), RuntimeError, "size"),
+    (dict(sizes_per_layer=False), RuntimeError, "size"),
+], ids=["rotary-not-by-layer-type", "values-as-wide-as-keys", "sizes-from-the-config"])
+@torch.no_grad()
+def test_mimo_v2_flashs_sizes_read_otherwise_do_not_fit(change, error, match, monkeypatch):
+    """Reading the partial rotary factor from the top of rope_parameters (none there: every dim
+    rotated), the values as wide as the keys, or the key/value heads from the config (the sliding
+    layer has twice as many) gives a module the model's tables or weights do not fit: refused."""
+    model = _model("mimo_v2_flash", "interface")
+    with_adapter_changed(monkeypatch, model, **change)
+    with pytest.raises(error, match=match):
+        headscope.verify(model, tiny_inputs(length=13))

@@ -166,8 +166,14 @@ EXTRA = {
     # layer 0 sliding (rotary), layer 1 full attention (NoPE); layer 0's MLP dense
     "afmoe": dict(WINDOW, num_experts=4, num_experts_per_tok=2, num_shared_experts=1, moe_intermediate_size=16),
     "ministral3": dict(WINDOW),
+    # partial rotary per layer type: 6 of 16 dims in the sliding layer (int(16 * 0.334) = 5, rounded up to a
+    # pair, as transformers' tables are), 8 in the full-attention one; values of 12, scaled by 0.6
     "mimo_v2_flash": dict(WINDOW, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                          mlp_layer_types=["dense", "sparse"]),
+                          mlp_layer_types=["dense", "sparse"], attention_value_scale=0.6,
+                          rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=10000.0,
+                                                                     partial_rotary_factor=0.334),
+                                           "full_attention": dict(rope_type="default", rope_theta=10000.0,
+                                                                  partial_rotary_factor=0.5)}),
     "biogpt": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, activation_dropout=0.0),
     # each query attends to the 4 keys its indexer picks; layer 1 reuses layer 0's picks
     "hy_v4": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, index_topk=4,
