@@ -142,6 +142,8 @@ class Latent:
         regroup: config attribute that, when True, says the rotary part's pairs (2i, 2i + 1) are
             regrouped to `[evens | odds]` and rotated "rotate half" (DeepSeek-V3's
             `rope_interleave`; `LatentRanks.regroup`), or True: always (DeepSeek-V3.2).
+        gate: path from the core to the output gate's projection (`Adapter.output_gate`: hy_v4's
+            `gate_proj`, one row per value dim of each head; None: no gate).
     """
 
     q: str = "q_proj"
@@ -157,6 +159,7 @@ class Latent:
     rope: str = "qk_rope_head_dim"
     value: str = "v_head_dim"
     regroup: Union[str, bool, None] = None
+    gate: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -256,7 +259,7 @@ class Adapter:
             its slice there.
         output_gate: z is multiplied per element by sigmoid(gate(x)) between the attention
             function and the output projection (Qwen3-Next), the gate's rows read by the layout's
-            `gate` (`GatedQuery`). The gate keeps heads apart, but z is still read and edited at
+            `gate` (`GatedQuery`), or under latent attention by `Latent.gate` (hy_v4). The gate keeps heads apart, but z is still read and edited at
             the output projection's input, after it (`z_at_out`), as where a norm mixes heads:
             hook_z, patching and mean ablation see the gated z, and zero ablation is the same
             either side of the gate. `MultiHeadAttention` takes it as `output_gate`.
@@ -266,7 +269,7 @@ class Adapter:
         returns: what the core's forward returns, in order: ("output", "weights"), or T5's
             ("output", "position_bias", "weights"), the additive score bias it used (its relative
             positions, computed by the first layer of each stack and handed on), which `verify`
-            adds to the mask, or GLM-5's ("output", "weights", "indices"), the keys each query
+            adds to the mask, or GLM-5's and hy_v4's ("output", "weights", "indices"), the keys each query
             attended to (its own indexer's picks or, in a "shared" layer, the previous one's),
             which `verify` joins to the mask.
         bias_in_call: the core computes an additive score bias itself and hands it to the

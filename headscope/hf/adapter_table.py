@@ -201,12 +201,12 @@ ADAPTERS = (
                          "attended to, which verify hands from_hf's module in the mask; the rotary pairs (2i, 2i + 1) "
                          "regrouped to halves"),
     Adapter("hy_v4", ("hy_v4",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
-            latent=Latent(), rotary=Rotary(), sinks="sinks", output_gate=True,
-            no_from_hf="from_hf and verify are not available for hy_v4 (its DSA indexer picks each query's keys, "
-                       "which MultiHeadAttention does not compute); capture, ablate and analyze work",
-            notes=_MLA.split("; from_hf")[0] + "; DeepSeek Sparse Attention as deepseek_v32's (indexer_types: "
-                  "'shared' layers reuse the previous indexer's picks), learned sink logits and a sigmoid output "
-                  "gate (z is o_proj's input, after it); from_hf/verify not available"),
+            latent=Latent(gate="gate_proj"), rotary=Rotary(), sinks="sinks", output_gate=True,
+            returns=("output", "weights", "indices"),
+            notes=_MLA + "; DeepSeek Sparse Attention as glm_moe_dsa's ('shared' layers, indexer_types, reuse the "
+                         "previous indexer's picks; each layer returns the keys it attended to, which verify hands "
+                         "from_hf's module in the mask), learned sink logits and a sigmoid output gate (gate_proj, "
+                         "per element of each head's values; z is o_proj's input, after it)"),
     Adapter("deepseek_v2", ("deepseek_v2",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), rotary=Rotary(interleaved=True, tables="complex"),
             notes=_MLA + "; rotary on interleaved pairs, as complex numbers"),

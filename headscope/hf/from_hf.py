@@ -295,7 +295,8 @@ def _copy_into(pairs) -> None:
 
 def _latent_module(cls: Callable, adapter: Adapter, block: nn.Module, core: nn.Module, config):
     """A `cls` with `latent=` holding a multi-head latent attention block's projections (`Adapter.latent`):
-    its down and up projections, copies of its latent norms, its output projection and score scale."""
+    its down and up projections, copies of its latent norms, its output projection and score scale, and
+    where the block has them its sink logits (`Adapter.sinks`) and sigmoid output gate (`Latent.gate`)."""
     spec = adapter.latent
     q_rank, kv_rank, nope, rope, value = (getattr(core, name) for name in (spec.q_rank, spec.kv_rank, spec.nope,
                                                                          spec.rope, spec.value))
@@ -304,18 +305,25 @@ def _latent_module(cls: Callable, adapter: Adapter, block: nn.Module, core: nn.M
     wo, bo = linear(_sub(block, adapter.out))
     d_model, n_heads = head_sizes(config)[:2]
     down = sources[-2][0]  # (kv_rank + rope, d_in)
+    sinks = getattr(core, adapter.sinks) if adapter.sinks else None
+    gate = linear(_sub(core, spec.gate)) if adapter.output_gate and spec.gate else None  # (H * Dv, d_in) rows
     module = cls(
         d_model, n_heads, n_heads, nope + rope, d_value=value, causal=bool(getattr(core, "is_causal", adapter.causal)),
         bias=any(b is not None for _, b in sources), out_bias=bo is not None,
         rotary_dim=rope if adapter.rotary is not None else 0, rotary_base=_rotary_base(config),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
         scale=getattr(core, adapter.scale, None), d_in=down.shape[1],
+        sinks=sinks is not None, output_gate=gate is not None,
         latent=LatentRanks(kv_rank, rope, q_rank, regroup=_regrouped(spec.regroup, config)),
         device=down.device, dtype=down.dtype,
     )
     lat = module.latent
     targets = ([lat.W_q] if q_rank is None else [lat.W_q_down, lat.W_q_up]) + [lat.W_kv_down, lat.W_kv_up]
-    _copy_into([(t, w, b) for t, (w, b) in zip(targets, sources)] + [(module.W_o, wo, bo)])
+    pairs = [(t, w, b) for t, (w, b) in zip(targets, sources)] + [(module.W_o, wo, bo)]
+    _copy_into(pairs + ([(module.W_gate, *gate)] if gate is not None else []))
+    if sinks is not None:
+        with torch.no_grad():
+            module.sinks.copy_(sinks)
     if q_rank is not None:
         lat.q_norm = copy.deepcopy(_sub(core, spec.q_norm))
     lat.kv_norm = copy.deepcopy(_sub(core, spec.kv_norm))
