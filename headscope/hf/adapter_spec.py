@@ -44,6 +44,9 @@ class Rotary:
         by_layer_type: attribute of the core module holding its layer's type, the key under which
             `config.rope_parameters` holds that layer's rotary parameters (mimo_v2_flash: a
             `partial_rotary_factor` per layer type; the factor and base are read there).
+        theta_per_layer: config attribute listing every layer's rotary base, 0 in a layer without
+            rotary (granite_swa's `layer_rope_theta`: its NoPE layers, which the model passes no
+            tables), read at the core's `layer_idx`.
         axes: each head's dims are `axes` equal parts, each rotated "rotate half" within itself
             by its own slice of the tables (Gemma 4's vision tower: a part for the patch's x,
             one for its y; transformers' `apply_multidimensional_rope`). from_hf reorders
@@ -63,6 +66,7 @@ class Rotary:
     config_switch: Optional[tuple[str, object]] = None
     tables: str = "layout"
     by_layer_type: Optional[str] = None
+    theta_per_layer: Optional[str] = None
     axes: int = 1
 
 
@@ -235,6 +239,12 @@ class Adapter:
             layer computed (Gemma 4's last num_kv_shared_layers): from_hf refuses those layers.
         softcap: core attribute holding the score soft-cap.
         sinks: core attribute holding the per-head sink logits (None there: a layer without).
+        weights_before_sinks: the model's eager attention returns softmax weights over the keys
+            alone and scales its output by the sink's share, sigmoid(logsumexp(scores) - sink)
+            (granite_swa): the same attention as a sink logit in the softmax, whose weights (headscope's
+            patterns) are the eager ones times that share, so rows sum to less than 1. verify then
+            compares the module's pattern with the eager weights times the module's row sums, the
+            share the module gives the keys (its sink is checked by the output).
         query_prescaled: the model multiplies q by `core.scaling` and asks for scale 1.
         causal: decoder (True) or encoder (False).
         body: path from the text stack to the module that runs the captured layers on token ids
@@ -319,6 +329,7 @@ class Adapter:
     kv_shared: Optional[str] = None
     softcap: Optional[str] = None
     sinks: Optional[str] = None
+    weights_before_sinks: bool = False
     value_size: Optional[str] = None
     value_scale: Optional[str] = None
     query_prescaled: bool = False

@@ -42,6 +42,12 @@ ADAPTERS = (
                   "joins the temporal, height and width tables by mrope_section into one table per position)"),
     Adapter("granite", ("granite", "granitemoe", "granitemoeshared"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="attention_multiplier is the score scale"),
+    Adapter("granite_swa", ("granite_swa", "granitemoe_swa"), layers="layers", block="self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(theta_per_layer="layer_rope_theta"), sinks="sinks", weights_before_sinks=True,
+            notes="attention_multiplier is the score scale; sliding windows; a learned sink logit per head, which "
+                  "its eager attention applies by scaling the output by sigmoid(logsumexp(scores) - sink): its eager "
+                  "weights leave the sink out (rows sum to 1), headscope's patterns hold it (rows sum to less); "
+                  "a rotary base per layer (layer_rope_theta), 0 for a NoPE layer"),
     Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1", "mellum", "hy_v3"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), notes="per-head q/k RMSNorm before rotary"),
     Adapter("gemma2", ("gemma2", "vaultgemma"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",

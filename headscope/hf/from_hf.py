@@ -110,6 +110,8 @@ def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
         return 0
     if spec.config_switch is not None and getattr(config, spec.config_switch[0], None) != spec.config_switch[1]:
         return 0
+    if spec.theta_per_layer is not None and not getattr(config, spec.theta_per_layer)[core.layer_idx]:
+        return 0  # a layer whose rotary base is 0: NoPE, the model passes it no tables
     dims = getattr(core, spec.dims, None) if spec.dims else None
     if dims is None:  # transformers' tables: a frequency per even dim below int(d_head * factor)
         dims = int(d_head * float(_rotary_params(spec, core, config).get("partial_rotary_factor", 1.0)))
@@ -161,6 +163,8 @@ def _norm_reordered(norm: nn.Module, order: torch.Tensor) -> nn.Module:
 
 
 def _rotary_base(config, spec=None, core: Optional[nn.Module] = None) -> float:
+    if spec is not None and spec.theta_per_layer is not None:  # the layer's own base (0 there: no rotary)
+        return float(getattr(config, spec.theta_per_layer)[core.layer_idx]) or 10000.0
     params = _rotary_params(spec, core, config)
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 

@@ -276,3 +276,48 @@ def test_mimo_v2_flashs_sizes_read_otherwise_do_not_fit(change, error, match, mo
     with_adapter_changed(monkeypatch, model, **change)
     with pytest.raises(error, match=match):
         headscope.verify(model, tiny_inputs(length=13))
+
+
+def _granite_swa(family):
+    """granite_swa or granitemoe_swa with std-0.3 weights and sink logits that differ by head (its init zeroes them)."""
+    model = _model(family, "interface")
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(torch.randn(layer.self_attn.sinks.shape, generator=generator))
+    return model
+
+
+@pytest.mark.parametrize("family", ["granite_swa", "granitemoe_swa"])
+@torch.no_grad()
+def test_granite_swas_sinks_and_nope_layer_verify(family):
+    """Its sliding layer 0 rotates with its own base (layer_rope_theta 1000: from_hf's module alone, on
+    its own tables, attends as on the model's), its layer 1 has no rotary; both hold the sink logits."""
+    model = _granite_swa(family)
+    x = tiny_inputs(length=13)
+    output, pattern = _verified(model, x)
+    assert output <= 1e-4 and pattern <= 1e-5
+    (_, sliding), (_, full) = attention_blocks(model)
+    mine = [headscope.MultiHeadAttention.from_hf(b, model.config) for b in (sliding, full)]
+    assert [(m.config.rotary_dim, m.config.rotary_base, m.config.sinks) for m in mine] == [(16, 1000.0, True),
+                                                                                         (0, 10000.0, True)]
+    h = torch.randn(2, 13, 64)
+    cos, sin = model.model.rotary_embs[0](h, torch.arange(13)[None])
+    alone, given = mine[0](h, return_pattern=True)[1], mine[0](h, rotary=(cos, sin), return_pattern=True)[1]
+    assert (alone - given).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("change, diff", [(dict(sinks=None), "output"), (dict(weights_before_sinks=False), "pattern"),
+                                          (dict(rotary=adapters.Rotary()), "pattern")],
+                         ids=["no-sinks", "eager-weights-as-they-are", "rotary-in-the-nope-layer"])
+@pytest.mark.parametrize("family", ["granite_swa", "granitemoe_swa"])
+@torch.no_grad()
+def test_granite_swas_sinks_weights_and_nope_layer_each_matter(family, change, diff, monkeypatch):
+    """Without the sink logits from_hf's module outputs far off (its pattern is compared with the
+    eager weights times its own key share, so the sink shows in the output alone); comparing with
+    the eager weights as they are (without the sink) puts the pattern far off; rotating the NoPE
+    layer (rotary read without layer_rope_theta) puts that layer's pattern far off."""
+    model = _granite_swa(family)
+    with_adapter_changed(monkeypatch, model, **change)
+    output, pattern = _verified(model, tiny_inputs(length=13))
+    assert (output if diff == "output" else pattern) > 1e-2
