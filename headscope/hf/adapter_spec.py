@@ -41,6 +41,12 @@ class Rotary:
             interleaved pair i its angle a_i: GLM, ERNIE 4.5, Helium) or "complex" (one tensor of
             e^(i angle) per pair, its magnitude the rotary's attention scaling: DeepSeek-V2's
             `freqs_cis`).
+        by_layer_type: attribute of the core module holding its layer's type, the key under which
+            `config.rope_parameters` holds that layer's rotary parameters (mimo_v2_flash: a
+            `partial_rotary_factor` per layer type; the factor and base are read there).
+        theta_per_layer: config attribute listing every layer's rotary base, 0 in a layer without
+            rotary (granite_swa's `layer_rope_theta`: its NoPE layers, which the model passes no
+            tables), read at the core's `layer_idx`.
         axes: each head's dims are `axes` equal parts, each rotated "rotate half" within itself
             by its own slice of the tables (Gemma 4's vision tower: a part for the patch's x,
             one for its y; transformers' `apply_multidimensional_rope`). from_hf reorders
@@ -59,6 +65,8 @@ class Rotary:
     switch_if_set: Optional[str] = None
     config_switch: Optional[tuple[str, object]] = None
     tables: str = "layout"
+    by_layer_type: Optional[str] = None
+    theta_per_layer: Optional[str] = None
     axes: int = 1
 
 
@@ -148,6 +156,8 @@ class Latent:
         regroup: config attribute that, when True, says the rotary part's pairs (2i, 2i + 1) are
             regrouped to `[evens | odds]` and rotated "rotate half" (DeepSeek-V3's
             `rope_interleave`; `LatentRanks.regroup`), or True: always (DeepSeek-V3.2).
+        gate: path from the core to the output gate's projection (`Adapter.output_gate`: hy_v4's
+            `gate_proj`, one row per value dim of each head; None: no gate).
     """
 
     q: str = "q_proj"
@@ -163,6 +173,7 @@ class Latent:
     rope: str = "qk_rope_head_dim"
     value: str = "v_head_dim"
     regroup: Union[str, bool, None] = None
+    gate: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -229,10 +240,21 @@ class Adapter:
             layers), or the config does not hold them (GPT-BigCode's one key/value head with
             multi_query; Gemma 4's vision tower, whose modules name no head count of their own): read
             from the core's `head_dim` and `num_key_value_groups`, the query heads from the config.
+        value_size: core attribute holding the values' head size where it differs from q's and k's
+            (mimo_v2_flash's `v_head_dim`; `MultiHeadAttention(d_value=)`).
+        value_scale: core attribute multiplying the values after their projection (mimo_v2_flash's
+            `v_scale`): from_hf folds it into W_V's rows and bias, s (W_V x + b) = (s W_V) x + s b,
+            so hook_v holds the scaled values the model attends with.
         kv_shared: core attribute that is True in layers reusing the keys and values another
             layer computed (Gemma 4's last num_kv_shared_layers): from_hf refuses those layers.
         softcap: core attribute holding the score soft-cap.
-        sinks: core attribute holding the per-head sink logits.
+        sinks: core attribute holding the per-head sink logits (None there: a layer without).
+        weights_before_sinks: the model's eager attention returns softmax weights over the keys
+            alone and scales its output by the sink's share, sigmoid(logsumexp(scores) - sink)
+            (granite_swa): the same attention as a sink logit in the softmax, whose weights (headscope's
+            patterns) are the eager ones times that share, so rows sum to less than 1. verify then
+            compares the module's pattern with the eager weights times the module's row sums, the
+            share the module gives the keys (its sink is checked by the output).
         query_prescaled: the model multiplies q by `core.scaling` and asks for scale 1.
         causal: decoder (True) or encoder (False).
         body: path from the text stack to the module that runs the captured layers on token ids
@@ -257,7 +279,7 @@ class Adapter:
             its slice there.
         output_gate: z is multiplied per element by sigmoid(gate(x)) between the attention
             function and the output projection (Qwen3-Next), the gate's rows read by the layout's
-            `gate` (`GatedQuery`). The gate keeps heads apart, but z is still read and edited at
+            `gate` (`GatedQuery`), or under latent attention by `Latent.gate` (hy_v4). The gate keeps heads apart, but z is still read and edited at
             the output projection's input, after it (`z_at_out`), as where a norm mixes heads:
             hook_z, patching and mean ablation see the gated z, and zero ablation is the same
             either side of the gate. `MultiHeadAttention` takes it as `output_gate`.
@@ -267,7 +289,7 @@ class Adapter:
         returns: what the core's forward returns, in order: ("output", "weights"), or T5's
             ("output", "position_bias", "weights"), the additive score bias it used (its relative
             positions, computed by the first layer of each stack and handed on), which `verify`
-            adds to the mask, or GLM-5's ("output", "weights", "indices"), the keys each query
+            adds to the mask, or GLM-5's and hy_v4's ("output", "weights", "indices"), the keys each query
             attended to (its own indexer's picks or, in a "shared" layer, the previous one's),
             which `verify` joins to the mask.
         bias_in_call: the core computes an additive score bias itself and hands it to the
@@ -320,6 +342,9 @@ class Adapter:
     kv_shared: Optional[str] = None
     softcap: Optional[str] = None
     sinks: Optional[str] = None
+    weights_before_sinks: bool = False
+    value_size: Optional[str] = None
+    value_scale: Optional[str] = None
     query_prescaled: bool = False
     causal: bool = True
     body: str = ""

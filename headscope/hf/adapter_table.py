@@ -46,6 +46,12 @@ ADAPTERS = (
                   "rotary module builds one table per position from its temporal, height and width positions)"),
     Adapter("granite", ("granite", "granitemoe", "granitemoeshared"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), notes="attention_multiplier is the score scale"),
+    Adapter("granite_swa", ("granite_swa", "granitemoe_swa"), layers="layers", block="self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(theta_per_layer="layer_rope_theta"), sinks="sinks", weights_before_sinks=True,
+            notes="attention_multiplier is the score scale; sliding windows; a learned sink logit per head, which "
+                  "its eager attention applies by scaling the output by sigmoid(logsumexp(scores) - sink): its eager "
+                  "weights leave the sink out (rows sum to 1), headscope's patterns hold it (rows sum to less); "
+                  "a rotary base per layer (layer_rope_theta), 0 for a NoPE layer"),
     Adapter("qwen3", ("qwen3", "qwen3_moe", "apertus", "dots1", "mellum", "hy_v3"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"), notes="per-head q/k RMSNorm before rotary"),
     Adapter("gemma2", ("gemma2", "vaultgemma"), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
@@ -146,13 +152,12 @@ ADAPTERS = (
                   "1 + beta * log(1 + floor(t / original_max_position_embeddings)) (rope_parameters' "
                   "llama_4_scaling_beta), after rotary"),
     Adapter("mimo_v2_flash", ("mimo_v2_flash",), layers="layers", block="self_attn", core="", qkv=_QKV,
-            out="o_proj", rotary=Rotary(), sinks="sinks",
-            no_from_hf="from_hf and verify are not available for mimo_v2_flash (values narrower than keys, scaled "
-                       "by attention_value_scale, and partial rotary set per layer type); capture, ablate and "
-                       "analyze work",
+            out="o_proj", rotary=Rotary(by_layer_type="layer_type"), sinks="sinks", sizes_per_layer=True,
+            value_size="v_head_dim", value_scale="v_scale",
             notes="sliding-window layers with twice the key/value heads and learned sink logits, full-attention "
-                  "layers without sinks; values narrower than q/k (v_head_dim) and scaled; partial rotary per layer "
-                  "type; from_hf/verify not available"),
+                  "layers without sinks; values narrower than q/k (v_head_dim) and scaled by attention_value_scale "
+                  "(from_hf folds the scale into W_V); partial rotary per layer type (rope_parameters by "
+                  "layer type)"),
     Adapter("biogpt", ("biogpt",), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             notes="learned absolute positions, no rotary; q/k/v/o biases"),
     Adapter("dbrx", ("dbrx",), layers="blocks", block="norm_attn_norm.attn", core="", qkv=FusedRows("Wqkv"),
@@ -205,12 +210,12 @@ ADAPTERS = (
                          "attended to, which verify hands from_hf's module in the mask; the rotary pairs (2i, 2i + 1) "
                          "regrouped to halves"),
     Adapter("hy_v4", ("hy_v4",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
-            latent=Latent(), rotary=Rotary(), sinks="sinks", output_gate=True,
-            no_from_hf="from_hf and verify are not available for hy_v4 (its DSA indexer picks each query's keys, "
-                       "which MultiHeadAttention does not compute); capture, ablate and analyze work",
-            notes=_MLA.split("; from_hf")[0] + "; DeepSeek Sparse Attention as deepseek_v32's (indexer_types: "
-                  "'shared' layers reuse the previous indexer's picks), learned sink logits and a sigmoid output "
-                  "gate (z is o_proj's input, after it); from_hf/verify not available"),
+            latent=Latent(gate="gate_proj"), rotary=Rotary(), sinks="sinks", output_gate=True,
+            returns=("output", "weights", "indices"),
+            notes=_MLA + "; DeepSeek Sparse Attention as glm_moe_dsa's ('shared' layers, indexer_types, reuse the "
+                         "previous indexer's picks; each layer returns the keys it attended to, which verify hands "
+                         "from_hf's module in the mask), learned sink logits and a sigmoid output gate (gate_proj, "
+                         "per element of each head's values; z is o_proj's input, after it)"),
     Adapter("deepseek_v2", ("deepseek_v2",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), rotary=Rotary(interleaved=True, tables="complex"),
             notes=_MLA + "; rotary on interleaved pairs, as complex numbers"),

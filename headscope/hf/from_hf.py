@@ -1,7 +1,8 @@
 """Building headscope's `MultiHeadAttention` from a Hugging Face attention block, by its adapter.
 
 - `module_from_hf(cls, block, config, layer=None)`: a `MultiHeadAttention` holding the block's
-  weights, its q/k norms and values' norm (copies of the model's own modules), clip, query
+  weights (a scale the model puts on the values folded into W_V: `Adapter.value_scale`), its q/k
+  norms and values' norm (copies of the model's own modules), clip, query
   temperature, soft-cap, sink logits and
   output gate and a norm over all heads before the output projection (`Adapter.mixes_heads`,
   copied as `pre_out_norm`); for multi-head latent attention (`Adapter.latent`: DeepSeek-V2/V3),
@@ -117,11 +118,22 @@ def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
         return 0
     if spec.config_switch is not None and getattr(config, spec.config_switch[0], None) != spec.config_switch[1]:
         return 0
+    if spec.theta_per_layer is not None and not getattr(config, spec.theta_per_layer)[core.layer_idx]:
+        return 0  # a layer whose rotary base is 0: NoPE, the model passes it no tables
     dims = getattr(core, spec.dims, None) if spec.dims else None
-    if dims is None:
-        params = getattr(config, "rope_parameters", None) or {}
-        dims = d_head * float(params.get("partial_rotary_factor", 1.0))
+    if dims is None:  # transformers' tables: a frequency per even dim below int(d_head * factor)
+        dims = int(d_head * float(_rotary_params(spec, core, config).get("partial_rotary_factor", 1.0)))
+        dims += dims % 2
     return int(dims)
+
+
+def _rotary_params(spec, core: nn.Module, config) -> dict:
+    """The config's rotary parameters for the core's layer: `rope_parameters`, or its entry for the
+    layer's type where the family keeps one per type (`Rotary.by_layer_type`)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if spec is not None and spec.by_layer_type is not None:
+        params = params.get(getattr(core, spec.by_layer_type)) or {}
+    return params
 
 
 def _takes_tables(core: nn.Module) -> bool:
@@ -158,8 +170,10 @@ def _norm_reordered(norm: nn.Module, order: torch.Tensor) -> nn.Module:
     return norm
 
 
-def _rotary_base(config) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
+def _rotary_base(config, spec=None, core: Optional[nn.Module] = None) -> float:
+    if spec is not None and spec.theta_per_layer is not None:  # the layer's own base (0 there: no rotary)
+        return float(getattr(config, spec.theta_per_layer)[core.layer_idx]) or 10000.0
+    params = _rotary_params(spec, core, config)
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
@@ -244,6 +258,10 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         (wq, bq), (wk, bk) = _heads_reordered(wq, bq, n_heads, order), _heads_reordered(wk, bk, n_kv, order)
         if norms is not None:
             norms = tuple(_norm_reordered(norm, order) for norm in norms)
+    if adapter.value_scale:  # v = s (W_V x + b): the scale folded into W_V's rows and bias
+        scale_v = float(getattr(core, adapter.value_scale))
+        wv, bv = wv * scale_v, (bv * scale_v if bv is not None else None)
+    d_value = int(getattr(core, adapter.value_size)) if adapter.value_size else None
     sinks = getattr(core, adapter.sinks) if adapter.sinks else None
     wg, bg = adapter.qkv.gate(block, n_heads, d_head) if adapter.output_gate else (None, None)
     rotary_dim = _rotary_dim(adapter, core, config, d_head)
@@ -251,9 +269,9 @@ def module_from_hf(cls: Callable, block: nn.Module, config, layer: Optional[int]
         d_model, n_heads, n_kv, d_head,
         causal=bool(getattr(core, "is_causal", adapter.causal)),
         bias=any(b is not None for b in (bq, bk, bv)), out_bias=bo is not None,
-        rotary_dim=rotary_dim, rotary_base=_rotary_base(config),
+        rotary_dim=rotary_dim, rotary_base=_rotary_base(config, adapter.rotary, core),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
-        scale=scale, qk_norm=norms is not None, qk_norm_after_rotary=norms is not None and adapter.qk_norm.after_rotary,
+        scale=scale, d_value=d_value, qk_norm=norms is not None, qk_norm_after_rotary=norms is not None and adapter.qk_norm.after_rotary,
         clip=_clip(adapter, core, config), clip_after_norm=adapter.clip_after_norm,
         v_norm=adapter.v_norm is not None, query_temperature=_temperature(adapter, core, config, rotary_dim),
         softcap=getattr(core, adapter.softcap, None) if adapter.softcap else None,
@@ -289,7 +307,8 @@ def _copy_into(pairs) -> None:
 
 def _latent_module(cls: Callable, adapter: Adapter, block: nn.Module, core: nn.Module, config):
     """A `cls` with `latent=` holding a multi-head latent attention block's projections (`Adapter.latent`):
-    its down and up projections, copies of its latent norms, its output projection and score scale."""
+    its down and up projections, copies of its latent norms, its output projection and score scale, and
+    where the block has them its sink logits (`Adapter.sinks`) and sigmoid output gate (`Latent.gate`)."""
     spec = adapter.latent
     q_rank, kv_rank, nope, rope, value = (getattr(core, name) for name in (spec.q_rank, spec.kv_rank, spec.nope,
                                                                          spec.rope, spec.value))
@@ -298,18 +317,25 @@ def _latent_module(cls: Callable, adapter: Adapter, block: nn.Module, core: nn.M
     wo, bo = linear(_sub(block, adapter.out))
     d_model, n_heads = head_sizes(config)[:2]
     down = sources[-2][0]  # (kv_rank + rope, d_in)
+    sinks = getattr(core, adapter.sinks) if adapter.sinks else None
+    gate = linear(_sub(core, spec.gate)) if adapter.output_gate and spec.gate else None  # (H * Dv, d_in) rows
     module = cls(
         d_model, n_heads, n_heads, nope + rope, d_value=value, causal=bool(getattr(core, "is_causal", adapter.causal)),
         bias=any(b is not None for _, b in sources), out_bias=bo is not None,
         rotary_dim=rope if adapter.rotary is not None else 0, rotary_base=_rotary_base(config),
         rotary_interleaved=adapter.rotary is not None and adapter.rotary.interleaved,
         scale=getattr(core, adapter.scale, None), d_in=down.shape[1],
+        sinks=sinks is not None, output_gate=gate is not None,
         latent=LatentRanks(kv_rank, rope, q_rank, regroup=_regrouped(spec.regroup, config)),
         device=down.device, dtype=down.dtype,
     )
     lat = module.latent
     targets = ([lat.W_q] if q_rank is None else [lat.W_q_down, lat.W_q_up]) + [lat.W_kv_down, lat.W_kv_up]
-    _copy_into([(t, w, b) for t, (w, b) in zip(targets, sources)] + [(module.W_o, wo, bo)])
+    pairs = [(t, w, b) for t, (w, b) in zip(targets, sources)] + [(module.W_o, wo, bo)]
+    _copy_into(pairs + ([(module.W_gate, *gate)] if gate is not None else []))
+    if sinks is not None:
+        with torch.no_grad():
+            module.sinks.copy_(sinks)
     if q_rank is not None:
         lat.q_norm = copy.deepcopy(_sub(core, spec.q_norm))
     lat.kv_norm = copy.deepcopy(_sub(core, spec.kv_norm))

@@ -8,7 +8,8 @@ output projection produced, then runs a `MultiHeadAttention` built with `from_hf
 those inputs. `sites` names the group (`headscope.hf.sites`: an
 encoder-decoder's "encoder", the default, "decoder.self" or "decoder.cross"); the reference
 patterns are the model's own `encoder_attentions`, `decoder_attentions` or `cross_attentions`
-where its output has them, else each module's eager weights (mllama's "text.cross": its
+where its output has them, else each module's eager weights (where those leave the sink out,
+`Adapter.weights_before_sinks`, times the share the module's pattern gives the keys, its row sums) (mllama's "text.cross": its
 cross-attention over the image's features, `cross_attention_states`). With `sites="vision"` the vision
 tower's attention is compared (gemma3's SigLIP, llava's CLIP, mllama's, qwen2_5_vl's; its adapter in
 `headscope.hf.adapters.VISION_ADAPTERS`), against each module's eager weights; a packed module
@@ -217,6 +218,8 @@ def verify(model: nn.Module, inputs: Mapping[str, torch.Tensor], sites: Optional
         else:
             theirs = eager[layer] if eager is not None else (weights if isinstance(weights, torch.Tensor)
                                                                else outputs.attentions[layer])
+        if adapters[layer].weights_before_sinks:  # eager weights over the keys alone: given the module's key share
+            theirs = theirs * pattern.sum(-1, keepdim=True).to(theirs.dtype)
         rows.append({
             "layer": layer,
             "site": selection.sites[layer].name,

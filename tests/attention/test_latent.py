@@ -1,6 +1,7 @@
 """MultiHeadAttention with a latent (multi-head latent attention) against a reference written from DeepSeek-V2's
 formulas (arXiv 2405.04434, §2.1): one head at a time, RMSNorm by hand, rotary as complex
-multiplication (none of headscope's own rotary or kernel code)."""
+multiplication, a sink logit as one more entry of the softmax that no value follows, the output gate as
+z_h * sigmoid(x W_gate,h^T) (none of headscope's own rotary or kernel code)."""
 import pytest
 import torch
 
@@ -62,9 +63,16 @@ def _reference(m, x, mask=None):
             if mask is not None:
                 allowed = allowed & mask[b][None, :]
             scores = scores.masked_fill(~allowed, float("-inf"))
-            a = scores.softmax(-1)
+            if m.sinks is not None:  # softmax over [scores | sink], the sink's share dropped
+                a = torch.cat([scores, m.sinks[h].expand(T, 1)], -1).softmax(-1)[:, :T]
+            else:
+                a = scores.softmax(-1)
             head_patterns.append(a)
-            z.append(a @ v_h)
+            z_h = a @ v_h  # (T, dv)
+            if m.W_gate is not None:  # this head's dv gate rows, per element
+                gate = xb @ m.W_gate.weight.T + (m.W_gate.bias if m.W_gate.bias is not None else 0)
+                z_h = z_h * torch.sigmoid(gate[:, h * dv:(h + 1) * dv])
+            z.append(z_h)
         out = torch.cat(z, -1) @ m.W_o.weight.T + (m.W_o.bias if m.W_o.bias is not None else 0)
         outs.append(out)
         patterns.append(torch.stack(head_patterns))
@@ -80,12 +88,16 @@ def _module(seed=0, q_rank=12, rotary=True, regroup=False, **options):
         for norm in (m.latent.q_norm, m.latent.kv_norm):
             if norm is not None:
                 norm.weight.uniform_(0.5, 1.5)
+        if m.sinks is not None:  # sink logits that differ by head, as large as the scores
+            m.sinks.normal_(0.0, 1.0)
     return m
 
 
 @pytest.mark.parametrize("options", [dict(), dict(q_rank=None), dict(rotary_interleaved=True), dict(bias=True),
-                                     dict(causal=False), dict(rotary=False), dict(regroup=True)],
-                         ids=["q-latent", "q-full-rank", "interleaved", "biases", "bidirectional", "no-rotary", "regroup"])
+                                     dict(causal=False), dict(rotary=False), dict(regroup=True), dict(sinks=True),
+                                     dict(output_gate=True), dict(sinks=True, output_gate=True, bias=True)],
+                         ids=["q-latent", "q-full-rank", "interleaved", "biases", "bidirectional", "no-rotary", "regroup",
+                              "sinks", "output-gate", "sinks-gate-biases"])
 @torch.no_grad()
 def test_latent_attention_matches_the_formulas(options):
     m = _module(**options)

@@ -28,12 +28,48 @@ VERIFIED = [f for f in INTERFACE_FAMILIES if not adapter_for(tiny_config(f, kind
 
 
 def _eager_patterns(model, x):
+    """The model's eager attention weights by layer; where they leave the sink out
+    (`Adapter.weights_before_sinks`: granite_swa), times each row's sink share (`_sink_shares`)."""
     default = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
-        return model(**x, output_attentions=True).attentions
+        weights = model(**x, output_attentions=True).attentions
     finally:
         model.set_attn_implementation(default)
+    adapter = adapter_for(model.config)
+    if adapter is None or not adapter.weights_before_sinks:
+        return weights
+    shares = _sink_shares(model, x)
+    return tuple(w * shares[layer] for layer, w in enumerate(weights))
+
+
+def _sink_shares(model, x):
+    """{layer: [B, H, T, 1]} the share of each query's attention that a sink logit s_h in the softmax
+    leaves the keys, sum_j e^(l_j) / (sum_j e^(l_j) + e^(s_h)) = sigmoid(logsumexp(l) - s_h), written out
+    here from the scores l = q k^T * scaling + mask of the q, k and eager mask each core hands its
+    attention function and the core's own `sinks` (the model's eager output is then run as it is)."""
+    import sys
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    seen = {}
+
+    def record(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        key_h = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # (B, H, S, D)
+        scores = query.float() @ key_h.float().transpose(-1, -2) * scaling + attention_mask.float()  # (B, H, T, S)
+        seen[id(module)] = torch.sigmoid(torch.logsumexp(scores, -1, keepdim=True) - module.sinks.view(1, -1, 1, 1))
+        eager = sys.modules[type(module).__module__].eager_attention_forward
+        return eager(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+    AttentionInterface.register("headscope-test-sinks", record)
+    AttentionMaskInterface.register("headscope-test-sinks", eager_mask)
+    default = model.config._attn_implementation
+    model.set_attn_implementation("headscope-test-sinks")
+    try:
+        model(**x)
+    finally:
+        model.set_attn_implementation(default)
+    return {layer: seen[id(core)] for layer, core in core_modules(model)}
 
 
 @pytest.mark.parametrize("family", INTERFACE_FAMILIES)
@@ -297,6 +333,33 @@ def test_gpt_oss_pattern_rows_sum_to_less_than_one():
     sums = cap.patterns[0].sum(-1)[0]  # (H, T), first example (no padding)
     assert (sums < 0.999).all() and (sums > 0).all()
     assert cap.extras[0] == {"sinks"} and cap.extras[1] == {"sinks"}
+
+
+@pytest.mark.parametrize("family", ["granite_swa", "granitemoe_swa"])
+@torch.no_grad()
+def test_granite_swas_eager_weights_leave_the_sink_out_and_the_reference_puts_it_back(family):
+    """Their eager attention returns softmax weights over the keys alone (rows sum to 1) and scales its
+    output by the sink's share; headscope's patterns hold the sink (rows sum to less than 1): equal to
+    the eager weights times the share `_sink_shares` writes out, and far from the eager weights as they are."""
+    model = tiny_model(family, kind="interface")
+    x = tiny_inputs()
+    valid = x["attention_mask"].bool()
+    with headscope.capture(model) as cap:
+        model(**x)
+    default = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        raw = model(**x, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation(default)
+    shares = _sink_shares(model, x)
+    for layer, weights in enumerate(raw):
+        rows = lambda t: t.permute(0, 2, 1, 3)[valid]  # (real queries, H, T)
+        assert (rows(weights).sum(-1) - 1).abs().max() <= 1e-5
+        sums = rows(cap.patterns[layer]).sum(-1)  # (real queries, H)
+        assert sums.max() < 1 - 1e-4 and sums.min() < 0.9
+        assert (rows(cap.patterns[layer]) - rows(weights * shares[layer])).abs().max() <= 1e-5
+        assert (rows(cap.patterns[layer]) - rows(weights)).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("family", INTERFACE_FAMILIES)

@@ -253,3 +253,91 @@ def test_dbrxs_clip_from_its_attn_config_matters(monkeypatch):
     assert (mine.clip, mine.n_kv_heads) == (0.5, 2)
     with_adapter_changed(monkeypatch, model, clip=None)
     assert _verified(model)[1] > 1e-2
+
+
+@torch.no_grad()
+def test_mimo_v2_flashs_narrow_scaled_values_sinks_and_rotary_per_layer_type_verify():
+    """MiMo-V2-Flash: values of 12 beside q/k heads of 16, scaled by attention_value_scale (0.6 here,
+    folded into W_V); its sliding layer with twice the key/value heads, sink logits and 6 rotary dims
+    (int(16 * 0.334) rounded up to a pair), its full-attention layer 8 (factor 0.5) and no sinks."""
+    model = _model("mimo_v2_flash", "interface")
+    output, pattern = _verified(model, tiny_inputs(length=13))
+    assert output <= 1e-4 and pattern <= 1e-5
+    sliding, full = (headscope.MultiHeadAttention.from_hf(b, model.config).config for _, b in attention_blocks(model))
+    assert (sliding.n_kv_heads, sliding.rotary_dim, sliding.sinks, sliding.d_value) == (4, 6, True, 12)
+    assert (full.n_kv_heads, full.rotary_dim, full.sinks, full.d_value) == (2, 8, False, 12)
+    block = attention_blocks(model)[0][1]
+    mine = headscope.MultiHeadAttention.from_hf(block, model.config)
+    assert torch.equal(mine.W_v.weight, block.v_proj.weight * 0.6)
+
+
+@pytest.mark.parametrize("change, diff", [(dict(value_scale=None), 0), (dict(sinks=None), 1)],
+                         ids=["no-value-scale", "no-sinks"])
+@torch.no_grad()
+def test_mimo_v2_flashs_value_scale_and_sinks_matter(change, diff, monkeypatch):
+    """Leaving out the value scale moves the output (the pattern stays), leaving out the sinks the
+    pattern, by far past verify's tolerances."""
+    model = _model("mimo_v2_flash", "interface")
+    with_adapter_changed(monkeypatch, model, **change)
+    assert _verified(model, tiny_inputs(length=13))[diff] > 1e-2
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(rotary=adapters.Rotary()), ValueError, "rotary tables have 6 dims, module rotates 16"),
+    (dict(value_size=None), RuntimeError, "size"),
+    (dict(sizes_per_layer=False), RuntimeError, "size"),
+], ids=["rotary-not-by-layer-type", "values-as-wide-as-keys", "sizes-from-the-config"])
+@torch.no_grad()
+def test_mimo_v2_flashs_sizes_read_otherwise_do_not_fit(change, error, match, monkeypatch):
+    """Reading the partial rotary factor from the top of rope_parameters (none there: every dim
+    rotated), the values as wide as the keys, or the key/value heads from the config (the sliding
+    layer has twice as many) gives a module the model's tables or weights do not fit: refused."""
+    model = _model("mimo_v2_flash", "interface")
+    with_adapter_changed(monkeypatch, model, **change)
+    with pytest.raises(error, match=match):
+        headscope.verify(model, tiny_inputs(length=13))
+
+
+def _granite_swa(family):
+    """granite_swa or granitemoe_swa with std-0.3 weights and sink logits that differ by head (its init zeroes them)."""
+    model = _model(family, "interface")
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(torch.randn(layer.self_attn.sinks.shape, generator=generator))
+    return model
+
+
+@pytest.mark.parametrize("family", ["granite_swa", "granitemoe_swa"])
+@torch.no_grad()
+def test_granite_swas_sinks_and_nope_layer_verify(family):
+    """Its sliding layer 0 rotates with its own base (layer_rope_theta 1000: from_hf's module alone, on
+    its own tables, attends as on the model's), its layer 1 has no rotary; both hold the sink logits."""
+    model = _granite_swa(family)
+    x = tiny_inputs(length=13)
+    output, pattern = _verified(model, x)
+    assert output <= 1e-4 and pattern <= 1e-5
+    (_, sliding), (_, full) = attention_blocks(model)
+    mine = [headscope.MultiHeadAttention.from_hf(b, model.config) for b in (sliding, full)]
+    assert [(m.config.rotary_dim, m.config.rotary_base, m.config.sinks) for m in mine] == [(16, 1000.0, True),
+                                                                                         (0, 10000.0, True)]
+    h = torch.randn(2, 13, 64)
+    cos, sin = model.model.rotary_embs[0](h, torch.arange(13)[None])
+    alone, given = mine[0](h, return_pattern=True)[1], mine[0](h, rotary=(cos, sin), return_pattern=True)[1]
+    assert (alone - given).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("change, diff", [(dict(sinks=None), "output"), (dict(weights_before_sinks=False), "pattern"),
+                                          (dict(rotary=adapters.Rotary()), "pattern")],
+                         ids=["no-sinks", "eager-weights-as-they-are", "rotary-in-the-nope-layer"])
+@pytest.mark.parametrize("family", ["granite_swa", "granitemoe_swa"])
+@torch.no_grad()
+def test_granite_swas_sinks_weights_and_nope_layer_each_matter(family, change, diff, monkeypatch):
+    """Without the sink logits from_hf's module outputs far off (its pattern is compared with the
+    eager weights times its own key share, so the sink shows in the output alone); comparing with
+    the eager weights as they are (without the sink) puts the pattern far off; rotating the NoPE
+    layer (rotary read without layer_rope_theta) puts that layer's pattern far off."""
+    model = _granite_swa(family)
+    with_adapter_changed(monkeypatch, model, **change)
+    output, pattern = _verified(model, tiny_inputs(length=13))
+    assert (output if diff == "output" else pattern) > 1e-2

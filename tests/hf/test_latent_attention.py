@@ -2,7 +2,8 @@
 family matrix: verify against the model's eager attention with weights large enough for every part
 to matter, each layout (rope_interleave on and off, a full-rank query, biases); the OV table against
 an OV circuit built here straight from the checkpoint's matrices; analyze end to end; DeepSeek-V3.2's
-sparse attention captured as its indexer selects, and verified with the indexer's own selection."""
+sparse attention captured as its indexer selects, and verified with the indexer's own selection; hy_v4's
+sink logits and sigmoid output gate, each needed by verify."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -35,9 +36,9 @@ def _model(family, seed=0, **extra):
 @pytest.mark.parametrize("family, extra", [
     ("deepseek_v3", {}), ("deepseek_v3", dict(rope_interleave=False)), ("deepseek_v3", dict(q_lora_rank=None)),
     ("deepseek_v3", dict(attention_bias=True)), ("deepseek_v2", {}), ("minicpm3", {}), ("glm4_moe_lite", {}),
-    ("youtu", dict(rope_interleave=True)), ("deepseek_v32", {}), ("glm_moe_dsa", {}),
+    ("youtu", dict(rope_interleave=True)), ("deepseek_v32", {}), ("glm_moe_dsa", {}), ("hy_v4", {}),
 ], ids=["v3", "v3-halves", "v3-full-rank-q", "v3-biases", "v2-complex", "minicpm3", "glm4-moe-lite", "youtu",
-        "v32-sparse", "glm5-sparse-shared"])
+        "v32-sparse", "glm5-sparse-shared", "hy-v4-sparse-shared-sinks-gate"])
 @torch.no_grad()
 def test_verify_agrees_at_every_layout(family, extra):
     model = _model(family, **extra)
@@ -143,12 +144,13 @@ def test_deepseek_v32s_patterns_keep_only_the_keys_its_indexer_picks(monkeypatch
 
 
 @pytest.mark.parametrize("family, without", [("deepseek_v32", dict(selector=None)),
-                                             ("glm_moe_dsa", dict(returns=("output", "weights")))])
+                                             ("glm_moe_dsa", dict(returns=("output", "weights"))),
+                                             ("hy_v4", dict(returns=("output", "weights")))])
 @torch.no_grad()
 def test_sparse_attentions_verify_needs_the_indexers_selection(family, without, monkeypatch):
     """verify hands from_hf's module (dense latent attention, no indexer) the keys the model's own
-    indexer picked (DeepSeek-V3.2: read from the indexer; GLM-5: returned by each layer, its layer 1
-    reusing layer 0's picks); without them the module attends to every earlier key and fails by far,
+    indexer picked (DeepSeek-V3.2: read from the indexer; GLM-5 and hy_v4: returned by each layer, its
+    layer 1 reusing layer 0's picks); without them the module attends to every earlier key and fails by far,
     in every layer."""
     model = _model(family)
     x = tiny_inputs(length=13)
@@ -178,3 +180,36 @@ def test_selected_keys_join_any_mask_as_written_out(given):
                 value = got[b, 0, q, key]
                 assert (bool(value) if got.dtype == torch.bool else bool(value > -1e30)) == expected
     assert with_selected_keys(mask, None, Tk, causal=False) is mask
+
+
+def _hy_v4(seed=0):
+    """hy_v4 with sink logits that differ by head (its init gives every head learnable_sink_init)."""
+    model = _model("hy_v4", seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(torch.randn(layer.self_attn.sinks.shape, generator=generator))
+    return model
+
+
+@torch.no_grad()
+def test_hy_v4s_sinks_and_output_gate_are_copied_and_verify():
+    model = _hy_v4()
+    table = headscope.verify(model, tiny_inputs(length=13))
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    block = attention_blocks(model)[0][1]
+    mine = headscope.MultiHeadAttention.from_hf(block, model.config)
+    assert mine.config.sinks and mine.config.output_gate and mine.latent is not None
+    assert torch.equal(mine.sinks, block.sinks) and torch.equal(mine.W_gate.weight, block.gate_proj.weight)
+
+
+@pytest.mark.parametrize("change, diff", [(dict(sinks=None), 1), (dict(latent=Latent()), 0)],
+                         ids=["no-sinks", "no-gate"])
+@torch.no_grad()
+def test_hy_v4s_sinks_and_gate_each_matter(change, diff, monkeypatch):
+    """Without its sink logits from_hf's module attends with other patterns, without its gate's
+    projection (a latent read without `gate`) it outputs z ungated: each far past verify's tolerances."""
+    model = _hy_v4()
+    with_adapter_changed(monkeypatch, model, **change)
+    table = headscope.verify(model, tiny_inputs(length=13))
+    assert (table.max_abs_diff_output if diff == 0 else table.max_abs_diff_pattern).min() > 1e-2

@@ -8,9 +8,10 @@ Two kinds, each a table of configs:
 - `kind="interface"` (`INTERFACE_FAMILIES`: every family on transformers' attention interface):
   2 layers, hidden 64, 4 query heads sharing 2 key/value heads where the family has GQA, head
   size 16, vocab 99, and sliding windows of 4 (shorter than the test sequences) where the family
-  has windows. Gemma 2 gets strong soft-capping (cap 1.0, large init) and gpt-oss non-zero sink
-  logits, so that a kernel ignoring either fails the tests. Built once per process and shared
-  (`functools.cache`): tests never change them.
+  has windows. Gemma 2 gets strong soft-capping (cap 1.0, large init) and gpt-oss (every family
+  with sinks: mimo_v2_flash, granite_swa, ...) non-zero sink logits, so that a kernel ignoring
+  either fails the tests. Built once per process and shared (`functools.cache`): tests never
+  change them.
 
 - `kind="hybrid"` (`HYBRID_FAMILIES`): attention next to Mamba, linear-attention or convolution
   layers, 4 layers with attention only in some of them (`HYBRID_ATTENTION[family]`, the
@@ -116,6 +117,11 @@ EXTRA = {
     "exaone": {},
     "internlm3": {},
     "granitemoe": dict(attention_multiplier=0.3, num_local_experts=4, num_experts_per_tok=2),
+    # sinks applied as a scale on the output (eager weights without them); layer 0 sliding with its own
+    # rotary base, layer 1 full attention without rotary (layer_rope_theta 0)
+    "granite_swa": dict(WINDOW, attention_multiplier=0.3, layer_rope_theta=[1000.0, 0.0]),
+    "granitemoe_swa": dict(WINDOW, attention_multiplier=0.3, num_local_experts=4, num_experts_per_tok=2,
+                           layer_rope_theta=[1000.0, 0.0]),
     "apertus": {},
     "dots1": dict(WINDOW, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=16,
                   first_k_dense_replace=1),
@@ -168,8 +174,14 @@ EXTRA = {
     # Its query scale grows from position 4 on (original_max_position_embeddings 4, beta 0.5).
     "ministral3": dict(WINDOW, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                                     original_max_position_embeddings=4, llama_4_scaling_beta=0.5)),
+    # partial rotary per layer type: 6 of 16 dims in the sliding layer (int(16 * 0.334) = 5, rounded up to a
+    # pair, as transformers' tables are), 8 in the full-attention one; values of 12, scaled by 0.6
     "mimo_v2_flash": dict(WINDOW, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                          mlp_layer_types=["dense", "sparse"]),
+                          mlp_layer_types=["dense", "sparse"], attention_value_scale=0.6,
+                          rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=10000.0,
+                                                                     partial_rotary_factor=0.334),
+                                           "full_attention": dict(rope_type="default", rope_theta=10000.0,
+                                                                  partial_rotary_factor=0.5)}),
     "biogpt": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, activation_dropout=0.0),
     # each query attends to the 4 keys its indexer picks; layer 1 reuses layer 0's picks
     "hy_v4": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, index_topk=4,
