@@ -353,6 +353,9 @@ _VISION = dict(layers="", block="", core="", causal=False, stack="vision", heads
 VISION_ADAPTERS = (
     Adapter("siglip", ("siglip_vision_model", "idefics3_vision", "smolvlm_vision"), qkv=_QKV, out="out_proj",
             scale="scale", **_VISION, notes="gemma3's SigLIP tower, and Idefics3's and SmolVLM's (SigLIP's attention)"),
+    Adapter("pixtral", ("pixtral",), qkv=_QKV, out="o_proj", rotary=Rotary(), **_VISION,
+            notes="Mistral 3's Pixtral tower: every image's patches in one sequence, a block-diagonal mask keeping "
+                  "each image's to itself; 2-D rotary tables, no biases"),
     Adapter("clip", ("clip_vision_model",), qkv=_QKV, out="out_proj", scale="scale", **_VISION,
             notes="llava's CLIP tower"),
     Adapter("mllama_vision", ("mllama_vision_model",), qkv=_QKV, out="o_proj", **_VISION,

@@ -48,6 +48,12 @@ _WITH_CROSS = "text, text.self, text.cross"  # the text stack holds self- and cr
 DISCOVERED = (
     ("gemma3", _VLM, True, _WITH_VISION),
     ("llava", _VLM, True, _WITH_VISION),
+    ("paligemma", _VLM, True, _WITH_VISION),
+    ("aya_vision", _VLM, True, _WITH_VISION),
+    ("vipllava", _VLM, True, _WITH_VISION),
+    ("mistral3", _VLM + "; its vision tower runs every image's patches as one sequence, a block-diagonal mask keeping "
+                        "each image's patches to themselves: a layer's map is [1, head, patch, patch] over all images",
+     True, _WITH_VISION),
     ("idefics3", _VLM, True, _WITH_VISION),
     ("smolvlm", _VLM, True, _WITH_VISION),
     ("qwen2_5_vl", _VLM + _PACKED, True, _WITH_VISION),
@@ -67,7 +73,8 @@ DISCOVERED = (
 # The model type of each vision-language family's vision config (`config.vision_config.model_type`): where
 # `VISION_ADAPTERS` describes it, from_hf and verify work at sites="vision" (tests/hf/test_vision_towers.py).
 VISION_TOWERS = {"gemma3": "siglip_vision_model", "llava": "clip_vision_model", "mllama": "mllama_vision_model",
-                 "idefics3": "idefics3_vision", "smolvlm": "smolvlm_vision",
+                 "idefics3": "idefics3_vision", "smolvlm": "smolvlm_vision", "paligemma": "siglip_vision_model",
+                 "aya_vision": "siglip_vision_model", "vipllava": "clip_vision_model", "mistral3": "pixtral",
                  "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_5": "qwen3_5_vision", "qwen3_5_moe": "qwen3_5_moe_vision",
                  "qwen2_vl": "qwen2_vl_vision", "qwen3_vl": "qwen3_vl_vision", "qwen3_vl_moe": "qwen3_vl_moe_vision",
                  "gemma4": "gemma4_vision"}

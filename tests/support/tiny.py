@@ -293,6 +293,22 @@ COMPOSITE["qwen3_5_moe"] = dict(text_config=dict(QWEN3_5_TEXT, model_type="qwen3
                                                  num_experts_per_tok=1, moe_intermediate_size=16,
                                                  shared_expert_intermediate_size=16),
                                 vision_config=QWEN3_5_VISION, image_token_id=98, video_token_id=97)
+# PaliGemma (Gemma), Aya Vision (Cohere 2) and VipLlava (Llama, features from its tower's last two layers of 3) beside
+# SigLIP or CLIP towers; Mistral 3 (Mistral) beside Pixtral's, which joins both images' patches in one sequence.
+COMPOSITE["paligemma"] = dict(text_config=dict(TEXT, model_type="gemma"), vision_config=VISION, projection_dim=64,
+                              image_token_index=98)
+COMPOSITE["aya_vision"] = dict(text_config=dict(TEXT, model_type="cohere2"),
+                               vision_config=dict(VISION, model_type="siglip_vision_model"), downsample_factor=1,
+                               image_token_index=98)
+COMPOSITE["vipllava"] = dict(text_config=dict(TEXT, model_type="llama"),
+                             vision_config=dict(VISION, model_type="clip_vision_model", projection_dim=32,
+                                                num_hidden_layers=3),
+                             vision_feature_layers=[-2, -1], image_token_index=98)
+COMPOSITE["mistral3"] = dict(text_config=dict(TEXT, model_type="mistral"),
+                             vision_config=dict(model_type="pixtral", hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2, intermediate_size=40, image_size=28,
+                                                patch_size=14, head_dim=16),
+                             spatial_merge_size=1, image_token_index=98)
 # Idefics3 and SmolVLM: a Llama text decoder beside a SigLIP-like tower; scale_factor 1 keeps the 4 patches as 4 image tokens.
 for _name in ("idefics3", "smolvlm"):
     COMPOSITE[_name] = dict(text_config=dict(TEXT, model_type="llama"), vision_config=dict(VISION, initializer_range=0.2),
@@ -324,7 +340,7 @@ COMPOSITE_FAMILIES = tuple(COMPOSITE)
 COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2)}
 # Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text, qwen3_5_text, qwen3_5_moe_text,
 # qwen3_vl_text, qwen3_vl_moe_text, gemma4_text).
-VERIFIED_COMPOSITES = ("gemma3", "llava", "idefics3", "smolvlm", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe",
+VERIFIED_COMPOSITES = ("gemma3", "llava", "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe",
                        "qwen3_vl", "qwen3_vl_moe", "gemma4")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
 TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl", "qwen2_vl_text": "qwen2_vl", "qwen3_vl_text": "qwen3_vl",
@@ -490,6 +506,9 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
         ids[:, 1], ids[:, 6] = 97, 96  # begin and end of image
     if family in ("idefics3", "smolvlm"):  # [batch, image, channel, height, width]: one image each
         return dict(x, input_ids=ids, pixel_values=torch.randn(2, 1, 3, 28, 28, generator=g))
+    if family == "mistral3":  # Pixtral is told each image's size
+        return dict(x, input_ids=ids, pixel_values=torch.randn(2, 3, 28, 28, generator=g),
+                    image_sizes=torch.tensor([[28, 28], [28, 28]]))
     return dict(x, input_ids=ids, pixel_values=torch.randn(2, 3, 28, 28, generator=g))
 
 
