@@ -48,6 +48,8 @@ _WITH_CROSS = "text, text.self, text.cross"  # the text stack holds self- and cr
 DISCOVERED = (
     ("gemma3", _VLM, True, _WITH_VISION),
     ("llava", _VLM, True, _WITH_VISION),
+    ("llava_next", _VLM, True, _WITH_VISION),
+    ("llava_onevision", _VLM, True, _WITH_VISION),
     ("paligemma", _VLM, True, _WITH_VISION),
     ("aya_vision", _VLM, True, _WITH_VISION),
     ("vipllava", _VLM, True, _WITH_VISION),
@@ -74,6 +76,7 @@ DISCOVERED = (
 # `VISION_ADAPTERS` describes it, from_hf and verify work at sites="vision" (tests/hf/test_vision_towers.py).
 VISION_TOWERS = {"gemma3": "siglip_vision_model", "llava": "clip_vision_model", "mllama": "mllama_vision_model",
                  "idefics3": "idefics3_vision", "smolvlm": "smolvlm_vision", "paligemma": "siglip_vision_model",
+                 "llava_next": "clip_vision_model", "llava_onevision": "siglip_vision_model",
                  "aya_vision": "siglip_vision_model", "vipllava": "clip_vision_model", "mistral3": "pixtral",
                  "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_5": "qwen3_5_vision", "qwen3_5_moe": "qwen3_5_moe_vision",
                  "qwen2_vl": "qwen2_vl_vision", "qwen3_vl": "qwen3_vl_vision", "qwen3_vl_moe": "qwen3_vl_moe_vision",

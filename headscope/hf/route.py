@@ -148,11 +148,12 @@ class Session:
 
 # Keyword arguments models pass to the attention function. Honoured: they change the math.
 # Ignored: they change nothing here (sliding windows arrive built into the mask; the rest
-# serve caches and other kernels). Anything else stops the forward pass with its name.
+# serve caches and other kernels, or, as logits_to_keep, which some vision-language models hand on,
+# the model's head). Anything else stops the forward pass with its name.
 HONOURED = ("softcap", "s_aux", "sinks", "position_bias", "is_causal", "indices")
 IGNORED = ("position_ids", "use_cache", "sliding_window", "encoder_hidden_states", "deterministic",
            "output_attentions", "cache_position", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
-           "output_router_logits", "output_hidden_states")
+           "output_router_logits", "output_hidden_states", "logits_to_keep")
 
 
 def _extras(module, kwargs) -> tuple[Optional[float], Optional[torch.Tensor], Optional[torch.Tensor]]:

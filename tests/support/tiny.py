@@ -309,6 +309,14 @@ COMPOSITE["mistral3"] = dict(text_config=dict(TEXT, model_type="mistral"),
                                                 num_attention_heads=2, intermediate_size=40, image_size=28,
                                                 patch_size=14, head_dim=16),
                              spatial_merge_size=1, image_token_index=98)
+# LLaVA-NeXT (Llama, CLIP) and LLaVA-OneVision (Qwen2, SigLIP): each image as its base view and one 28-pixel crop
+# (image_grid_pinpoints [[28, 28]]), 10 image tokens with the row-end tokens.
+COMPOSITE["llava_next"] = dict(text_config=dict(TEXT, model_type="llama"),
+                               vision_config=dict(VISION, model_type="clip_vision_model", projection_dim=32),
+                               image_token_index=98, image_grid_pinpoints=[[28, 28]])
+COMPOSITE["llava_onevision"] = dict(text_config=dict(TEXT, model_type="qwen2"),
+                                    vision_config=dict(VISION, model_type="siglip_vision_model"), image_token_index=98,
+                                    image_grid_pinpoints=[[28, 28]], vision_feature_layer=-1)
 # Idefics3 and SmolVLM: a Llama text decoder beside a SigLIP-like tower; scale_factor 1 keeps the 4 patches as 4 image tokens.
 for _name in ("idefics3", "smolvlm"):
     COMPOSITE[_name] = dict(text_config=dict(TEXT, model_type="llama"), vision_config=dict(VISION, initializer_range=0.2),
@@ -340,7 +348,7 @@ COMPOSITE_FAMILIES = tuple(COMPOSITE)
 COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2)}
 # Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text, qwen3_5_text, qwen3_5_moe_text,
 # qwen3_vl_text, qwen3_vl_moe_text, gemma4_text).
-VERIFIED_COMPOSITES = ("gemma3", "llava", "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe",
+VERIFIED_COMPOSITES = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe",
                        "qwen3_vl", "qwen3_vl_moe", "gemma4")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
 TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl", "qwen2_vl_text": "qwen2_vl", "qwen3_vl_text": "qwen3_vl",
@@ -506,6 +514,12 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
         ids[:, 1], ids[:, 6] = 97, 96  # begin and end of image
     if family in ("idefics3", "smolvlm"):  # [batch, image, channel, height, width]: one image each
         return dict(x, input_ids=ids, pixel_values=torch.randn(2, 1, 3, 28, 28, generator=g))
+    if family in ("llava_next", "llava_onevision"):  # the base view and one crop per image: 10 image tokens
+        x = tiny_inputs(length=21, seed=seed)
+        ids = x["input_ids"].clone()
+        ids[:, 2:12] = 98
+        return dict(x, input_ids=ids, pixel_values=torch.randn(2, 2, 3, 28, 28, generator=g),
+                    image_sizes=torch.tensor([[28, 28], [28, 28]]))
     if family == "mistral3":  # Pixtral is told each image's size
         return dict(x, input_ids=ids, pixel_values=torch.randn(2, 3, 28, 28, generator=g),
                     image_sizes=torch.tensor([[28, 28], [28, 28]]))
