@@ -351,8 +351,13 @@ ADAPTERS = (
 _VISION = dict(layers="", block="", core="", causal=False, stack="vision", heads="num_heads")
 
 VISION_ADAPTERS = (
-    Adapter("siglip", ("siglip_vision_model", "idefics3_vision", "smolvlm_vision"), qkv=_QKV, out="out_proj",
-            scale="scale", **_VISION, notes="gemma3's SigLIP tower, and Idefics3's and SmolVLM's (SigLIP's attention)"),
+    Adapter("siglip", ("siglip_vision_model", "siglip2_vision_model", "idefics3_vision", "smolvlm_vision"), qkv=_QKV,
+            out="out_proj", scale="scale", **_VISION,
+            notes="gemma3's SigLIP tower, and SigLIP 2's (LFM2-VL), Idefics3's and SmolVLM's (SigLIP's attention)"),
+    Adapter("internvl_vision", ("internvl_vision",), qkv=_QKV, out="projection_layer", scale="scale",
+            qk_norm=QKNorm("q_norm", "k_norm", over="projection"), **_VISION,
+            notes="InternVL's tower: with use_qk_norm an RMSNorm over all heads' q (and k) features before the "
+                  "heads are split, which from_hf copies"),
     Adapter("pixtral", ("pixtral",), qkv=_QKV, out="o_proj", rotary=Rotary(), **_VISION,
             notes="Mistral 3's Pixtral tower: every image's patches in one sequence, a block-diagonal mask keeping "
                   "each image's to itself; 2-D rotary tables, no biases"),

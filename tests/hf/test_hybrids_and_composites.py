@@ -29,7 +29,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 # its block's MLP and the next Mamba mixer): all of them. zamba2's LoRA and joined input: tests/hf/test_zamba2.py.
 ADAPTED_HYBRIDS = [f for f in HYBRID_FAMILIES if adapter_for(tiny_config(f, "hybrid")) is not None]
 CASES = [(f, "hybrid") for f in HYBRID_FAMILIES] + [(f, "composite") for f in COMPOSITE_FAMILIES]
-OUT = {"lfm2": "out_proj", "lfm2_moe": "out_proj"}  # the output projection's name inside the attention module (default o_proj)
+OUT = {"lfm2": "out_proj", "lfm2_moe": "out_proj", "lfm2_vl": "out_proj"}  # the output projection's name inside the attention module (default o_proj)
 
 
 def _attention_layers(family, kind, model):

@@ -35,20 +35,23 @@ from tests.support.tiny import tiny_config, tiny_image_inputs, tiny_inputs, tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-FAMILIES = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "gemma4")
-DENSE = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "mllama", "gemma4")  # one call of the attention function per layer and forward pass
+FAMILIES = ("gemma3", "llava", "llava_next", "llava_onevision", "internvl", "lfm2_vl", "cohere2_vision", "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "gemma4")
+DENSE = ("gemma3", "llava", "llava_next", "llava_onevision", "internvl", "lfm2_vl", "cohere2_vision", "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "mllama", "gemma4")  # one call of the attention function per layer and forward pass
 PACKED = ("qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe")  # one call per image or window (cu_seqlens)
 OUT = {"gemma3": "out_proj", "llava": "out_proj", "llava_next": "out_proj", "llava_onevision": "out_proj",
+       "internvl": "projection_layer", "lfm2_vl": "out_proj", "cohere2_vision": "out_proj",
        "paligemma": "out_proj", "aya_vision": "out_proj",
        "vipllava": "out_proj", "mistral3": "o_proj", "idefics3": "out_proj", "smolvlm": "out_proj", "mllama": "o_proj", "qwen2_5_vl": "proj", "qwen2_vl": "proj", "qwen3_5": "proj",
        "qwen3_5_moe": "proj", "qwen3_vl": "proj", "qwen3_vl_moe": "proj", "gemma4": "o_proj"}  # inside the site
-LAYERS = {"gemma3": [0, 1], "llava": [0, 1], "llava_next": [0, 1], "llava_onevision": [0, 1], "paligemma": [0, 1], "aya_vision": [0, 1], "vipllava": [0, 1, 2],
+LAYERS = {"gemma3": [0, 1], "llava": [0, 1], "llava_next": [0, 1], "llava_onevision": [0, 1], "internvl": [0, 1],
+          "lfm2_vl": [0, 1], "cohere2_vision": [0, 1], "paligemma": [0, 1], "aya_vision": [0, 1], "vipllava": [0, 1, 2],
           "mistral3": [0, 1], "idefics3": [0, 1], "smolvlm": [0, 1], "mllama": [0, 1, 2], "qwen2_5_vl": [0, 1], "qwen2_vl": [0, 1], "qwen3_5": [0, 1],
           "qwen3_5_moe": [0, 1], "qwen3_vl": [0, 1], "qwen3_vl_moe": [0, 1], "gemma4": [0, 1]}  # mllama: 2 local, 1 global
 # The layer each family's ablation removes a head of: the last, but llava's image features are its
 # tower's penultimate hidden state (vision_feature_layer -2), so its last layer never reaches the text;
 # qwen2_5_vl's windowed layer 0.
-ABLATED = {"gemma3": 1, "llava": 0, "llava_next": 0, "llava_onevision": 1, "paligemma": 1, "aya_vision": 1, "vipllava": 2, "mistral3": 1, "idefics3": 1, "smolvlm": 1, "mllama": 2, "qwen2_5_vl": 0, "qwen2_vl": 1, "qwen3_5": 1, "qwen3_5_moe": 1, "qwen3_vl": 1,
+ABLATED = {"gemma3": 1, "llava": 0, "llava_next": 0, "llava_onevision": 1, "internvl": 1, "lfm2_vl": 1,
+           "cohere2_vision": 1, "paligemma": 1, "aya_vision": 1, "vipllava": 2, "mistral3": 1, "idefics3": 1, "smolvlm": 1, "mllama": 2, "qwen2_5_vl": 0, "qwen2_vl": 1, "qwen3_5": 1, "qwen3_5_moe": 1, "qwen3_vl": 1,
            "qwen3_vl_moe": 1, "gemma4": 1}
 # Each packed tower's pieces per layer (cu_seqlens over both images' 48 patches): qwen2_5_vl's layer 0 two
 # windows per image, its layer 1 and the other towers' layers the two images.
@@ -505,11 +508,12 @@ def _assert_zeroing_hook_z_is_ablation(model, x, layer, head):
 
 
 @pytest.mark.parametrize("family, change", [("gemma4", dict(rotary=Rotary())), ("gemma4", dict(rotary=None)),
-                                            ("qwen3_5", dict(rotary=None))])
+                                            ("qwen3_5", dict(rotary=None)), ("internvl", dict(qk_norm=None))])
 @torch.no_grad()
 def test_a_vision_adapter_read_wrongly_fails_verify_by_far(family, change, monkeypatch):
     """Gemma 4's rotary read as one rotate-half layout over the head (its two halves not told apart),
-    or either tower's rotary left out: verify's patterns are off by far more than its tolerance."""
+    either tower's rotary left out, or InternVL's q/k norms over all heads' features: verify's patterns
+    are off by far more than its tolerance."""
     model, x = _model(family), tiny_image_inputs(family)
     assert headscope.verify(model, x, sites="vision")["max_abs_diff_pattern"].max() <= 1e-5
     with_adapter_changed(monkeypatch, model, vision=True, **change)

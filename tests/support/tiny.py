@@ -317,6 +317,22 @@ COMPOSITE["llava_next"] = dict(text_config=dict(TEXT, model_type="llama"),
 COMPOSITE["llava_onevision"] = dict(text_config=dict(TEXT, model_type="qwen2"),
                                     vision_config=dict(VISION, model_type="siglip_vision_model"), image_token_index=98,
                                     image_grid_pinpoints=[[28, 28]], vision_feature_layer=-1)
+# InternVL (Qwen2 beside its own tower, q/k norms over all heads' features, 4 patches pixel-shuffled to 1 token),
+# LFM2-VL (LFM2's hybrid text decoder, attention in layers 1 and 2, beside SigLIP 2) and Command A Vision (Cohere 2,
+# SigLIP).
+COMPOSITE["internvl"] = dict(text_config=dict(TEXT, model_type="qwen2"),
+                             vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                intermediate_size=40, image_size=[28, 28], patch_size=[14, 14],
+                                                use_qk_norm=True, use_mask_token=False, initializer_range=0.2),
+                             image_token_id=98, downsample_ratio=0.5)
+COMPOSITE["lfm2_vl"] = dict(text_config=dict(TEXT, model_type="lfm2", layer_types=["conv", "full_attention",
+                                                                                    "full_attention"]),
+                            vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                               intermediate_size=40, patch_size=14, num_patches=4),
+                            downsample_factor=1, image_token_id=98)
+COMPOSITE["cohere2_vision"] = dict(text_config=dict(TEXT, model_type="cohere2"),
+                                   vision_config=dict(VISION, model_type="siglip_vision_model"), downsample_factor=1,
+                                   image_token_id=98)
 # Idefics3 and SmolVLM: a Llama text decoder beside a SigLIP-like tower; scale_factor 1 keeps the 4 patches as 4 image tokens.
 for _name in ("idefics3", "smolvlm"):
     COMPOSITE[_name] = dict(text_config=dict(TEXT, model_type="llama"), vision_config=dict(VISION, initializer_range=0.2),
@@ -345,10 +361,11 @@ COMPOSITE["gemma4"] = dict(text_config={**TEXT, **EXTRA["gemma4_text"], "model_t
                            audio_token_id=94, boa_token_id=93, eoa_token_index=92)
 COMPOSITE_FAMILIES = tuple(COMPOSITE)
 # The text layers that attend, where not all of them (a hybrid text decoder).
-COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2)}
+COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2), "lfm2_vl": (1, 2)}
 # Their text decoders have adapters (gemma3_text, llama, qwen2_5_vl_text, qwen3_5_text, qwen3_5_moe_text,
 # qwen3_vl_text, qwen3_vl_moe_text, gemma4_text).
-VERIFIED_COMPOSITES = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe",
+VERIFIED_COMPOSITES = ("gemma3", "llava", "llava_next", "llava_onevision", "internvl", "lfm2_vl", "cohere2_vision",
+                       "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe",
                        "qwen3_vl", "qwen3_vl_moe", "gemma4")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
 TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl", "qwen2_vl_text": "qwen2_vl", "qwen3_vl_text": "qwen3_vl",
@@ -520,6 +537,13 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
         ids[:, 2:12] = 98
         return dict(x, input_ids=ids, pixel_values=torch.randn(2, 2, 3, 28, 28, generator=g),
                     image_sizes=torch.tensor([[28, 28], [28, 28]]))
+    if family == "internvl":  # 4 patches, pixel-shuffled by downsample_ratio 0.5 to one image token
+        ids = x["input_ids"].clone()
+        ids[:, 2] = 98
+        return dict(x, input_ids=ids, pixel_values=torch.randn(2, 3, 28, 28, generator=g))
+    if family == "lfm2_vl":  # SigLIP 2: 4 flattened patches of 14 pixels on a 2 x 2 grid
+        return dict(x, input_ids=ids, pixel_values=torch.randn(2, 4, 3 * 14 * 14, generator=g),
+                    spatial_shapes=torch.tensor([[2, 2], [2, 2]]), pixel_attention_mask=torch.ones(2, 4, dtype=torch.bool))
     if family == "mistral3":  # Pixtral is told each image's size
         return dict(x, input_ids=ids, pixel_values=torch.randn(2, 3, 28, 28, generator=g),
                     image_sizes=torch.tensor([[28, 28], [28, 28]]))
