@@ -40,6 +40,11 @@ ADAPTERS = (
             out="o_proj", rotary=Rotary(),
             notes="qwen2_5_vl's and qwen2_vl's text decoder: GQA, q/k/v biases, multimodal rotary (the model's rotary module "
                   "joins the temporal, height and width tables by mrope_section into one table per position)"),
+    Adapter("glm4v_text", ("glm4v_text",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(interleaved=True),
+            notes="GLM-4V's text decoder: GQA, q/k/v biases, partial multimodal rotary on interleaved pairs (the "
+                  "model's rotary module builds one table per position from its temporal, height and width "
+                  "positions)"),
     Adapter("qwen3_vl_text", ("qwen3_vl_text", "qwen3_vl_moe_text"), layers="layers", block="self_attn", core="",
             qkv=_QKV, out="o_proj", rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"),
             notes="Qwen3-VL's text decoder: GQA, per-head q/k RMSNorm before rotary, multimodal rotary (the model's "
@@ -371,6 +376,8 @@ VISION_ADAPTERS = (
     Adapter("qwen2_vl_vision", ("qwen2_vl_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(), returns=("output",),
             **dict(_VISION, width="embed_dim"),
             notes="Qwen2-VL's packed tower without windows: fused qkv, 2-D rotary tables, its width embed_dim"),
+    Adapter("glm4v_vision", ("glm4v_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(), returns=("output",),
+            **_VISION, notes="GLM-4V's packed tower without windows: fused qkv, 2-D rotary tables"),
     Adapter("qwen3_5_vision", ("qwen3_5_vision", "qwen3_5_moe_vision", "qwen3_vl_vision", "qwen3_vl_moe_vision"),
             qkv=FusedRows("qkv"), out="proj", rotary=Rotary(), returns=("output",), **_VISION,
             notes="Qwen3.5's and Qwen3-VL's packed tower without windows: fused qkv, 2-D rotary tables (height and "

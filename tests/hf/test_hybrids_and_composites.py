@@ -9,7 +9,7 @@ import torch
 
 import headscope
 from headscope.hf import route
-from headscope.hf.adapters import adapter_for, attention_blocks, core_modules, discovered_cores, text_config
+from headscope.hf.adapters import Rotary, adapter_for, attention_blocks, core_modules, discovered_cores, text_config
 from headscope.hf.from_hf import rotary_tables
 from tests.support.contracts import (assert_hook_contract, assert_ov_refused, eager_weights, head_meaned_at,
                                      head_zeroed_at, run_eager, with_adapter_changed)
@@ -275,6 +275,18 @@ def test_qwen3_vls_text_decoder_verifies_with_an_image_and_needs_its_qk_norms(fa
     assert list(table.layer) == [0, 1, 2]
     assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
     with_adapter_changed(monkeypatch, model, qk_norm=None)
+    assert headscope.verify(model, x).max_abs_diff_pattern.max() > 1e-3
+
+
+@torch.no_grad()
+def test_glm4vs_text_decoder_rotates_interleaved_pairs(monkeypatch):
+    """GLM-4V's text attention rotates half of each head on interleaved pairs (2i, 2i + 1), by the
+    image's three position axes: verify agrees with an image; the pairs read as rotate-half fail."""
+    model = tiny_model("glm4v", kind="composite")
+    x = tiny_image_inputs("glm4v")
+    table = headscope.verify(model, x)
+    assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
+    with_adapter_changed(monkeypatch, model, rotary=Rotary())
     assert headscope.verify(model, x).max_abs_diff_pattern.max() > 1e-3
 
 

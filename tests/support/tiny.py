@@ -343,6 +343,15 @@ COMPOSITE["qwen2_vl"] = dict(text_config=dict(TEXT, model_type="qwen2_vl_text",
                              vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
                                                 patch_size=14, initializer_range=0.2),
                              image_token_id=98, video_token_id=97)
+# GLM-4V: GLM-4's text attention (q/k/v biases, half of each head rotated on interleaved pairs, by three axes) beside
+# a windowless packed tower of Qwen2-VL's kind.
+COMPOSITE["glm4v"] = dict(text_config=dict(TEXT, model_type="glm4v_text",
+                                           rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                mrope_section=[1, 1, 2], partial_rotary_factor=0.5)),
+                          vision_config=dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40,
+                                             out_hidden_size=64, patch_size=14, image_size=28, spatial_merge_size=2,
+                                             temporal_patch_size=2, initializer_range=0.2),
+                          image_token_id=98, video_token_id=97)
 # Qwen3-VL: a Qwen3 text decoder (q/k norms, multimodal rotary) beside Qwen3.5's kind of tower, whose layer 0
 # features also join the text's first layer (deepstack).
 QWEN3_VL_VISION = dict(QWEN3_5_VISION, deepstack_visual_indexes=[0])
@@ -366,10 +375,10 @@ COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2), "lfm2_vl": (1, 
 # qwen3_vl_text, qwen3_vl_moe_text, gemma4_text).
 VERIFIED_COMPOSITES = ("gemma3", "llava", "llava_next", "llava_onevision", "internvl", "lfm2_vl", "cohere2_vision",
                        "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe",
-                       "qwen3_vl", "qwen3_vl_moe", "gemma4")
+                       "qwen3_vl", "qwen3_vl_moe", "glm4v", "gemma4")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
 TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl", "qwen2_vl_text": "qwen2_vl", "qwen3_vl_text": "qwen3_vl",
-                 "qwen3_vl_moe_text": "qwen3_vl_moe"}
+                 "qwen3_vl_moe_text": "qwen3_vl_moe", "glm4v_text": "glm4v"}
 
 
 SEQ2SEQ = dict(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -513,7 +522,7 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
                     aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long),
                     aspect_ratio_mask=torch.ones(2, 1, 1, dtype=torch.long),
                     cross_attention_mask=torch.ones(2, 11, 1, 1, dtype=torch.long))
-    if family in ("qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe"):  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens
+    if family in ("qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "glm4v"):  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens
         ids[:, 2:8] = 98
         images = dict(pixel_values=torch.randn(2 * 24, 3 * 2 * 14 * 14, generator=g),
                       image_grid_thw=torch.tensor([[1, 4, 6], [1, 4, 6]]))
