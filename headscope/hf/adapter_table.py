@@ -45,6 +45,10 @@ ADAPTERS = (
             notes="GLM-4V's text decoder: GQA, q/k/v biases, partial multimodal rotary on interleaved pairs (the "
                   "model's rotary module builds one table per position from its temporal, height and width "
                   "positions)"),
+    Adapter("glm4v_moe_text", ("glm4v_moe_text",), layers="layers", block="self_attn", core="", qkv=_QKV,
+            out="o_proj", rotary=Rotary(),
+            notes="GLM-4.5V's text decoder: GQA, partial multimodal rotary on rotate-half pairs (not GLM-4V's "
+                  "interleaved ones), MoE"),
     Adapter("qwen3_vl_text", ("qwen3_vl_text", "qwen3_vl_moe_text"), layers="layers", block="self_attn", core="",
             qkv=_QKV, out="o_proj", rotary=Rotary(), qk_norm=QKNorm("q_norm", "k_norm"),
             notes="Qwen3-VL's text decoder: GQA, per-head q/k RMSNorm before rotary, multimodal rotary (the model's "
@@ -376,8 +380,9 @@ VISION_ADAPTERS = (
     Adapter("qwen2_vl_vision", ("qwen2_vl_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(), returns=("output",),
             **dict(_VISION, width="embed_dim"),
             notes="Qwen2-VL's packed tower without windows: fused qkv, 2-D rotary tables, its width embed_dim"),
-    Adapter("glm4v_vision", ("glm4v_vision",), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(), returns=("output",),
-            **_VISION, notes="GLM-4V's packed tower without windows: fused qkv, 2-D rotary tables"),
+    Adapter("glm4v_vision", ("glm4v_vision", "glm4v_moe_vision"), qkv=FusedRows("qkv"), out="proj", rotary=Rotary(),
+            returns=("output",), **_VISION,
+            notes="GLM-4V's and GLM-4.5V's packed tower without windows: fused qkv, 2-D rotary tables"),
     Adapter("qwen3_5_vision", ("qwen3_5_vision", "qwen3_5_moe_vision", "qwen3_vl_vision", "qwen3_vl_moe_vision"),
             qkv=FusedRows("qkv"), out="proj", rotary=Rotary(), returns=("output",), **_VISION,
             notes="Qwen3.5's and Qwen3-VL's packed tower without windows: fused qkv, 2-D rotary tables (height and "

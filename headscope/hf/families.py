@@ -68,6 +68,7 @@ DISCOVERED = (
     ("qwen2_vl", _VLM_TEXT.format("qwen2_vl_text") + _PACKED_IMAGES, True, _WITH_VISION),
     ("qwen3_vl", _VLM_TEXT.format("qwen3_vl_text") + _PACKED_IMAGES, True, _WITH_VISION),
     ("glm4v", _VLM_TEXT.format("glm4v_text") + _PACKED_IMAGES, True, _WITH_VISION),
+    ("glm4v_moe", _VLM_TEXT.format("glm4v_moe_text") + _PACKED_IMAGES, True, _WITH_VISION),
     ("qwen3_vl_moe", _VLM_TEXT.format("qwen3_vl_moe_text") + _PACKED_IMAGES, True, _WITH_VISION),
     ("gemma4", _VLM_TEXT.format("gemma4_text"), True, _WITH_VISION),
     ("mllama", _VLM + "; its vision layers numbered local then global; its cross-attention layers never run "
@@ -86,7 +87,7 @@ VISION_TOWERS = {"gemma3": "siglip_vision_model", "llava": "clip_vision_model", 
                  "aya_vision": "siglip_vision_model", "vipllava": "clip_vision_model", "mistral3": "pixtral",
                  "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_5": "qwen3_5_vision", "qwen3_5_moe": "qwen3_5_moe_vision",
                  "qwen2_vl": "qwen2_vl_vision", "qwen3_vl": "qwen3_vl_vision", "qwen3_vl_moe": "qwen3_vl_moe_vision",
-                 "glm4v": "glm4v_vision",
+                 "glm4v": "glm4v_vision", "glm4v_moe": "glm4v_moe_vision",
                  "gemma4": "gemma4_vision"}
 
 

@@ -278,15 +278,17 @@ def test_qwen3_vls_text_decoder_verifies_with_an_image_and_needs_its_qk_norms(fa
     assert headscope.verify(model, x).max_abs_diff_pattern.max() > 1e-3
 
 
+@pytest.mark.parametrize("family, other", [("glm4v", Rotary()), ("glm4v_moe", Rotary(interleaved=True))])
 @torch.no_grad()
-def test_glm4vs_text_decoder_rotates_interleaved_pairs(monkeypatch):
-    """GLM-4V's text attention rotates half of each head on interleaved pairs (2i, 2i + 1), by the
-    image's three position axes: verify agrees with an image; the pairs read as rotate-half fail."""
-    model = tiny_model("glm4v", kind="composite")
-    x = tiny_image_inputs("glm4v")
+def test_glm4v_text_decoders_rotary_pairs(family, other, monkeypatch):
+    """GLM-4V's text attention rotates half of each head on interleaved pairs (2i, 2i + 1), GLM-4.5V's
+    on rotate-half pairs, both by the image's three position axes: verify agrees with an image; each
+    read with the other's pairs fails."""
+    model = tiny_model(family, kind="composite")
+    x = tiny_image_inputs(family)
     table = headscope.verify(model, x)
     assert table.max_abs_diff_output.max() <= 1e-4 and table.max_abs_diff_pattern.max() <= 1e-5
-    with_adapter_changed(monkeypatch, model, rotary=Rotary())
+    with_adapter_changed(monkeypatch, model, rotary=other)
     assert headscope.verify(model, x).max_abs_diff_pattern.max() > 1e-3
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as modeling_qwen2_5_vl
 import transformers.models.glm4v.modeling_glm4v as modeling_glm4v
+import transformers.models.glm4v_moe.modeling_glm4v_moe as modeling_glm4v_moe
 import transformers.models.qwen2_vl.modeling_qwen2_vl as modeling_qwen2_vl
 import transformers.models.qwen3_5.modeling_qwen3_5 as modeling_qwen3_5
 import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as modeling_qwen3_5_moe
@@ -38,33 +39,37 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 FAMILIES = ("gemma3", "llava", "llava_next", "llava_onevision", "internvl", "lfm2_vl", "cohere2_vision", "paligemma",
             "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_5",
-            "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "glm4v", "gemma4")
+            "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "gemma4")
 DENSE = ("gemma3", "llava", "llava_next", "llava_onevision", "internvl", "lfm2_vl", "cohere2_vision", "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "mllama", "gemma4")  # one call of the attention function per layer and forward pass
-PACKED = ("qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "glm4v")  # one call per image or window (cu_seqlens)
+PACKED = ("qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe")  # one call per image or window (cu_seqlens)
 OUT = {"gemma3": "out_proj", "llava": "out_proj", "llava_next": "out_proj", "llava_onevision": "out_proj",
        "internvl": "projection_layer", "lfm2_vl": "out_proj", "cohere2_vision": "out_proj",
        "paligemma": "out_proj", "aya_vision": "out_proj",
        "vipllava": "out_proj", "mistral3": "o_proj", "idefics3": "out_proj", "smolvlm": "out_proj", "mllama": "o_proj", "qwen2_5_vl": "proj", "qwen2_vl": "proj", "qwen3_5": "proj",
-       "qwen3_5_moe": "proj", "qwen3_vl": "proj", "qwen3_vl_moe": "proj", "glm4v": "proj", "gemma4": "o_proj"}  # inside the site
+       "qwen3_5_moe": "proj", "qwen3_vl": "proj", "qwen3_vl_moe": "proj", "glm4v": "proj", "glm4v_moe": "proj",
+       "gemma4": "o_proj"}  # inside the site
 LAYERS = {"gemma3": [0, 1], "llava": [0, 1], "llava_next": [0, 1], "llava_onevision": [0, 1], "internvl": [0, 1],
           "lfm2_vl": [0, 1], "cohere2_vision": [0, 1], "paligemma": [0, 1], "aya_vision": [0, 1], "vipllava": [0, 1, 2],
           "mistral3": [0, 1], "idefics3": [0, 1], "smolvlm": [0, 1], "mllama": [0, 1, 2], "qwen2_5_vl": [0, 1], "qwen2_vl": [0, 1], "qwen3_5": [0, 1],
-          "qwen3_5_moe": [0, 1], "qwen3_vl": [0, 1], "qwen3_vl_moe": [0, 1], "glm4v": [0, 1], "gemma4": [0, 1]}  # mllama: 2 local, 1 global
+          "qwen3_5_moe": [0, 1], "qwen3_vl": [0, 1], "qwen3_vl_moe": [0, 1], "glm4v": [0, 1], "glm4v_moe": [0, 1],
+          "gemma4": [0, 1]}  # mllama: 2 local, 1 global
 # The layer each family's ablation removes a head of: the last, but llava's image features are its
 # tower's penultimate hidden state (vision_feature_layer -2), so its last layer never reaches the text;
 # qwen2_5_vl's windowed layer 0.
 ABLATED = {"gemma3": 1, "llava": 0, "llava_next": 0, "llava_onevision": 1, "internvl": 1, "lfm2_vl": 1,
            "cohere2_vision": 1, "paligemma": 1, "aya_vision": 1, "vipllava": 2, "mistral3": 1, "idefics3": 1, "smolvlm": 1, "mllama": 2, "qwen2_5_vl": 0, "qwen2_vl": 1, "qwen3_5": 1, "qwen3_5_moe": 1, "qwen3_vl": 1,
-           "qwen3_vl_moe": 1, "glm4v": 1, "gemma4": 1}
+           "qwen3_vl_moe": 1, "glm4v": 1, "glm4v_moe": 1, "gemma4": 1}
 # Each packed tower's pieces per layer (cu_seqlens over both images' 48 patches): qwen2_5_vl's layer 0 two
 # windows per image, its layer 1 and the other towers' layers the two images.
 BOUNDS = {"qwen2_5_vl": {0: [0, 16, 24, 40, 48], 1: [0, 24, 48]}, "qwen2_vl": {0: [0, 24, 48], 1: [0, 24, 48]},
           "qwen3_5": {0: [0, 24, 48], 1: [0, 24, 48]},
           "qwen3_5_moe": {0: [0, 24, 48], 1: [0, 24, 48]}, "qwen3_vl": {0: [0, 24, 48], 1: [0, 24, 48]},
-          "qwen3_vl_moe": {0: [0, 24, 48], 1: [0, 24, 48]}, "glm4v": {0: [0, 24, 48], 1: [0, 24, 48]}}
+          "qwen3_vl_moe": {0: [0, 24, 48], 1: [0, 24, 48]}, "glm4v": {0: [0, 24, 48], 1: [0, 24, 48]},
+          "glm4v_moe": {0: [0, 24, 48], 1: [0, 24, 48]}}
 MODELING = {"qwen2_5_vl": modeling_qwen2_5_vl, "qwen2_vl": modeling_qwen2_vl, "qwen3_5": modeling_qwen3_5,
             "qwen3_5_moe": modeling_qwen3_5_moe,
-            "qwen3_vl": modeling_qwen3_vl, "qwen3_vl_moe": modeling_qwen3_vl_moe, "glm4v": modeling_glm4v}
+            "qwen3_vl": modeling_qwen3_vl, "qwen3_vl_moe": modeling_qwen3_vl_moe, "glm4v": modeling_glm4v,
+            "glm4v_moe": modeling_glm4v_moe}
 SCALE = {"gemma4": 1.0}  # the score scale where not d_head ** -0.5 (Gemma 4's scores are unscaled)
 
 

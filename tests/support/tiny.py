@@ -352,6 +352,11 @@ COMPOSITE["glm4v"] = dict(text_config=dict(TEXT, model_type="glm4v_text",
                                              out_hidden_size=64, patch_size=14, image_size=28, spatial_merge_size=2,
                                              temporal_patch_size=2, initializer_range=0.2),
                           image_token_id=98, video_token_id=97)
+# GLM-4.5V: the same tower beside a MoE text decoder whose partial rotary takes rotate-half pairs.
+COMPOSITE["glm4v_moe"] = dict(COMPOSITE["glm4v"], text_config=dict(COMPOSITE["glm4v"]["text_config"],
+                                                                   model_type="glm4v_moe_text", n_routed_experts=4,
+                                                                   num_experts_per_tok=2, moe_intermediate_size=16,
+                                                                   first_k_dense_replace=1, n_group=1, topk_group=1))
 # Qwen3-VL: a Qwen3 text decoder (q/k norms, multimodal rotary) beside Qwen3.5's kind of tower, whose layer 0
 # features also join the text's first layer (deepstack).
 QWEN3_VL_VISION = dict(QWEN3_5_VISION, deepstack_visual_indexes=[0])
@@ -375,10 +380,10 @@ COMPOSITE_ATTENTION = {"qwen3_5": (1, 2), "qwen3_5_moe": (1, 2), "lfm2_vl": (1, 
 # qwen3_vl_text, qwen3_vl_moe_text, gemma4_text).
 VERIFIED_COMPOSITES = ("gemma3", "llava", "llava_next", "llava_onevision", "internvl", "lfm2_vl", "cohere2_vision",
                        "paligemma", "aya_vision", "vipllava", "mistral3", "idefics3", "smolvlm", "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe",
-                       "qwen3_vl", "qwen3_vl_moe", "glm4v", "gemma4")
+                       "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "gemma4")
 # Adapters' rows for text decoders that exist only inside a vision-language model, tested there.
 TEXT_DECODERS = {"qwen2_5_vl_text": "qwen2_5_vl", "qwen2_vl_text": "qwen2_vl", "qwen3_vl_text": "qwen3_vl",
-                 "qwen3_vl_moe_text": "qwen3_vl_moe", "glm4v_text": "glm4v"}
+                 "qwen3_vl_moe_text": "qwen3_vl_moe", "glm4v_text": "glm4v", "glm4v_moe_text": "glm4v_moe"}
 
 
 SEQ2SEQ = dict(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -522,7 +527,7 @@ def tiny_image_inputs(family: str, seed: int = 1) -> dict:
                     aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long),
                     aspect_ratio_mask=torch.ones(2, 1, 1, dtype=torch.long),
                     cross_attention_mask=torch.ones(2, 11, 1, 1, dtype=torch.long))
-    if family in ("qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "glm4v"):  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens
+    if family in ("qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe"):  # 4 x 6 patches of 14 pixels, merged 2 x 2: 6 image tokens
         ids[:, 2:8] = 98
         images = dict(pixel_values=torch.randn(2 * 24, 3 * 2 * 14 * 14, generator=g),
                       image_grid_thw=torch.tensor([[1, 4, 6], [1, 4, 6]]))
