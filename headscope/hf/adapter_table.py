@@ -11,7 +11,7 @@ re-exports it; shared code never branches on a family's name.
 from __future__ import annotations
 
 from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup, Temperature
-from .layouts import (FusedConv1D, FusedMultiQuery, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate,
+from .layouts import (FusedConv1D, FusedGroups, FusedMultiQuery, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate,
                       SeparateGate)
 
 __all__ = ["ADAPTERS", "VISION_ADAPTERS"]
@@ -181,6 +181,10 @@ ADAPTERS = (
             rotary=Rotary(), notes="fused qkv_proj"),
     Adapter("gptj", ("gptj",), layers="h", block="attn", core="", qkv=_QKV, out="out_proj",
             rotary=Rotary(dims="rotary_dim", interleaved=True, sin_first=True), notes="partial interleaved rotary"),
+    Adapter("codegen", ("codegen",), layers="h", block="attn", core="", qkv=FusedGroups("qkv_proj", "mp_num"),
+            out="out_proj", rotary=Rotary(dims="rotary_dim", interleaved=True, sin_first=True),
+            notes="fused qkv_proj in mp_num (4) groups of heads, each [q | v | k]; partial interleaved rotary "
+                  "(rotary_dim), as GPT-J's"),
     Adapter("gpt_neox", ("gpt_neox",), layers="layers", block="attention", core="",
             qkv=FusedPerHead("query_key_value"), out="dense", rotary=Rotary(dims="rotary_ndims"),
             notes="fused per-head qkv, partial rotary"),

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 import headscope
 from headscope.hf import adapters
 from headscope.hf.adapters import attention_blocks
-from headscope.hf.layouts import FusedRows
+from headscope.hf.layouts import FusedGroups, FusedPerHead, FusedRows
 from tests.support.contracts import with_adapter_changed
 from tests.support.tiny import COMMON, EXTRA, HYBRID_ATTENTION, tiny_config, tiny_inputs
 
@@ -341,3 +341,21 @@ def test_granite_swas_sinks_weights_and_nope_layer_each_matter(family, change, d
     with_adapter_changed(monkeypatch, model, **change)
     output, pattern = _verified(model, tiny_inputs(length=13))
     assert (output if diff == "output" else pattern) > 1e-2
+
+
+@pytest.mark.parametrize("change", [dict(qkv=FusedGroups("qkv_proj", "mp_num", order=("q", "k", "v"))),
+                                    dict(qkv=FusedPerHead("qkv_proj")),
+                                    dict(rotary=adapters.Rotary(dims="rotary_dim", sin_first=True))],
+                         ids=["keys-before-values", "grouped-per-head", "rotate-half"])
+@torch.no_grad()
+def test_codegens_grouped_qkv_and_interleaved_rotary_verify_and_matter(change, monkeypatch):
+    """CodeGen's qkv_proj is 4 groups (mp_num), each [q | v | k] over 2 of its 8 heads (of 8 dims, 4 of
+    them rotated in pairs (2i, 2i + 1)): verify agrees; reading k before v in each group, the groups as
+    one head each (GPT-NeoX's [q_h | k_h | v_h]) or the rotary as rotate-half fails it by far."""
+    model = _model("codegen", "interface", n_head=8, rotary_dim=4)
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
+    assert (mine.n_heads, mine.d_head, mine.rotary_dim) == (8, 8, 4)
+    with_adapter_changed(monkeypatch, model, **change)
+    assert max(_verified(model)) > 1e-2

@@ -92,6 +92,8 @@ EXTRA = {
     "starcoder2": dict(sliding_window=4, residual_dropout=0.0, embedding_dropout=0.0),
     "cohere": dict(use_qk_norm=True),
     "gptj": dict(rotary_dim=8, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    # qkv_proj in 4 groups (mp_num), a head each; the default rotary_dim (64) is wider than a head
+    "codegen": dict(rotary_dim=8, n_inner=48, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     "gpt_neox": dict(rotary_pct=0.5, hidden_dropout=0.0),
     "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     "gpt_oss": dict(WINDOW, num_local_experts=4, num_experts_per_tok=2),
