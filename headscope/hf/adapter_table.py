@@ -183,7 +183,7 @@ ADAPTERS = (
             rotary=Rotary(dims="rotary_dim", interleaved=True, sin_first=True), notes="partial interleaved rotary"),
     Adapter("codegen", ("codegen",), layers="h", block="attn", core="", qkv=FusedGroups("qkv_proj", "mp_num"),
             out="out_proj", rotary=Rotary(dims="rotary_dim", interleaved=True, sin_first=True),
-            notes="fused qkv_proj in mp_num (4) groups of heads, each [q | v | k]; partial interleaved rotary "
+            notes="fused qkv_proj in mp_num (4) groups of heads, each [q, v, k]; partial interleaved rotary "
                   "(rotary_dim), as GPT-J's"),
     Adapter("gpt_neox", ("gpt_neox",), layers="layers", block="attention", core="",
             qkv=FusedPerHead("query_key_value"), out="dense", rotary=Rotary(dims="rotary_ndims"),
