@@ -249,6 +249,11 @@ ADAPTERS = (
     Adapter("lfm2", ("lfm2", "lfm2_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_layernorm", "k_layernorm"), hybrid=True,
             notes=_HYBRID.format("beside short convolutions") + "; per-head q/k norm"),
+    Adapter("olmo_hybrid", ("olmo_hybrid",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(needs_base=True), qk_norm=QKNorm("q_norm", "k_norm", over="projection"), hybrid=True,
+            notes=_HYBRID.format("beside Gated DeltaNet linear attention") + "; olmo2's attention (q/k RMSNorm over "
+                  "the whole projection); rotary only where rope_parameters names a rope_theta (the released "
+                  "checkpoints have none: NoPE)"),
     Adapter("kimi_linear", ("kimi_linear",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), hybrid=True,
             notes=_HYBRID.format("beside Kimi Delta Attention (linear) layers, both under `self_attn`") + "; " + _MLA

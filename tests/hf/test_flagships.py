@@ -359,3 +359,22 @@ def test_codegens_grouped_qkv_and_interleaved_rotary_verify_and_matter(change, m
     assert (mine.n_heads, mine.d_head, mine.rotary_dim) == (8, 8, 4)
     with_adapter_changed(monkeypatch, model, **change)
     assert max(_verified(model)) > 1e-2
+
+
+@pytest.mark.parametrize("nope", [False, True], ids=["rotary", "nope"])
+@torch.no_grad()
+def test_olmo_hybrids_attention_verifies_with_and_without_rotary(nope, monkeypatch):
+    """OLMo Hybrid's attention layers (1 and 3, beside Gated DeltaNet) norm q and k over the whole
+    projection and rotate only where rope_parameters names a base (the released checkpoints: none,
+    NoPE): verify agrees either way; rotating the NoPE model's layers (rotary read without
+    `needs_base`), or leaving out the q/k norms, fails it by far."""
+    rope = dict(rope_type="default", rope_theta=None if nope else 10000.0)
+    model = _model("olmo_hybrid", "hybrid", rope_parameters=rope)
+    assert (model.model.rotary_emb is None) == nope
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    assert [l for l, _ in attention_blocks(model)] == list(HYBRID_ATTENTION["olmo_hybrid"])
+    mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
+    assert mine.qk_norm and mine.rotary_dim == (0 if nope else 16)
+    with_adapter_changed(monkeypatch, model, **(dict(rotary=adapters.Rotary()) if nope else dict(qk_norm=None)))
+    assert _verified(model)[1] > 1e-2

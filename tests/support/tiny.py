@@ -257,6 +257,11 @@ HYBRID = {  # family -> (config extras, the layers that hold attention)
     "nemotron_h": (dict(num_hidden_layers=4, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
                         chunk_size=8, layers_block_type=["linear_attention", "full_attention", "mlp", "full_attention"]),
                    (1, 3)),
+    # Gated DeltaNet layers of 2 heads (keys of 8, values of 16) beside olmo2-like attention
+    "olmo_hybrid": (dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+                         linear_value_head_dim=16,
+                         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
+                    (1, 3)),
     "falcon_h1": (dict(MAMBA, num_hidden_layers=4, mamba_d_ssm=128), (0, 1, 2, 3)),
     "minimax": (dict(num_hidden_layers=4, num_local_experts=2, num_experts_per_tok=1,
                      layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]), (1, 3)),
