@@ -378,3 +378,26 @@ def test_olmo_hybrids_attention_verifies_with_and_without_rotary(nope, monkeypat
     assert mine.qk_norm and mine.rotary_dim == (0 if nope else 16)
     with_adapter_changed(monkeypatch, model, **(dict(rotary=adapters.Rotary()) if nope else dict(qk_norm=None)))
     assert _verified(model)[1] > 1e-2
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["gate", "no-gate"])
+@torch.no_grad()
+def test_lfm3s_gated_attention_verifies(gate):
+    """LFM3's attention layers (1 sliding, 3 full attention with proportional rotary) beside short
+    convolutions: verify agrees with its per-head sigmoid gate (g_proj, one row a head) and without it."""
+    model = _model("lfm3", "hybrid", use_attention_gate=gate)
+    output, pattern = _verified(model, tiny_inputs(length=13))
+    assert output <= 1e-4 and pattern <= 1e-5
+    assert [l for l, _ in attention_blocks(model)] == list(HYBRID_ATTENTION["lfm3"])
+    mine = [headscope.MultiHeadAttention.from_hf(b, model.config).config for _, b in attention_blocks(model)]
+    assert [(c.output_gate, c.rotary_dim) for c in mine] == [(gate, 16)] * 2  # proportional: tables over the head
+
+
+@torch.no_grad()
+def test_lfm3s_head_gate_matters(monkeypatch):
+    """Without its per-head gate from_hf's module outputs far off in both attention layers, its patterns
+    unchanged (the gate acts after them)."""
+    model = _model("lfm3", "hybrid")
+    with_adapter_changed(monkeypatch, model, output_gate=False)
+    table = headscope.verify(model, tiny_inputs(length=13))
+    assert (table.max_abs_diff_output > 1e-2).all() and (table.max_abs_diff_pattern <= 1e-5).all()

@@ -262,6 +262,9 @@ HYBRID = {  # family -> (config extras, the layers that hold attention)
                          linear_value_head_dim=16,
                          layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
                     (1, 3)),
+    # layer 1 sliding (window 4, rotary over the head), layer 3 full attention (proportional rotary: half the dims)
+    "lfm3": (dict(num_hidden_layers=4, sliding_window=4,
+                  layer_types=["conv", "sliding_attention", "conv", "full_attention"]), (1, 3)),
     "falcon_h1": (dict(MAMBA, num_hidden_layers=4, mamba_d_ssm=128), (0, 1, 2, 3)),
     "minimax": (dict(num_hidden_layers=4, num_local_experts=2, num_experts_per_tok=1,
                      layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]), (1, 3)),
