@@ -260,7 +260,7 @@ ADAPTERS = (
             notes=_HYBRID.format("beside short convolutions") + "; per-head q/k RMSNorm, sliding windows in its "
                   "sliding layers, proportional rotary in its full-attention ones; with use_attention_gate, a "
                   "sigmoid gate per head (g_proj, from the layer's input) between attention and o_proj: z is "
-                  "o_proj's input, after the gate; no OV table"),
+                  "o_proj's input, after the gate; no OV table where gated"),
     Adapter("kimi_linear", ("kimi_linear",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), hybrid=True,
             notes=_HYBRID.format("beside Kimi Delta Attention (linear) layers, both under `self_attn`") + "; " + _MLA
