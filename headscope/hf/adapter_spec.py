@@ -36,6 +36,9 @@ class Rotary:
         config_switch: `(config attribute, value)`: rotary only when the config's attribute has
             that value (granitemoehybrid: `position_embedding_type` "rope"; otherwise no
             positional encoding at all).
+        needs_base: rotary only where the config's rotary parameters name a base (`rope_theta`):
+            OLMo Hybrid builds no rotary module without one, and its released checkpoints have none
+            (NoPE in every layer).
         tables: how the model passes its tables: "layout" (cos and sin in the layout the pairs
             use), "halves" (rotate-half tables, `[a_0 .. a_{r/2-1}]` twice, whose first half gives
             interleaved pair i its angle a_i: GLM, ERNIE 4.5, Helium) or "complex" (one tensor of
@@ -64,6 +67,7 @@ class Rotary:
     force: Optional[str] = None
     switch_if_set: Optional[str] = None
     config_switch: Optional[tuple[str, object]] = None
+    needs_base: bool = False
     tables: str = "layout"
     by_layer_type: Optional[str] = None
     theta_per_layer: Optional[str] = None

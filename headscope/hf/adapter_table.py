@@ -11,8 +11,8 @@ re-exports it; shared code never branches on a family's name.
 from __future__ import annotations
 
 from .adapter_spec import Adapter, AudioEncoder, Latent, LoRA, QKNorm, Rotary, SiteGroup, Temperature
-from .layouts import (FusedConv1D, FusedMultiQuery, FusedPerHead, FusedRows, GatedQuery, KeysAsValues, Separate,
-                      SeparateGate)
+from .layouts import (FusedConv1D, FusedGroups, FusedMultiQuery, FusedPerHead, FusedRows, GatedQuery, HeadGate,
+                      KeysAsValues, Separate, SeparateGate)
 
 __all__ = ["ADAPTERS", "VISION_ADAPTERS"]
 
@@ -190,6 +190,10 @@ ADAPTERS = (
             rotary=Rotary(), notes="fused qkv_proj"),
     Adapter("gptj", ("gptj",), layers="h", block="attn", core="", qkv=_QKV, out="out_proj",
             rotary=Rotary(dims="rotary_dim", interleaved=True, sin_first=True), notes="partial interleaved rotary"),
+    Adapter("codegen", ("codegen",), layers="h", block="attn", core="", qkv=FusedGroups("qkv_proj", "mp_num"),
+            out="out_proj", rotary=Rotary(dims="rotary_dim", interleaved=True, sin_first=True),
+            notes="fused qkv_proj in mp_num (4) groups of heads, each [q, v, k]; partial interleaved rotary "
+                  "(rotary_dim), as GPT-J's"),
     Adapter("gpt_neox", ("gpt_neox",), layers="layers", block="attention", core="",
             qkv=FusedPerHead("query_key_value"), out="dense", rotary=Rotary(dims="rotary_ndims"),
             notes="fused per-head qkv, partial rotary"),
@@ -254,6 +258,18 @@ ADAPTERS = (
     Adapter("lfm2", ("lfm2", "lfm2_moe"), layers="layers", block="self_attn", core="", qkv=_QKV, out="out_proj",
             rotary=Rotary(), qk_norm=QKNorm("q_layernorm", "k_layernorm"), hybrid=True,
             notes=_HYBRID.format("beside short convolutions") + "; per-head q/k norm"),
+    Adapter("olmo_hybrid", ("olmo_hybrid",), layers="layers", block="self_attn", core="", qkv=_QKV, out="o_proj",
+            rotary=Rotary(needs_base=True), qk_norm=QKNorm("q_norm", "k_norm", over="projection"), hybrid=True,
+            notes=_HYBRID.format("beside Gated DeltaNet linear attention") + "; olmo2's attention (q/k RMSNorm over "
+                  "the whole projection); rotary only where rope_parameters names a rope_theta (the released "
+                  "checkpoints have none: NoPE)"),
+    Adapter("lfm3", ("lfm3",), layers="layers", block="self_attn", core="",
+            qkv=HeadGate("q_proj", "k_proj", "v_proj", "g_proj"), out="o_proj", rotary=Rotary(),
+            qk_norm=QKNorm("q_norm", "k_norm"), output_gate=True, hybrid=True,
+            notes=_HYBRID.format("beside short convolutions") + "; per-head q/k RMSNorm, sliding windows in its "
+                  "sliding layers, proportional rotary in its full-attention ones; with use_attention_gate, a "
+                  "sigmoid gate per head (g_proj, from the layer's input) between attention and o_proj: z is "
+                  "o_proj's input, after the gate; no OV table where gated"),
     Adapter("kimi_linear", ("kimi_linear",), layers="layers", block="self_attn", core="", qkv=None, out="o_proj",
             latent=Latent(), hybrid=True,
             notes=_HYBRID.format("beside Kimi Delta Attention (linear) layers, both under `self_attn`") + "; " + _MLA

@@ -118,6 +118,8 @@ def _rotary_dim(adapter: Adapter, core: nn.Module, config, d_head: int) -> int:
         return 0
     if spec.config_switch is not None and getattr(config, spec.config_switch[0], None) != spec.config_switch[1]:
         return 0
+    if spec.needs_base and _rotary_params(spec, core, config).get("rope_theta") is None:
+        return 0  # no base, no rotary module: the model passes no tables
     if spec.theta_per_layer is not None and not getattr(config, spec.theta_per_layer)[core.layer_idx]:
         return 0  # a layer whose rotary base is 0: NoPE, the model passes it no tables
     dims = getattr(core, spec.dims, None) if spec.dims else None
@@ -174,7 +176,8 @@ def _rotary_base(config, spec=None, core: Optional[nn.Module] = None) -> float:
     if spec is not None and spec.theta_per_layer is not None:  # the layer's own base (0 there: no rotary)
         return float(getattr(config, spec.theta_per_layer)[core.layer_idx]) or 10000.0
     params = _rotary_params(spec, core, config)
-    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return 10000.0 if base is None else float(base)  # None: no rotary (`Rotary.needs_base`), the base unused
 
 
 def _sizes(adapter: Adapter, core: nn.Module, config) -> tuple[int, int, int, int]:

@@ -14,6 +14,10 @@ each weight Linear-style `(out features, in features)` and bias None when the mo
 - `GatedQuery`: three Linear modules, the query's grouped per head as `[q_h | gate_h]`, the
   rows of a sigmoid output gate beside each head's query rows (Qwen3-Next); `gate(...)` gives them.
 - `SeparateGate`: three Linear modules and a fourth, the sigmoid output gate's (AFMoE `gate_proj`).
+- `HeadGate`: three Linear modules and a fourth with one row per head, a sigmoid gate on each head's
+  output (LFM3 `g_proj`), given as that row repeated over the head's dims.
+- `FusedGroups`: one Linear whose output is a few equal groups, each `[q_g | v_g | k_g]` over a
+  run of whole heads (CodeGen `qkv_proj`, its `mp_num` groups).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ if TYPE_CHECKING:  # torch is not imported by `import headscope`
     from torch import nn
 
 __all__ = ["Weights", "linear", "conv1d", "Separate", "FusedRows", "FusedConv1D", "FusedPerHead", "FusedMultiQuery",
-           "KeysAsValues", "GatedQuery", "SeparateGate"]
+           "KeysAsValues", "GatedQuery", "SeparateGate", "HeadGate", "FusedGroups"]
 
 Weights = "tuple[torch.Tensor, torch.Tensor | None]"  # Linear-style (out, in) weight and bias
 
@@ -162,3 +166,47 @@ class SeparateGate:
     def gate(self, block: nn.Module, n_heads: int, d_head: int) -> Weights:
         """The output gate's rows `(n_heads * d_head, d_model)` and bias."""
         return linear(block.get_submodule(self.gate_path))
+
+
+@dataclass(frozen=True)
+class HeadGate:
+    """LFM3: separate q, k, v Linears and a fourth, `gate`, of one output per head that scales the
+    head's whole output: z_h * sigmoid(x w_h + b_h). `gate` gives each head's row repeated over its
+    `d_head` dims, the same gate per element (None where the block has none: use_attention_gate off)."""
+
+    q: str
+    k: str
+    v: str
+    gate_path: str
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        return [linear(block.get_submodule(p)) for p in (self.q, self.k, self.v)]
+
+    def gate(self, block: nn.Module, n_heads: int, d_head: int) -> Weights:
+        """The gate's rows `(n_heads * d_head, d_model)` (each head's `d_head` times) and bias, or (None, None)."""
+        module = getattr(block, self.gate_path, None)
+        if module is None:
+            return None, None
+        weight, bias = linear(module)  # (H, d_model), (H,)
+        return weight.repeat_interleave(d_head, dim=0), bias.repeat_interleave(d_head) if bias is not None else None
+
+
+@dataclass(frozen=True)
+class FusedGroups:
+    """CodeGen: one Linear whose output features are `groups` equal groups (the core attribute
+    naming their number: CodeGen's `mp_num`, 4), each `[q_g | v_g | k_g]` (in `order`) of
+    `n_heads * d_head / groups` rows, the rows of a run of whole heads; q is the groups' q parts
+    in turn (so head h's rows lie in group h // (n_heads / groups)), k and v alike."""
+
+    path: str
+    groups: str
+    order: tuple[str, ...] = ("q", "v", "k")
+
+    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
+        weight, bias = linear(block.get_submodule(self.path))
+        groups = int(getattr(block, self.groups))
+        w = weight.view(groups, 3, n_heads * d_head // groups, -1)  # (G, part, rows of the group, d_model)
+        b = bias.view(groups, 3, -1) if bias is not None else None  # (G, part, rows of the group)
+        parts = [self.order.index(name) for name in ("q", "k", "v")]
+        return [(w[:, i].reshape(n_heads * d_head, -1), b[:, i].reshape(-1) if b is not None else None)
+                for i in parts]

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 import headscope
 from headscope.hf import adapters
 from headscope.hf.adapters import attention_blocks
-from headscope.hf.layouts import FusedRows
+from headscope.hf.layouts import FusedGroups, FusedPerHead, FusedRows
 from tests.support.contracts import with_adapter_changed
 from tests.support.tiny import COMMON, EXTRA, HYBRID_ATTENTION, tiny_config, tiny_inputs
 
@@ -341,3 +341,63 @@ def test_granite_swas_sinks_weights_and_nope_layer_each_matter(family, change, d
     with_adapter_changed(monkeypatch, model, **change)
     output, pattern = _verified(model, tiny_inputs(length=13))
     assert (output if diff == "output" else pattern) > 1e-2
+
+
+@pytest.mark.parametrize("change", [dict(qkv=FusedGroups("qkv_proj", "mp_num", order=("q", "k", "v"))),
+                                    dict(qkv=FusedPerHead("qkv_proj")),
+                                    dict(rotary=adapters.Rotary(dims="rotary_dim", sin_first=True))],
+                         ids=["keys-before-values", "grouped-per-head", "rotate-half"])
+@torch.no_grad()
+def test_codegens_grouped_qkv_and_interleaved_rotary_verify_and_matter(change, monkeypatch):
+    """CodeGen's qkv_proj is 4 groups (mp_num), each [q | v | k] over 2 of its 8 heads (of 8 dims, 4 of
+    them rotated in pairs (2i, 2i + 1)): verify agrees; reading k before v in each group, the groups as
+    one head each (GPT-NeoX's [q_h | k_h | v_h]) or the rotary as rotate-half fails it by far."""
+    model = _model("codegen", "interface", n_head=8, rotary_dim=4)
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
+    assert (mine.n_heads, mine.d_head, mine.rotary_dim) == (8, 8, 4)
+    with_adapter_changed(monkeypatch, model, **change)
+    assert max(_verified(model)) > 1e-2
+
+
+@pytest.mark.parametrize("nope", [False, True], ids=["rotary", "nope"])
+@torch.no_grad()
+def test_olmo_hybrids_attention_verifies_with_and_without_rotary(nope, monkeypatch):
+    """OLMo Hybrid's attention layers (1 and 3, beside Gated DeltaNet) norm q and k over the whole
+    projection and rotate only where rope_parameters names a base (the released checkpoints: none,
+    NoPE): verify agrees either way; rotating the NoPE model's layers (rotary read without
+    `needs_base`), or leaving out the q/k norms, fails it by far."""
+    rope = dict(rope_type="default", rope_theta=None if nope else 10000.0)
+    model = _model("olmo_hybrid", "hybrid", rope_parameters=rope)
+    assert (model.model.rotary_emb is None) == nope
+    output, pattern = _verified(model)
+    assert output <= 1e-4 and pattern <= 1e-5
+    assert [l for l, _ in attention_blocks(model)] == list(HYBRID_ATTENTION["olmo_hybrid"])
+    mine = headscope.MultiHeadAttention.from_hf(attention_blocks(model)[0][1], model.config).config
+    assert mine.qk_norm and mine.rotary_dim == (0 if nope else 16)
+    with_adapter_changed(monkeypatch, model, **(dict(rotary=adapters.Rotary()) if nope else dict(qk_norm=None)))
+    assert _verified(model)[1] > 1e-2
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["gate", "no-gate"])
+@torch.no_grad()
+def test_lfm3s_gated_attention_verifies(gate):
+    """LFM3's attention layers (1 sliding, 3 full attention with proportional rotary) beside short
+    convolutions: verify agrees with its per-head sigmoid gate (g_proj, one row a head) and without it."""
+    model = _model("lfm3", "hybrid", use_attention_gate=gate)
+    output, pattern = _verified(model, tiny_inputs(length=13))
+    assert output <= 1e-4 and pattern <= 1e-5
+    assert [l for l, _ in attention_blocks(model)] == list(HYBRID_ATTENTION["lfm3"])
+    mine = [headscope.MultiHeadAttention.from_hf(b, model.config).config for _, b in attention_blocks(model)]
+    assert [(c.output_gate, c.rotary_dim) for c in mine] == [(gate, 16)] * 2  # proportional: tables over the head
+
+
+@torch.no_grad()
+def test_lfm3s_head_gate_matters(monkeypatch):
+    """Without its per-head gate from_hf's module outputs far off in both attention layers, its patterns
+    unchanged (the gate acts after them)."""
+    model = _model("lfm3", "hybrid")
+    with_adapter_changed(monkeypatch, model, output_gate=False)
+    table = headscope.verify(model, tiny_inputs(length=13))
+    assert (table.max_abs_diff_output > 1e-2).all() and (table.max_abs_diff_pattern <= 1e-5).all()

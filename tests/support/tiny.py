@@ -92,6 +92,8 @@ EXTRA = {
     "starcoder2": dict(sliding_window=4, residual_dropout=0.0, embedding_dropout=0.0),
     "cohere": dict(use_qk_norm=True),
     "gptj": dict(rotary_dim=8, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    # qkv_proj in 4 groups (mp_num), a head each; the default rotary_dim (64) is wider than a head
+    "codegen": dict(rotary_dim=8, n_inner=48, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     "gpt_neox": dict(rotary_pct=0.5, hidden_dropout=0.0),
     "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     "gpt_oss": dict(WINDOW, num_local_experts=4, num_experts_per_tok=2),
@@ -255,6 +257,14 @@ HYBRID = {  # family -> (config extras, the layers that hold attention)
     "nemotron_h": (dict(num_hidden_layers=4, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
                         chunk_size=8, layers_block_type=["linear_attention", "full_attention", "mlp", "full_attention"]),
                    (1, 3)),
+    # Gated DeltaNet layers of 2 heads (keys of 8, values of 16) beside olmo2-like attention
+    "olmo_hybrid": (dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+                         linear_value_head_dim=16,
+                         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
+                    (1, 3)),
+    # layer 1 sliding (window 4, rotary over the head), layer 3 full attention (proportional rotary: half the dims)
+    "lfm3": (dict(num_hidden_layers=4, sliding_window=4,
+                  layer_types=["conv", "sliding_attention", "conv", "full_attention"]), (1, 3)),
     "falcon_h1": (dict(MAMBA, num_hidden_layers=4, mamba_d_ssm=128), (0, 1, 2, 3)),
     "minimax": (dict(num_hidden_layers=4, num_local_experts=2, num_experts_per_tok=1,
                      layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]), (1, 3)),
