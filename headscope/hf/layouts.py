@@ -169,18 +169,10 @@ class SeparateGate:
 
 
 @dataclass(frozen=True)
-class HeadGate:
-    """LFM3: separate q, k, v Linears and a fourth, `gate`, of one output per head that scales the
-    head's whole output: z_h * sigmoid(x w_h + b_h). `gate` gives each head's row repeated over its
+class HeadGate(SeparateGate):
+    """LFM3: `SeparateGate`, but the fourth Linear has one output per head that scales the head's
+    whole output: z_h * sigmoid(x w_h + b_h). `gate` gives each head's row repeated over its
     `d_head` dims, the same gate per element (None where the block has none: use_attention_gate off)."""
-
-    q: str
-    k: str
-    v: str
-    gate_path: str
-
-    def extract(self, block: nn.Module, n_heads: int, n_kv: int, d_head: int) -> list[Weights]:
-        return [linear(block.get_submodule(p)) for p in (self.q, self.k, self.v)]
 
     def gate(self, block: nn.Module, n_heads: int, d_head: int) -> Weights:
         """The gate's rows `(n_heads * d_head, d_model)` (each head's `d_head` times) and bias, or (None, None)."""

@@ -20,7 +20,7 @@ from headscope.hf.verify import _named_inputs
 from headscope.probes.base import ProbeBatch
 from tests.support.tiny import (COMPOSITE_FAMILIES, ENCODER_DECODER_FAMILIES, ENCODERS, HYBRID_FAMILIES,
                                 INTERFACE_FAMILIES, TEXT_DECODERS, VERIFIED_COMPOSITES, tiny_config, tiny_inputs, tiny_model, output_of)
-from tests.support.contracts import assert_hook_contract, head_zeroed_at, with_adapter_changed
+from tests.support.contracts import assert_hook_contract, head_zeroed_at, run_under, with_adapter_changed
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -63,12 +63,7 @@ def _sink_shares(model, x):
 
     AttentionInterface.register("headscope-test-sinks", record)
     AttentionMaskInterface.register("headscope-test-sinks", eager_mask)
-    default = model.config._attn_implementation
-    model.set_attn_implementation("headscope-test-sinks")
-    try:
-        model(**x)
-    finally:
-        model.set_attn_implementation(default)
+    run_under(model, x, "headscope-test-sinks")
     return {layer: seen[id(core)] for layer, core in core_modules(model)}
 
 
@@ -199,12 +194,7 @@ def _interface_inputs(model, x):
 
     AttentionInterface.register("headscope-test-record", record)
     AttentionMaskInterface.register("headscope-test-record", sdpa_mask)
-    default = model.config._attn_implementation
-    model.set_attn_implementation("headscope-test-record")
-    try:
-        model(**x)
-    finally:
-        model.set_attn_implementation(default)
+    run_under(model, x, "headscope-test-record")
     return seen
 
 

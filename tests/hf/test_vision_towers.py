@@ -410,16 +410,8 @@ def _seen_by(module, model, x) -> tuple[dict, object]:
     def keep_output(module, args, output):
         seen["returned"] = output
 
-    handles = [module.register_forward_pre_hook(keep_inputs, with_kwargs=True),
-               module.register_forward_hook(keep_output)]
-    default = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        model(**x)
-    finally:
-        model.set_attn_implementation(default)
-        for handle in handles:
-            handle.remove()
+    run_eager(model, x, [module.register_forward_pre_hook(keep_inputs, with_kwargs=True),
+                         module.register_forward_hook(keep_output)])
     return seen["received"], seen["returned"]
 
 

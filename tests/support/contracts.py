@@ -65,8 +65,15 @@ def eager_weights(model, modules: dict, x: dict) -> dict:
 def run_eager(model, x: dict, handles=()):
     """`model(**x)` on the model's eager attention; afterwards its implementation is restored
     and `handles` (hooks that recorded the pass) removed, also when the pass raises."""
+    return run_under(model, x, "eager", handles)
+
+
+def run_under(model, x: dict, implementation: str, handles=()):
+    """`model(**x)` with the attention implementation `implementation` (a registered name: "eager",
+    or a test's recording function); afterwards the model's own is restored and `handles` removed,
+    also when the pass raises."""
     default = model.config._attn_implementation
-    model.set_attn_implementation("eager")
+    model.set_attn_implementation(implementation)
     try:
         return model(**x)
     finally:
