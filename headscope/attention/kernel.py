@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention", "expand_kv", "causal_mask", "with_bias", "with_selected_keys", "TensorEdit"]
+__all__ = ["attention", "pattern_of", "expand_kv", "causal_mask", "with_bias", "with_selected_keys", "TensorEdit"]
 
 TensorEdit = Callable[[torch.Tensor], Optional[torch.Tensor]]
 
@@ -98,6 +98,31 @@ def with_selected_keys(mask: Optional[torch.Tensor], indices: Optional[torch.Ten
     if mask.dtype == torch.bool:
         return mask & chosen
     return mask.masked_fill(~chosen, torch.finfo(mask.dtype).min)
+
+
+def pattern_of(q: torch.Tensor, k: torch.Tensor, *, mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+               scale: Optional[float] = None, softcap: Optional[float] = None,
+               sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The pattern `attention` computes for these queries and keys, out of place (autograd-safe):
+    `[batch, head, query, key]` fp32. Arguments as `attention`'s; `k` may have fewer heads than `q`.
+    Attribution patching's QK fix (`headscope.circuits.attribute`) recomputes a layer's pattern
+    with one head's queries or keys replaced through it, with the settings the layer's call used."""
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if is_causal and mask is not None:
+        mask, is_causal = _combine(mask, causal_mask(q.shape[-2], k.shape[-2], q.device)), False
+    k = expand_kv(k, q.shape[1])
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if is_causal:
+        mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool \
+            else scores + mask.float()
+    if sinks is not None:
+        return _softmax_with_sinks(scores, sinks.float(), False)
+    return torch.softmax(scores, dim=-1)
 
 
 def _apply(edit: Optional[TensorEdit], x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,10 @@
   head in each copy, so `heads_per_pass` heads cost one pass. `sites="decoder.cross"` patches
   another group of attention sites than the analysed stack (`headscope.hf.sites`); the layers
   in the table are then that group's.
+  `hook` is one of z, pattern, result (per query head) or q, k, v (q per query head; k and v per
+  key/value head, as `hook_k` and `hook_v` hold them under grouped-query attention).
 - `plot_patching(table)`: the effects as a plotly heatmap, layer by head.
+- `patched_runs(...)`: the same runs, each example's metric kept (`headscope.attribute`'s exact method).
 """
 from __future__ import annotations
 
@@ -31,10 +34,11 @@ from ..hf.capture import head_pairs
 from ..hf.hooks import model_hooks, point_name
 from ..hf.route import selection
 
-__all__ = ["patch", "plot_patching", "HEAD_AXIS", "DIRECTIONS"]
+__all__ = ["patch", "patched_runs", "plot_patching", "HEAD_AXIS", "DIRECTIONS"]
 
-# Which axis of each patchable point holds the heads (shapes as in `headscope.hf.hooks`).
-HEAD_AXIS = {"z": 2, "pattern": 1, "result": 2}  # z/result [B, T, H, ...], pattern [B, H, Tq, Tk]
+# Which axis of each patchable point holds the heads (shapes as in `headscope.hf.hooks`):
+# z/result [B, T, H, ...], pattern [B, H, Tq, Tk], q [B, H, T, D], k/v [B, KV, T, D] (key/value heads).
+HEAD_AXIS = {"z": 2, "pattern": 1, "result": 2, "q": 1, "k": 1, "v": 1}
 DIRECTIONS = ("denoising", "noising")  # clean -> corrupted, corrupted -> clean
 Inputs = Union[torch.Tensor, Mapping[str, torch.Tensor]]
 Metric = Callable[[torch.Tensor], torch.Tensor]
@@ -54,8 +58,10 @@ def _output(model, inputs: dict) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def _score(metric: Metric, logits: torch.Tensor) -> float:
-    return float(torch.as_tensor(metric(logits)).float().mean())
+def _scores(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
+    """The metric of one batch-sized piece of logits: `[batch]`, or `[1]` for a metric that
+    returns a scalar; fp32 on the CPU."""
+    return torch.as_tensor(metric(logits)).detach().float().reshape(-1).cpu()
 
 
 def _heads_of(place: torch.Tensor, axis: int, head: int) -> tuple:
@@ -84,8 +90,8 @@ def patch(
         clean, corrupted: `input_ids` `[batch, pos]` or dicts of model inputs, of equal shapes.
         metric: `fn(logits [batch, pos, vocab]) -> scalar or [batch]` (encoders: the last
             hidden state); called on one batch-sized piece at a time and averaged.
-        hook: which activation to patch: "z" (the head's output before W_O), "pattern" or
-            "result" (its output after W_O).
+        hook: which activation to patch: "z" (the head's output before W_O), "pattern",
+            "result" (its output after W_O), "q", "k" or "v" (k and v per key/value head).
         heads: `[(layer, head), ...]` to patch (default every head).
         heads_per_pass: heads patched per forward pass (default: enough for 64 examples).
         direction: "denoising" (rerun corrupted with a clean activation; effect = recovered
@@ -99,15 +105,40 @@ def patch(
         clean_metric, corrupted_metric, hook and direction.
     """
     check_loaded(loaded, "patch")
-    if not callable(metric):
-        raise HeadscopeError(f"patch needs metric=fn(logits) -> [batch] (a logit difference, say), got {metric!r}")
     import pandas as pd
 
+    model = getattr(loaded, "model", loaded)
+    source_metric, rerun_metric, patched = patched_runs(model, clean, corrupted, metric, hook, heads, heads_per_pass,
+                                                        direction, sites)
+    source_metric, rerun_metric = float(source_metric.mean()), float(rerun_metric.mean())
+    clean_metric, corrupted_metric = (source_metric, rerun_metric) if direction == "denoising" \
+        else (rerun_metric, source_metric)
+    rows = []
+    for (layer, head), values in patched.items():
+        value = float(values.mean())
+        # (patched - rerun) / (source - rerun): recovered (denoising) or lost (noising) fraction
+        rows.append({"layer": layer, "head": head, "effect": (value - rerun_metric) / (source_metric - rerun_metric),
+                     "patched_metric": value})
+    table = pd.DataFrame(rows, columns=["layer", "head", "effect", "patched_metric"])
+    table.attrs.update(clean_metric=clean_metric, corrupted_metric=corrupted_metric, hook=hook,
+                       direction=direction)
+    return table
+
+
+@torch.no_grad()
+def patched_runs(model, clean: Inputs, corrupted: Inputs, metric: Metric, hook: str = "z",
+                 heads: Optional[Iterable[tuple[int, int]]] = None, heads_per_pass: Optional[int] = None,
+                 direction: str = "denoising", sites: Optional[str] = None):
+    """`patch`'s runs with each example's metric kept (arguments as `patch`'s, `model` a transformers
+    model). Returns `(source [n], rerun [n], {(layer, head): patched [n]})` fp32 on the CPU, where
+    the source run is the clean one for "denoising", the corrupted one for "noising" (n is 1 for a
+    metric that returns a scalar)."""
+    if not callable(metric):
+        raise HeadscopeError(f"patch needs metric=fn(logits) -> [batch] (a logit difference, say), got {metric!r}")
     if hook not in HEAD_AXIS:
         raise HeadscopeError(f"cannot patch {hook!r}; choose one of {', '.join(HEAD_AXIS)}")
     if direction not in DIRECTIONS:
         raise HeadscopeError(f"unknown direction {direction!r}; choose one of {', '.join(DIRECTIONS)}")
-    model = getattr(loaded, "model", loaded)
     device = next(model.parameters()).device
     clean, corrupted = _as_inputs(clean, device), _as_inputs(corrupted, device)
     main = "input_ids" if "input_ids" in clean else next(iter(clean))  # whisper: input_features
@@ -115,28 +146,30 @@ def patch(
         shown = tuple(corrupted[main].shape) if main in corrupted else f"(no {main})"
         raise HeadscopeError(f"clean {tuple(clean[main].shape)} and corrupted {shown} inputs must have the same shape")
     chosen_sites = selection(model, sites)
-    layers, n_heads = chosen_sites.layers, chosen_sites.n_heads
+    layers = chosen_sites.layers
     if heads_per_pass is not None:
         check_count("heads_per_pass", heads_per_pass)
-    chosen = head_pairs(heads, "patch") if heads is not None else \
-        [(l, h) for l in layers for h in range(n_heads)]
-    for layer, head in chosen:
-        if not (layer in layers and 0 <= head < n_heads):
-            raise HeadscopeError(f"head {layer}.{head} is out of range (attention layers {layers}, {n_heads} heads each)")
+    given = head_pairs(heads, "patch") if heads is not None else None
     point = "hook_" + hook
     axis = HEAD_AXIS[hook]
     batch = clean[main].shape[0]
     source, rerun = (clean, corrupted) if direction == "denoising" else (corrupted, clean)
-    with cache_activations(model, sorted({point_name(l, point) for l, _ in chosen}), to=None, sites=sites) as saved:
-        source_metric = _score(metric, _output(model, source))
-    rerun_metric = _score(metric, _output(model, rerun))
-    clean_metric, corrupted_metric = (source_metric, rerun_metric) if direction == "denoising" \
-        else (rerun_metric, source_metric)
-    gap = clean_metric - corrupted_metric
-    if gap == 0:
+    names = [point_name(l, point) for l in layers] if given is None else sorted({point_name(l, point) for l, _ in given
+                                                                                if l in layers})
+    with cache_activations(model, names or [point_name(layers[0], point)], to=None, sites=sites) as saved:
+        source_metric = _scores(metric, _output(model, source))
+    # Heads along the point's head axis: query heads, or key/value heads for k and v.
+    n_heads = saved[point_name(layers[0], point)].shape[axis] if hook in ("k", "v") else chosen_sites.n_heads
+    chosen = given if given is not None else [(l, h) for l in layers for h in range(n_heads)]
+    what = "key/value heads" if hook in ("k", "v") else "heads"
+    for layer, head in chosen:
+        if not (layer in layers and 0 <= head < n_heads):
+            raise HeadscopeError(f"head {layer}.{head} is out of range (attention layers {layers}, {n_heads} {what} each)")
+    rerun_metric = _scores(metric, _output(model, rerun))
+    if float(source_metric.mean()) == float(rerun_metric.mean()):
         raise HeadscopeError("the metric is the same on clean and corrupted inputs; there is no gap to recover")
     per_pass = heads_per_pass or max(1, 64 // batch)
-    rows = []
+    patched = {}
     for start in range(0, len(chosen), per_pass):
         group = chosen[start:start + per_pass]
         repeated = {k: v.repeat(len(group), *([1] * (v.dim() - 1))) for k, v in rerun.items()}
@@ -151,18 +184,12 @@ def patch(
                     value[where] = source_value[(slice(None),) + _heads_of(value, axis, h)]
             return value
 
-        names = sorted({point_name(l, point) for l, _ in group})
-        with model_hooks(model, [(name, patcher) for name in names], sites=sites):
+        hooked = sorted({point_name(l, point) for l, _ in group})
+        with model_hooks(model, [(name, patcher) for name in hooked], sites=sites):
             logits = _output(model, repeated)
-        for copy, (layer, head) in enumerate(group):
-            patched = _score(metric, logits[copy * batch:(copy + 1) * batch])
-            # (patched - rerun) / (source - rerun): recovered (denoising) or lost (noising) fraction
-            rows.append({"layer": layer, "head": head, "effect": (patched - rerun_metric) / (source_metric - rerun_metric),
-                         "patched_metric": patched})
-    table = pd.DataFrame(rows, columns=["layer", "head", "effect", "patched_metric"])
-    table.attrs.update(clean_metric=clean_metric, corrupted_metric=corrupted_metric, hook=hook,
-                       direction=direction)
-    return table
+        for copy, pair in enumerate(group):
+            patched[pair] = _scores(metric, logits[copy * batch:(copy + 1) * batch])
+    return source_metric, rerun_metric, patched
 
 
 def plot_patching(table, title: Optional[str] = None):

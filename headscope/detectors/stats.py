@@ -4,6 +4,9 @@
   bootstrap confidence interval (Efron & Tibshirani 1993) of each row of `values`, resampling
   probe examples with replacement. NaN entries (examples where a formula had no query) are
   left out of the row's mean.
+- `bootstrap_ratio_ci(numerators, denominators, ...)`: a ratio of sums over examples (a patching
+  effect: the summed change over the summed gap) and its percentile bootstrap interval, the
+  examples resampled together for numerator and denominator.
 - `random_head_draws(heads, excluded, n_heads, n_random, rng)`: the control of an ablation,
   random heads from the same layers (as many per layer), none of them `excluded`; shared by
   `headscope.validate` and `validate_retrieval`.
@@ -15,7 +18,7 @@ from typing import Iterable, Optional
 
 import torch
 
-__all__ = ["bootstrap_mean_ci", "random_head_draws"]
+__all__ = ["bootstrap_mean_ci", "bootstrap_ratio_ci", "random_head_draws"]
 
 
 def bootstrap_mean_ci(values: torch.Tensor, n_resamples: int = 1000, level: float = 0.95, seed: int = 0):
@@ -46,6 +49,33 @@ def bootstrap_mean_ci(values: torch.Tensor, n_resamples: int = 1000, level: floa
     high = torch.quantile(means, 1 - alpha, dim=-1)
     nan = torch.full_like(mean, float("nan"))
     return (torch.where(n > 0, mean, nan), torch.where(n > 0, low, nan), torch.where(n > 0, high, nan), n)
+
+
+def bootstrap_ratio_ci(numerators: torch.Tensor, denominators: torch.Tensor, n_resamples: int = 1000,
+                       level: float = 0.95, seed: int = 0):
+    """`sum_b numerators[:, b] / sum_b denominators[b]` per row, with a percentile bootstrap interval.
+
+    Args:
+        numerators: `[rows, examples]`.
+        denominators: `[examples]`, shared by every row.
+        n_resamples, level, seed: as `bootstrap_mean_ci`'s.
+    Returns:
+        `(ratio, low, high)`, each `[rows]` float64; a resample whose denominators sum to 0 is left out.
+    """
+    numerators, denominators = numerators.double(), denominators.double()
+    n_examples = denominators.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n_examples, (n_resamples, n_examples), generator=gen)
+    counts = torch.zeros(n_resamples, n_examples, dtype=torch.float64).scatter_add_(
+        1, idx, torch.ones(n_resamples, n_examples, dtype=torch.float64))  # (resamples, examples)
+    tops, bottoms = numerators @ counts.T, counts @ denominators  # (rows, resamples), (resamples,)
+    kept = bottoms != 0
+    ratios = tops[:, kept] / bottoms[kept]
+    ratio = numerators.sum(-1) / denominators.sum()
+    if ratios.shape[1] == 0:
+        return ratio, ratio.clone(), ratio.clone()
+    alpha = (1 - level) / 2
+    return ratio, torch.quantile(ratios, alpha, dim=-1), torch.quantile(ratios, 1 - alpha, dim=-1)
 
 
 def random_head_draws(heads: Iterable[tuple[int, int]], excluded, n_heads: int, n_random: int,

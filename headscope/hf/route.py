@@ -116,6 +116,12 @@ class Session:
         which kernel computed a lazy pattern's row log-sum-exp ("lse:cpu-flash", "lse:flex",
         "lse:blockwise")."""
 
+    def note_call(self, layer: int, settings: dict) -> None:
+        """Told how the layer's call computes its pattern: `settings` holds mask, is_causal, scale,
+        softcap and sinks as `headscope.attention.kernel.pattern_of` takes them (after the model's
+        position bias and key selection joined the mask), so a session can recompute the pattern
+        for other queries or keys."""
+
     def end_pattern(self, layer: int) -> None:
         """Called after the last head group of a layer (only when patterns came in groups)."""
 
@@ -204,6 +210,8 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
                              f"head-group patterns")
     n_heads = query.shape[1]
     math = dict(is_causal=is_causal, scale=scaling, softcap=softcap)
+    for session, layer in active:
+        session.note_call(layer, dict(math, mask=mask, sinks=sinks))
     if sinks is not None:
         for session, layer in watchers:
             session.note(layer, "sinks")

@@ -99,7 +99,7 @@ def test_batched_heads_equal_one_head_per_pass(planted, prompts):
 def test_patch_refuses_bad_input(planted, prompts):
     clean, corrupted, metric = prompts
     with pytest.raises(headscope.HeadscopeError, match="cannot patch"):
-        headscope.patch(planted, clean, corrupted, metric, hook="q")
+        headscope.patch(planted, clean, corrupted, metric, hook="scores")
     with pytest.raises(headscope.HeadscopeError, match="same shape"):
         headscope.patch(planted, clean, corrupted[:, :-1], metric)
     with pytest.raises(headscope.HeadscopeError, match="unknown direction"):
