@@ -171,8 +171,10 @@ def _logit_map(final: torch.Tensor, unembedded: torch.Tensor, name: str) -> tupl
     else:
         moved, seen = final, unembedded
     scale = float((moved * seen).sum() / (seen * seen).sum().clamp_min(1e-30))
-    beta = (final - scale * unembedded).mean(0) if final.shape[0] > 1 else torch.zeros_like(final[0])
-    if not close(final, scale * unembedded + beta):
+    beta = torch.zeros_like(final[0])
+    if final.shape[0] > 1 and not close(final, scale * unembedded, final):
+        beta = (final - scale * unembedded).mean(0)  # no bias where none is needed: the rows stay the same
+    if not close(final, scale * unembedded + beta, final):
         raise HeadscopeError(f"{name}'s logits are not its unembedding's output times a constant plus a bias "
                              f"(soft-capped logits, as Gemma 2's), so they are not a sum of the residual stream's parts")
     return scale, beta
