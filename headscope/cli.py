@@ -1,6 +1,6 @@
 """The `headscope` command line: thin commands over the library.
 
-Commands: `analyze [MODEL]`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
+Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
 `cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`,
 `kv-policy DIR --out FILE`, `kv-eval MODEL POLICY --out DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback (a fault no check
@@ -20,6 +20,7 @@ import typer
 
 import headscope  # the public API, re-exported lazily: a command loads only what it runs
 
+from . import circuits  # lazy: its modules load torch only when a command uses them
 from . import detectors  # lazy too: its registry imports the built-in detectors when first read
 from .loading import distributed
 from .analysis.result import Analysis
@@ -516,6 +517,57 @@ def kv_eval_command(
     with guard as tmp:
         evaluation.write_into(tmp, plotlyjs=plotlyjs)
     typer.echo(evaluation.summary().T.to_string(header=False))
+    typer.echo(f"report: {out / 'index.html'}")
+
+
+@app.command("attribute")
+@_friendly
+def attribute_command(
+    model: ModelArg = "smollm2-135m",
+    task: Annotated[str, typer.Option("--task", help="ioi, induction, greater-than, or a JSONL file of clean/corrupted/answer/wrong prompts.")] = "ioi",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL-TASK).")] = None,
+    n: Annotated[int, typer.Option("--n", min=1, help="Prompt pairs (a built-in task's; a file's first N).")] = 64,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the built-in task's prompts and the bootstrap.")] = 0,
+    metric: Annotated[Optional[str], typer.Option("--metric", help="logit_diff, prob, prob_diff or kl (default: the task's).")] = None,
+    methods: Annotated[str, typer.Option("--methods", help="Attribution methods, comma-separated: atp, atp*.")] = "atp,atp*",
+    exact: Annotated[bool, typer.Option("--exact", help="Also patch every head exactly (one forward pass of every prompt per head).")] = False,
+    point: Annotated[str, typer.Option("--point", help="What is patched: z, q, k, v or pattern.")] = "z",
+    direction: Annotated[str, typer.Option("--direction", help="denoising (clean into corrupted) or noising.")] = "denoising",
+    analysis_dir: Annotated[Optional[Path], typer.Option("--analysis", help="An analysis folder of the same model: its labels are shown beside the heads.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per forward pass.")] = 16,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    no_cache: NoCacheOpt = False,
+    plotlyjs: PlotlyOpt = "embed",
+    force: ForceOpt = False,
+) -> None:
+    """Which heads a task needs on MODEL: direct logit attribution, attribution patching (AtP, AtP*) and exact patching."""
+    _check_plotlyjs(plotlyjs)
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    if not chosen or any(m not in ("atp", "atp*") for m in chosen):
+        raise HeadscopeError(f"--methods takes atp and atp* (comma-separated; --exact adds exact patching), got {methods!r}")
+    if point not in circuits.POINTS:
+        raise HeadscopeError(f"--point must be one of {', '.join(circuits.POINTS)}, got {point!r}")
+    if direction not in ("denoising", "noising"):
+        raise HeadscopeError(f"--direction must be denoising or noising, got {direction!r}")
+    labels = Analysis.load(analysis_dir).labels if analysis_dir is not None else None
+    task_path = Path(task)
+    out = out or _default_out(model).with_name(f"{_default_out(model).name}-{task_path.stem if task_path.suffix else task}")
+    inputs = [path for path in (Path(model), task_path, analysis_dir) if path is not None and path.exists()]
+    guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
+    typer.echo(f"loading {model} ...", err=True)
+    loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
+    built = headscope.task(task, loaded.tokenizer, n=n, seed=seed, **({"metric": metric} if metric else {}))
+    run = circuits.run_attribution(loaded, built, chosen, exact=exact, point=point, direction=direction,
+                                             labels=labels, batch_size=batch_size, progress=_Bars())
+    with guard as tmp:
+        run.write_into(tmp, plotlyjs=plotlyjs)
+    main = next(m for m in ("exact", "atp*", "atp") if m in run.tables)
+    top = run.tables[main].sort_values("magnitude", ascending=False).head(5)
+    typer.echo(f"{built.name}: {built.n} prompt pairs, {built.metric} clean {run.tables[main].attrs['clean_metric']:.3f}, "
+               f"corrupted {run.tables[main].attrs['corrupted_metric']:.3f}")
+    typer.echo(f"top heads ({main}, hook_{point}): " + ", ".join(f"{int(r.layer)}.{int(r.head)} {r.effect:+.3f}"
+                                                                for r in top.itertuples()))
     typer.echo(f"report: {out / 'index.html'}")
 
 

@@ -1,8 +1,35 @@
 """How heads work together: tasks, attribution and circuits.
 
-- `Task`, `task(name_or_path, tokenizer, n=..., seed=...)` (`headscope.circuits.tasks`): clean and
-  corrupted prompts with their answers and a metric.
+- `Task`, `task(name_or_path, tokenizer, n=..., seed=...)` (`headscope.circuits.tasks`,
+  `headscope.circuits.task_builders`): clean and corrupted prompts with their answers and a metric.
+- `logit_attribution(loaded, task)` (`dla`): each component's direct effect on the logit difference.
+- `attribute(loaded, task, method="atp" | "atp*" | "exact", point="z")` (`attribute`): each head's
+  effect when patched, estimated by attribution patching or measured exactly.
+- `run_attribution(...)` (`attribution_run`): what `headscope attribute` writes, with its page.
 
-The package sits beside `causal/`: it runs models through `hf/` and reads `loading/`; the report
-and the CLI sit above it.
+The package sits under the command line, beside `kv/`: it runs models through `hf/`, patches
+through `causal/` and draws its pages with `report/`'s HTML helpers; it never imports `analysis/`.
+Names are re-exported lazily, so importing the package (the command line does) loads no torch.
 """
+from importlib import import_module
+
+_EXPORTS = {
+    "logit_attribution": "headscope.circuits.dla",
+    "attribute": "headscope.circuits.attribute",
+    "METHODS": "headscope.circuits.attribute",
+    "POINTS": "headscope.circuits.attribute",
+    "run_attribution": "headscope.circuits.attribution_run",
+    "read_attribution": "headscope.circuits.attribution_run",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'headscope.circuits' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__
