@@ -37,6 +37,9 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `Timeline()`, `.record(model, step)`: heads over training in a plain PyTorch loop;
   `HeadscopeCallback(every=..., out=DIR)`: the same as a `transformers.TrainerCallback`
   (docs/training.md).
+- `task(name_or_path, tokenizer, n=64, seed=0)` -> `Task`: clean and corrupted prompts with their
+  answers and a metric ("ioi", "induction", "greater-than" or a JSONL file); `Task(clean=,
+  corrupted=, answer=, wrong=)` straight from token ids (docs/tasks.md).
 - `HeadscopeError`: raised for bad input.
 """
 from importlib import import_module
@@ -75,6 +78,8 @@ _EXPORTS = {
     "kv_policy": "headscope.kv.policy",
     "KVPolicy": "headscope.kv.policy",
     "kv_evaluate": "headscope.kv.evaluate",
+    "Task": "headscope.circuits.tasks",
+    "task": "headscope.circuits.task_builders",
     "HeadscopeError": "headscope.errors",
     "Timeline": "headscope.training.timeline",
     "HeadscopeCallback": "headscope.training.callback",

@@ -12,6 +12,8 @@ that appeared meanwhile (another run, the user) is not replaced without `force`.
   under `folder` (the report page excepted: `headscope report` re-renders it in place).
 - `check_manifest(folder)`: HeadscopeError when a recorded file is missing, cut or changed; a
   folder without a manifest (written before manifests existed) passes.
+- `write_text_atomic(path, text)`: one file written to a temporary name beside it, then renamed
+  (saved tasks, KV policies).
 - `exit_on_interrupt()`: the command line's Ctrl-C (and SIGTERM) handler: it removes the
   temporary folders being written (`temporary(path)` registers one), says in one line what was
   and was not written, and exits with status 130 at once. No exception travels through torch's
@@ -33,7 +35,7 @@ from pathlib import Path
 from .errors import HeadscopeError
 
 __all__ = ["atomic_dir", "MARKER", "MANIFEST", "write_manifest", "check_manifest", "exit_on_interrupt", "temporary",
-           "critical"]
+           "critical", "write_text_atomic"]
 
 MARKER = ".headscope"  # in every folder atomic_dir writes: "headscope wrote this folder"
 MANIFEST = "manifest.json"
@@ -46,6 +48,22 @@ def _sha256(path: Path) -> str:
         while piece := fh.read(2**20):
             digest.update(piece)
     return digest.hexdigest()
+
+
+def write_text_atomic(path, text: str) -> Path:
+    """Write `text` to a temporary file beside `path`, then rename it to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the file private
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def write_manifest(folder) -> None:

@@ -1,7 +1,8 @@
 """How heads work together: tasks, attribution and circuits.
 
 - `Task`, `task(name_or_path, tokenizer, n=..., seed=...)` (`headscope.circuits.tasks`,
-  `headscope.circuits.task_builders`): clean and corrupted prompts with their answers and a metric.
+  `headscope.circuits.task_builders`): clean and corrupted prompts with their answers and a
+  metric; `tokenizer_fingerprint(tokenizer)`.
 - `logit_attribution(loaded, task)` (`dla`): each component's direct effect on the logit difference.
 - `attribute(loaded, task, method="atp" | "atp*" | "exact", point="z")` (`attribute`): each head's
   effect when patched, estimated by attribution patching or measured exactly.
@@ -14,6 +15,11 @@ Names are re-exported lazily, so importing the package (the command line does) l
 from importlib import import_module
 
 _EXPORTS = {
+    "Task": "headscope.circuits.tasks",
+    "METRICS": "headscope.circuits.tasks",
+    "tokenizer_fingerprint": "headscope.circuits.tasks",
+    "task": "headscope.circuits.task_builders",
+    "BUILTINS": "headscope.circuits.task_builders",
     "logit_attribution": "headscope.circuits.dla",
     "attribute": "headscope.circuits.attribute",
     "METHODS": "headscope.circuits.attribute",

@@ -17,39 +17,21 @@ to a temporary name and renamed into place.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from ..atomic import atomic_dir
+from ..atomic import atomic_dir, write_text_atomic
 from ..errors import HeadscopeError
 from .policy import KVPolicy, default_window, kv_head_scores, policy_from_values
 
-__all__ = ["DUO_TSV", "DUO_CONFIG", "write_duo", "read_duo", "write_headkv", "read_headkv", "read_policy",
-           "write_text_atomic"]
+__all__ = ["DUO_TSV", "DUO_CONFIG", "write_duo", "read_duo", "write_headkv", "read_headkv", "read_policy"]
 
 DUO_TSV = "full_attention_heads.tsv"
 DUO_CONFIG = "config.json"
 HEAD_KEY = re.compile(r"(\d+)-(\d+)\Z")
-
-
-def write_text_atomic(path, text: str) -> Path:
-    """Write `text` to a temporary file beside `path`, then rename it to `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def duo_tsv(policy: KVPolicy) -> str:
