@@ -5,8 +5,8 @@
   labels of an analysis when given, and every head's pattern on the task's first prompts (the
   page's head explorer).
 - `AttributionRun.write_into(folder, plotlyjs)`: `task.json` (`Task.save`), `dla.csv`,
-  `attribution.csv` (one row per method and head), `meta.json` and `index.html`
-  (`headscope.circuits.attribution_page`).
+  `attribution.csv` (one row per method and head), `meta.json`, `index.html`
+  (`headscope.circuits.attribution_page`) and `manifest.json`.
 - `read_attribution(folder)` -> the tables and meta again (no torch needed).
 """
 from __future__ import annotations
@@ -18,10 +18,12 @@ from typing import Any, Optional
 
 import torch
 
+from ..atomic import check_manifest, write_manifest
 from ..errors import HeadscopeError
 from ..hf.capture import capture
 from ..probes.tokens import display_tokens
 from .attribute import METHODS, attribute
+from .attribution_page import render_attribution_html
 from .dla import logit_attribution
 from .running import Target
 
@@ -65,14 +67,13 @@ class AttributionRun:
 
     def write_into(self, folder, plotlyjs: str = "embed") -> None:
         """Write the folder's files into `folder` (an `atomic_dir`'s temporary folder)."""
-        from .attribution_page import render_attribution_html
-
         folder = Path(folder)
         self.task.save(folder / FILES["task"])
         self.dla.to_csv(folder / FILES["dla"], index=False)
         self.attribution_frame().to_csv(folder / FILES["attribution"], index=False)
         (folder / FILES["meta"]).write_text(json.dumps(self.meta, indent=1, default=str), encoding="utf-8")
         (folder / "index.html").write_text(render_attribution_html(self, plotlyjs=plotlyjs), encoding="utf-8")
+        write_manifest(folder)  # every file's size and hash: a damaged folder is told from an intact one
 
 
 def run_attribution(loaded: Any, task: Any, methods=("atp", "atp*"), exact: bool = False, point: str = "z",
@@ -145,6 +146,7 @@ def read_attribution(folder) -> dict:
     missing = [name for name in FILES.values() if not (folder / name).is_file()]
     if missing:
         raise HeadscopeError(f"{folder} is not an attribution folder (no {missing[0]})")
+    check_manifest(folder)
     try:
         meta = json.loads((folder / FILES["meta"]).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
