@@ -37,6 +37,9 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `Timeline()`, `.record(model, step)`: heads over training in a plain PyTorch loop;
   `HeadscopeCallback(every=..., out=DIR)`: the same as a `transformers.TrainerCallback`
   (docs/training.md).
+- `logit_attribution(loaded, task)`: each component's direct effect on the task's logit difference;
+  `attribute(loaded, task, method="atp" | "atp*" | "exact", point="z")`: each head's effect when
+  patched, estimated by attribution patching or measured (docs/attribution.md).
 - `task(name_or_path, tokenizer, n=64, seed=0)` -> `Task`: clean and corrupted prompts with their
   answers and a metric ("ioi", "induction", "greater-than" or a JSONL file); `Task(clean=,
   corrupted=, answer=, wrong=)` straight from token ids (docs/tasks.md).
@@ -79,6 +82,8 @@ _EXPORTS = {
     "KVPolicy": "headscope.kv.policy",
     "kv_evaluate": "headscope.kv.evaluate",
     "Task": "headscope.circuits.tasks",
+    "logit_attribution": "headscope.circuits.dla",
+    "attribute": "headscope.circuits.attribute",
     "task": "headscope.circuits.task_builders",
     "HeadscopeError": "headscope.errors",
     "Timeline": "headscope.training.timeline",
