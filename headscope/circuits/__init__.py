@@ -24,6 +24,8 @@ _EXPORTS = {
     "attribute": "headscope.circuits.attribute",
     "METHODS": "headscope.circuits.attribute",
     "POINTS": "headscope.circuits.attribute",
+    "Circuit": "headscope.circuits.circuit",
+    "MIB_SIZES": "headscope.circuits.circuit",
     "run_attribution": "headscope.circuits.attribution_run",
     "read_attribution": "headscope.circuits.attribution_run",
 }

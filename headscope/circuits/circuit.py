@@ -1,0 +1,128 @@
+"""`Circuit`: scored edges between a model's components, and its files.
+
+A circuit's nodes are the senders and receivers of the residual stream:
+    embed            the embeddings (the first layer's input)
+    a{L}.h{H}        head H of attention layer L (the model's own layer numbers): its output as a
+                     sender; as a receiver `a{L}.h{H}.q`, `.k`, `.v`, its query, key and value inputs
+                     (under grouped-query attention, the query head's own use of its shared key
+                     and value)
+    m{L}             layer L's MLP or other mixer (a second one in the same layer: `m{L}.2`)
+    c{L}             layer L's attention block of another group, whole (an encoder-decoder's
+                     cross-attention)
+    logits           the unembedding's input (a receiver only)
+An edge `src -> dst` is the part of dst's input that src wrote; its score estimates the change of
+the task's metric when that one edge carries the corrupted run's value instead of the clean one.
+
+- `Circuit.edges` (DataFrame: src, dst, score), `Circuit.nodes` (name, kind, layer, head),
+  `Circuit.meta`; `Circuit.top(n)`: the n edges of largest |score|.
+- `Circuit.evaluate(sizes, ...)`: faithfulness measured by running the model
+  (`headscope.circuits.eap.evaluate`); `Circuit.evaluation` holds the last one.
+- `Circuit.save(folder)` writes `edges.csv`, `nodes.csv`, `meta.json`, `task.json` and, once
+  evaluated, `evaluation.csv` and `random.csv`; `Circuit.load(folder)` reads them back
+  (`evaluate` then needs the model again).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import HeadscopeError
+from .tasks import Task
+
+__all__ = ["Circuit", "MIB_SIZES", "FILES", "KINDS"]
+
+# Circuit sizes as percentages of all edges (Mueller et al. 2025, MIB).
+MIB_SIZES = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
+FILES = {"edges": "edges.csv", "nodes": "nodes.csv", "meta": "meta.json", "task": "task.json",
+         "evaluation": "evaluation.csv", "random": "random.csv"}
+KINDS = ("embed", "head", "mlp", "mixer", "attn", "logits")
+
+
+@dataclass
+class Circuit:
+    """Scored edges of one task on one model (module docstring)."""
+
+    edges: Any
+    nodes: Any
+    meta: dict
+    task: Any = None
+    evaluation: Any = None  # DataFrame (size, n_edges, faithfulness, metric); attrs cpr, cmd
+    random: Any = None  # DataFrame (draw, size, n_edges, faithfulness, metric)
+    loaded: Any = field(default=None, repr=False)  # the model it was found in (not saved)
+
+    def top(self, n: int = 20):
+        """The `n` edges of largest |score|, largest first."""
+        order = self.edges.score.abs().sort_values(ascending=False, kind="stable").index
+        return self.edges.loc[order].head(n).reset_index(drop=True)
+
+    def evaluate(self, sizes=MIB_SIZES, n_random: int = 5, seed: int = 0, loaded: Any = None,
+                 batch_size: int = 16, progress=None):
+        """Faithfulness at each size, measured by running the model with only the circuit's edges
+        clean (`headscope.circuits.eap.evaluate`, which documents the formulas).
+
+        Args:
+            sizes: circuit sizes in percent of all edges, each in (0, 100].
+            n_random: random circuits of the same sizes drawn as the baseline.
+            seed: their seed.
+            loaded: the model (default: the one the circuit was found in; needed after `load`).
+            batch_size: prompts per forward pass.
+            progress: `progress(stage, done, total)`.
+        Returns:
+            DataFrame (size, n_edges, faithfulness, metric, random_mean, random_lo, random_hi);
+            `attrs`: cpr, cmd, random_cpr, random_cmd, clean_metric, corrupted_metric.
+        """
+        from .eap import evaluate  # (moves to the top once eap.py stops importing this module)
+
+        model = loaded if loaded is not None else self.loaded
+        if model is None:
+            raise HeadscopeError("evaluate runs the model: pass loaded=headscope.load(...) for a circuit read from disk")
+        self.evaluation, self.random = evaluate(self, model, sizes=sizes, n_random=n_random, seed=seed,
+                                                batch_size=batch_size, progress=progress)
+        return self.evaluation
+
+    def save(self, folder) -> Path:
+        """Write the circuit's files into `folder` (created if missing); returns it."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.edges.to_csv(folder / FILES["edges"], index=False)
+        self.nodes.to_csv(folder / FILES["nodes"], index=False)
+        meta = dict(self.meta)
+        if self.evaluation is not None:
+            self.evaluation.to_csv(folder / FILES["evaluation"], index=False)
+            meta["evaluation"] = {k: v for k, v in self.evaluation.attrs.items()}
+        if self.random is not None:
+            self.random.to_csv(folder / FILES["random"], index=False)
+        (folder / FILES["meta"]).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
+        if self.task is not None:
+            self.task.save(folder / FILES["task"])
+        return folder
+
+    @classmethod
+    def load(cls, folder) -> "Circuit":
+        """Read a folder `save` wrote; HeadscopeError naming what is missing or damaged."""
+        import pandas as pd
+
+        folder = Path(folder)
+        for name in ("edges", "nodes", "meta"):
+            if not (folder / FILES[name]).is_file():
+                raise HeadscopeError(f"{folder} is not a circuit folder (no {FILES[name]})")
+        try:
+            meta = json.loads((folder / FILES["meta"]).read_text(encoding="utf-8"))
+            edges = pd.read_csv(folder / FILES["edges"])
+            nodes = pd.read_csv(folder / FILES["nodes"])
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise HeadscopeError(f"cannot read the circuit in {folder}: {err}") from None
+        if list(edges.columns) != ["src", "dst", "score"] or edges.score.isna().any():
+            raise HeadscopeError(f"{folder / FILES['edges']} is damaged: expected columns src, dst, score with a "
+                                 f"score on every row")
+        evaluation = random = task = None
+        if (folder / FILES["evaluation"]).is_file():
+            evaluation = pd.read_csv(folder / FILES["evaluation"])
+            evaluation.attrs.update(meta.get("evaluation", {}))
+        if (folder / FILES["random"]).is_file():
+            random = pd.read_csv(folder / FILES["random"])
+        if (folder / FILES["task"]).is_file():
+            task = Task.load(folder / FILES["task"])
+        return cls(edges, nodes, meta, task, evaluation, random)
