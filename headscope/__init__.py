@@ -84,6 +84,8 @@ _EXPORTS = {
     "Task": "headscope.circuits.tasks",
     "logit_attribution": "headscope.circuits.dla",
     "attribute": "headscope.circuits.attribute",
+    "circuit": "headscope.circuits.circuit",
+    "Circuit": "headscope.circuits.circuit",
     "task": "headscope.circuits.task_builders",
     "HeadscopeError": "headscope.errors",
     "Timeline": "headscope.training.timeline",

@@ -25,6 +25,7 @@ _EXPORTS = {
     "METHODS": "headscope.circuits.attribute",
     "POINTS": "headscope.circuits.attribute",
     "Circuit": "headscope.circuits.circuit",
+    "circuit": "headscope.circuits.circuit",
     "MIB_SIZES": "headscope.circuits.circuit",
     "run_attribution": "headscope.circuits.attribution_run",
     "read_attribution": "headscope.circuits.attribution_run",

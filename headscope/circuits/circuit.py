@@ -13,6 +13,8 @@ A circuit's nodes are the senders and receivers of the residual stream:
 An edge `src -> dst` is the part of dst's input that src wrote; its score estimates the change of
 the task's metric when that one edge carries the corrupted run's value instead of the clean one.
 
+- `circuit(loaded, task, method="eap-ig", steps=5)` -> `Circuit`: every edge scored
+  (`headscope.circuits.eap`, which documents the formulas).
 - `Circuit.edges` (DataFrame: src, dst, score), `Circuit.nodes` (name, kind, layer, head),
   `Circuit.meta`; `Circuit.top(n)`: the n edges of largest |score|.
 - `Circuit.evaluate(sizes, ...)`: faithfulness measured by running the model
@@ -29,9 +31,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import HeadscopeError
+from .eap import METHODS, evaluate, score_edges
+from .edges import graph_of
+from .running import Target
 from .tasks import Task
 
-__all__ = ["Circuit", "MIB_SIZES", "FILES", "KINDS"]
+__all__ = ["Circuit", "circuit", "MIB_SIZES", "FILES", "KINDS"]
 
 # Circuit sizes as percentages of all edges (Mueller et al. 2025, MIB).
 MIB_SIZES = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
@@ -73,8 +78,6 @@ class Circuit:
             DataFrame (size, n_edges, faithfulness, metric, random_mean, random_lo, random_hi);
             `attrs`: cpr, cmd, random_cpr, random_cmd, clean_metric, corrupted_metric.
         """
-        from .eap import evaluate  # (moves to the top once eap.py stops importing this module)
-
         model = loaded if loaded is not None else self.loaded
         if model is None:
             raise HeadscopeError("evaluate runs the model: pass loaded=headscope.load(...) for a circuit read from disk")
@@ -126,3 +129,37 @@ class Circuit:
         if (folder / FILES["task"]).is_file():
             task = Task.load(folder / FILES["task"])
         return cls(edges, nodes, meta, task, evaluation, random)
+
+
+def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, sites: Optional[str] = None,
+            batch_size: int = 8, progress=None) -> Circuit:
+    """Score every edge of the model's graph for `task` (module docstring; formulas in
+    `headscope.circuits.eap`).
+
+    Args:
+        loaded: a `headscope.Loaded` (or a transformers model with an adapter).
+        task: a `headscope.Task`.
+        method: "eap" (one gradient on the clean run) or "eap-ig" (integrated gradients from
+            the corrupted to the clean embeddings over `steps` points).
+        steps: EAP-IG's points (ignored by "eap").
+        sites: the group of attention sites whose heads are nodes; default: the analysed stack.
+        batch_size: prompts per pass.
+        progress: `progress(stage, done, total)`.
+    Returns:
+        A `Circuit`; `meta["passes"]` counts forward and backward passes over all prompts.
+    """
+    import pandas as pd
+
+    if method not in METHODS:
+        raise HeadscopeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    target = Target(loaded, task, sites, "circuit")
+    graph = graph_of(target, task)
+    scores, passes, metrics = score_edges(target, graph, task, method, steps, batch_size, progress)
+    edges = graph.edges()
+    table = pd.DataFrame({"src": [graph.senders[u][0] for u, _, _ in edges], "dst": [name for _, _, name in edges],
+                          "score": scores})
+    meta = {"model": getattr(loaded, "name", type(target.model).__name__), "task": task.name, "method": method,
+            "steps": steps if method == "eap-ig" else 1, "n": int(task.n), "metric": task.metric,
+            "clean_metric": metrics["clean"], "corrupted_metric": metrics["corrupted"], "passes": passes,
+            "n_edges": len(table), "sites": target.sites}
+    return Circuit(table, graph.nodes(), meta, task, loaded=loaded)
