@@ -37,7 +37,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `Timeline()`, `.record(model, step)`: heads over training in a plain PyTorch loop;
   `HeadscopeCallback(every=..., out=DIR)`: the same as a `transformers.TrainerCallback`
   (docs/training.md).
-- `HeadscopeError`: raised for bad input.
+- `HeadscopeError`: raised for bad input (`UsageError`, its kind for a bad argument value);
+  `HeadscopeWarning`: what headscope accepted but says (docs/reliability.md).
 """
 from importlib import import_module
 
@@ -76,6 +77,8 @@ _EXPORTS = {
     "KVPolicy": "headscope.kv.policy",
     "kv_evaluate": "headscope.kv.evaluate",
     "HeadscopeError": "headscope.errors",
+    "UsageError": "headscope.errors",
+    "HeadscopeWarning": "headscope.errors",
     "Timeline": "headscope.training.timeline",
     "HeadscopeCallback": "headscope.training.callback",
 }

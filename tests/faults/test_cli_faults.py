@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from headscope import cli
 from headscope.analysis import Analysis
-from headscope.atomic import MANIFEST, atomic_dir
+from headscope.atomic import MANIFEST, MARKER, atomic_dir
 from headscope.cli import app
 from headscope.errors import HeadscopeError
 from tests.support.fake_analysis import fake_analysis
@@ -82,6 +82,13 @@ def analysis_folder(work: Path, name: str = "run") -> Path:
     return work / name
 
 
+def as_old_folder(folder: Path) -> None:
+    """As an analysis from before manifests and markers, edited by hand (one with the marker but no
+    manifest is damaged: tests/faults/test_newer_surfaces.py)."""
+    (folder / MANIFEST).unlink()
+    (folder / MARKER).unlink()
+
+
 def cut_scores(work, planted):
     path = analysis_folder(work) / "scores.csv"
     data = path.read_bytes()
@@ -93,7 +100,7 @@ def empty_meta(keep_manifest: bool):
         folder = analysis_folder(work)
         (folder / "meta.json").write_text("{}")
         if not keep_manifest:
-            (folder / MANIFEST).unlink()  # as an analysis from before manifests, edited by hand
+            as_old_folder(folder)
     return edit
 
 
@@ -102,7 +109,7 @@ def meta_edit(**changes):
         folder = analysis_folder(work)
         meta = json.loads((folder / "meta.json").read_text())
         (folder / "meta.json").write_text(json.dumps({**meta, **changes}))
-        (folder / MANIFEST).unlink()
+        as_old_folder(folder)
     return edit
 
 
@@ -115,7 +122,7 @@ def missing_file(name: str):
 def damaged_examples(work, planted):
     folder = analysis_folder(work)
     (folder / "examples.json").write_text('[{"tokens": ["a"]}]')
-    (folder / MANIFEST).unlink()
+    as_old_folder(folder)
 
 
 def two_analyses(work, planted):
