@@ -79,32 +79,32 @@ def write_manifest(folder) -> None:
     (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1), encoding="utf-8")
 
 
-def _damaged(message: str, unverified: bool) -> None:
+def _damaged(folder: Path, problem: str, unverified: bool) -> None:
+    """HeadscopeError "`folder` is damaged: `problem`", or with `unverified` the same as a warning."""
     if not unverified:
-        raise HeadscopeError(message)
-    warnings.warn(f"{message.split('; ')[0]}; read anyway (--unverified): its files are unchecked", HeadscopeWarning,
-                  stacklevel=3)
+        raise HeadscopeError(f"{folder} is damaged: {problem}; write it again with headscope (or pass --unverified, "
+                             f"unverified=True, to read it anyway)")
+    warnings.warn(f"{folder} is damaged: {problem}; read anyway (--unverified): only the shape of its tables is "
+                  f"checked", HeadscopeWarning, stacklevel=4)
 
 
 def check_manifest(folder, needed=(), *, unverified: bool = False) -> None:
     """HeadscopeError naming the first file of `folder` that differs from its manifest (see the
     module docstring); `needed`: files the reader needs, which the manifest must list."""
     folder = Path(folder)
-    again = "write it again with headscope"
     if not (folder / MANIFEST).is_file():
         if (folder / MARKER).is_file():
-            _damaged(f"{folder} is damaged: it carries headscope's marker ({MARKER}) but no {MANIFEST}, so its files "
-                     f"cannot be checked; {again} (or pass --unverified to read it anyway)", unverified)
+            _damaged(folder, f"it carries headscope's marker ({MARKER}) but no {MANIFEST}, so its files cannot be "
+                             f"checked", unverified)
         return
     try:
         files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
         listed = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        return _damaged(f"{folder / MANIFEST} is unreadable ({type(err).__name__}); the folder may be damaged; {again}",
-                        unverified)
+        return _damaged(folder, f"its {MANIFEST} is unreadable ({type(err).__name__})", unverified)
     for name in needed:
         if name not in listed and (folder / name).exists():
-            return _damaged(f"{folder} is damaged: {MANIFEST} does not list {name}; {again}", unverified)
+            return _damaged(folder, f"{MANIFEST} does not list {name}", unverified)
     for name, (size, digest) in listed.items():
         path = folder / name
         why = None
@@ -115,7 +115,7 @@ def check_manifest(folder, needed=(), *, unverified: bool = False) -> None:
         elif _sha256(path) != digest:
             why = "was changed after it was written"
         if why:
-            return _damaged(f"{folder} is damaged: {name} {why} ({MANIFEST}); {again}", unverified)
+            return _damaged(folder, f"{name} {why} ({MANIFEST})", unverified)
 
 
 def check_folder(folder, needed=(), *, unverified: bool = False) -> None:

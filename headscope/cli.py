@@ -28,9 +28,11 @@ from .loading import distributed
 from .analysis.result import Analysis
 from .atomic import atomic_dir
 from .errors import HeadscopeError, HeadscopeWarning, UsageError
+from .checks import check_count
 from .hf.adapters import config_value
 from .hf.families import family_table
 from . import kv
+from .kv.policy import check_keep
 from .loading.control import CONTROL_KINDS
 from .loading.load_cache import cache_usage, clear_cache
 from .loading import loader
@@ -87,9 +89,11 @@ def _friendly(fn):
                 _warnings_as_lines()
                 return fn(*args, **kwargs)
         except UsageError as err:
+            _Bars.close_all()
             typer.echo(f"error: {_where()}{err}", err=True)
             raise typer.Exit(2)
         except HeadscopeError as err:
+            _Bars.close_all()
             typer.echo(f"error: {_where()}{err}", err=True)
             raise typer.Exit(1)
         except KeyboardInterrupt:
@@ -204,10 +208,21 @@ def _default_out(model: str) -> Path:
 
 
 class _Bars:
-    """tqdm bars on stderr, one per stage, fed by analyze's progress callback."""
+    """tqdm bars on stderr, one per stage, fed by analyze's progress callback. A command that
+    fails closes the bars still open (`close_all`), so its error line starts a line of its own."""
+
+    open: set = set()
 
     def __init__(self):
         self.bars = {}
+
+    @classmethod
+    def close_all(cls) -> None:
+        for bars in list(cls.open):
+            for bar in bars.bars.values():
+                bar.close()
+            bars.bars.clear()
+        cls.open.clear()
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         from tqdm.auto import tqdm
@@ -215,6 +230,7 @@ class _Bars:
         bar = self.bars.get(stage)
         if bar is None:
             bar = self.bars[stage] = tqdm(total=total, desc=stage, unit="batch", file=sys.stderr, leave=True)
+            _Bars.open.add(self)
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
@@ -512,6 +528,10 @@ def kv_eval_command(
     """Measure a KV-cache policy on MODEL: needle accuracy, loss and KV bytes vs random, reverse, streaming, full."""
     _check_plotlyjs(plotlyjs)
     numbers = (_numbers(lengths, int, "--lengths"), _numbers(depths, float, "--depths"), _numbers(keeps, float, "--keeps"))
+    for value in numbers[2] + ([keep] if keep is not None else []):  # usage errors before the model loads
+        check_keep(value)
+    check_count("--random", random_draws)
+    check_count("--needles", needles)
     inputs = [path for path in (Path(model), policy_path) if path.exists()]
     guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
     policy = kv.read_policy(policy_path, keep=keep)  # every field checked before the model loads

@@ -167,7 +167,7 @@ class Loaded:
         """HeadscopeError if `n_tokens` (the length of `what`, e.g. "the text probe") exceed the context."""
         context = self.context_length
         if context is not None and n_tokens > context:
-            raise HeadscopeError(f"{what} needs {n_tokens} tokens but {self.name} takes at most {context}")
+            raise UsageError(f"{what} needs {n_tokens} tokens but {self.name} takes at most {context}")
 
     @property
     def body(self):

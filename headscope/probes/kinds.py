@@ -275,6 +275,8 @@ def command_line_probes(n_examples: int, seq_len: int, repeat_len: int, repeats:
     Raises:
         HeadscopeError: lengths that are not positive integers, or a bad treebank file.
     """
+    if isinstance(n_sentences, bool) or not isinstance(n_sentences, int) or n_sentences < 0:
+        raise UsageError(f"--n-sentences takes a whole number of treebank sentences (0: all), got {n_sentences!r}")
     try:
         lengths = tuple(int(part) for part in needle_lengths.split(",") if part.strip())
     except ValueError:
