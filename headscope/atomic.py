@@ -24,11 +24,11 @@ user) is not replaced without `force`.
 
 Reading a folder headscope wrote (`check_folder`): `MANIFEST` (manifest.json, `write_manifest`)
 records the size and SHA-256 of every file; a recorded file missing, cut or changed, a folder
-carrying the marker but no manifest (damaged, not old: the marker came first), a manifest that
-does not list a file the reader needs, or a symbolic link inside the folder is a HeadscopeError
-naming the file. With `unverified=True` the manifest problems are `HeadscopeWarning`s instead
-(the links are still refused). A folder with neither marker nor manifest (written before both)
-passes.
+carrying the marker but no manifest (damaged, not old: headscope writes both into every
+folder), a manifest that does not list a file the reader needs, or a symbolic link inside the
+folder is a HeadscopeError naming the file. With `unverified=True` the manifest problems are
+`HeadscopeWarning`s instead (the links are still refused). A folder with neither marker nor
+manifest (written before both) passes.
 
 - `exit_on_interrupt()`: the command line's Ctrl-C (and SIGTERM) handler: it removes the
   temporary files and folders being written (`temporary(path)` registers one), says in one line

@@ -235,6 +235,8 @@ class _Bars:
         if done >= total:
             bar.close()
             del self.bars[stage]
+            if not self.bars:
+                _Bars.open.discard(self)
 
 
 def _summary(analysis, out: Path) -> None:
