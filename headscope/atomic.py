@@ -22,13 +22,8 @@ The rule, checked when either is made, before any work (`check_target`):
 The target is checked again at rename time, so one that appeared meanwhile (another run, the
 user) is not replaced without `force`.
 
-Reading a folder headscope wrote (`check_folder`): `MANIFEST` (manifest.json, `write_manifest`)
-records the size and SHA-256 of every file; a recorded file missing, cut or changed, a folder
-carrying the marker but no manifest (damaged, not old: headscope writes both into every
-folder), a manifest that does not list a file the reader needs, or a symbolic link inside the
-folder is a HeadscopeError naming the file. With `unverified=True` the manifest problems are
-`HeadscopeWarning`s instead (the links are still refused). A folder with neither marker nor
-manifest (written before both) passes.
+The marker, the manifest and the checks made when a folder headscope wrote is read
+(`check_folder`) live in `headscope.folders`; their names are re-exported here.
 
 - `exit_on_interrupt()`: the command line's Ctrl-C (and SIGTERM) handler: it removes the
   temporary files and folders being written (`temporary(path)` registers one), says in one line
@@ -38,100 +33,27 @@ manifest (written before both) passes.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import signal
 import stat
 import sys
 import tempfile
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
-from .errors import HeadscopeError, HeadscopeWarning
+from .errors import HeadscopeError
+from .folders import MANIFEST, MARKER, check_folder, check_manifest, write_manifest
 
 __all__ = ["atomic_dir", "atomic_file", "check_target", "MARKER", "MANIFEST", "write_manifest", "check_manifest",
            "check_folder", "exit_on_interrupt", "temporary", "critical"]
-
-MARKER = ".headscope"  # in every folder atomic_dir writes: "headscope wrote this folder"
-MANIFEST = "manifest.json"
-UNLISTED = (MARKER, MANIFEST, "index.html")  # index.html: `headscope report` re-renders it in place
-
-
-# ---------------------------------------------------------------- reading a folder headscope wrote
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while piece := fh.read(2**20):
-            digest.update(piece)
-    return digest.hexdigest()
-
-
-def write_manifest(folder) -> None:
-    """Record the size and SHA-256 of every file under `folder` in `folder/manifest.json`."""
-    folder = Path(folder)
-    files = {path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-             for path in sorted(folder.rglob("*")) if path.is_file() and path.name not in UNLISTED}
-    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1), encoding="utf-8")
-
-
-def _damaged(folder: Path, problem: str, unverified: bool) -> None:
-    """HeadscopeError "`folder` is damaged: `problem`", or with `unverified` the same as a warning."""
-    if not unverified:
-        raise HeadscopeError(f"{folder} is damaged: {problem}; write it again with headscope (or pass --unverified, "
-                             f"unverified=True, to read it anyway)")
-    warnings.warn(f"{folder} is damaged: {problem}; read anyway (--unverified): only the shape of its tables is "
-                  f"checked", HeadscopeWarning, stacklevel=4)
-
-
-def check_manifest(folder, needed=(), *, unverified: bool = False) -> None:
-    """HeadscopeError naming the first file of `folder` that differs from its manifest (see the
-    module docstring); `needed`: files the reader needs, which the manifest must list."""
-    folder = Path(folder)
-    if not (folder / MANIFEST).is_file():
-        if (folder / MARKER).is_file():
-            _damaged(folder, f"it carries headscope's marker ({MARKER}) but no {MANIFEST}, so its files cannot be "
-                             f"checked", unverified)
-        return
-    try:
-        files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
-        listed = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        return _damaged(folder, f"its {MANIFEST} is unreadable ({type(err).__name__})", unverified)
-    for name in needed:
-        if name not in listed and (folder / name).exists():
-            return _damaged(folder, f"{MANIFEST} does not list {name}", unverified)
-    for name, (size, digest) in listed.items():
-        path = folder / name
-        why = None
-        if not path.is_file():
-            why = "is missing"
-        elif path.stat().st_size != size:
-            why = f"has {path.stat().st_size} of the {size} bytes it was written with"
-        elif _sha256(path) != digest:
-            why = "was changed after it was written"
-        if why:
-            return _damaged(folder, f"{name} {why} ({MANIFEST})", unverified)
-
-
-def check_folder(folder, needed=(), *, unverified: bool = False) -> None:
-    """A folder headscope wrote, before it is read: no symbolic link inside it (a file read through
-    one could be anyone's), then `check_manifest`."""
-    folder = Path(folder)
-    for path in sorted(folder.rglob("*")):
-        if path.is_symlink():
-            raise HeadscopeError(f"{path} is a symbolic link (to {os.readlink(path)}); a folder headscope wrote holds "
-                                 f"its own files, so replace the link with the file itself")
-    check_manifest(folder, needed, unverified=unverified)
 
 
 # ---------------------------------------------------------------- interrupts
 
 _TEMPORARY: set = set()  # files and folders being written: removed when the process is interrupted
+_PARENTS: list = []  # the parent folders made for them (lists, outermost first): removed too, if empty
 _WRITTEN: list = []  # targets this process finished writing
 _STATE = {"critical": 0, "pending": None}
 
@@ -171,6 +93,8 @@ def critical():
 def _interrupted(signum) -> None:
     for path in list(_TEMPORARY):
         _remove(path)
+    for made in list(_PARENTS):
+        _unmake(made)
     what = ("nothing was written" if not _WRITTEN else
             "written completely: " + ", ".join(str(p) for p in _WRITTEN))
     try:
@@ -281,17 +205,18 @@ def check_target(target, *, folder: bool = True, force: bool = False, protect=()
         raise HeadscopeError(f"cannot write to {parent} (permission denied); choose another output {what}")
 
 
-def _make_parents(folder: Path) -> list:
-    """Create `folder` and its missing parents; the ones made, outermost first."""
-    made = [p for p in reversed([folder, *folder.parents]) if not p.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    return made
+def _missing_parents(folder: Path) -> list:
+    """`folder` and those of its parents that do not exist, outermost first."""
+    return [p for p in reversed([folder, *folder.parents]) if not p.exists()]
 
 
 def _unmake(made: list) -> None:
+    """Remove the parent folders made for a target, innermost first, while they are empty."""
     for path in reversed(made):
         try:
             path.rmdir()
+        except FileNotFoundError:
+            continue
         except OSError:
             break
 
@@ -307,11 +232,14 @@ class _Atomic:
         self.existed = self.target.exists()
 
     def __enter__(self) -> Path:
-        self.made = _make_parents(self.target.parent)
+        self.made = _missing_parents(self.target.parent)
+        _PARENTS.append(self.made)
         try:
+            self.target.parent.mkdir(parents=True, exist_ok=True)
             self.tmp = self._make_temporary()
         except OSError as err:
             _unmake(self.made)
+            _PARENTS.remove(self.made)
             raise HeadscopeError(f"cannot write {self.target} ({err.strerror or err}); choose another output") from None
         _TEMPORARY.add(self.tmp)
         return self.tmp
@@ -322,6 +250,7 @@ class _Atomic:
                 return self._finish(exc_type)
         finally:
             _TEMPORARY.discard(self.tmp)
+            _PARENTS.remove(self.made)
 
     def _finish(self, exc_type) -> bool:
         if exc_type is not None:

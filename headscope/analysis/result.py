@@ -32,7 +32,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..atomic import atomic_dir, check_folder, write_manifest
+from ..atomic import atomic_dir
+from ..folders import check_folder, write_manifest
 from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, SITE, read_csv, read_table, with_sites, write_csv
 from ..errors import HeadscopeError
 from .meta import check_saved

@@ -35,7 +35,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..atomic import MARKER, atomic_dir, atomic_file
+from ..atomic import atomic_dir, atomic_file
+from ..folders import MARKER
 from ..errors import HeadscopeError, HeadscopeWarning, UsageError
 from .policy import KVPolicy, default_window, kv_head_scores, policy_from_values
 
