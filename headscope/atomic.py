@@ -155,8 +155,8 @@ def _check_removable(target: Path) -> None:
     euid = os.geteuid() if hasattr(os, "geteuid") else 0
     sticky = parent.stat().st_mode & stat.S_ISVTX
     if sticky and euid != 0 and euid not in (target.lstat().st_uid, parent.stat().st_uid):
-        raise HeadscopeError(f"cannot replace {target}: {parent} lets only its owner rename it (sticky folder); "
-                             f"choose another output")
+        raise HeadscopeError(f"cannot replace {target}: {parent} is a sticky folder (as /tmp is) and neither it nor "
+                             f"{target.name} is yours, so {target.name} cannot be renamed; choose another output")
     if target.is_dir():
         for folder in [target, *(p for p in target.rglob("*") if p.is_dir() and not p.is_symlink())]:
             if not os.access(folder, os.W_OK | os.X_OK):

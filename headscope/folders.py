@@ -48,8 +48,8 @@ def write_manifest(folder) -> None:
 def _damaged(folder: Path, problem: str, unverified: bool) -> None:
     """HeadscopeError "`folder` is damaged: `problem`", or with `unverified` the same as a warning."""
     if not unverified:
-        raise HeadscopeError(f"{folder} is damaged: {problem}; write it again with headscope (or pass --unverified, "
-                             f"unverified=True, to read it anyway)")
+        raise HeadscopeError(f"{folder} is damaged: {problem}; write it again with headscope, or pass --unverified "
+                             f"(unverified=True) to read it anyway")
     warnings.warn(f"{folder} is damaged: {problem}; read anyway (--unverified): only the shape of its tables is "
                   f"checked", HeadscopeWarning, stacklevel=4)
 

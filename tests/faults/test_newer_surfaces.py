@@ -281,7 +281,7 @@ CASES = [
          ("geometry", "{model}", "--into", "run"), 1, "run/notes is read-only, so the old files could not be removed",
          patch=deny_writes_to("run/notes")),
     Case("geometry-into-sticky-folder-of-another-user", sticky_analysis, ("geometry", "{model}", "--into", "shared/run"),
-         1, "cannot replace shared/run: shared lets only its owner rename it (sticky folder)", patch=not_root),
+         1, "cannot replace shared/run: shared is a sticky folder (as /tmp is) and neither it nor run is yours", patch=not_root),
     # a rename the system refuses: the old target stays, nothing temporary is left
     Case("report-rename-refused", lambda w, s: analysis(w), ("report", "run"), 1,
          "could not put run/index.html in place (Permission denied); it was left as it was", patch=refuse_renames),
@@ -294,7 +294,7 @@ CASES = [
          ("compare", "run", "other", "--out", "deep/cmp"), 1, "could not put deep/cmp in place", patch=refuse_renames),
     # analysis folders: a marker without a manifest is damage; symlinks; shape and numbers whatever the manifest
     *[Case(f"{args[0]}-marker-without-manifest", damaged(lambda f: None), args[:-1], 1,
-           f"{UNVERIFIED}, so its files cannot be checked; write it again with headscope (or pass --unverified")
+           f"{UNVERIFIED}, so its files cannot be checked; write it again with headscope, or pass --unverified")
       for args in UNVERIFIED_READS],
     Case("geometry-into-marker-without-manifest", damaged(lambda f: None), ("geometry", "{model}", "--into", "run"), 1,
          UNVERIFIED),
