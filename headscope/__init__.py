@@ -43,7 +43,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `task(name_or_path, tokenizer, n=64, seed=0)` -> `Task`: clean and corrupted prompts with their
   answers and a metric ("ioi", "induction", "greater-than" or a JSONL file); `Task(clean=,
   corrupted=, answer=, wrong=)` straight from token ids (docs/tasks.md).
-- `HeadscopeError`: raised for bad input.
+- `HeadscopeError`: raised for bad input (`UsageError`, its kind for a bad argument value);
+  `HeadscopeWarning`: what headscope accepted but says (docs/reliability.md).
 """
 from importlib import import_module
 
@@ -88,6 +89,8 @@ _EXPORTS = {
     "Circuit": "headscope.circuits.circuit",
     "task": "headscope.circuits.task_builders",
     "HeadscopeError": "headscope.errors",
+    "UsageError": "headscope.errors",
+    "HeadscopeWarning": "headscope.errors",
     "Timeline": "headscope.training.timeline",
     "HeadscopeCallback": "headscope.training.callback",
 }

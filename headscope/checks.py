@@ -8,7 +8,7 @@ stays torch-free.
 """
 from __future__ import annotations
 
-from .errors import HeadscopeError
+from .errors import HeadscopeError, UsageError
 
 __all__ = ["check_loaded", "check_analysis", "check_count"]
 
@@ -32,4 +32,4 @@ def check_analysis(value, what: str) -> None:
 def check_count(name: str, value, least: int = 1) -> None:
     """HeadscopeError unless `value` is an integer of at least `least` (bools refused)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise HeadscopeError(f"{name} must be an integer of at least {least}, got {value!r}")
+        raise UsageError(f"{name} must be an integer of at least {least}, got {value!r}")

@@ -5,14 +5,17 @@ Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `circuit MODEL --task
 `kv-policy DIR --out FILE`, `kv-eval MODEL POLICY --out DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback (a fault no check
 foresaw too: `error: unexpected ...`, the traceback with HEADSCOPE_TRACEBACK=1); a usage error
-(a typo'd option) is one line and exit code 2 (`main`); Ctrl-C ends with exit code 130 and
-leaves no half-written output.
+(a typo'd option in `main`, a value out of range: `UsageError`) is one line and exit code 2;
+a `HeadscopeWarning` is one `warning:` line; Ctrl-C ends with exit code 130 and leaves no
+half-written output. Every command that writes follows one rule (`headscope.atomic`,
+docs/reliability.md).
 """
 from __future__ import annotations
 
 import functools
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,10 +28,12 @@ from . import detectors  # lazy too: its registry imports the built-in detectors
 from .loading import distributed
 from .analysis.result import Analysis
 from .atomic import atomic_dir
-from .errors import HeadscopeError
+from .errors import HeadscopeError, HeadscopeWarning, UsageError
+from .checks import check_count
 from .hf.adapters import config_value
 from .hf.families import family_table
 from . import kv
+from .kv.policy import check_keep
 from .loading.control import CONTROL_KINDS
 from .loading.load_cache import cache_usage, clear_cache
 from .loading import loader
@@ -81,8 +86,15 @@ def _friendly(fn):
         if previous is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, terminated)
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                _warnings_as_lines()
+                return fn(*args, **kwargs)
+        except UsageError as err:
+            _Bars.close_all()
+            typer.echo(f"error: {_where()}{err}", err=True)
+            raise typer.Exit(2)
         except HeadscopeError as err:
+            _Bars.close_all()
             typer.echo(f"error: {_where()}{err}", err=True)
             raise typer.Exit(1)
         except KeyboardInterrupt:
@@ -101,6 +113,20 @@ def _friendly(fn):
             signal.signal(signal.SIGTERM, previous)
 
     return wrapper
+
+
+def _warnings_as_lines() -> None:
+    """Inside `warnings.catch_warnings()`: each HeadscopeWarning is one `warning:` line on stderr."""
+    shown = warnings.showwarning
+
+    def show(message, category, *args, **kwargs):
+        if issubclass(category, HeadscopeWarning):
+            typer.echo(f"warning: {_where()}{message}", err=True)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.simplefilter("always", HeadscopeWarning)
+    warnings.showwarning = show
 
 
 @app.command("models")
@@ -136,7 +162,7 @@ def verify_command(
     An encoder-decoder's decoder reads the texts teacher-forced (its start token, then the texts
     shifted right by one)."""
     if tolerance is not None and not 0 < tolerance < float("inf"):
-        raise HeadscopeError(f"--tolerance must be a positive number such as 1e-4, got {tolerance}")
+        raise UsageError(f"--tolerance must be a positive number such as 1e-4, got {tolerance}")
     import torch
 
     from .hf.verify import DEFAULT_TOLERANCE, teacher_forced, verify  # torch and transformers: only when verifying
@@ -162,11 +188,12 @@ def verify_command(
 PlotlyOpt = Annotated[str, typer.Option("--plotlyjs", help="embed (works offline) or cdn (small file).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")]
 OpenOpt = Annotated[bool, typer.Option("--open", help="Open the report in a browser when done.")]
+UnverifiedOpt = Annotated[bool, typer.Option("--unverified", help="Read an analysis folder whose manifest.json is missing or no longer matches, with a warning (its tables are still checked; docs/reliability.md).")]
 
 
 def _check_plotlyjs(value: str) -> str:
     if value not in ("embed", "cdn"):
-        raise HeadscopeError(f"--plotlyjs must be embed or cdn, got {value!r}")
+        raise UsageError(f"--plotlyjs must be embed or cdn, got {value!r}")
     return value
 
 
@@ -182,10 +209,21 @@ def _default_out(model: str) -> Path:
 
 
 class _Bars:
-    """tqdm bars on stderr, one per stage, fed by analyze's progress callback."""
+    """tqdm bars on stderr, one per stage, fed by analyze's progress callback. A command that
+    fails closes the bars still open (`close_all`), so its error line starts a line of its own."""
+
+    open: set = set()
 
     def __init__(self):
         self.bars = {}
+
+    @classmethod
+    def close_all(cls) -> None:
+        for bars in list(cls.open):
+            for bar in bars.bars.values():
+                bar.close()
+            bars.bars.clear()
+        cls.open.clear()
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         from tqdm.auto import tqdm
@@ -193,10 +231,13 @@ class _Bars:
         bar = self.bars.get(stage)
         if bar is None:
             bar = self.bars[stage] = tqdm(total=total, desc=stage, unit="batch", file=sys.stderr, leave=True)
+            _Bars.open.add(self)
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
             del self.bars[stage]
+            if not self.bars:
+                _Bars.open.discard(self)
 
 
 def _summary(analysis, out: Path) -> None:
@@ -260,9 +301,9 @@ def analyze_command(
     """
     _check_plotlyjs(plotlyjs)
     if control not in CONTROL_KINDS:
-        raise HeadscopeError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
+        raise UsageError(f"--control must be one of {', '.join(CONTROL_KINDS)}, got {control!r}")
     if sites is not None and geometry:
-        raise HeadscopeError("--geometry works on the default sites only; leave out --sites or --geometry")
+        raise UsageError("--geometry works on the default sites only; leave out --sites or --geometry")
     out = out or _default_out(model)
     names = _detector_names(detectors)
     from .probes.kinds import command_line_probes  # torch: only when analysing
@@ -310,7 +351,7 @@ def _parse_device_map(value: Optional[str]):
     except json.JSONDecodeError:
         parsed = None
     if not isinstance(parsed, dict):
-        raise HeadscopeError(f"--device-map must be auto, balanced, sequential or a JSON object, got {value!r}")
+        raise UsageError(f"--device-map must be auto, balanced, sequential or a JSON object, got {value!r}")
     return parsed
 
 
@@ -320,27 +361,16 @@ def report_command(
     directory: Annotated[Path, typer.Argument(help="A folder written by `headscope analyze`.")],
     plotlyjs: PlotlyOpt = "embed",
     open_report: OpenOpt = False,
+    unverified: UnverifiedOpt = False,
 ) -> None:
     """Re-render DIR/index.html from a saved analysis (no model needed)."""
-    import os
-    import tempfile
-
-    analysis = Analysis.load(directory)
-    page = report.render_html(analysis, plotlyjs=_check_plotlyjs(plotlyjs))
-    fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".html", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(page)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, Path(directory) / "index.html")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    typer.echo(f"report: {Path(directory) / 'index.html'}")
+    path = report.rewrite_report(Analysis.load(directory, unverified=unverified), directory,
+                                 plotlyjs=_check_plotlyjs(plotlyjs))
+    typer.echo(f"report: {path}")
     if open_report:
         import webbrowser
 
-        webbrowser.open((Path(directory) / "index.html").resolve().as_uri())
+        webbrowser.open(path.resolve().as_uri())
 
 
 @app.command("compare")
@@ -351,9 +381,10 @@ def compare_command(
     out: Annotated[Path, typer.Option("--out", help="Output folder for the comparison page.")] = Path("reports/compare"),
     plotlyjs: PlotlyOpt = "embed",
     force: ForceOpt = False,
+    unverified: UnverifiedOpt = False,
 ) -> None:
     """Two analyses side by side: label maps, score differences, heads that changed label."""
-    a, b = Analysis.load(first), Analysis.load(second)
+    a, b = Analysis.load(first, unverified=unverified), Analysis.load(second, unverified=unverified)
     path = report.write_compare(a, b, out, plotlyjs=_check_plotlyjs(plotlyjs), force=force, protect=(first, second))
     typer.echo(f"comparison: {path}")
 
@@ -396,7 +427,7 @@ def geometry_command(
 
     _check_plotlyjs(plotlyjs)
     if examples < 1 or seq_len < 2 or steps < 1:
-        raise HeadscopeError(f"--examples and --steps must be at least 1 and --seq-len at least 2 "
+        raise UsageError(f"--examples and --steps must be at least 1 and --seq-len at least 2 "
                              f"(got {examples}, {steps}, {seq_len})")
     target = Analysis.load(into) if into is not None else None  # a bad folder fails before the model loads
     if into is not None:  # re-written atomically at the end: its checks (permission, ...) come before any work
@@ -452,7 +483,7 @@ def _numbers(value: str, kind, option: str) -> list:
     try:
         return [kind(part) for part in value.split(",") if part.strip()]
     except ValueError:
-        raise HeadscopeError(f"{option} takes comma-separated numbers, got {value!r}") from None
+        raise UsageError(f"{option} takes comma-separated numbers, got {value!r}") from None
 
 
 @app.command("kv-policy")
@@ -466,19 +497,15 @@ def kv_policy_command(
     sink: Annotated[Optional[int], typer.Option("--sink", help="First keys a streaming head keeps (default 128 from 1B parameters, else 16).")] = None,
     recent: Annotated[Optional[int], typer.Option("--recent", help="Last keys a streaming head keeps (default 256 from 1B parameters, else 64).")] = None,
     force: ForceOpt = False,
+    unverified: UnverifiedOpt = False,
 ) -> None:
     """Rank key/value heads from an analysis and write a KV-cache policy (docs/kv_cache.md)."""
     if format not in FORMATS:
-        raise HeadscopeError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
-    policy = kv.kv_policy(Analysis.load(directory), keep=keep, rank_by=rank_by, sink=sink, recent=recent)
-    if format == "duo":
-        kv.write_duo(policy, out, force=force)
-    else:
-        if out.exists() and not force:
-            raise HeadscopeError(f"{out} exists; pass --force to replace it")
-        if out.is_dir():
-            raise HeadscopeError(f"{out} is a folder; the headkv format is one .json file")
-        kv.write_headkv(policy, out)
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    policy = kv.kv_policy(Analysis.load(directory, unverified=unverified), keep=keep, rank_by=rank_by, sink=sink,
+                          recent=recent)
+    write = kv.write_duo if format == "duo" else kv.write_headkv
+    write(policy, out, force=force, protect=[directory])
     typer.echo(f"{policy!r} -> {out}")
 
 
@@ -504,14 +531,18 @@ def kv_eval_command(
     """Measure a KV-cache policy on MODEL: needle accuracy, loss and KV bytes vs random, reverse, streaming, full."""
     _check_plotlyjs(plotlyjs)
     numbers = (_numbers(lengths, int, "--lengths"), _numbers(depths, float, "--depths"), _numbers(keeps, float, "--keeps"))
+    for value in numbers[2] + ([keep] if keep is not None else []):  # usage errors before the model loads
+        check_keep(value)
+    check_count("--random", random_draws)
+    check_count("--needles", needles)
     inputs = [path for path in (Path(model), policy_path) if path.exists()]
     guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
-    if not policy_path.is_file():  # a DuoAttention folder is read before the model loads (a HeadKV file needs it)
-        kv.read_policy(policy_path, keep=keep)
+    policy = kv.read_policy(policy_path, keep=keep)  # every field checked before the model loads
     typer.echo(f"loading {model} ...", err=True)
     loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
-    n_kv = config_value(loaded.model.config, "num_key_value_heads") or loaded.n_heads
-    policy = kv.read_policy(policy_path, keep=keep, n_kv_heads=n_kv)
+    if policy_path.is_file():  # a HeadKV file holds query heads: grouped by the model's key/value heads
+        n_kv = config_value(loaded.model.config, "num_key_value_heads") or loaded.n_heads
+        policy = kv.read_headkv(policy_path, keep, n_kv_heads=n_kv)
     evaluation = headscope.kv_evaluate(loaded, policy, lengths=numbers[0], depths=numbers[1], n_needles=needles,
                                        keeps=numbers[2], n_random=random_draws, seed=seed, progress=_Bars())
     with guard as tmp:

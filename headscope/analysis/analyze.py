@@ -38,7 +38,7 @@ from .result import Analysis, Example
 from ..loading.control import resolve_control
 from ..detectors.registry import defaults_for, get
 from ..checks import check_count
-from ..errors import CannotScore, HeadscopeError
+from ..errors import CannotScore, HeadscopeError, UsageError
 from ..hf.adapters import adapter_for, config_value
 from ..hf.capture import capture
 from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
@@ -76,7 +76,7 @@ MODEL_WITH = {"causal": "a causal model", "bidirectional": "a bidirectional mode
 
 def _chosen(loaded, names, batch_size):
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise HeadscopeError(f"batch_size must be at least 1, got {batch_size!r}")
+        raise UsageError(f"batch_size must be at least 1, got {batch_size!r}")
     kind = loaded.site_kind  # the analysed sites': a model's self-attention, or its decoder's or cross-attention
     chosen = defaults_for(kind) if names is None else list(dict.fromkeys(names))
     if not chosen:
@@ -158,7 +158,7 @@ def analyze(
         example = f"headscope.load({loaded!r})" if isinstance(loaded, str) else "headscope.load(...)"
         raise HeadscopeError(f"analyze takes a loaded model ({example}), not a {type(loaded).__name__}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise HeadscopeError(f"seed must be an integer from 0 to 2**63-1, got {seed!r}")
+        raise UsageError(f"seed must be an integer from 0 to 2**63-1, got {seed!r}")
     check_count("explorer_examples", explorer_examples, least=0)
     if sites is not None:
         loaded = loaded.at(sites)

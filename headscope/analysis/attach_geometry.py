@@ -67,10 +67,14 @@ def write_geometry_into(directory, result: GeometryResult, plotlyjs: str = "embe
         for item in directory.iterdir():  # keep what else the folder holds; geometry/ is written afresh
             if item.name == GEOMETRY_FOLDER:
                 continue
-            if item.is_dir():
-                shutil.copytree(item, tmp / item.name)
-            else:
-                shutil.copy2(item, tmp / item.name)
+            try:
+                if item.is_dir():
+                    shutil.copytree(item, tmp / item.name)
+                else:
+                    shutil.copy2(item, tmp / item.name)
+            except (OSError, shutil.Error) as err:
+                raise HeadscopeError(f"cannot copy {item} into the re-written {directory} ({err}); the folder was "
+                                     f"left as it was") from None
         analysis.write_into(tmp)
         write_report_into(analysis, tmp, plotlyjs=plotlyjs)
     return analysis

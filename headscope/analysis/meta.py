@@ -4,8 +4,9 @@
   one analysis, typed. `to_json()` is the mapping `Analysis.meta` holds and meta.json saves
   (the keys every version of headscope wrote; readers index it as a dict);
   `AnalysisMeta.from_json(meta)` reads one back, keys it does not know kept in `detector_entries`.
-- `check_saved(meta, scores, labels, folder)`: HeadscopeError naming the first defect of a
-  saved analysis's meta.json or tables (what readers index without a default).
+- `check_saved(meta, scores, labels, folder, tables, examples)`: HeadscopeError naming the first
+  defect of a saved analysis's meta.json or tables (what readers index without a default, and
+  the shape of every table: rows per head, columns, finite numbers), whatever its manifest says.
 No torch: a saved analysis is read without it.
 """
 from __future__ import annotations
@@ -98,10 +99,15 @@ class AnalysisMeta:
         return cls(**known, detector_entries={key: value for key, value in data.items() if key not in own})
 
 
-def check_saved(meta, scores, labels, folder) -> None:
-    """HeadscopeError naming the first thing wrong with a saved analysis: meta.json not an
-    object, a required key missing or of the wrong type, or a table without its columns or
-    with heads outside the model's grid (`Analysis.load`)."""
+def check_saved(meta, scores, labels, folder, tables=None, examples=()) -> None:
+    """HeadscopeError naming the first thing wrong with a saved analysis (`Analysis.load`), whatever
+    its manifest says: meta.json not an object, a required key missing or of the wrong type; a
+    table without its columns, with heads outside the model's grid or a head twice; a detector
+    meta.json lists without rows, or scoring other heads than the rest (a table cut at a line
+    boundary); labels.csv listing other heads than scores.csv scores; a score, CI or control
+    that is text or infinite, a score that is NaN beside a finite CI (a NaN score has a NaN CI:
+    no counted example), a count `n` that is not a whole number >= 0; `tables` (name -> frame)
+    with heads outside the grid; `examples` whose maps are not `[n_layers, n_heads, ...]`."""
     where = f"{folder}/meta.json"
     if not isinstance(meta, dict):
         raise HeadscopeError(f"{where} is damaged: it holds a {type(meta).__name__}, not an object; "
@@ -121,8 +127,79 @@ def check_saved(meta, scores, labels, folder) -> None:
         absent = [column for column in columns if column not in table.columns]
         if absent:
             raise HeadscopeError(f"{folder}/{name} is damaged: it lacks the column(s) {', '.join(absent)}")
-        for axis, size in (("layer", meta["n_layers"]), ("head", meta["n_heads"])):
-            values = table[axis]
-            if values.isna().any() or not values.between(0, size - 1).all():
-                raise HeadscopeError(f"{folder}/{name} is damaged: a {axis} outside 0-{size - 1} "
-                                     f"(meta.json says {size}); re-run headscope analyze")
+    for name, table in (("scores.csv", scores), ("labels.csv", labels), *((f"{n}.csv", t) for n, t in (tables or {}).items())):
+        _check_grid(f"{folder}/{name}", table, meta["n_layers"], meta["n_heads"])
+    _check_numbers(f"{folder}/scores.csv", scores, ("score", "ci_low", "ci_high", "control", "control_max"))
+    _check_numbers(f"{folder}/labels.csv", labels, ("score",))
+    _check_heads(meta, scores, labels, folder)
+    for example in examples:
+        if tuple(example.patterns.shape[:2]) != (meta["n_layers"], meta["n_heads"]):
+            raise HeadscopeError(f"{folder}/examples.json is damaged: example {example.probe} #{example.index} holds "
+                                 f"maps of {' x '.join(map(str, example.patterns.shape[:2]))} heads, meta.json says "
+                                 f"{meta['n_layers']} x {meta['n_heads']}; re-run headscope analyze")
+
+
+def _check_grid(path: str, table, n_layers: int, n_heads: int) -> None:
+    """Where `table` has layer and head columns: whole numbers inside the model's grid."""
+    import numpy as np
+    import pandas as pd
+
+    for axis, size in (("layer", n_layers), ("head", n_heads)):
+        if axis not in table.columns:
+            continue
+        values = pd.to_numeric(table[axis], errors="coerce").to_numpy(dtype=float)
+        if not (np.isfinite(values) & (values == np.round(values)) & (values >= 0) & (values <= size - 1)).all():
+            raise HeadscopeError(f"{path} is damaged: a {axis} outside 0-{size - 1} (meta.json says {size}); "
+                                 f"re-run headscope analyze")
+
+
+def _check_numbers(path: str, table, columns) -> None:
+    """Numeric columns hold numbers, none infinite; a NaN score has a NaN CI; n is a whole number >= 0."""
+    import numpy as np
+    import pandas as pd
+
+    for column in columns:
+        if column not in table.columns:
+            continue
+        if not pd.api.types.is_numeric_dtype(table[column]):
+            raise HeadscopeError(f"{path} is damaged: its {column} column holds text where numbers belong; "
+                                 f"re-run headscope analyze")
+        if np.isinf(table[column].to_numpy(dtype=float)).any():
+            raise HeadscopeError(f"{path} is damaged: a {column} is infinite; re-run headscope analyze")
+    if {"score", "ci_low", "ci_high"} <= set(table.columns):
+        lone = table.score.isna() & (table.ci_low.notna() | table.ci_high.notna())
+        if lone.any():
+            row = table[lone].iloc[0]
+            raise HeadscopeError(f"{path} is damaged: the score of head {row.layer}.{row['head']} "
+                                 f"({row.get('detector', '')}) is NaN beside a finite CI; re-run headscope analyze")
+    if "n" in table.columns:
+        n = pd.to_numeric(table["n"], errors="coerce").to_numpy(dtype=float)
+        if not (np.isfinite(n) & (n >= 0) & (n == np.round(n))).all():
+            raise HeadscopeError(f"{path} is damaged: a count n is not a whole number >= 0; re-run headscope analyze")
+
+
+def _check_heads(meta, scores, labels, folder) -> None:
+    """Every detector scores the same heads, each once, and labels.csv lists those heads once each."""
+    def heads(frame) -> list:
+        return list(zip(frame.layer.astype(int), frame["head"].astype(int)))
+
+    listed = heads(labels)
+    if len(set(listed)) != len(listed):
+        raise HeadscopeError(f"{folder}/labels.csv is damaged: a head has two rows; re-run headscope analyze")
+    scored = {name: heads(rows) for name, rows in scores.groupby("detector", sort=False)}
+    for name in meta.get("detectors", {}) if isinstance(meta.get("detectors"), dict) else ():
+        if name not in scored:
+            raise HeadscopeError(f"{folder}/scores.csv is damaged: it has no rows for detector {name!r}, which "
+                                 f"meta.json lists; re-run headscope analyze")
+    every = set().union(*map(set, scored.values())) if scored else set()
+    for name, rows in scored.items():
+        if len(set(rows)) != len(rows):
+            raise HeadscopeError(f"{folder}/scores.csv is damaged: detector {name!r} scores a head twice; "
+                                 f"re-run headscope analyze")
+        if set(rows) != every:
+            raise HeadscopeError(f"{folder}/scores.csv is damaged: detector {name!r} scores {len(set(rows))} of the "
+                                 f"{len(every)} heads the others score; re-run headscope analyze")
+    if set(listed) != every:
+        damaged = "labels.csv" if set(listed) < every else "scores.csv"
+        raise HeadscopeError(f"{folder}/{damaged} is damaged: labels.csv lists {len(set(listed))} heads, scores.csv "
+                             f"scores {len(every)}; re-run headscope analyze")

@@ -10,8 +10,9 @@
   importance, pruning curve, when `headscope.add_geometry` ran; `with_geometry(result)` attaches
   one; saved in the folder's `geometry/`).
 - `Analysis.save(dir)` / `Analysis.load(dir)`: a folder of CSV and JSON files, written
-  atomically (a temporary folder renamed into place). Every other `<name>.csv` of the folder
-  is a table, so folders of any version load.
+  atomically (a temporary folder renamed into place), read only when its manifest and the
+  shape of every table check out (`unverified=True`: without the manifest's word). Every other
+  `<name>.csv` of the folder is a table, so folders of any version load.
 - `Example`: one probe example's tokens and every head's pattern, stored as uint8 (pattern x 255,
   rounded) to keep reports small; cross-attention's keys are other tokens than its queries
   (`key_tokens`, the encoder's), saved only where present so older folders read the same.
@@ -24,14 +25,16 @@ import base64
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from ..atomic import atomic_dir, check_manifest, write_manifest
-from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, SITE, read_csv, with_sites, write_csv
+from ..atomic import atomic_dir
+from ..folders import check_folder, write_manifest
+from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, SITE, read_csv, read_table, with_sites, write_csv
 from ..errors import HeadscopeError
 from .meta import check_saved
 from ..report.notebook import analysis_html, analysis_text
@@ -255,11 +258,20 @@ class Analysis:
         write_manifest(folder)  # sizes and hashes, checked by `load`
 
     @classmethod
-    def load(cls, directory) -> "Analysis":
-        """Read an analysis written by `save`; HeadscopeError when a file differs from the
-        folder's manifest (cut, changed or missing since it was written)."""
-        import pandas as pd
+    def load(cls, directory, *, unverified: bool = False) -> "Analysis":
+        """Read an analysis written by `save`.
 
+        Args:
+            directory: the folder.
+            unverified: also read a folder whose manifest is missing or no longer matches (a
+                `HeadscopeWarning` says so); its tables are checked all the same.
+        Raises:
+            HeadscopeError: naming the file: a symbolic link inside the folder; a file that
+                differs from the folder's manifest (cut, changed or missing since it was
+                written) or a folder carrying headscope's marker without one
+                (`headscope.atomic.check_folder`); a table of the wrong shape, with text or
+                infinite numbers where scores belong (`check_saved`).
+        """
         if not isinstance(directory, (str, os.PathLike)):
             raise HeadscopeError(f"Analysis.load needs the folder an analysis was saved in, got {directory!r}")
         folder = Path(directory)
@@ -267,25 +279,25 @@ class Analysis:
         missing = [n for n in needed if not (folder / n).is_file()]
         if missing:
             raise HeadscopeError(f"{folder} is not a headscope analysis (missing {', '.join(missing)})")
-        check_manifest(folder)
-        try:
-            scores = pd.read_csv(folder / "scores.csv")
-            for column in ("control", "control_max"):  # analyses saved before controls existed
-                if column not in scores:
-                    scores[column] = float("nan")
-            labels = pd.read_csv(folder / "labels.csv", keep_default_na=False)
-            meta = json.loads((folder / "meta.json").read_text())
-            examples_file = folder / "examples.json"
+        check_folder(folder, needed, unverified=unverified)
+        scores = read_table(folder / "scores.csv")
+        for column in ("control", "control_max"):  # analyses saved before controls existed
+            if column not in scores:
+                scores[column] = float("nan")
+        labels = read_table(folder / "labels.csv", keep_default_na=False)
+        with _reading(folder / "meta.json"):
+            meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        examples_file = folder / "examples.json"
+        with _reading(examples_file):
             examples = _read_examples(examples_file) if examples_file.exists() else []
-            tables = {path.stem: pd.read_csv(path) for path in sorted(folder.glob("*.csv"))
-                      if path.stem not in OWN_FILES and TABLE_NAME.match(path.stem)}
-            validation = None
-            if (folder / "validation.csv").exists():
-                validation = read_csv(folder / "validation.csv")
-            geometry = read_geometry_tables(folder / GEOMETRY_FOLDER) if (folder / GEOMETRY_FOLDER).is_dir() else None
-        except (ValueError, KeyError, OSError) as err:
-            raise HeadscopeError(f"could not read the analysis in {folder}: {err}") from None
-        check_saved(meta, scores, labels, folder)
+        tables = {path.stem: read_table(path) for path in sorted(folder.glob("*.csv"))
+                  if path.stem not in OWN_FILES and TABLE_NAME.match(path.stem)}
+        validation = read_csv(folder / "validation.csv") if (folder / "validation.csv").exists() else None
+        geometry = None
+        if (folder / GEOMETRY_FOLDER).is_dir():
+            with _reading(folder / GEOMETRY_FOLDER):
+                geometry = read_geometry_tables(folder / GEOMETRY_FOLDER)
+        check_saved(meta, scores, labels, folder, tables, examples)
         # Folders saved before tables named sites: the module paths meta.json records (a decoder's
         # group), else none known.
         modules = {int(layer): path for layer, path in meta.get("sites", {}).get("modules", {}).items()
@@ -293,6 +305,18 @@ class Analysis:
         scores, labels = with_sites(scores, modules), with_sites(labels, modules)
         return cls(scores=scores, labels=labels, meta=meta, examples=examples, tables=tables, validation=validation,
                    geometry=geometry)
+
+
+@contextmanager
+def _reading(path: Path):
+    """A fault while reading `path` as one HeadscopeError naming it."""
+    try:
+        yield
+    except HeadscopeError:
+        raise
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, OSError) as err:
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise HeadscopeError(f"{path} is damaged ({type(err).__name__}: {first}); re-run headscope analyze") from None
 
 
 def _read_examples(path: Path) -> list:

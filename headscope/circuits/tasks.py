@@ -77,6 +77,35 @@ def _first_bad_row(bad: torch.Tensor) -> int:
     return int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0, 0])
 
 
+def _check_set(field: str, ids: torch.Tensor, n: int) -> None:
+    """One row per example; single ids non-negative; sets padded with -1, none empty."""
+    if ids.shape[0] != n:
+        raise HeadscopeError(f"Task {field} has {ids.shape[0]} rows, clean {n}: one per example")
+    if ids.dim() == 1 and (ids < 0).any():
+        raise HeadscopeError(f"Task {field} row {_first_bad_row(ids < 0)} is a negative token id")
+    if ids.dim() == 2:
+        if (ids < -1).any():
+            raise HeadscopeError(f"Task {field} row {_first_bad_row(ids < -1)} holds an id below -1 (-1 pads a set)")
+        if ids.shape[1] == 0 or (ids < 0).all(1).any():
+            empty = 0 if ids.shape[1] == 0 else _first_bad_row((ids < 0).all(1))
+            raise HeadscopeError(f"Task {field} row {empty} is an empty set: give at least one token id")
+
+
+def _check_mask(mask: torch.Tensor, shape: list) -> torch.Tensor:
+    """A 0/1 mask of the prompts' shape, each row real tokens then padding."""
+    if list(mask.shape) != shape:
+        raise HeadscopeError(f"Task attention_mask has shape {list(mask.shape)}, clean {shape}: they must be equal")
+    if ((mask != 0) & (mask != 1)).any():
+        raise HeadscopeError(f"Task attention_mask row {_first_bad_row((mask != 0) & (mask != 1))} holds a value other than 0 and 1")
+    if (mask[:, 0] == 0).any():
+        raise HeadscopeError(f"Task attention_mask row {_first_bad_row(mask[:, :1] == 0)} has no real token "
+                             "first: prompts are right-padded, each with at least one real token")
+    if (mask[:, 1:] > mask[:, :-1]).any():
+        raise HeadscopeError(f"Task attention_mask row {_first_bad_row(mask[:, 1:] > mask[:, :-1])} has a real "
+                             "token after padding: prompts are right-padded")
+    return mask
+
+
 @dataclass(frozen=True, eq=False)
 class Task:
     """Clean and corrupted prompts with their answers and a metric (see the module docstring).
@@ -117,38 +146,19 @@ class Task:
             if (ids < 0).any():
                 raise HeadscopeError(f"Task {field} row {_first_bad_row(ids < 0)} holds a negative token id")
         for field, ids in (("answer", answer), ("wrong", wrong)):
-            if ids.shape[0] != n:
-                raise HeadscopeError(f"Task {field} has {ids.shape[0]} rows, clean {n}: one per example")
-            if ids.dim() == 1 and (ids < 0).any():
-                raise HeadscopeError(f"Task {field} row {_first_bad_row(ids < 0)} is a negative token id")
-            if ids.dim() == 2:
-                if (ids < -1).any():
-                    raise HeadscopeError(f"Task {field} row {_first_bad_row(ids < -1)} holds an id below -1 (-1 pads a set)")
-                if ids.shape[1] == 0 or (ids < 0).all(1).any():
-                    empty = 0 if ids.shape[1] == 0 else _first_bad_row((ids < 0).all(1))
-                    raise HeadscopeError(f"Task {field} row {empty} is an empty set: give at least one token id")
+            _check_set(field, ids, n)
         answers, wrongs = _sets(answer), _sets(wrong)
         shared = ((answers[:, :, None] == wrongs[:, None, :]) & (answers[:, :, None] >= 0)).any(2).any(1)
         if shared.any():
             row = int(shared.nonzero()[0, 0])
             raise HeadscopeError(f"Task row {row}: answer and wrong share a token id; a token is one or the other")
-        mask = None
-        if self.attention_mask is not None:
-            mask = _ids(self.attention_mask, "attention_mask", "[n, pos]")
-            if mask.shape != clean.shape:
-                raise HeadscopeError(f"Task attention_mask has shape {list(mask.shape)}, clean {[n, pos]}: they must be equal")
-            if ((mask != 0) & (mask != 1)).any():
-                raise HeadscopeError(f"Task attention_mask row {_first_bad_row((mask != 0) & (mask != 1))} holds a value other than 0 and 1")
-            if (mask[:, 0] == 0).any():
-                raise HeadscopeError(f"Task attention_mask row {_first_bad_row(mask[:, :1] == 0)} has no real token "
-                                     "first: prompts are right-padded, each with at least one real token")
-            if (mask[:, 1:] > mask[:, :-1]).any():
-                raise HeadscopeError(f"Task attention_mask row {_first_bad_row(mask[:, 1:] > mask[:, :-1])} has a real "
-                                     "token after padding: prompts are right-padded")
+        mask = None if self.attention_mask is None else _check_mask(_ids(self.attention_mask, "attention_mask", "[n, pos]"), [n, pos])
         if self.metric not in METRICS:
             raise HeadscopeError(f"unknown metric {self.metric!r}; choose one of {', '.join(METRICS)}")
         if self.texts is not None and len(self.texts) != n:
             raise HeadscopeError(f"Task texts has {len(self.texts)} entries, clean {n} rows: one per example")
+        if self.texts is not None and not all(isinstance(entry, dict) for entry in self.texts):
+            raise HeadscopeError("Task texts must be one dict per example ({'clean': ..., 'corrupted': ..., ...})")
         for field, value in (("clean", clean), ("corrupted", corrupted), ("answer", answer), ("wrong", wrong),
                              ("attention_mask", mask), ("name", str(self.name)),
                              ("texts", None if self.texts is None else [dict(t) for t in self.texts])):
@@ -180,11 +190,12 @@ class Task:
                 f"answers as {kind}, tokenizer={self.tokenizer!r})")
 
     def subset(self, rows: Union[slice, Sequence[int], torch.Tensor]) -> "Task":
-        """The task on some of its examples (a slice or indices, in the order given), for batching."""
+        """The task on some of its examples (a slice, indices in the order given, or a boolean mask), for batching."""
         if isinstance(rows, slice):
             index = torch.arange(self.n)[rows]
         else:
-            index = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+            index = torch.as_tensor(rows)
+            index = (index.nonzero()[:, 0] if index.dtype == torch.bool else index.long()).reshape(-1)
             if index.numel() == 0:
                 raise HeadscopeError("Task.subset needs at least one row")
             if (index >= self.n).any() or (index < -self.n).any():

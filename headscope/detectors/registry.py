@@ -17,7 +17,7 @@ from collections.abc import MutableMapping
 from importlib import import_module
 from typing import NamedTuple, Optional
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from ..attention.site_kinds import SITE_KINDS
 
 __all__ = ["BUILTINS", "Builtin", "REGISTRY", "SPEC_FIELDS", "register", "get", "names", "defaults", "defaults_for",
@@ -135,7 +135,7 @@ def names() -> list[str]:
 def get(name: str):
     """The detector registered as `name`; HeadscopeError listing the detectors otherwise."""
     if name not in REGISTRY:
-        raise HeadscopeError(f"unknown detector {name!r}; detectors: {', '.join(REGISTRY)}")
+        raise UsageError(f"unknown detector {name!r}; detectors: {', '.join(REGISTRY)}")
     return REGISTRY[name]
 
 

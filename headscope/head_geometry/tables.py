@@ -27,6 +27,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from ..tables import read_table
+
 __all__ = ["GeometryResult", "write_geometry_tables", "read_geometry_tables", "similarity_table", "removable_heads",
            "GEOMETRY_FOLDER"]
 
@@ -114,14 +116,12 @@ def write_geometry_tables(result: GeometryResult, folder) -> list[Path]:
 
 
 def read_geometry_tables(folder) -> GeometryResult:
-    """Read a folder written by `write_geometry_tables`."""
-    import pandas as pd
-
+    """Read a folder written by `write_geometry_tables` (each table shape-checked: `read_table`)."""
     folder = Path(folder)
-    heads = pd.read_csv(folder / "heads.csv")
-    pairs = pd.read_csv(folder / "pairs.csv")
+    heads = read_table(folder / "heads.csv")
+    pairs = read_table(folder / "pairs.csv")
     pairs["redundant"] = pairs["redundant"].astype(str).str.lower().eq("true")
-    similarity = pd.read_csv(folder / "similarity.csv")
+    similarity = read_table(folder / "similarity.csv")
     n_heads = int(heads["head"].max()) + 1
     position = {layer: i for i, layer in enumerate(sorted(set(heads.layer)))}  # matrix order (module docstring)
     total = len(heads)
@@ -129,7 +129,7 @@ def read_geometry_tables(folder) -> GeometryResult:
     a = (similarity.layer_a.map(position) * n_heads + similarity.head_a).to_numpy()
     b = (similarity.layer_b.map(position) * n_heads + similarity.head_b).to_numpy()
     divergence[a, b] = divergence[b, a] = similarity.js.to_numpy()
-    curve = pd.read_csv(folder / "pruning.csv") if (folder / "pruning.csv").exists() else None
+    curve = read_table(folder / "pruning.csv") if (folder / "pruning.csv").exists() else None
     stored = json.loads((folder / "settings.json").read_text())
     return GeometryResult(heads, pairs, divergence, float(stored["approximation_error"]), curve, stored["settings"])
 

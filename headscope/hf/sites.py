@@ -44,7 +44,7 @@ import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from .adapters import (_calls_interface, _sub, adapter_for, attention_blocks, core_modules, group_blocks, stack_counts,
                        vision_adapter_for)
 
@@ -241,7 +241,7 @@ def select(model: nn.Module, sites: Optional[str] = None) -> Selection:
     chosen = [item for item in located if item[0].stack == stack and (not kind or item[0].kind == kind)]
     available = ", ".join(group_names([item[0] for item in located]))
     if not chosen:
-        raise HeadscopeError(f"{type(model).__name__} has no {sites!r} attention sites; it has: {available}")
+        raise UsageError(f"{type(model).__name__} has no {sites!r} attention sites; it has: {available}")
     unknown = next((core for _, _, core, _ in chosen if _is_packed(core) and _packed_out(core) is None), None)
     if unknown is not None:
         raise HeadscopeError(f"{type(unknown).__name__} runs the attention function once per image or window "

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_dir
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from ..checks import check_loaded
 from ..hf.adapters import family_of, head_sizes
 from ..hf.streaming import stream_heads
@@ -73,7 +73,7 @@ def conditions(policy: KVPolicy, keeps: Sequence[float] = KEEPS, n_random: int =
     the others); keep is 1.0 for full and 0.0 for streaming.
     """
     if n_random < 1:
-        raise HeadscopeError(f"n_random must be at least 1, got {n_random}")
+        raise UsageError(f"n_random must be at least 1, got {n_random}")
     shape, size = policy.values.shape, policy.values.size
     order = ranking_order(policy.values)
     rng = np.random.default_rng(seed)

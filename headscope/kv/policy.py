@@ -35,7 +35,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from ..checks import check_analysis, check_count
 from ..hf.adapters import ADAPTERS
 
@@ -148,7 +148,7 @@ def ranking_order(values: np.ndarray) -> np.ndarray:
 def check_keep(keep: float) -> float:
     keep = float(keep)
     if not 0.0 < keep <= 1.0:
-        raise HeadscopeError(f"keep is the fraction of key/value heads kept full, in (0, 1]; got {keep:g}")
+        raise UsageError(f"keep is the fraction of key/value heads kept full, in (0, 1]; got {keep:g}")
     return keep
 
 
@@ -157,7 +157,7 @@ def policy_from_values(values, keep: float, n_heads: int, sink: int, recent: int
     """The policy keeping the top `keep` fraction of heads by `values` `[layer, kv_head]` in [0, 1]."""
     keep = check_keep(keep)
     if sink < 0 or recent < 1:
-        raise HeadscopeError(f"a streaming head needs sink >= 0 and recent >= 1, got sink={sink}, recent={recent}")
+        raise UsageError(f"a streaming head needs sink >= 0 and recent >= 1, got sink={sink}, recent={recent}")
     values = np.asarray(values, dtype=np.float64)
     if values.ndim == 2 and values.shape[1] and n_heads % values.shape[1]:
         raise HeadscopeError(f"{n_heads} query heads cannot share {values.shape[1]} key/value heads evenly")
@@ -219,7 +219,7 @@ def kv_policy(analysis, keep: float = 0.25, rank_by: str = "retrieval", sink: Op
         check_count("recent", recent, least=1)
     keep = check_keep(keep)
     if rank_by not in RANKINGS:
-        raise HeadscopeError(f"unknown ranking {rank_by!r}; use one of {', '.join(RANKINGS)}")
+        raise UsageError(f"unknown ranking {rank_by!r}; use one of {', '.join(RANKINGS)}")
     meta = analysis.meta
     check_cached_per_head(str(meta.get("family", "")))
     n_layers, n_heads = int(meta["n_layers"]), int(meta["n_heads"])

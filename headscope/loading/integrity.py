@@ -39,6 +39,13 @@ def check_loading_info(info: dict, name: str) -> None:
         info: transformers' loading info (`from_pretrained(..., output_loading_info=True)`).
         name: what the error calls the model (its folder).
     """
+    mismatched = sorted(info.get("mismatched_keys", ()))
+    if mismatched:
+        key, stored, wanted = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        raise HeadscopeError(f"the weights of {name} do not match its config: {key} is {' x '.join(map(str, stored))} "
+                             f"in the weights file, {' x '.join(map(str, wanted))} in the model config.json "
+                             f"describes{more}; check config.json against the weights file")
     missing = [k for k in info.get("missing_keys", ()) if not any(part in TASK_HEADS for part in k.split("."))]
     unexpected = [k for k in info.get("unexpected_keys", ()) if not _STALE_BUFFERS.search(k)]
     if missing:

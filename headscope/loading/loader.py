@@ -1,6 +1,8 @@
 """Loading models by alias, local path, GGUF file or hub id.
 
 - `load(spec, device="auto", dtype=None, cache=True)`: a `Loaded` (model, tokenizer, name, family).
+- `load_model_only(folder, device="cpu")`: a folder without tokenizer files (a checkpoint trained
+  on token ids), under the same checks; its `Loaded` has no tokenizer.
 - `models()`: the bundled aliases, whether each is installed, and the command installing it.
 
 Aliases point at the two reference models that install from the package index:
@@ -21,14 +23,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import load_cache
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from .gguf_file import config_and_tokenizer, model_from_gguf
 from .integrity import check_loading_info
 from ..hf.adapters import (adapter_for, analysed_body, check_on_interface, core_modules, family_of, stack_counts,
                            text_config)
 from ..hf.sites import select
 
-__all__ = ["Loaded", "load", "models", "ALIASES", "resolve_device"]
+__all__ = ["Loaded", "load", "load_model_only", "models", "ALIASES", "resolve_device"]
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ class Loaded:
         """HeadscopeError if `n_tokens` (the length of `what`, e.g. "the text probe") exceed the context."""
         context = self.context_length
         if context is not None and n_tokens > context:
-            raise HeadscopeError(f"{what} needs {n_tokens} tokens but {self.name} takes at most {context}")
+            raise UsageError(f"{what} needs {n_tokens} tokens but {self.name} takes at most {context}")
 
     @property
     def body(self):
@@ -225,7 +227,7 @@ def resolve_device(device: str = "auto") -> str:
             return "mps"
         return "cpu"
     if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
-        raise HeadscopeError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
+        raise UsageError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise HeadscopeError("device 'cuda' was asked for but torch sees no CUDA GPU")
     if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
@@ -242,7 +244,7 @@ def _resolve_dtype(dtype):
     names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
              "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
     if dtype not in names:
-        raise HeadscopeError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
+        raise UsageError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
     return names[dtype]
 
 
@@ -366,13 +368,58 @@ def _from_folder(folder, torch_dtype, placement: dict, **kwargs):
     config = AutoConfig.from_pretrained(folder, **kwargs)
     _check_shape(config, folder)
     _check_runs(config)
+    tokenizer_kwargs = dict(kwargs)
     if torch_dtype is not None:
         kwargs["dtype"] = torch_dtype
-    model, info = _model_class(config).from_pretrained(folder, config=config, output_loading_info=True, **kwargs,
-                                                       **placement)
-    check_loading_info(info, str(folder))
-    tokenizer = AutoTokenizer.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k != "dtype"})
+    model = _weights(_model_class(config), folder, config, kwargs, placement)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **tokenizer_kwargs)
     return config, model, tokenizer
+
+
+def _weights(model_class, folder, config, kwargs: dict, placement: dict):
+    """`model_class.from_pretrained`, refused (`check_loading_info`) when the weights and the config
+    disagree; a tensor of the wrong shape is named (transformers' own error points at a report it
+    does not print: found by loading again, quietly, with `ignore_mismatched_sizes`)."""
+    from transformers.utils import logging as hf_logging
+
+    try:
+        model, info = model_class.from_pretrained(folder, config=config, output_loading_info=True, **kwargs,
+                                                  **placement)
+    except RuntimeError as err:
+        if "mismatched_sizes" not in str(err):
+            raise
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            _, info = model_class.from_pretrained(folder, config=config, output_loading_info=True,
+                                                  ignore_mismatched_sizes=True, **kwargs)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        check_loading_info(info, str(folder))
+        raise
+    check_loading_info(info, str(folder))
+    return model
+
+
+def load_model_only(folder, device: str = "cpu") -> Loaded:
+    """A model folder without tokenizer files (a checkpoint trained on token ids), checked as
+    `load` checks a folder: config.json, weights that match it, one-line errors naming the folder.
+
+    Returns:
+        A `Loaded` whose tokenizer is None.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = str(folder)
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        _check_shape(config, folder)
+        model = _weights(AutoModelForCausalLM, folder, config, {"local_files_only": True}, {})
+    except HeadscopeError:
+        raise
+    except Exception as err:  # transformers, safetensors and huggingface_hub raise OSError, ValueError, ...
+        raise HeadscopeError(_load_error(folder, folder, {}, True, err)) from None
+    return Loaded.from_model(model.to(resolve_device(device)), None, name=folder)
 
 
 def _load_gguf(path: Path, torch_dtype, placement: dict, use_cache: bool):
@@ -433,7 +480,9 @@ def _load_pretrained(spec: str, where: str, torch_dtype, placement: dict):
 
 
 def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+    """The error's first line; a first line that only introduces the next (ends with ":") with it."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [type(err).__name__]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def _hub_reachable(timeout: float = 2.0) -> bool:

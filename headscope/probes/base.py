@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from .._paths import probes_dir
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 
 __all__ = ["ProbeSet", "ProbeBatch", "WordContext", "EvalProbe", "text_probe", "repeated_probe", "repeat_periods",
            "text_corpus", "token_counts", "special_tokens"]
@@ -270,7 +270,7 @@ def repeated_probe(
     examples (`repeat_periods`; the last copy is cut short where the period does not divide the
     length), or `repeat_len` for every example without `vary_period`."""
     if repeat_len < 2 or repeats < 2:
-        raise HeadscopeError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
+        raise UsageError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
     vocab = vocab_size or len(tokenizer)
     candidates = _candidate_ids(tokenizer, vocab)
     if len(candidates) < repeat_len:

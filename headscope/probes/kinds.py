@@ -27,7 +27,7 @@ from typing import ClassVar, Iterable, Optional
 
 import torch
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from . import conllu
 from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
 from .copy import CopySet, as_copy_eval, copy_probe, decoder_start_token
@@ -86,7 +86,7 @@ class RepeatedProbe:
 
     def __post_init__(self):
         if self.repeat_len < 2 or self.repeats < 2:
-            raise HeadscopeError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
+            raise UsageError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
 
     def build(self, loaded, seed: int) -> ProbeSet:
         _at_least_one("n_examples", self.n_examples)
@@ -275,12 +275,14 @@ def command_line_probes(n_examples: int, seq_len: int, repeat_len: int, repeats:
     Raises:
         HeadscopeError: lengths that are not positive integers, or a bad treebank file.
     """
+    if isinstance(n_sentences, bool) or not isinstance(n_sentences, int) or n_sentences < 0:
+        raise UsageError(f"--n-sentences takes a whole number of treebank sentences (0: all), got {n_sentences!r}")
     try:
         lengths = tuple(int(part) for part in needle_lengths.split(",") if part.strip())
     except ValueError:
         lengths = ()
     if not lengths or min(lengths) < 1:
-        raise HeadscopeError(f"--needle-lengths takes comma-separated token counts such as 1024,2048; "
+        raise UsageError(f"--needle-lengths takes comma-separated token counts such as 1024,2048; "
                              f"got {needle_lengths!r}")
     probes = [TextProbe(n_examples, seq_len), RepeatedProbe(n_examples, repeat_len, repeats), NeedleProbe(lengths),
               CopyProbe(n_examples, seq_len)]
@@ -292,6 +294,6 @@ def command_line_probes(n_examples: int, seq_len: int, repeat_len: int, repeats:
 
 def _at_least_one(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise HeadscopeError(f"{name} must be an integer, got {value!r}")
+        raise UsageError(f"{name} must be an integer, got {value!r}")
     if value <= 0:
-        raise HeadscopeError(f"{name} must be at least 1, got {value}")
+        raise UsageError(f"{name} must be at least 1, got {value}")

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from .base import special_tokens, text_corpus
 
 __all__ = ["NEEDLES", "QUESTION", "NeedleExample", "needle_probe"]
@@ -107,7 +107,7 @@ def needle_probe(tokenizer, lengths: Sequence[int], depths: Sequence[float] = (0
                 answer = needle  # the same ids: the emitted token and the needle token match exactly
                 n_hay = length - len(prefix) - len(needle) - len(question) - len(answer)
                 if n_hay < 16:
-                    raise HeadscopeError(f"a needle prompt of {length} tokens leaves {n_hay} for the haystack; use >= "
+                    raise UsageError(f"a needle prompt of {length} tokens leaves {n_hay} for the haystack; use >= "
                                          f"{length - n_hay + 16}")
                 start = int(torch.randint(0, len(stream), (1,), generator=gen))
                 window = (stream * (1 + (start + n_hay) // len(stream) + 1))[start:start + n_hay]  # wraps round

@@ -19,7 +19,7 @@ from typing import ClassVar, Optional, Union
 
 import torch
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from .base import EvalProbe, ProbeBatch, WordContext, special_tokens
 from .conllu import bundled_treebank, read_conllu, validate_sentences
 from .align import Alignment, align_words
@@ -128,7 +128,7 @@ class TreebankProbe:
             raise HeadscopeError("no sentences to score: the treebank is empty")
         if self.n_sentences is not None:
             if self.n_sentences < 1:
-                raise HeadscopeError(f"max_sentences must be at least 1, got {self.n_sentences}")
+                raise UsageError(f"max_sentences must be at least 1, got {self.n_sentences}")
             if self.n_sentences < len(sentences):
                 chosen = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed))[:self.n_sentences]
                 sentences = [sentences[i] for i in sorted(chosen.tolist())]

@@ -3,6 +3,8 @@
 - `write_report(analysis, out_dir, plotlyjs=, force=)`: writes `out_dir/index.html` atomically.
 - `write_report_into(analysis, folder, plotlyjs=)`: writes `index.html` into an existing folder
   (inside the caller's own `atomic_dir`, next to the analysis files).
+- `rewrite_report(analysis, folder, plotlyjs=)`: re-renders `folder/index.html` in place
+  (`headscope report`), atomically; a folder it cannot write is refused before rendering.
 - `render_html(analysis, plotlyjs=)`: the page as a string.
 - `report_data(analysis)`: the `ReportData` the page is drawn from (what tests assert on).
 - `compare_data(a, b)`, `render_compare_html(a, b, plotlyjs=)`, `write_compare(a, b, out_dir, ...)`:
@@ -15,13 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..atomic import atomic_dir
+from ..atomic import atomic_dir, atomic_file
 from .compare import CompareData, compare_data, render_compare_html, write_compare
 from .data import ReportData, report_data
 from .html import render_report
 
 __all__ = [
-    "write_report", "write_report_into", "render_html", "report_data", "ReportData",
+    "write_report", "write_report_into", "rewrite_report", "render_html", "report_data", "ReportData",
     "compare_data", "render_compare_html", "write_compare", "CompareData",
 ]
 
@@ -51,6 +53,22 @@ def write_report_into(analysis, folder, plotlyjs: str = "embed") -> Path:
     path = Path(folder) / "index.html"
     path.write_text(render_html(analysis, plotlyjs=plotlyjs), encoding="utf-8")
     return path
+
+
+def rewrite_report(analysis, folder, plotlyjs: str = "embed") -> Path:
+    """Re-render `folder/index.html` from `analysis` (loaded from `folder`), atomically: a folder
+    this process cannot write is refused before the page is rendered, and a failure leaves the
+    old page and no temporary file.
+
+    Returns:
+        The path of `index.html`.
+    """
+    # The analysis folder's index.html is the page headscope renders there: always its own.
+    guard = atomic_file(Path(folder) / "index.html", force=True, ours=lambda data: True)
+    page = render_html(analysis, plotlyjs=plotlyjs)
+    with guard as tmp:
+        tmp.write_text(page, encoding="utf-8")
+    return Path(folder) / "index.html"
 
 
 def write_report(analysis, out_dir, *, plotlyjs: str = "embed", force: bool = False) -> Path:

@@ -21,7 +21,7 @@ import zlib
 import numpy as np
 
 from ..detectors.section import Kit
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from . import figures
 from .geometry_figures import GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID, geometry_figures
 from .script import EXPLORER_JS, PLOT_JS
@@ -152,7 +152,7 @@ def check_plotlyjs(mode: str) -> None:
     """Raise `HeadscopeError` unless `mode` is one of `PLOTLYJS_MODES`."""
 
     if mode not in PLOTLYJS_MODES:
-        raise HeadscopeError(f"plotlyjs must be one of {', '.join(PLOTLYJS_MODES)}, not {mode!r}")
+        raise UsageError(f"plotlyjs must be one of {', '.join(PLOTLYJS_MODES)}, not {mode!r}")
 
 
 def plotlyjs_tag(mode: str) -> str:

@@ -9,7 +9,11 @@
     * hub revisions `org/name@revision`, read offline from the Hugging Face cache, the step the
       number that ends the revision (`step1000`, as Pythia names them).
   Every snapshot must be the same model (type, layers, heads, width, vocabulary) and every step
-  known and distinct; anything else is a `HeadscopeError` of one line.
+  known and distinct; anything else is a `HeadscopeError` of one line. Each file is checked as
+  it is read, the fault named with its file and field: config.json and trainer_state.json must
+  be JSON objects, the shape fields whole numbers >= 1, `global_step` a whole number >= 0, each
+  `log_history` entry's step and loss numbers; a checkpoint's weights are loaded under `load`'s
+  checks (`headscope.loading.loader.load_model_only` without a tokenizer).
 - `timeline_of(snapshots, losses, ...)` -> `Timeline`: every snapshot loaded and recorded in
   step order (control: the step-0 snapshot when there is one, else the random-init twin).
 - `write_series(sources, guard, ...)`: the `headscope timeline` command: the series checked,
@@ -44,11 +48,31 @@ class Snapshot:
     name: str
 
 
+def _json(path: Path) -> dict:
+    """A JSON object from `path`; HeadscopeError naming the file otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise HeadscopeError(f"cannot read {path} as JSON (cut or edited?): {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise HeadscopeError(f"{path} holds a JSON {type(data).__name__}; expected an object")
+    return data
+
+
+def _whole(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def _config(folder: Path, name: str) -> dict:
     path = folder / "config.json"
     if not path.is_file():
         raise HeadscopeError(f"{name} holds no model (no config.json in {folder})")
-    return json.loads(path.read_text())
+    config = _json(path)
+    for keys in SHAPE_KEYS[1:]:  # the numbers the series is compared on, and the model is built from
+        for key in keys:
+            if key in config and not _whole(config[key], 1):
+                raise HeadscopeError(f"{path}: {key} is {config[key]!r}; expected a whole number >= 1")
+    return config
 
 
 def _shape(config: dict) -> dict:
@@ -60,7 +84,29 @@ def _shape(config: dict) -> dict:
 
 def _state_step(folder: Path) -> Optional[int]:
     path = folder / "trainer_state.json"
-    return int(json.loads(path.read_text())["global_step"]) if path.is_file() else None
+    if not path.is_file():
+        return None
+    step = _json(path).get("global_step")
+    if not _whole(step, 0):
+        raise HeadscopeError(f"{path}: global_step is {step!r}; expected a whole number >= 0")
+    return step
+
+
+def _losses(path: Path) -> dict:
+    """{step: training loss} from a trainer_state.json's log_history (entries without a loss skipped)."""
+    history = _json(path).get("log_history", [])
+    if not isinstance(history, list):
+        raise HeadscopeError(f"{path}: log_history is a {type(history).__name__}; expected a list of entries")
+    losses = {}
+    for number, row in enumerate(history):
+        if not isinstance(row, dict) or "loss" not in row:
+            continue
+        step, loss = row.get("step"), row["loss"]
+        if not _whole(step, 0) or isinstance(loss, bool) or not isinstance(loss, (int, float)):
+            raise HeadscopeError(f"{path}: log_history entry {number} has step {step!r} and loss {loss!r}; expected "
+                                 f"a whole number and a number")
+        losses[step] = float(loss)
+    return losses
 
 
 def _trainer_folder(folder: Path) -> tuple[list[Snapshot], dict]:
@@ -78,9 +124,7 @@ def _trainer_folder(folder: Path) -> tuple[list[Snapshot], dict]:
         if named and int(named.group(1)) != step:
             raise HeadscopeError(f"{path.name}'s trainer_state.json says step {step}")
         out.append(Snapshot(step, path, path.name))
-    history = json.loads((found[-1] / "trainer_state.json").read_text()).get("log_history", [])
-    losses = {int(row["step"]): float(row["loss"]) for row in history if "loss" in row and "step" in row}
-    return out, losses
+    return out, _losses(found[-1] / "trainer_state.json")
 
 
 def _hub(spec: str) -> Snapshot:
@@ -151,13 +195,7 @@ def _load(folder: Path, device: str) -> loader.Loaded:
     ids (no tokenizer files: the timeline's probes are then built from ids)."""
     if any((folder / name).is_file() for name in TOKENIZER_FILES):
         return loader.load(str(folder), device=device)
-    from transformers import AutoModelForCausalLM
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(folder)
-    except (OSError, ValueError) as err:
-        raise HeadscopeError(f"could not load a model from {folder}: {str(err).splitlines()[0]}") from None
-    return loader.Loaded.from_model(model.to(device), None, name=str(folder))
+    return loader.load_model_only(folder, device=device)
 
 
 def timeline_of(found: list[Snapshot], losses: dict, *, detectors=None, device: str = "cpu", seed: int = 0,

@@ -24,7 +24,7 @@ def test_an_example_without_key_tokens_saves_as_before():
 
 
 def test_key_tokens_survive_save_and_load(tmp_path):
-    analysis = fake_analysis(n_examples=1)
+    analysis = fake_analysis(n_layers=2, n_heads=3, n_examples=1)  # the grid of _cross_example's maps
     analysis.examples = [_cross_example()]
     analysis.save(tmp_path / "a")
     again = Analysis.load(tmp_path / "a").examples[0]

@@ -1,13 +1,14 @@
 """Analysis folders carry a manifest (size and SHA-256 of each file) that `Analysis.load`, and
 through it `report` and `compare`, check: a table cut mid-row or changed is refused in one line,
-never rendered in part. Folders written before manifests existed still load."""
+never rendered in part. Folders written before manifests (and markers) existed still load;
+one with headscope's marker but no manifest is damaged (tests/faults/test_newer_surfaces.py)."""
 import json
 
 import pytest
 from typer.testing import CliRunner
 
 from headscope.analysis import Analysis
-from headscope.atomic import MANIFEST
+from headscope.atomic import MANIFEST, MARKER
 from headscope.cli import app
 from headscope.errors import HeadscopeError
 from tests.support.fake_analysis import fake_analysis
@@ -64,6 +65,7 @@ def test_re_rendering_the_report_keeps_the_folder_loadable(saved):
     Analysis.load(saved)
 
 
-def test_a_folder_without_a_manifest_still_loads(saved):
+def test_a_folder_from_before_manifests_and_markers_still_loads(saved):
     (saved / MANIFEST).unlink()
+    (saved / MARKER).unlink()
     assert len(Analysis.load(saved).scores) > 0

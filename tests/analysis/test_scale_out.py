@@ -94,4 +94,4 @@ def test_cli_device_map_and_bad_value(planted_path, tmp_path):
                                     "--device-map", json.dumps(SPLIT)])
     assert good.exit_code == 0, good.output
     bad = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(tmp_path / "bad"), "--device-map", "everywhere"])
-    assert bad.exit_code == 1 and "--device-map must be" in bad.output
+    assert bad.exit_code == 2 and "--device-map must be" in bad.output  # a usage error

@@ -48,6 +48,7 @@ def small(**changes):
     (dict(attention_mask=[[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]]), "attention_mask has shape [3, 4]"),
     (dict(metric="accuracy"), "unknown metric 'accuracy'; choose one of logit_diff, prob, prob_diff, kl"),
     (dict(texts=[{}]), "texts has 1 entries, clean 3 rows"),
+    (dict(texts=["a", "b", "c"]), "texts must be one dict per example"),
     (dict(clean=[[1, 2], [3]]), "clean must be token ids [n, pos]"),
 ])
 def test_bad_fields_are_one_line_errors_naming_the_row(changes, message):
@@ -65,6 +66,7 @@ def test_shapes_positions_subset_and_inputs():
     assert part.clean.tolist() == [[1, 2, 3, 0, 0], [5, 6, 7, 8, 9]] and part.position.tolist() == [2, 4]
     assert part.answer.tolist() == [[13, 14], [10, 11]] and [t["clean"] for t in part.texts] == ["2", "0"]
     assert task.subset(slice(1, 3)).wrong.tolist() == [[21, 22], [23, -1]]
+    assert task.subset(torch.tensor([True, False, True])).position.tolist() == [4, 2]
     with pytest.raises(HeadscopeError, match="row 3 is outside the task's 3 rows"):
         task.subset([3])
     inputs = task.inputs("corrupted")

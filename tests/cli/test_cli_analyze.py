@@ -106,7 +106,7 @@ def test_force_replaces(analyzed, planted_path, tmp_path):
 def test_bad_input_is_one_line_and_writes_nothing(planted_path, tmp_path, extra, message):
     out = tmp_path / "never"
     result = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(out), *ARGS, *extra])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # each a usage error: an unknown name or a number out of range
     assert message in result.output and "Traceback" not in result.output
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
@@ -259,5 +259,5 @@ def test_control_option(planted_path, tmp_path):
     assert analysis.meta["control"]["kind"] == "none" and analysis.scores.control.isna().all()
     assert "control: none" in result.output
     bad = CliRunner().invoke(app, ["analyze", planted_path, "--out", str(tmp_path / "bad"), "--control", "shuffled"])
-    assert bad.exit_code == 1 and "--control must be one of random-init, none" in bad.output
+    assert bad.exit_code == 2 and "--control must be one of random-init, none" in bad.output
     assert not (tmp_path / "bad").exists()

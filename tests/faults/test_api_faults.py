@@ -15,7 +15,7 @@ import torch
 
 import headscope
 from headscope.analysis import Analysis
-from headscope.atomic import MANIFEST
+from headscope.atomic import MANIFEST, MARKER
 from headscope.errors import HeadscopeError
 from tests.support.fake_analysis import fake_analysis
 
@@ -66,8 +66,9 @@ def saved(edit=None, drop_manifest=True):
         fake_analysis(n_layers=2, n_heads=3).save(folder)
         if edit is not None:
             edit(folder)
-        if drop_manifest:
+        if drop_manifest:  # as a folder written before manifests and markers existed, edited by hand
             (folder / MANIFEST).unlink()
+            (folder / MARKER).unlink()
     call.prepare = prepare
     return call
 

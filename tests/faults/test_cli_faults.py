@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from headscope import cli
 from headscope.analysis import Analysis
-from headscope.atomic import MANIFEST, atomic_dir
+from headscope.atomic import MANIFEST, MARKER, atomic_dir
 from headscope.cli import app
 from headscope.errors import HeadscopeError
 from tests.support.fake_analysis import fake_analysis
@@ -82,6 +82,13 @@ def analysis_folder(work: Path, name: str = "run") -> Path:
     return work / name
 
 
+def as_old_folder(folder: Path) -> None:
+    """As an analysis from before manifests and markers, edited by hand (one with the marker but no
+    manifest is damaged: tests/faults/test_newer_surfaces.py)."""
+    (folder / MANIFEST).unlink()
+    (folder / MARKER).unlink()
+
+
 def cut_scores(work, planted):
     path = analysis_folder(work) / "scores.csv"
     data = path.read_bytes()
@@ -93,7 +100,7 @@ def empty_meta(keep_manifest: bool):
         folder = analysis_folder(work)
         (folder / "meta.json").write_text("{}")
         if not keep_manifest:
-            (folder / MANIFEST).unlink()  # as an analysis from before manifests, edited by hand
+            as_old_folder(folder)
     return edit
 
 
@@ -102,7 +109,7 @@ def meta_edit(**changes):
         folder = analysis_folder(work)
         meta = json.loads((folder / "meta.json").read_text())
         (folder / "meta.json").write_text(json.dumps({**meta, **changes}))
-        (folder / MANIFEST).unlink()
+        as_old_folder(folder)
     return edit
 
 
@@ -115,7 +122,7 @@ def missing_file(name: str):
 def damaged_examples(work, planted):
     folder = analysis_folder(work)
     (folder / "examples.json").write_text('[{"tokens": ["a"]}]')
-    (folder / MANIFEST).unlink()
+    as_old_folder(folder)
 
 
 def two_analyses(work, planted):
@@ -190,24 +197,24 @@ FAULTS = [
           "holds files headscope did not write"),
     Fault("out-is-the-model", nothing, ("analyze", "{model}", "--out", "{model}", "--force", *FAST), 1,
           "which is being read; choose another output folder"),
-    # bad numeric options: refused before any work
-    Fault("tolerance-negative", nothing, ("verify", "{model}", "--tolerance", "-1"), 1, "--tolerance must be a positive"),
-    Fault("tolerance-nan", nothing, ("verify", "{model}", "--tolerance", "nan"), 1, "--tolerance must be a positive"),
-    Fault("tolerance-zero", nothing, ("verify", "{model}", "--tolerance", "0"), 1, "--tolerance must be a positive"),
+    # bad numeric options: usage errors (exit 2), refused before any work
+    Fault("tolerance-negative", nothing, ("verify", "{model}", "--tolerance", "-1"), 2, "--tolerance must be a positive"),
+    Fault("tolerance-nan", nothing, ("verify", "{model}", "--tolerance", "nan"), 2, "--tolerance must be a positive"),
+    Fault("tolerance-zero", nothing, ("verify", "{model}", "--tolerance", "0"), 2, "--tolerance must be a positive"),
     Fault("seed-beyond-64-bits", nothing, ("analyze", "{model}", "--seed", "99999999999999999999999", "--out", "out"),
           2, "Invalid value for '--seed'"),
     Fault("seed-negative", nothing, ("analyze", "{model}", "--seed", "-1", "--out", "out"), 2, "Invalid value for '--seed'"),
-    Fault("batch-size-zero", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--batch-size", "0"), 1,
+    Fault("batch-size-zero", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--batch-size", "0"), 2,
           "batch_size must be at least 1"),
-    Fault("n-examples-zero", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--n-examples", "0"), 1,
+    Fault("n-examples-zero", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--n-examples", "0"), 2,
           "n_examples must be at least 1, got 0"),
-    Fault("geometry-examples-zero", nothing, ("geometry", "{model}", "--out", "g", "--examples", "0"), 1,
+    Fault("geometry-examples-zero", nothing, ("geometry", "{model}", "--out", "g", "--examples", "0"), 2,
           "--examples and --steps must be at least 1"),
-    Fault("geometry-steps-zero", nothing, ("geometry", "{model}", "--out", "g", "--steps", "0"), 1,
+    Fault("geometry-steps-zero", nothing, ("geometry", "{model}", "--out", "g", "--steps", "0"), 2,
           "--examples and --steps must be at least 1"),
     Fault("kv-keep-zero", analysis_folder_setup := (lambda work, planted: analysis_folder(work)),
-          ("kv-policy", "run", "--out", "policy", "--keep", "0"), 1, "keep is the fraction of key/value heads kept full, in (0, 1]"),
-    Fault("kv-keep-above-one", analysis_folder_setup, ("kv-policy", "run", "--out", "policy", "--keep", "1.5"), 1,
+          ("kv-policy", "run", "--out", "policy", "--keep", "0"), 2, "keep is the fraction of key/value heads kept full, in (0, 1]"),
+    Fault("kv-keep-above-one", analysis_folder_setup, ("kv-policy", "run", "--out", "policy", "--keep", "1.5"), 2,
           "in (0, 1]; got 1.5"),
     Fault("device-mps-absent", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--device", "mps"), 1,
           "device 'mps' was asked for but this machine or torch build has no MPS"),
@@ -219,13 +226,13 @@ FAULTS = [
           "importing 'hs_fault_module' for detector 'hs_fault_module:x' failed: RuntimeError: boom at import"),
     Fault("detector-module-syntax-error", detector_module("def broken(:\n"),
           ("detectors", "--detectors", "hs_fault_module:x"), 1, "failed (line 1): SyntaxError"),
-    Fault("kv-sink-negative", analysis_folder_setup, ("kv-policy", "run", "--out", "policy", "--sink", "-1"), 1,
+    Fault("kv-sink-negative", analysis_folder_setup, ("kv-policy", "run", "--out", "policy", "--sink", "-1"), 2,
           "sink must be an integer of at least 0, got -1"),
-    Fault("kv-recent-zero", analysis_folder_setup, ("kv-policy", "run", "--out", "policy", "--recent", "0"), 1,
+    Fault("kv-recent-zero", analysis_folder_setup, ("kv-policy", "run", "--out", "policy", "--recent", "0"), 2,
           "recent must be an integer of at least 1, got 0"),
-    Fault("repeats-zero", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--repeats", "0"), 1,
+    Fault("repeats-zero", nothing, ("analyze", "{model}", "--out", "out", *FAST, "--repeats", "0"), 2,
           "the repeated probe needs repeat_len >= 2 and repeats >= 2"),
-    Fault("needle-lengths-negative", nothing, ("analyze", "{model}", "--out", "out", "--needle-lengths", "-5"), 1,
+    Fault("needle-lengths-negative", nothing, ("analyze", "{model}", "--out", "out", "--needle-lengths", "-5"), 2,
           "--needle-lengths takes comma-separated token counts"),
     Fault("typo-in-an-option", nothing, ("analyze", "{model}", "--seq-ln", "5"), 2, "No such option: --seq-ln"),
 ]

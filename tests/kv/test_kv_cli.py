@@ -19,8 +19,8 @@ def analysis_dir(tmp_path_factory):
     return folder
 
 
-def _one_line_error(result, match: str):
-    assert result.exit_code == 1, result.output
+def _one_line_error(result, match: str, code: int = 1):
+    assert result.exit_code == code, result.output
     assert "Traceback" not in result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error: ")]  # progress lines of loading may come first
@@ -50,7 +50,7 @@ def test_kv_policy_writes_both_formats(analysis_dir, tmp_path):
 ])
 def test_kv_policy_bad_options_are_one_line_errors(analysis_dir, tmp_path, args, match):
     result = CliRunner().invoke(app, ["kv-policy", str(analysis_dir), "--out", str(tmp_path / "o"), *args])
-    _one_line_error(result, match)
+    _one_line_error(result, match, code=2)  # usage errors: a value out of range or unknown
 
 
 def test_kv_policy_without_the_ranking_detector_is_a_one_line_error(tmp_path):
@@ -80,7 +80,7 @@ def test_kv_eval_bad_input_is_a_one_line_error(planted_path, tmp_path):
     _one_line_error(result, "no policy")
     result = CliRunner().invoke(app, ["kv-eval", planted_path, str(tmp_path / "none"), "--lengths", "4k",
                                       "--out", str(tmp_path / "e")])
-    _one_line_error(result, "--lengths takes comma-separated numbers")
+    _one_line_error(result, "--lengths takes comma-separated numbers", code=2)
 
 
 def test_kv_eval_writes_the_csv_and_the_page(tmp_path):

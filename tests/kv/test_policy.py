@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headscope.errors import HeadscopeError
+from headscope.errors import HeadscopeError, HeadscopeWarning
 from headscope.kv import KVPolicy, kv_policy, read_duo, read_headkv, read_policy, write_duo, write_headkv
 from headscope.kv.formats import DUO_CONFIG, DUO_TSV
 from headscope.kv.policy import TIE_STEP, cache_bytes, default_window, policy_from_values
@@ -109,14 +109,15 @@ def test_random_values_round_trip_bit_for_bit(tmp_path):
 
 
 def test_duoattention_folder_without_headscope_keys(tmp_path):
-    # A folder as DuoAttention writes it: values only (some outside [0, 1], clipped) and the window.
+    # A folder as DuoAttention writes it: values only (some outside [0, 1], clipped with a warning) and the window.
     folder = tmp_path / "theirs"
     folder.mkdir()
     (folder / DUO_TSV).write_text("1.2\t0.1\n0.4\t-0.3\n")
     (folder / DUO_CONFIG).write_text(json.dumps({"sink_size": 128, "recent_size": 256}))
-    with pytest.raises(HeadscopeError, match="pass keep"):
+    with pytest.raises(HeadscopeError, match="pass keep"), pytest.warns(HeadscopeWarning, match="clipped"):
         read_duo(folder)
-    policy = read_duo(folder, keep=0.5)
+    with pytest.warns(HeadscopeWarning, match=r"2 value\(s\) lie outside \[0, 1\] \(from -0.3 to 1.2\); clipped"):
+        policy = read_duo(folder, keep=0.5)
     assert policy.values.tolist() == [[1.0, 0.1], [0.4, 0.0]]
     assert policy.full.tolist() == [[True, False], [True, False]]
     assert (policy.sink, policy.recent) == (128, 256)
