@@ -1,6 +1,6 @@
 """The `headscope` command line: thin commands over the library.
 
-Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `circuit MODEL --task ioi`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
+Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
 `cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`,
 `kv-policy DIR --out FILE`, `kv-eval MODEL POLICY --out DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback (a fault no check
@@ -576,11 +576,11 @@ def attribute_command(
     _check_plotlyjs(plotlyjs)
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     if not chosen or any(m not in ("atp", "atp*") for m in chosen):
-        raise HeadscopeError(f"--methods takes atp and atp* (comma-separated; --exact adds exact patching), got {methods!r}")
+        raise UsageError(f"--methods takes atp and atp* (comma-separated; --exact adds exact patching), got {methods!r}")
     if point not in circuits.POINTS:
-        raise HeadscopeError(f"--point must be one of {', '.join(circuits.POINTS)}, got {point!r}")
+        raise UsageError(f"--point must be one of {', '.join(circuits.POINTS)}, got {point!r}")
     if direction not in ("denoising", "noising"):
-        raise HeadscopeError(f"--direction must be denoising or noising, got {direction!r}")
+        raise UsageError(f"--direction must be denoising or noising, got {direction!r}")
     labels = Analysis.load(analysis_dir).labels if analysis_dir is not None else None
     task_path = Path(task)
     out = out or _default_out(model).with_name(f"{_default_out(model).name}-{task_path.stem if task_path.suffix else task}")
@@ -599,58 +599,6 @@ def attribute_command(
                f"corrupted {run.tables[main].attrs['corrupted_metric']:.3f}")
     typer.echo(f"top heads ({main}, hook_{point}): " + ", ".join(f"{int(r.layer)}.{int(r.head)} {r.effect:+.3f}"
                                                                 for r in top.itertuples()))
-    typer.echo(f"report: {out / 'index.html'}")
-
-
-@app.command("circuit")
-@_friendly
-def circuit_command(
-    model: ModelArg = "smollm2-135m",
-    task: Annotated[str, typer.Option("--task", help="ioi, induction, greater-than, or a JSONL file of clean/corrupted/answer/wrong prompts.")] = "ioi",
-    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL-TASK-circuit).")] = None,
-    method: Annotated[str, typer.Option("--method", help="eap (one gradient) or eap-ig (integrated gradients).")] = "eap-ig",
-    steps: Annotated[int, typer.Option("--steps", min=1, help="EAP-IG's integration steps.")] = 5,
-    n: Annotated[int, typer.Option("--n", min=1, help="Prompt pairs (a built-in task's; a file's first N).")] = 64,
-    seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the built-in task's prompts and the random circuits.")] = 0,
-    metric: Annotated[Optional[str], typer.Option("--metric", help="logit_diff, prob, prob_diff or kl (default: the task's).")] = None,
-    sizes: Annotated[str, typer.Option("--sizes", help="Circuit sizes in percent of the edges, comma-separated (MIB's by default); 'none' skips the evaluation.")] = ",".join(f"{s:g}" for s in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)),
-    random_draws: Annotated[int, typer.Option("--random", min=0, help="Random circuits per size, the faithfulness baseline.")] = 5,
-    analysis_dir: Annotated[Optional[Path], typer.Option("--analysis", help="An analysis folder of the same model: its labels are shown on the heads.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per pass.")] = 8,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = None,
-    no_cache: NoCacheOpt = False,
-    plotlyjs: PlotlyOpt = "embed",
-    force: ForceOpt = False,
-) -> None:
-    """Which edges between MODEL's heads and MLPs a task needs (EAP, EAP-IG), with faithfulness measured by running the model."""
-    _check_plotlyjs(plotlyjs)
-    if method not in ("eap", "eap-ig"):
-        raise HeadscopeError(f"--method must be eap or eap-ig, got {method!r}")
-    chosen = None if sizes.strip().lower() == "none" else circuits.check_sizes(_numbers(sizes, float, "--sizes"))
-    labels = Analysis.load(analysis_dir).labels if analysis_dir is not None else None
-    task_path = Path(task)
-    stem = task_path.stem if task_path.suffix else task
-    out = out or _default_out(model).with_name(f"{_default_out(model).name}-{stem}-circuit")
-    inputs = [path for path in (Path(model), task_path, analysis_dir) if path is not None and path.exists()]
-    guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
-    typer.echo(f"loading {model} ...", err=True)
-    loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
-    built = headscope.task(task, loaded.tokenizer, n=n, seed=seed, **({"metric": metric} if metric else {}))
-    bars = _Bars()
-    found = headscope.circuit(loaded, built, method=method, steps=steps, batch_size=batch_size, progress=bars)
-    if chosen is not None:
-        found.evaluate(sizes=chosen, n_random=random_draws, seed=seed, batch_size=batch_size, progress=bars)
-    with guard as tmp:
-        circuits.write_circuit(found, tmp, labels=labels, plotlyjs=plotlyjs)
-    typer.echo(f"{built.name}: {built.n} prompt pairs, {found.meta['n_edges']} edges scored by {method}")
-    typer.echo("top edges: " + ", ".join(f"{r.src} -> {r.dst} {r.score:+.3f}" for r in found.top(5).itertuples()))
-    if found.evaluation is not None:
-        attrs = found.evaluation.attrs
-        line = f"faithfulness: CPR {attrs['cpr']:.3f}, CMD {attrs['cmd']:.3f}"
-        if "random_cpr" in attrs:
-            line += f" (random circuits: CPR {attrs['random_cpr']:.3f}, CMD {attrs['random_cmd']:.3f})"
-        typer.echo(line)
     typer.echo(f"report: {out / 'index.html'}")
 
 

@@ -28,7 +28,6 @@ _EXPORTS = {
     "circuit": "headscope.circuits.circuit",
     "MIB_SIZES": "headscope.circuits.circuit",
     "check_sizes": "headscope.circuits.eap",
-    "write_circuit": "headscope.circuits.circuit_run",
     "run_attribution": "headscope.circuits.attribution_run",
     "read_attribution": "headscope.circuits.attribution_run",
 }

@@ -38,7 +38,7 @@ import torch
 
 from ..causal.patching import DIRECTIONS, patched_runs
 from ..detectors.stats import bootstrap_ratio_ci
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from ..attention.kernel import pattern_of
 from ..hf.route import Session, layer_map, routed
 from .residual import layer_list
@@ -77,11 +77,11 @@ def attribute(loaded: Any, task: Any, method: str = "atp", point: str = "z", dir
         all the task's prompts).
     """
     if method not in METHODS:
-        raise HeadscopeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if point not in POINTS:
-        raise HeadscopeError(f"cannot attribute at {point!r}; choose one of {', '.join(POINTS)}")
+        raise UsageError(f"cannot attribute at {point!r}; choose one of {', '.join(POINTS)}")
     if direction not in DIRECTIONS:
-        raise HeadscopeError(f"unknown direction {direction!r}; choose one of {', '.join(DIRECTIONS)}")
+        raise UsageError(f"unknown direction {direction!r}; choose one of {', '.join(DIRECTIONS)}")
     target = Target(loaded, task, sites, "attribute")
     if method == "exact":
         numerators, gaps, drops, passes, metrics = _exact(target, task, point, direction, heads_per_pass)

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 
 from ..atomic import check_manifest, write_manifest
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from ..hf.capture import capture
 from ..probes.tokens import display_tokens
 from .attribute import METHODS, attribute
@@ -97,7 +97,7 @@ def run_attribution(loaded: Any, task: Any, methods=("atp", "atp*"), exact: bool
     methods = tuple(dict.fromkeys(list(methods) + (["exact"] if exact else [])))
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
-        raise HeadscopeError(f"unknown method {unknown[0] if unknown else '(none)'!r}; choose from {', '.join(METHODS)}")
+        raise UsageError(f"unknown method {unknown[0] if unknown else '(none)'!r}; choose from {', '.join(METHODS)}")
     target = Target(loaded, task, None, "attribute")
     dla = logit_attribution(loaded, task, batch_size=batch_size)  # the logit difference, whatever the metric
     tables = {}

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from .eap import METHODS, evaluate, score_edges
 from .edges import graph_of
 from .running import Target
@@ -151,7 +151,7 @@ def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, site
     import pandas as pd
 
     if method not in METHODS:
-        raise HeadscopeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     target = Target(loaded, task, sites, "circuit")
     graph = graph_of(target, task)
     scores, passes, metrics = score_edges(target, graph, task, method, steps, batch_size, progress)

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from ..detectors.stats import bootstrap_mean_ci
 from ..hf.adapters import out_projection
 from ..hf.hooks import model_hooks
@@ -64,7 +64,7 @@ def logit_attribution(loaded: Any, task: Any, on: str = "clean", sites: Optional
     import pandas as pd
 
     if on not in ON:
-        raise HeadscopeError(f"on must be 'clean' or 'corrupted', got {on!r}")
+        raise UsageError(f"on must be 'clean' or 'corrupted', got {on!r}")
     target = Target(loaded, task, sites, "logit_attribution")
     task = task.with_metric("logit_diff") if task.metric != "logit_diff" else task
     rows, per_example, totals = None, [], []

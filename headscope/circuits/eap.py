@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from .edges import Graph, graph_of
 from .running import Target, batches, output_logits
 from .split import split_run
@@ -68,11 +68,11 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
     """`(scores, passes, metrics)`: every edge's score (module docstring) in `graph.edges()` order,
     the passes spent (over all prompts) and the clean and corrupted runs' mean metrics."""
     if method not in METHODS:
-        raise HeadscopeError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method == "eap":
         steps = 1
     elif isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise HeadscopeError(f"steps must be an integer of at least 1, got {steps!r}")
+        raise UsageError(f"steps must be an integer of at least 1, got {steps!r}")
     model = target.model
     totals = {id(r): torch.zeros(len(r.names), len(r.upstream), dtype=torch.float64) for r in graph.receivers}
     metrics = {"clean": 0.0, "corrupted": 0.0}
@@ -126,10 +126,10 @@ def check_sizes(sizes) -> list:
     try:
         values = [float(s) for s in sizes]
     except (TypeError, ValueError):
-        raise HeadscopeError(f"sizes are percentages of the edges, numbers in (0, 100], got {sizes!r}") from None
+        raise UsageError(f"sizes are percentages of the edges, numbers in (0, 100], got {sizes!r}") from None
     bad = [s for s in values if not (0 < s <= 100) or math.isnan(s)]
     if not values or bad:
-        raise HeadscopeError(f"circuit sizes are percentages of the edges in (0, 100], got {bad[0] if bad else 'none'}")
+        raise UsageError(f"circuit sizes are percentages of the edges in (0, 100], got {bad[0] if bad else 'none'}")
     return sorted(set(values))
 
 
@@ -184,7 +184,7 @@ def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batc
 
     sizes = check_sizes(sizes)
     if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 0:
-        raise HeadscopeError(f"n_random must be an integer of at least 0, got {n_random!r}")
+        raise UsageError(f"n_random must be an integer of at least 0, got {n_random!r}")
     task = circuit.task
     target = Target(loaded, task, circuit.meta.get("sites"), "evaluate")
     graph = graph_of(target, task)

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from ..checks import check_count
-from ..errors import HeadscopeError
+from ..errors import HeadscopeError, UsageError
 from .tasks import METRICS, Task, tokenizer_fingerprint
 
 __all__ = ["task", "BUILTINS", "IOI_TEMPLATES", "NAMES", "PLACES", "OBJECTS", "YEAR_NOUNS"]
@@ -97,7 +97,7 @@ def task(name_or_path, tokenizer, n: Optional[int] = None, seed: int = 0, metric
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise HeadscopeError(f"seed must be an integer, got {seed!r}")
     if metric is not None and metric not in METRICS:
-        raise HeadscopeError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+        raise UsageError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     if length is not None and name_or_path != "induction":
         raise HeadscopeError("length is the induction task's sequence length; other tasks take none")
     if name_or_path == "ioi":
@@ -112,7 +112,7 @@ def task(name_or_path, tokenizer, n: Optional[int] = None, seed: int = 0, metric
     elif isinstance(name_or_path, Path) or str(name_or_path).endswith(".jsonl") or Path(str(name_or_path)).is_file():
         built = _from_jsonl(Path(name_or_path), tokenizer, n)
     else:
-        raise HeadscopeError(f"unknown task {name_or_path!r}; the built-ins are {', '.join(BUILTINS)}, "
+        raise UsageError(f"unknown task {name_or_path!r}; the built-ins are {', '.join(BUILTINS)}, "
                              "or give the path of a .jsonl file")
     return Task(**built, metric=metric or "logit_diff", tokenizer=tokenizer_fingerprint(tokenizer))
 

@@ -76,7 +76,7 @@ def test_a_jsonl_task_and_an_analysis_labels(planted_path, tmp_path):
 def test_bad_input_is_one_line_and_writes_nothing(planted_path, tmp_path, args, message):
     out = tmp_path / "never"
     result = CliRunner().invoke(app, ["attribute", planted_path, "--out", str(out), "--device", "cpu", *args])
-    assert result.exit_code != 0
+    assert result.exit_code == 2  # usage errors, as the command line promises
     assert message in result.output
     assert "Traceback" not in result.output
     assert not out.exists() and list(tmp_path.iterdir()) == []
