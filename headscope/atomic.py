@@ -12,6 +12,10 @@ that appeared meanwhile (another run, the user) is not replaced without `force`.
   under `folder` (the report page excepted: `headscope report` re-renders it in place).
 - `check_manifest(folder)`: HeadscopeError when a recorded file is missing, cut or changed; a
   folder without a manifest (written before manifests existed) passes.
+- `write_card(folder, kind, title=..., model=..., headline=...)`: what the folder is, in its
+  marker (JSON): its kind ("analysis", "comparison", ...), model, date, a few headline numbers and
+  its page. `read_card(folder)` gives it back (None for a folder without one); `headscope report
+  --index` lists the folders by their cards, so a new kind of folder is listed by writing one.
 - `exit_on_interrupt()`: the command line's Ctrl-C (and SIGTERM) handler: it removes the
   temporary folders being written (`temporary(path)` registers one), says in one line what was
   and was not written, and exits with status 130 at once. No exception travels through torch's
@@ -33,7 +37,7 @@ from pathlib import Path
 from .errors import HeadscopeError
 
 __all__ = ["atomic_dir", "MARKER", "MANIFEST", "write_manifest", "check_manifest", "exit_on_interrupt", "temporary",
-           "critical"]
+           "critical", "write_card", "read_card"]
 
 MARKER = ".headscope"  # in every folder atomic_dir writes: "headscope wrote this folder"
 MANIFEST = "manifest.json"
@@ -77,6 +81,44 @@ def check_manifest(folder) -> None:
             why = "was changed after it was written"
         if why:
             raise HeadscopeError(f"{folder} is damaged: {name} {why} ({MANIFEST}); write it again with headscope")
+
+
+MARKER_TEXT = "written by headscope; `--force` may replace this folder\n"
+
+
+def write_card(folder, kind: str, *, title: str, model: str = "", headline=(), page: str = "index.html",
+               created: str = "") -> None:
+    """Describe `folder` in its marker file, for `headscope report --index`.
+
+    Args:
+        folder: the folder being written (usually an `atomic_dir`'s temporary one).
+        kind: what it holds, in words: "analysis", "comparison", "timeline", "kv evaluation", ...
+        title: one line naming it (the model, "a vs b", the run).
+        model: the model's name, or "" where several or none.
+        headline: `(name, value)` pairs shown beside the link (a few numbers, as text).
+        page: the folder's page, relative to it.
+        created: when its content was made (ISO 8601); now by default.
+    """
+    import datetime
+
+    card = {"note": MARKER_TEXT.strip(), "kind": str(kind), "title": str(title), "model": str(model or ""),
+            "created": created or datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "page": str(page), "headline": [[str(name), str(value)] for name, value in headline]}
+    (Path(folder) / MARKER).write_text(json.dumps(card, indent=1) + "\n", encoding="utf-8")
+
+
+def read_card(folder):
+    """The card `write_card` left in `folder`'s marker, or None (no marker, a plain one, damage)."""
+    try:
+        card = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(card, dict) or not all(isinstance(card.get(key), str) for key in ("kind", "title", "page")):
+        return None
+    headline = card.get("headline")
+    card["headline"] = [tuple(map(str, pair)) for pair in headline if isinstance(pair, list) and len(pair) == 2] \
+        if isinstance(headline, list) else []
+    return card
 
 
 _TEMPORARY: set = set()  # folders being written: removed when the process is interrupted
@@ -212,7 +254,8 @@ class atomic_dir:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
-        (self.tmp / MARKER).write_text("written by headscope; `--force` may replace this folder\n", encoding="utf-8")
+        if not (self.tmp / MARKER).is_file():  # a writer's card (write_card) is a marker already
+            (self.tmp / MARKER).write_text(MARKER_TEXT, encoding="utf-8")
         os.chmod(self.tmp, 0o755)
         if self.target.exists():
             if not (self.force and _replaceable(self.target)):

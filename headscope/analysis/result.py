@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..atomic import atomic_dir, check_manifest, write_manifest
+from ..atomic import atomic_dir, check_manifest, write_card, write_manifest
 from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, SITE, read_csv, with_sites, write_csv
 from ..errors import HeadscopeError
 from .meta import check_saved
@@ -253,6 +253,19 @@ class Analysis:
         if self.geometry is not None:
             write_geometry_tables(self.geometry, folder / GEOMETRY_FOLDER)
         write_manifest(folder)  # sizes and hashes, checked by `load`
+        write_card(folder, "analysis", title=str(self.meta.get("model", "?")), model=str(self.meta.get("model", "")),
+                   created=str(self.meta.get("created", "")), headline=self.headline())
+
+    def headline(self, k: int = 4) -> list:
+        """`(name, value)` pairs for a list of analyses: the head grid, the `k` labels most heads
+        got (a `syntactic:<relation>` label counted as "syntactic") and the control."""
+        labels = self.labels.label.astype(str).str.split(":").str[0]
+        counts = labels[labels != "none"].value_counts()
+        counts = counts.sort_index().sort_values(ascending=False, kind="stable").head(k)
+        control = (self.meta.get("control") or {}).get("kind", "none") if isinstance(self.meta.get("control"), dict) \
+            else str(self.meta.get("control") or "none")
+        return [("heads", f"{self.n_layers} × {self.n_heads}"), *[(name, str(int(n))) for name, n in counts.items()],
+                ("control", control)]
 
     @classmethod
     def load(cls, directory) -> "Analysis":
