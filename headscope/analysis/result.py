@@ -116,6 +116,16 @@ class Analysis:
     `Analysis(scores, labels, meta, examples, tables={"syntax": frame})`; a table may also be
     passed by name (`syntax=frame`) and set as an attribute (`analysis.syntax = frame`); None
     leaves it out.
+
+    Attributes:
+        scores: one row per head and detector: layer, head, detector, score, ci_low, ci_high, n,
+            control, control_max, site.
+        labels: one row per head: layer, head, label, score, labels (every detector it passes), site.
+        meta: the model, probes, detectors, control, versions and timings (`AnalysisMeta`).
+        examples: `Example`s, each probe example's tokens and every head's pattern (the explorer's).
+        tables: name -> DataFrame: the detectors' own tables (syntax, retrieval, needles) and `ov`.
+        validation: what ablating each label's top heads did (`headscope.validate`), or None.
+        geometry: a `GeometryResult` (`headscope.add_geometry`), or None.
     """
 
     scores: Any  # pandas.DataFrame
