@@ -111,9 +111,8 @@ def api_markdown() -> str:
              "first use). Each entry is the function's or class's own docstring.", ""]
     for title, names in API_GROUPS:
         lines += [f"## {title}", ""]
-        for name in names:
-            module = headscope._EXPORTS[name]
-            lines += [f"::: {module}.{name}", ""]
+        for name in names:  # the module that defines it (a package may only re-export it lazily)
+            lines += [f"::: {getattr(headscope, name).__module__}.{name}", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
