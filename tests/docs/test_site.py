@@ -5,7 +5,6 @@ Chromium requests nothing outside itself, logs no error, and searches offline.
 Needs the docs packages (`pip install -e ".[docs]"`, also in the dev extra) and, for the browser
 part, Playwright with the system Chromium; skipped when missing, except under CI."""
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 PAGES = ("index.html", "concepts.html", "reference/api.html", "reference/cli.html")
 
 
@@ -50,16 +48,12 @@ def test_the_site_builds_strictly_with_every_page(site):
 
 
 def test_the_site_opened_as_files_loads_nothing_from_outside(site):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright is not installed")
-    chromium = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-    if chromium is None:
-        _missing("no system Chromium")
+    # Playwright and Chromium as the report's browser tests find them (skipped, or failed under CI, when missing).
+    from tests.report.test_report_browser import ARGS, CHROMIUM, playwright_api
+
     inside = site.resolve().as_uri() + "/"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=ARGS)
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         requests, errors = [], []
         page.on("request", lambda request: requests.append(request.url))
