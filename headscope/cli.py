@@ -323,7 +323,7 @@ def _index_above(folder: Path) -> None:
         typer.echo(f"warning: the list of reports was not updated: {err}", err=True)
         return
     if written is not None:
-        typer.echo(f"index: {written}")
+        typer.echo(f"index: {folder.parent / written.name}")
 
 
 @app.command("report")
