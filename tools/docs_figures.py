@@ -92,7 +92,7 @@ def scores_figure(analysis, detector: str = "induction", k: int = 8):
     fig.update_layout(width=760, height=380, template="plotly_white", yaxis={"range": [0, 1.02],
                       "title": {"text": f"{detector} score (attention mass)"}},
                       xaxis={"title": {"text": "head (layer.head), strongest first"}},
-                      title={"text": f"{html.escape(str(analysis.meta.get('model', '')))}: the strongest {detector} heads"},
+                      title={"text": html.escape(f"{analysis.meta.get('model', '')}: the strongest {detector} heads")},
                       legend={"orientation": "h", "y": -0.25}, margin={"l": 60, "r": 20, "t": 50, "b": 90})
     return fig
 

@@ -190,8 +190,8 @@ class KVEvaluation:
         self.summary().to_csv(folder / "summary.csv", index=False)
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=1), encoding="utf-8")
         (folder / "index.html").write_text(page, encoding="utf-8")
-        write_card(folder, "kv evaluation", title=str(self.meta.get("model", "?")), model=str(self.meta.get("model", "")),
-                   headline=self.headline())
+        model = str(self.meta.get("model", ""))
+        write_card(folder, "kv evaluation", title=model or "?", model=model, headline=self.headline())
 
     def headline(self) -> list:
         """`(name, value)` pairs for a list of reports: the policy, and at its keep fraction the

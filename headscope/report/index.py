@@ -136,8 +136,8 @@ def render_index(root, entries: list) -> str:
     rows = []
     for e in entries:
         facts = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in e.headline)
-        rows.append(f"<tr><td class=\"kind\">{html.escape(e.kind)}</td>"
-                    f"<td><a href=\"{_href(e.page)}\">{html.escape(e.title)}</a><br><code>{html.escape(e.folder)}</code></td>"
+        link = f"<a href=\"{_href(e.page)}\">{html.escape(e.title)}</a><br><code>{html.escape(e.folder)}</code>"
+        rows.append(f"<tr><td class=\"kind\">{html.escape(e.kind)}</td><td>{link}</td>"
                     f"<td>{html.escape(e.model)}</td><td class=\"date\">{html.escape(_date(e.created))}</td>"
                     f"<td><dl>{facts}</dl></td></tr>")
     kinds = Counter(e.kind for e in entries)

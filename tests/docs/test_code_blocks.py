@@ -3,7 +3,8 @@ a fresh working folder: what the documentation shows works as written.
 
 Where the real model is not the point, `headscope.load("smollm2-135m")` and `load("minilm-l6")`
 give small stand-ins of the same family (`tests/docs/standins.py`): no block's point is a number
-of the real models (those are checked by tests/cli/test_real_cli.py and the golden analyses). A comment on the line before a block changes how it runs:
+of the real models (tests/cli/test_real_cli.py and the golden analyses check those). A comment on
+the line before a block changes how it runs:
 `<!-- docs-test: slow -->` runs it only in the slow tests (a block that trains, or runs long
 prompts, even on the stand-ins), with the page's other blocks before it;
 `<!-- docs-test: skip: REASON -->` leaves it out, for what a test machine cannot give (a model of

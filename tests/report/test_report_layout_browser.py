@@ -40,7 +40,8 @@ def test_the_toolbar_never_covers_a_figures_title(wide_page):
         page.wait_for_function("(id) => getComputedStyle(document.querySelector('#' + id + ' .modebar')).opacity === '1'",
                                arg=fig_id, timeout=5_000)
         title, bar = page.evaluate("""(id) => {
-            const d = document.getElementById(id), r = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+            const d = document.getElementById(id);
+            const r = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
             return [r(d.querySelector('.gtitle')), r(d.querySelector('.modebar'))];
         }""", fig_id)
         overlap = min(title[2], bar[2]) > max(title[0], bar[0]) and min(title[3], bar[3]) > max(title[1], bar[1])
