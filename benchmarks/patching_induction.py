@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 import headscope
-from headscope.probes.base import ProbeSet, _candidate_ids
+from headscope.probes.base import ProbeSet, candidate_ids
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE.parent / "tests" / "golden" / "smollm2-135m" / "scores.csv"
@@ -35,7 +35,7 @@ GOLDEN = HERE.parent / "tests" / "golden" / "smollm2-135m" / "scores.csv"
 def induction_prompts(tokenizer, n_prompts: int, half: int, seed: int = 0, fresh: bool = False):
     """(clean, corrupted) `[n_prompts, 1 + 2 * half]`: BOS A A and BOS A C, C disjoint from A
     (fresh: BOS B C, both halves new, so previous-token heads' outputs differ too)."""
-    candidates = _candidate_ids(tokenizer, len(tokenizer))
+    candidates = candidate_ids(tokenizer)
     g = torch.Generator().manual_seed(seed)
     picks = torch.stack([candidates[torch.randperm(len(candidates), generator=g)[:3 * half]]
                          for _ in range(n_prompts)])  # (P, 3N) distinct tokens per prompt

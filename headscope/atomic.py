@@ -24,8 +24,9 @@ The rule, checked when either is made, before any work (`check_target`):
 The target is checked again at rename time, so one that appeared meanwhile (another run, the
 user) is not replaced without `force`.
 
-The marker, the manifest and the checks made when a folder headscope wrote is read
-(`check_folder`) live in `headscope.folders`; their names are re-exported here.
+The marker, the manifest, the checks made when a folder headscope wrote is read (`check_folder`)
+and the card a writer leaves in the marker for `headscope report --index` (`write_card`,
+`read_card`) live in `headscope.folders`; their names are re-exported here.
 
 - `exit_on_interrupt()`: the command line's Ctrl-C (and SIGTERM) handler: it removes the
   temporary files and folders being written (`temporary(path)` registers one), says in one line
@@ -46,9 +47,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .errors import HeadscopeError
-from .folders import MANIFEST, MARKER, check_folder, check_manifest, write_manifest
+from .folders import MANIFEST, MARKER, MARKER_TEXT, check_folder, check_manifest, read_card, write_card, write_manifest
 
 __all__ = ["atomic_dir", "atomic_file", "check_target", "MARKER", "MANIFEST", "write_manifest", "check_manifest",
+           "write_card", "read_card",
            "check_folder", "exit_on_interrupt", "temporary", "critical", "write_text_atomic"]
 
 
@@ -326,7 +328,8 @@ class atomic_dir(_Atomic):
         return Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-", dir=self.target.parent))
 
     def _seal(self) -> None:
-        (self.tmp / MARKER).write_text("written by headscope; `--force` may replace this folder\n", encoding="utf-8")
+        if not (self.tmp / MARKER).is_file():  # a writer's card (write_card) is a marker already
+            (self.tmp / MARKER).write_text(MARKER_TEXT, encoding="utf-8")
         os.chmod(self.tmp, 0o755)
 
     def _replace(self) -> None:

@@ -1,6 +1,7 @@
 """The `headscope` command line: thin commands over the library.
 
-Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `report DIR`, `compare A B`, `models`, `detectors`, `verify MODEL`,
+Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `report DIR` or `report --index FOLDER`, `compare A B`,
+`models`, `detectors`, `verify MODEL`,
 `cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`,
 `kv-policy DIR --out FILE`, `kv-eval MODEL POLICY --out DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback (a fault no check
@@ -37,6 +38,7 @@ from .kv.policy import check_keep
 from .loading.control import CONTROL_KINDS
 from .loading.load_cache import cache_usage, clear_cache
 from .loading import loader
+from .report import index as report_index
 from . import report  # module references, not names: what a test replaces on the module is what runs
 from .report.data import report_warnings, top_heads
 from .report.method import control_text
@@ -328,6 +330,7 @@ def analyze_command(
         analysis.write_into(tmp)
         report.write_report_into(analysis, tmp, plotlyjs=plotlyjs)
     _summary(analysis, out)
+    _index_above(out)
     if open_report:
         import webbrowser
 
@@ -355,18 +358,44 @@ def _parse_device_map(value: Optional[str]):
     return parsed
 
 
+def _index_above(folder: Path) -> None:
+    """Re-write the list of reports above a folder just written, where there is one (reports/)."""
+    try:
+        written = report_index.update_index_of(folder)
+    except HeadscopeError as err:  # the folder itself is written: say why the list is not
+        typer.echo(f"warning: the list of reports was not updated: {err}", err=True)
+        return
+    if written is not None:
+        typer.echo(f"index: {folder.parent / written.name}")
+
+
 @app.command("report")
 @_friendly
 def report_command(
-    directory: Annotated[Path, typer.Argument(help="A folder written by `headscope analyze`.")],
+    directory: Annotated[Optional[Path], typer.Argument(help="A folder written by `headscope analyze`.")] = None,
+    index: Annotated[Optional[Path], typer.Option("--index", help="Write INDEX/index.html listing every analysis, comparison, timeline and KV evaluation under the folder INDEX, each page linking back.")] = None,
     plotlyjs: PlotlyOpt = "embed",
     open_report: OpenOpt = False,
     unverified: UnverifiedOpt = False,
 ) -> None:
-    """Re-render DIR/index.html from a saved analysis (no model needed)."""
+    """Re-render DIR/index.html from a saved analysis (no model needed), or list the reports under a folder (--index)."""
+    if directory is None and index is None:
+        raise typer.BadParameter("give an analysis folder DIR, or --index FOLDER", param_hint="DIR")
+    if directory is None:
+        path = report_index.write_index(index)
+        typer.echo(f"index: {path}")
+        if open_report:
+            import webbrowser
+
+            webbrowser.open(path.resolve().as_uri())
+        return
     path = report.rewrite_report(Analysis.load(directory, unverified=unverified), directory,
                                  plotlyjs=_check_plotlyjs(plotlyjs))
     typer.echo(f"report: {path}")
+    if index is not None:
+        typer.echo(f"index: {report_index.write_index(index)}")
+    else:
+        _index_above(Path(directory))
     if open_report:
         import webbrowser
 
@@ -387,6 +416,7 @@ def compare_command(
     a, b = Analysis.load(first, unverified=unverified), Analysis.load(second, unverified=unverified)
     path = report.write_compare(a, b, out, plotlyjs=_check_plotlyjs(plotlyjs), force=force, protect=(first, second))
     typer.echo(f"comparison: {path}")
+    _index_above(path.parent)
 
 
 @app.command("detectors")
@@ -475,6 +505,7 @@ def timeline_command(
     bars = _Bars()
     write_series(sources, guard, detectors=names, device=loader.resolve_device(device), seed=seed, plotlyjs=plotlyjs,
                  progress=lambda done, total: bars("checkpoints", done, total))
+    _index_above(out)
 FORMATS = ("duo", "headkv")
 
 
@@ -549,6 +580,7 @@ def kv_eval_command(
         evaluation.write_into(tmp, plotlyjs=plotlyjs)
     typer.echo(evaluation.summary().T.to_string(header=False))
     typer.echo(f"report: {out / 'index.html'}")
+    _index_above(out)
 
 
 @app.command("attribute")

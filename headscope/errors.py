@@ -13,7 +13,12 @@ __all__ = ["HeadscopeError", "UsageError", "CannotScore", "HeadscopeWarning"]
 
 
 class HeadscopeError(Exception):
-    """Bad input or an unsupported model, described in one line for the user."""
+    """Bad input or an unsupported model, described in one line for the user.
+
+    Args:
+        message: what was wrong and, where it helps, what to do instead (one line, no traceback
+            needed to act on it).
+    """
 
 
 class UsageError(HeadscopeError):

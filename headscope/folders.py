@@ -11,6 +11,10 @@
   instead. A folder with neither marker nor manifest (written before both) passes.
 - `check_folder(folder, needed, unverified=False)`: no symbolic link inside the folder (a file
   read through one could be anyone's; refused even with `unverified`), then `check_manifest`.
+- `write_card(folder, kind, title=..., model=..., headline=...)`: what the folder is, in its
+  marker (JSON): its kind ("analysis", "comparison", ...), model, date, a few headline numbers
+  and its page. `read_card(folder)` gives it back (None for a folder without one); `headscope
+  report --index` lists the folders by their cards, so a new kind of folder is listed by writing one.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ from pathlib import Path
 
 from .errors import HeadscopeError, HeadscopeWarning
 
-__all__ = ["MARKER", "MANIFEST", "UNLISTED", "write_manifest", "check_manifest", "check_folder"]
+__all__ = ["MARKER", "MANIFEST", "UNLISTED", "MARKER_TEXT", "write_manifest", "check_manifest", "check_folder",
+           "write_card", "read_card"]
 
 MARKER = ".headscope"  # in every folder atomic_dir writes: "headscope wrote this folder"
 MANIFEST = "manifest.json"
@@ -93,3 +98,41 @@ def check_folder(folder, needed=(), *, unverified: bool = False) -> None:
             raise HeadscopeError(f"{path} is a symbolic link (to {os.readlink(path)}); a folder headscope wrote holds "
                                  f"its own files, so replace the link with the file itself")
     check_manifest(folder, needed, unverified=unverified)
+
+
+MARKER_TEXT = "written by headscope; `--force` may replace this folder\n"
+
+
+def write_card(folder, kind: str, *, title: str, model: str = "", headline=(), page: str = "index.html",
+               created: str = "") -> None:
+    """Describe `folder` in its marker file, for `headscope report --index`.
+
+    Args:
+        folder: the folder being written (usually an `atomic_dir`'s temporary one).
+        kind: what it holds, in words: "analysis", "comparison", "timeline", "kv evaluation", ...
+        title: one line naming it (the model, "a vs b", the run).
+        model: the model's name, or "" where several or none.
+        headline: `(name, value)` pairs shown beside the link (a few numbers, as text).
+        page: the folder's page, relative to it.
+        created: when its content was made (ISO 8601); now by default.
+    """
+    import datetime
+
+    card = {"note": MARKER_TEXT.strip(), "kind": str(kind), "title": str(title), "model": str(model or ""),
+            "created": created or datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "page": str(page), "headline": [[str(name), str(value)] for name, value in headline]}
+    (Path(folder) / MARKER).write_text(json.dumps(card, indent=1) + "\n", encoding="utf-8")
+
+
+def read_card(folder):
+    """The card `write_card` left in `folder`'s marker, or None (no marker, a plain one, damage)."""
+    try:
+        card = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(card, dict) or not all(isinstance(card.get(key), str) for key in ("kind", "title", "page")):
+        return None
+    headline = card.get("headline")
+    card["headline"] = [tuple(map(str, pair)) for pair in headline if isinstance(pair, list) and len(pair) == 2] \
+        if isinstance(headline, list) else []
+    return card

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..atomic import atomic_dir
-from ..folders import check_folder, write_manifest
+from ..folders import check_folder, write_card, write_manifest
 from ..tables import LABEL_COLUMNS, SCORE_COLUMNS, SITE, read_csv, read_table, with_sites, write_csv
 from ..errors import HeadscopeError
 from .meta import check_saved
@@ -119,6 +119,16 @@ class Analysis:
     `Analysis(scores, labels, meta, examples, tables={"syntax": frame})`; a table may also be
     passed by name (`syntax=frame`) and set as an attribute (`analysis.syntax = frame`); None
     leaves it out.
+
+    Attributes:
+        scores: one row per head and detector: layer, head, detector, score, ci_low, ci_high, n,
+            control, control_max, site.
+        labels: one row per head: layer, head, label, score, labels (every detector it passes), site.
+        meta: the model, probes, detectors, control, versions and timings (`AnalysisMeta`).
+        examples: `Example`s, each probe example's tokens and every head's pattern (the explorer's).
+        tables: name -> DataFrame: the detectors' own tables (syntax, retrieval, needles) and `ov`.
+        validation: what ablating each label's top heads did (`headscope.validate`), or None.
+        geometry: a `GeometryResult` (`headscope.add_geometry`), or None.
     """
 
     scores: Any  # pandas.DataFrame
@@ -256,6 +266,19 @@ class Analysis:
         if self.geometry is not None:
             write_geometry_tables(self.geometry, folder / GEOMETRY_FOLDER)
         write_manifest(folder)  # sizes and hashes, checked by `load`
+        write_card(folder, "analysis", title=str(self.meta.get("model", "?")), model=str(self.meta.get("model", "")),
+                   created=str(self.meta.get("created", "")), headline=self.headline())
+
+    def headline(self, k: int = 4) -> list:
+        """`(name, value)` pairs for a list of analyses: the head grid, the `k` labels most heads
+        got (a `syntactic:<relation>` label counted as "syntactic") and the control."""
+        labels = self.labels.label.astype(str).str.split(":").str[0]
+        counts = labels[labels != "none"].value_counts()
+        counts = counts.sort_index().sort_values(ascending=False, kind="stable").head(k)
+        control = (self.meta.get("control") or {}).get("kind", "none") if isinstance(self.meta.get("control"), dict) \
+            else str(self.meta.get("control") or "none")
+        return [("heads", f"{self.n_layers} × {self.n_heads}"), *[(name, str(int(n))) for name, n in counts.items()],
+                ("control", control)]
 
     @classmethod
     def load(cls, directory, *, unverified: bool = False) -> "Analysis":

@@ -193,7 +193,14 @@ def patched_runs(model, clean: Inputs, corrupted: Inputs, metric: Metric, hook: 
 
 
 def plot_patching(table, title: Optional[str] = None):
-    """A plotly heatmap of `patch`'s effects: layers down, heads across, 0 white."""
+    """A heatmap of `patch`'s effects: layers down, heads across, 0 white.
+
+    Args:
+        table: what `headscope.patch` returns (layer, head, effect).
+        title: the figure's title (default: the fraction recovered, or lost when noising, and the hook).
+    Returns:
+        A plotly `go.Figure`.
+    """
     import plotly.graph_objects as go
 
     if not all(hasattr(table, "columns") and column in table.columns for column in ("layer", "head", "effect")):

@@ -126,7 +126,13 @@ def geometry(loaded, n_examples: int = 8, seq_len: int = 128, batch_size: int = 
 
 
 def plot_geometry(result: GeometryResult):
-    """Plotly figure: the MDS map of heads (colour: cluster; size: importance when known)."""
+    """The MDS map of heads: each head a point placed by its attention-pattern similarity.
+
+    Args:
+        result: what `headscope.geometry` returns.
+    Returns:
+        A plotly `go.Figure` (colour: cluster; size: importance when measured).
+    """
     import plotly.graph_objects as go
 
     if not isinstance(result, GeometryResult):

@@ -294,6 +294,9 @@ def ablate(
         sites: the group of attention sites the layers number ("decoder.cross";
             `headscope.hf.sites`); default: the analysed stack. Ablating a layer whose
             attention never ran in the block, while other attention did, is a HeadscopeError.
+    Yields:
+        None: the model runs with the heads removed inside the block and as loaded after it (also
+        after an exception).
     """
     if mode not in ("zero", "mean"):
         raise HeadscopeError(f"unknown ablation mode {mode!r}; use 'zero' or 'mean'")

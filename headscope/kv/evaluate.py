@@ -37,7 +37,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..atomic import atomic_dir
+from ..atomic import atomic_dir, write_card
 from ..errors import HeadscopeError, UsageError
 from ..checks import check_loaded
 from ..hf.adapters import family_of, head_sizes
@@ -190,6 +190,23 @@ class KVEvaluation:
         self.summary().to_csv(folder / "summary.csv", index=False)
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=1), encoding="utf-8")
         (folder / "index.html").write_text(page, encoding="utf-8")
+        model = str(self.meta.get("model", ""))
+        write_card(folder, "kv evaluation", title=model or "?", model=model, headline=self.headline())
+
+    def headline(self) -> list:
+        """`(name, value)` pairs for a list of reports: the policy, and at its keep fraction the
+        needle accuracy of its heads beside the median random draw and full attention, per length."""
+        policy = self.meta.get("policy", {})
+        keep = policy.get("keep")
+        if keep is None:
+            return [("policy", "?")]
+        out = [("policy", f"{policy.get('rank_by', '?')}, keep {keep:g}")]
+        for row in self.summary().to_dict("records"):
+            ours, random = row.get(f"keep {keep:g}: headscope"), row.get(f"keep {keep:g}: random median")
+            if ours is not None:
+                out.append((f"needle accuracy at {row['length']} tokens",
+                            f"{ours:.3f} (random median {random:.3f}, full {row['full_accuracy']:.3f})"))
+        return out
 
     def save(self, folder, force: bool = False, plotlyjs: str = "embed", protect=()) -> Path:
         """`write_into` a folder written atomically (a temporary name renamed into place)."""

@@ -206,7 +206,12 @@ class Loaded:
 
 
 def models() -> list[dict]:
-    """The bundled aliases: name, description, installed, install command."""
+    """The bundled model aliases and whether each is installed.
+
+    Returns:
+        One dict per alias: "name" (what `load` takes), "description", "installed" (bool) and
+        "install" (the pip command that installs a missing one).
+    """
     return [
         {"name": a.name, "description": a.description, "installed": a.location() is not None,
          "install": a.install_command}

@@ -9,6 +9,8 @@
   repeat from the middle of the vocabulary (special tokens and the first and last 5% of ids,
   typically the most frequent pieces and the rarest merges, excluded), wrapped in the
   tokenizer's special tokens, or after the model's BOS token when the tokenizer adds none.
+- `candidate_ids(tokenizer)`: the ids the repeated probe draws from (for random-token prompts
+  of your own, as examples/patching.ipynb builds).
 - `token_counts(tokenizer)`: how often each token id occurs in the bundled text corpus (the
   rare_word detector's frequencies).
 - `special_tokens(tokenizer, bos=False)`: the ids put before and after a text, the one place
@@ -31,7 +33,7 @@ from .._paths import probes_dir
 from ..errors import HeadscopeError, UsageError
 
 __all__ = ["ProbeSet", "ProbeBatch", "WordContext", "EvalProbe", "text_probe", "repeated_probe", "repeat_periods",
-           "text_corpus", "token_counts", "special_tokens"]
+           "text_corpus", "token_counts", "special_tokens", "candidate_ids"]
 
 
 @dataclass
@@ -235,7 +237,18 @@ def text_probe(tokenizer, n_examples: int, seq_len: int, seed: int = 0) -> Probe
                     token_counts=_count(stream, len(tokenizer)))
 
 
-def _candidate_ids(tokenizer, vocab_size: int) -> torch.Tensor:
+def candidate_ids(tokenizer, vocab_size: Optional[int] = None) -> torch.Tensor:
+    """The token ids the repeated probe draws its random tokens from: the middle 90% of the
+    vocabulary (the first and last 5% of ids, typically the most frequent pieces and the rarest
+    merges, left out), special tokens excluded.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        vocab_size: the vocabulary size (default `len(tokenizer)`).
+    Returns:
+        A 1-D long tensor of ids, ascending.
+    """
+    vocab_size = len(tokenizer) if vocab_size is None else vocab_size
     special = set(tokenizer.all_special_ids or [])
     lo, hi = int(0.05 * vocab_size), int(0.95 * vocab_size)
     ids = [i for i in range(lo, hi) if i not in special]
@@ -272,7 +285,7 @@ def repeated_probe(
     if repeat_len < 2 or repeats < 2:
         raise UsageError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
     vocab = vocab_size or len(tokenizer)
-    candidates = _candidate_ids(tokenizer, vocab)
+    candidates = candidate_ids(tokenizer, vocab)
     if len(candidates) < repeat_len:
         raise HeadscopeError(
             f"the tokenizer has only {len(candidates)} ordinary token ids in the middle of its vocabulary; "

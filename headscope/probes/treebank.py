@@ -52,7 +52,7 @@ class TreebankSet:
         return max(a.n_words for a in self.alignments)
 
     def meta(self) -> dict:
-        return {"n_examples": len(self.sentences), "seq_len": None,
+        return {"n_examples": len(self.sentences), "seq_len": None, "max_tokens": self.seq_len,
                 "description": f"{len(self.sentences)} dependency-annotated sentences, {len(self.arcs.sentence)} arcs"}
 
     @property

@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..atomic import atomic_dir
+from ..atomic import atomic_dir, write_card
 from . import figures
 from .data import TOP_K, header_fields, label_categories, label_detector, label_grid
 from .html import check_plotlyjs, header_list, page, table
@@ -149,7 +149,10 @@ def render_compare_html(a, b, plotlyjs: str = "embed") -> str:
     """
 
     check_plotlyjs(plotlyjs)
-    data = compare_data(a, b)
+    return _compare_page(compare_data(a, b), plotlyjs)
+
+
+def _compare_page(data: CompareData, plotlyjs: str) -> str:
     figs = [("hs-compare-a", figures.label_map_figure(data.grid_a, "a: " + html.escape(data.name_a, quote=False))),
             ("hs-compare-b", figures.label_map_figure(data.grid_b, "b: " + html.escape(data.name_b, quote=False)))]
     figs += [(f"hs-diff-{i}", figures.diff_figure(d.detector, d.diff, d.hover)) for i, d in enumerate(data.diffs)]
@@ -198,8 +201,13 @@ def write_compare(a, b, out_dir, *, plotlyjs: str = "embed", force: bool = False
     Returns:
         The path of `index.html`.
     """
+    check_plotlyjs(plotlyjs)
+    data = compare_data(a, b)
     with atomic_dir(out_dir, force=force, protect=protect) as tmp:
-        (tmp / "index.html").write_text(render_compare_html(a, b, plotlyjs=plotlyjs), encoding="utf-8")
+        (tmp / "index.html").write_text(_compare_page(data, plotlyjs), encoding="utf-8")
+        changed = str(len(data.changed)) if data.same_shape else "not compared (shapes differ)"
+        write_card(tmp, "comparison", title=f"{data.name_a} vs {data.name_b}",
+                   headline=[("a", data.name_a), ("b", data.name_b), ("heads that changed label", changed)])
     return Path(out_dir) / "index.html"
 
 

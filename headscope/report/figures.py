@@ -10,6 +10,8 @@
   Python with one `[query, key]` pattern, as the script fills it (the notebook helpers in
   `headscope.report.plotting`); a cross-attention map's keys have tokens of their own.
 - `diff_figure(detector, diff, hover)`: a b - a score difference (compare page).
+- `clear_of_toolbar(fig)`: a titled figure's title moved below plotly's toolbar (every page's
+  figures pass through it, `html.page`).
 - Fixed div ids: `LABEL_MAP_ID`, `detector_id(i)`, `VALIDATION_ID`, `EXPLORER_ID`; a detector's
   own section draws its figures with its own ids (`ReportSection.figures`), in the shared style
   (`headscope.detectors.section.figure_style`).
@@ -25,12 +27,33 @@ from ..detectors.section import FONT, figure_style as _style, plotly_text as _es
 
 __all__ = [
     "label_map_figure", "detector_figure", "validation_figure", "explorer_figure", "pattern_figure",
-    "diff_figure", "LABEL_MAP_ID", "VALIDATION_ID", "EXPLORER_ID", "FONT", "detector_id",
+    "diff_figure", "LABEL_MAP_ID", "VALIDATION_ID", "EXPLORER_ID", "FONT", "detector_id", "clear_of_toolbar",
+    "MODEBAR_PX", "TITLED_TOP",
 ]
 
 LABEL_MAP_ID = "hs-label-map"
 VALIDATION_ID = "hs-validation"
 EXPLORER_ID = "hs-explorer"
+MODEBAR_PX = 34  # the band at the top of a figure that plotly's toolbar (shown on hover) takes
+TITLED_TOP = MODEBAR_PX + 30  # a titled figure's top margin: the toolbar's band, then the title
+
+
+def clear_of_toolbar(fig) -> None:
+    """Put a titled figure's title below the toolbar's band, just above the plot.
+
+    plotly draws its toolbar over the top right of a figure on hover and centres the title in
+    the top margin, so in a figure not much wider than its title the toolbar covered it. The top
+    margin grows to `TITLED_TOP` (the height with it, so the plot keeps its size) and the title
+    is anchored to the top of the plot.
+    """
+    if not fig.layout.title.text:
+        return
+    top = 100 if fig.layout.margin.t is None else fig.layout.margin.t  # plotly's default margin
+    if top < TITLED_TOP:
+        if fig.layout.height is not None:
+            fig.layout.height += TITLED_TOP - top
+        fig.layout.margin.t = TITLED_TOP
+    fig.update_layout(title={"y": 1, "yref": "paper", "yanchor": "bottom", "pad": {"b": 8}})
 
 
 def detector_id(index: int) -> str:
@@ -196,8 +219,9 @@ def diff_figure(detector: str, diff: np.ndarray, hover):
 
 
 def _grid_layout(fig, title: str, n_layers: int, n_heads: int, *, cell: int, row: int, legend_px: int) -> None:
-    """Integer head/layer axes with layer 0 on top; `cell` x `row` pixels per head, within bounds."""
-    top = 34 if title else 12
+    """Integer head/layer axes with layer 0 on top; `cell` x `row` pixels per head, within bounds.
+    The top margin leaves plotly's toolbar its band (`clear_of_toolbar` places a title below it)."""
+    top = TITLED_TOP if title else MODEBAR_PX
     width = max(min(max(n_heads * cell, 120), 760) + 40 + legend_px, 7 * len(title) + 30)  # title fits
     height = min(max(n_layers * row, 110), 900) + 50 + top
     fig.update_layout(

@@ -23,6 +23,7 @@ import numpy as np
 from ..detectors.section import Kit
 from ..errors import HeadscopeError, UsageError
 from . import figures
+from .index import BACK_SLOT, BACK_SLOT_END
 from .geometry_figures import GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID, geometry_figures
 from .script import EXPLORER_JS, PLOT_JS
 
@@ -44,6 +45,8 @@ p.created, p.hint { color: #666; font-size: 12px; margin: 4px 0; }
 .layout aside { position: sticky; top: 8px; border: 1px solid #ddd; border-radius: 6px; padding: 0 12px 8px; }
 @media (max-width: 1150px) { .layout { grid-template-columns: minmax(0, 1fr); } .layout aside { position: static; } }
 .figures { display: flex; flex-wrap: wrap; gap: 6px; }
+.figure { max-width: 100%; overflow-x: auto; overflow-y: hidden; }
+section table { display: block; max-width: 100%; overflow-x: auto; }
 .columns { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 0 24px; }
 #hs-explorer-title { font-weight: 600; font-size: 15px; margin: 6px 0; }
 #hs-error { color: #b00020; font-weight: 600; }
@@ -54,6 +57,7 @@ code { font-size: 12px; } .swatch { display: inline-block; width: 11px; height: 
 button.head { font: inherit; padding: 0 6px; cursor: pointer; border: 1px solid #bbb; border-radius: 3px; background: #f7f7f7; }
 .note { background: #fff6db; border-left: 4px solid #f0c040; padding: 6px 10px; }
 .note.warning { background: #fde8e8; border-left-color: #d62728; font-weight: 600; }
+nav.hs-index { margin: 10px 0 0; font-size: 13px; } nav.hs-index a { color: #1f5fa8; }
 .nowrap { white-space: nowrap; } .ov-note { font-size: 12px; color: #555; } h3 { font-size: 15px; margin: 14px 0 4px; } ul.rules { margin: 4px 0 8px; padding-left: 20px; max-width: 980px; }
 """
 
@@ -121,7 +125,8 @@ def render_report(data, plotlyjs: str = "embed") -> str:
 
 def page(title: str, body: str, figs: list, plotlyjs: str, *, json_blocks: dict | None = None,
          scripts: list | None = None) -> str:
-    """A whole page: CSS, body, the figures' JSON, plotly.js once, then the scripts.
+    """A whole page: CSS, an empty slot for the link back to an index (`report/index.py`), body,
+    the figures' JSON, plotly.js once, then the scripts.
 
     Args:
         title: the `<title>` text (escaped here).
@@ -135,6 +140,8 @@ def page(title: str, body: str, figs: list, plotlyjs: str, *, json_blocks: dict 
     """
     import plotly.io as pio
 
+    for _, fig in figs:
+        figures.clear_of_toolbar(fig)
     figures_json = "[" + ",".join(f"[{json.dumps(fig_id)},{pio.to_json(fig, validate=False)}]" for fig_id, fig in figs) + "]"
     blocks = [f"<script type=\"application/json\" id=\"hs-figures\">{_script_safe(figures_json)}</script>"]
     blocks += [f"<script type=\"application/json\" id=\"{block_id}\">{script_json(obj)}</script>"
@@ -143,6 +150,7 @@ def page(title: str, body: str, figs: list, plotlyjs: str, *, json_blocks: dict 
         "<!DOCTYPE html>", "<html lang=\"en\">", "<head>", "<meta charset=\"utf-8\">",
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
         f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>", "</head>", "<body>",
+        BACK_SLOT + BACK_SLOT_END,  # `headscope report --index` fills in the link to its index
         body, *blocks, plotlyjs_tag(plotlyjs), f"<script>{PLOT_JS}</script>",
         *[f"<script>{js}</script>" for js in scripts or []], "</body>", "</html>", "",
     ])
@@ -295,8 +303,7 @@ def _top_heads_section(data) -> str:
         per_head = len(units) > 1 or label == "mixed"  # "mixed" shows each head's clearest detector
         unit = "clearest detector's score, named per head" if per_head else units.pop()
         rows.append([_swatch(label, data.label_grid), counts[label], unit,
-                     *[Raw(f"<span class=\"nowrap\">{head_button(t.layer, t.head)} "
-                           f"{html.escape(t.text(per_head))}</span>"
+                     *[Raw(_ranked_head(t, per_head)
                            # the OV qualifier on its own line, free to wrap: kept beside the score it
                            # would push the other ranks off the page
                            + (f"<br><span class=\"ov-note\">{html.escape(t.ov.text())}</span>" if t.qualifier else ""))
@@ -306,6 +313,14 @@ def _top_heads_section(data) -> str:
             f"head and detector; {html.escape(data.ov_labels)} heads then say whether their OV circuit copies (see "
             "OV copying); click a head to explore it.</p>"
             + table(["label", "heads", "quantity", *rank_headers], rows) + "</section>")
+
+
+def _ranked_head(t, per_head: bool) -> str:
+    """A head's button and score, and the control's score after it: each part kept whole, free
+    to go to the next line, so the ranks of a label fit a 1280-pixel window."""
+    score, _, control = t.text(per_head).partition(" (")
+    return (f"<span class=\"nowrap\">{head_button(t.layer, t.head)} {html.escape(score)}</span>"
+            + (f" <span class=\"nowrap\">({html.escape(control)}</span>" if control else ""))
 
 
 def _ov_section(data) -> str:

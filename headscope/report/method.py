@@ -230,9 +230,8 @@ def header_fields(meta: dict) -> tuple:
         fields.append(HeaderField("Sites", f"{sites['group']} ({sites.get('kind', '?')}): "
                                            + ", ".join(str(name) for name in modules.values())))
     fields += [
-        HeaderField("Probes", "; ".join(
-            f"{name}: {p.get('n_examples', '?')} examples × {p.get('seq_len', '?')} tokens ({p.get('description', '')})"
-            for name, p in probes.items()) or "?"),
+        HeaderField("Probes", "; ".join(f"{name}: {_probe_size(p)} ({p.get('description', '')})"
+                                        for name, p in probes.items()) or "?"),
         HeaderField("Control", control_text(meta)),
     ]
     fields += [HeaderField(str(name), str(value)) for name, value in section_header(meta)]  # e.g. the treebank
@@ -243,6 +242,16 @@ def header_fields(meta: dict) -> tuple:
     ]
     fields += [HeaderField("Note", str(note)) for note in meta.get("notes", ())]  # e.g. learned sinks
     return tuple(fields)
+
+
+def _probe_size(probe: dict) -> str:
+    """"16 examples × 128 tokens"; a probe of examples of several lengths (the treebank's
+    sentences, whose meta has no single `seq_len`) says "of up to N tokens", or nothing."""
+    n, length = probe.get("n_examples", "?"), probe.get("seq_len")
+    if length is not None:
+        return f"{n} examples × {length} tokens"
+    longest = probe.get("max_tokens")
+    return f"{n} examples of up to {longest} tokens" if longest is not None else f"{n} examples"
 
 
 def _count(value) -> str:

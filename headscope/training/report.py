@@ -7,7 +7,8 @@
 - `score_figure(data, detector)`, `icl_figure(data)`, `label_map_figure(data)` (a slider over
   the steps): plotly figures.
 - `render_timeline(data, plotlyjs)` -> the page (plotly.js once, fixed div ids, text escaped).
-- `write_timeline_report(folder, plotlyjs)`: index.html from the folder's tables.
+- `write_timeline_report(folder, plotlyjs)`: index.html from the folder's tables, and the folder's
+  card for `headscope report --index` (`timeline_headline(data)`).
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from ..atomic import write_card
 from ..report.html import figure_div, page, table
 
 __all__ = ["TimelineData", "timeline_data", "score_figure", "icl_figure", "label_map_figure", "render_timeline",
-           "write_timeline_report", "TOP_HEADS", "FIGURE_IDS"]
+           "write_timeline_report", "timeline_headline", "TOP_HEADS", "FIGURE_IDS"]
 
 TOP_HEADS = 4  # heads drawn per detector
 FIGURE_IDS = {"icl": "hs-timeline-icl", "labels": "hs-timeline-labels"}  # plus "hs-timeline-score-<i>" per detector
@@ -167,4 +169,14 @@ def write_timeline_report(folder, plotlyjs: str = "embed", title: str = "timelin
                          pd.read_csv(folder / "steps.csv"), meta)
     path = folder / "index.html"
     path.write_text(render_timeline(data, plotlyjs, title), encoding="utf-8")
+    write_card(folder, "timeline", title=title, headline=timeline_headline(data))
     return path
+
+
+def timeline_headline(data: TimelineData) -> list:
+    """`(name, value)` pairs for a list of reports: the steps, the last ICL score, labelled heads."""
+    icl = next((v for v in reversed(data.icl["icl_score"]) if v is not None), None)
+    labelled = sum(label != "none" for row in data.label_map[-1] for label in row)
+    return [("steps", f"{len(data.steps)} ({data.steps[0]} to {data.steps[-1]})"),
+            ("last ICL score", "–" if icl is None else f"{icl:.3f}"),
+            ("heads labelled at the last step", f"{labelled} of {data.n_layers * data.n_heads}")]

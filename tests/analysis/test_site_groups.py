@@ -247,10 +247,10 @@ def test_analyze_finds_the_planted_alignment_head_at_the_cross_sites(seed):
     assert rows.loc[(0, 0), "control_max"] < 0.3
 
 
-def test_the_readme_lists_each_site_kinds_default_detectors():
+def test_the_docs_list_each_site_kinds_default_detectors():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     for kind, words in (("causal", "causal self-attention"), ("bidirectional", "bidirectional self-attention"),
                         ("cross", "cross-attention (`decoder.cross`)")):
         line = next(l for l in readme.splitlines() if l.startswith(f"- {words}"))

@@ -30,7 +30,7 @@ def test_a_typo_in_an_option_is_one_line_with_exit_code_2():
 
 def test_other_usage_errors_are_one_line_too():
     for args, fragment in ((["nosuch"], "No such command 'nosuch'"),
-                           (["report"], "Missing argument 'directory'"),
+                           (["report"], "give an analysis folder DIR, or --index FOLDER"),  # report takes DIR or --index
                            (["analyze", "m", "--seed", "99999999999999999999999"], "Invalid value for '--seed'"),
                            (["analyze", "m", "--seq-len", "abc"], "Invalid value for '--seq-len'")):
         done = _run(*args)

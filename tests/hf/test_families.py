@@ -432,7 +432,7 @@ def test_family_table_is_the_matrix():
     """Every model type the table says works is in this file's matrix, the hybrid and
     vision-language one (tests/hf/test_hybrids_and_composites.py) or the encoder-decoder one
     (tests/hf/test_encoder_decoders.py), or is the discovery row; the matrix covers at least 25
-    families, and README.md holds the table as generated."""
+    families, and the documentation's family page holds the table as generated (tools/docs_pages.py)."""
     rows = family_table()
     working = {r.model_type for r in rows if r.capture} - {OTHER}
     cross = {"mllama", "mllama_text_model"}  # tiny_mllama, in test_hybrids_and_composites.py (verify there too)
@@ -447,8 +447,8 @@ def test_family_table_is_the_matrix():
     assert {r.model_type for r in rows if r.verify} == (set(VERIFIED) | set(VERIFIED_COMPOSITES) | adapted_hybrids
                                                         | set(ENCODER_DECODER_FAMILIES) | alone | inside | cross)
     assert {r.model_type for r in rows if not r.capture} == set(OUTSIDE_INTERFACE)
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert family_markdown() in readme
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "families.md").read_text()
+    assert family_markdown() in page
 
 
 def test_models_families_command_prints_the_table():

