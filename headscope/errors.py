@@ -23,7 +23,11 @@ class HeadscopeError(Exception):
 
 class UsageError(HeadscopeError):
     """A bad argument or option value (out of range, an unknown name, a malformed list): the
-    caller's mistake, not a damaged file; the command line exits with status 2."""
+    caller's mistake, not a damaged file; the command line exits with status 2.
+
+    Args:
+        message: which argument, what it was and what it takes (one line).
+    """
 
 
 class CannotScore(HeadscopeError):
@@ -32,4 +36,9 @@ class CannotScore(HeadscopeError):
 
 
 class HeadscopeWarning(UserWarning):
-    """Something headscope accepted and says in one line (`warnings.warn(..., HeadscopeWarning)`)."""
+    """Something headscope accepted and says in one line (`warnings.warn(..., HeadscopeWarning)`).
+
+    Args:
+        message: what was accepted and what it means (a policy file's values clipped as its
+            format's own reader clips them; a folder read without its manifest).
+    """

@@ -26,10 +26,11 @@ API_GROUPS = (
     ("Inside Hugging Face models", ("capture", "ablate", "verify", "sites", "Site", "model_hooks",
                                     "cache_activations", "MultiHeadAttention")),
     ("Causal checks", ("validate", "patch", "plot_patching")),
+    ("Tasks, attribution and circuits", ("task", "Task", "logit_attribution", "attribute", "circuit", "Circuit")),
     ("Head geometry", ("geometry", "plot_geometry", "add_geometry")),
     ("KV-cache policies", ("kv_policy", "KVPolicy", "kv_evaluate")),
     ("Heads over training", ("Timeline", "HeadscopeCallback")),
-    ("Plots and errors", ("plot_pattern", "HeadscopeError")),
+    ("Plots and errors", ("plot_pattern", "HeadscopeError", "UsageError", "HeadscopeWarning")),
 )
 
 

@@ -47,7 +47,19 @@ KINDS = ("embed", "head", "mlp", "mixer", "attn", "logits")
 
 @dataclass
 class Circuit:
-    """Scored edges of one task on one model (module docstring)."""
+    """Scored edges of one task on one model (module docstring).
+
+    Attributes:
+        edges: DataFrame (src, dst, score), one row per edge of the model's graph.
+        nodes: DataFrame (name, kind, layer, head) of the senders, and `logits`.
+        meta: model, task, method, steps, n, metric, clean_metric, corrupted_metric, passes,
+            n_edges, sites.
+        task: the `Task` the edges were scored on.
+        evaluation: the last `evaluate`'s table (size, n_edges, faithfulness, metric, random_*),
+            or None.
+        random: the random circuits' faithfulness (draw, size, n_edges, faithfulness, metric), or None.
+        loaded: the model it was found in (not saved; `evaluate` runs it).
+    """
 
     edges: Any
     nodes: Any
