@@ -19,6 +19,7 @@ from .result import Analysis
 from ..checks import check_analysis, check_loaded
 from ..circuits.composition import BASELINE_SAMPLES, KINDS, composition
 from ..errors import UsageError
+from ..report.html import check_plotlyjs
 
 __all__ = ["add_composition", "COMPOSITION_TABLE"]
 
@@ -43,6 +44,7 @@ def add_composition(analysis_or_folder, loaded, kinds: Sequence[str] = KINDS, ro
         HeadscopeError: the model's shape differs from the analysis's, or `composition` refuses
             the model (its reason); a folder is then unchanged.
     """
+    check_plotlyjs(plotlyjs)  # fail before any work
     folder = Path(analysis_or_folder) if isinstance(analysis_or_folder, (str, os.PathLike)) else None
     analysis = Analysis.load(folder) if folder is not None else analysis_or_folder
     check_analysis(analysis, "add_composition")

@@ -87,6 +87,8 @@ class HeadFactors:
         W_V: `[head, d_model, d_value]`; W_O: `[head, d_value, d_model]`.
         rotation: C `[d_head, d_head]` (module docstring), or None: no rotary offsets asked for, or
             the layer has no rotary.
+        folded: whether the gain of the layer's input norm is folded in (False: no norm found in
+            front of the attention, as in OLMo 2).
     """
 
     layer: int
@@ -95,6 +97,7 @@ class HeadFactors:
     W_V: torch.Tensor
     W_O: torch.Tensor
     rotation: Optional[torch.Tensor] = None
+    folded: bool = False
 
     @property
     def keys(self) -> torch.Tensor:
@@ -149,17 +152,11 @@ def composition(loaded, kind: str = "k", rotary_offsets: Union[None, int, Sequen
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame.attrs.update(
         kind=kind, rotary_offsets=offsets, rotary_layers=[f.layer for f in factors if f.rotation is not None],
-        folded=getattr(factors, "folded", []),
+        folded=[f.layer for f in factors if f.folded],
         baseline={"samples": baseline_samples, "seed": seed,
                   "draw": "i.i.d. N(0, 1/fan_in) entries in matrices of each pair's shapes"},
         seconds=round(time.perf_counter() - started, 3))
     return frame
-
-
-class _Layers(list):
-    """`HeadFactors` in layer order, with the layers whose input norm was folded (`folded`)."""
-
-    folded: list
 
 
 def head_factors(loaded, offsets: Optional[list] = None) -> list:
@@ -178,13 +175,15 @@ def head_factors(loaded, offsets: Optional[list] = None) -> list:
         raise HeadscopeError("some weights are offloaded (device_map with disk or CPU offload): composition reads "
                              "them from memory")
     ov: dict = {}
-    for layer, head, W_v, W_o in head_ov_weights(model):  # refuses gated and no-OV heads, folds a pre-W_O norm
-        ov.setdefault(layer, []).append((W_v.double().cpu(), W_o.double().cpu()))
+    try:
+        for layer, head, W_v, W_o in head_ov_weights(model):  # refuses gated and no-OV heads, folds a pre-W_O norm
+            ov.setdefault(layer, []).append((W_v.double().cpu(), W_o.double().cpu()))
+    except HeadscopeError as err:
+        raise HeadscopeError(f"composition scores need every head's OV circuit: {err}") from None
     gains, _ = norm_gains(model)
     modules = attention_modules(model)
     tables = _rotary_at(model, modules, offsets) if offsets is not None else {}
-    out = _Layers()
-    out.folded = []
+    out = []
     for layer, module in modules:
         cfg = module.config
         w_q, w_k, _ = (w.detach().double().cpu() for w in module.input_weights())  # (rows, d_in)
@@ -197,14 +196,14 @@ def head_factors(loaded, offsets: Optional[list] = None) -> list:
         W_K = W_K.repeat_interleave(per_kv, dim=0)  # (H, d_in, D): each query head's key head
         W_V = torch.stack([v for v, _ in ov[layer]])  # (H, d_in, Dv), GQA resolved
         W_O = torch.stack([o for _, o in ov[layer]])  # (H, Dv, d_model)
-        if gains.get(layer) is not None:
+        folded = gains.get(layer) is not None
+        if folded:
             g = gains[layer].double().cpu()[None, :, None]  # diag(g) W on the rows (d_in)
             W_Q, W_K, W_V = W_Q * g, W_K * g, W_V * g
-            out.folded.append(layer)
         if W_Q.shape[1] != W_O.shape[2]:
             raise HeadscopeError(f"layer {layer}'s heads read {W_Q.shape[1]} dims and write {W_O.shape[2]}: "
                                  f"composition needs them to read the residual stream they write")
-        out.append(HeadFactors(layer, W_Q, W_K, W_V, W_O, tables.get(layer)))
+        out.append(HeadFactors(layer, W_Q, W_K, W_V, W_O, tables.get(layer), folded))
     return out
 
 

@@ -15,6 +15,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from ..detectors.section import analysis_table
+
 __all__ = ["CompositionData", "CompositionMap", "CompositionPair", "composition_data", "TOP_PAIRS", "KIND_NAMES"]
 
 TOP_PAIRS = 15
@@ -56,7 +58,7 @@ class CompositionData(NamedTuple):
 
 def composition_data(analysis) -> Optional[CompositionData]:
     """The section's data, or None when the analysis has no `composition` table."""
-    table = analysis.tables.get("composition")
+    table = analysis_table(analysis, "composition")
     if table is None or not len(table):
         return None
     labels = {(int(r.layer), int(r.head)): str(r.label) for r in analysis.labels.itertuples(index=False)}
