@@ -77,8 +77,9 @@ def composition_data(analysis) -> Optional[CompositionData]:
     ranked = table[np.isfinite(table.z.to_numpy(dtype=float))].sort_values(
         ["z", "kind", "src_layer", "src_head", "dst_layer", "dst_head"],
         ascending=[False, True, True, True, True, True]).head(TOP_PAIRS)
-    top = tuple(CompositionPair(str(r.kind), int(r.src_layer), int(r.src_head), labels.get((int(r.src_layer), int(r.src_head)), ""),
-                                int(r.dst_layer), int(r.dst_head), labels.get((int(r.dst_layer), int(r.dst_head)), ""),
-                                float(r.score), float(r.baseline), float(r.z))
-                for r in ranked.itertuples(index=False))
-    return CompositionData(tuple(maps), top, dict(analysis.meta.get("composition") or {}))
+    top = []
+    for r in ranked.itertuples(index=False):
+        src, dst = (int(r.src_layer), int(r.src_head)), (int(r.dst_layer), int(r.dst_head))
+        top.append(CompositionPair(str(r.kind), *src, labels.get(src, ""), *dst, labels.get(dst, ""),
+                                   float(r.score), float(r.baseline), float(r.z)))
+    return CompositionData(tuple(maps), tuple(top), dict(analysis.meta.get("composition") or {}))

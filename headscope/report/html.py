@@ -452,12 +452,14 @@ def _composition_section(data) -> str:
     kinds = ", ".join(KIND_NAMES.get(m.kind, m.kind) for m in c.maps)
     parts = [
         "<section id=\"composition\"><h2>How heads compose</h2><p class=\"hint\">From the weights alone "
-        "(Elhage et al. 2021): for an earlier head A and a later head B, ‖W<sub>A</sub> W<sub>B</sub>‖<sub>F</sub> / "
-        "(‖W<sub>A</sub>‖<sub>F</sub> ‖W<sub>B</sub>‖<sub>F</sub>) with A's OV circuit as W<sub>A</sub> and B's QK "
-        "circuit read by its queries (Q-composition) or keys (K-composition), or B's OV circuit (V-composition); norm "
-        "gains folded. Shown as z, the distance from the same score of random matrices of the same shapes in their "
+        "(Elhage et al. 2021): for an earlier head A and a later head B, "
+        "‖W<sub>A</sub> W<sub>B</sub>‖<sub>F</sub> / (‖W<sub>A</sub>‖<sub>F</sub> ‖W<sub>B</sub>‖<sub>F</sub>) with "
+        "A's OV circuit as W<sub>A</sub> and B's QK circuit read by its queries (Q-composition) or keys "
+        "(K-composition), or B's OV circuit (V-composition); norm gains folded. Shown as z, the distance from the "
+        "same score of random matrices of the same shapes in their "
         f"standard deviations ({html.escape(str(s.get('baseline_samples', '?')))} draws). {html.escape(kinds)}."
-        f"{rotary} A high score says B can read what A writes, not that it does on text.</p>",
+        f"{rotary} A high score says B can read what A writes, not that it does on text; in a trained model most "
+        "pairs sit above random (heads share directions), so compare a pair with the others.</p>",
         "<div class=\"figures\">", *[figure_div(composition_id(m.kind)) for m in c.maps], "</div>",
         f"<h3>Top pairs</h3><p class=\"hint\">The {len(c.top)} pairs with the highest z over every kind.</p>",
         table(["kind", "from", "label", "to", "label", "score", "baseline", "z"],
