@@ -43,6 +43,10 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `task(name_or_path, tokenizer, n=64, seed=0)` -> `Task`: clean and corrupted prompts with their
   answers and a metric ("ioi", "induction", "greater-than" or a JSONL file); `Task(clean=,
   corrupted=, answer=, wrong=)` straight from token ids (docs/tasks.md).
+- `composition(loaded, kind="q" | "k" | "v")`: how strongly each later head reads what each earlier
+  head writes, from the weights (Elhage et al. 2021), with a random baseline and z;
+  `add_composition(analysis_or_folder, loaded)`: the same attached to an analysis, drawn in its
+  report (docs/composition.md).
 - `HeadscopeError`: raised for bad input (`UsageError`, its kind for a bad argument value);
   `HeadscopeWarning`: what headscope accepted but says (docs/reliability.md).
 """
@@ -88,6 +92,8 @@ _EXPORTS = {
     "circuit": "headscope.circuits.circuit",
     "Circuit": "headscope.circuits.circuit",
     "task": "headscope.circuits.task_builders",
+    "composition": "headscope.circuits.composition",
+    "add_composition": "headscope.analysis.attach_composition",
     "HeadscopeError": "headscope.errors",
     "UsageError": "headscope.errors",
     "HeadscopeWarning": "headscope.errors",

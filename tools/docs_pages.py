@@ -28,6 +28,7 @@ API_GROUPS = (
     ("Causal checks", ("validate", "patch", "plot_patching")),
     ("Tasks, attribution and circuits", ("task", "Task", "logit_attribution", "attribute", "circuit", "Circuit")),
     ("Head geometry", ("geometry", "plot_geometry", "add_geometry")),
+    ("Composition", ("composition", "add_composition")),
     ("KV-cache policies", ("kv_policy", "KVPolicy", "kv_evaluate")),
     ("Heads over training", ("Timeline", "HeadscopeCallback")),
     ("Plots and errors", ("plot_pattern", "HeadscopeError", "UsageError", "HeadscopeWarning")),

@@ -7,6 +7,7 @@
   saved in `directory` and re-write the folder (analysis files, geometry/ and index.html)
   atomically: the new folder is built beside it and renamed into place; files of the folder
   that are not the analysis's own are kept. What `headscope geometry MODEL --into DIR` does.
+- `rewrite_folder(directory, analysis, plotlyjs, fresh)`: that re-write, for any attached result.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..head_geometry.tables import GEOMETRY_FOLDER, GeometryResult
 from ..head_geometry.run import geometry
 from ..report import write_report_into
 
-__all__ = ["add_geometry", "write_geometry_into", "check_model_matches"]
+__all__ = ["add_geometry", "write_geometry_into", "check_model_matches", "rewrite_folder"]
 
 
 def check_model_matches(analysis: Analysis, loaded) -> None:
@@ -63,9 +64,21 @@ def write_geometry_into(directory, result: GeometryResult, plotlyjs: str = "embe
     """
     directory = Path(directory)
     analysis = Analysis.load(directory).with_geometry(result)
+    rewrite_folder(directory, analysis, plotlyjs, fresh=(GEOMETRY_FOLDER,))
+    return analysis
+
+
+def rewrite_folder(directory: Path, analysis: Analysis, plotlyjs: str = "embed", fresh: tuple = ()) -> None:
+    """Re-write the analysis saved in `directory` as `analysis`, with its report, atomically: the
+    new folder is built beside it and renamed into place, keeping the files of the folder that are
+    not the analysis's own (those named in `fresh` are left out, to be written afresh).
+
+    Raises:
+        HeadscopeError: a file cannot be copied; the folder is then unchanged.
+    """
     with atomic_dir(directory, force=True) as tmp:
-        for item in directory.iterdir():  # keep what else the folder holds; geometry/ is written afresh
-            if item.name == GEOMETRY_FOLDER:
+        for item in directory.iterdir():  # keep what else the folder holds
+            if item.name in fresh:
                 continue
             try:
                 if item.is_dir():
@@ -77,4 +90,3 @@ def write_geometry_into(directory, result: GeometryResult, plotlyjs: str = "embe
                                      f"left as it was") from None
         analysis.write_into(tmp)
         write_report_into(analysis, tmp, plotlyjs=plotlyjs)
-    return analysis

@@ -6,6 +6,9 @@
 - `logit_attribution(loaded, task)` (`dla`): each component's direct effect on the logit difference.
 - `attribute(loaded, task, method="atp" | "atp*" | "exact", point="z")` (`attribute`): each head's
   effect when patched, estimated by attribution patching or measured exactly.
+- `composition(loaded, kind="q" | "k" | "v", rotary_offsets=None)` (`composition`): how strongly each
+  later head reads what each earlier head writes, from the weights (Elhage et al. 2021), against a
+  random baseline.
 - `run_attribution(...)` (`attribution_run`): what `headscope attribute` writes, with its page.
 
 The package sits under the command line, beside `kv/`: it runs models through `hf/`, patches
@@ -28,6 +31,7 @@ _EXPORTS = {
     "circuit": "headscope.circuits.circuit",
     "MIB_SIZES": "headscope.circuits.circuit",
     "check_sizes": "headscope.circuits.eap",
+    "composition": "headscope.circuits.composition",
     "run_attribution": "headscope.circuits.attribution_run",
     "read_attribution": "headscope.circuits.attribution_run",
 }

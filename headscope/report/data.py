@@ -12,6 +12,8 @@
   whose label the OV qualifier reads, with their qualifier, which the label map's hover and the
   top heads carry too).
 - `label_detector(label, passing, meta)`: the detector whose score a label shows.
+- From `composition_data.py`: `composition_data(analysis)`, the composition section (heatmaps of z
+  and the top pairs) when `headscope.add_composition` attached scores.
 - From `method.py`: `method_rows(meta)`, `label_rules(meta)`, `report_warnings(meta)`, `header_fields(meta)`.
 - `label_categories(labels)`, `label_colour`, `short_label`: legend order, colours and cell
   abbreviations, read from the detectors (`Detector.colour`, `Detector.short`).
@@ -31,6 +33,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from ..detectors.registry import detector_specs, registry_order
+from .composition_data import CompositionData, composition_data
 from .geometry_data import GeometryData, geometry_data
 from .method import (
     HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, outranks_resting,
@@ -154,6 +157,7 @@ class ReportData:
     rules: tuple = ()  # MethodNote: the labelling rule in sentences
     warnings: tuple = ()  # str: shown prominently (no control model, a detector skipped)
     geometry: Optional[GeometryData] = None  # None when the analysis holds no geometry (report/geometry_data.py)
+    composition: Optional[CompositionData] = None  # None without a composition table (report/composition_data.py)
     ov: Optional[tuple] = None  # OvRow of heads whose label the OV qualifier reads; None without OV copying
     ov_labels: str = ""  # those detectors in words ("induction and duplicate-token"), for the page's hints
     sections: tuple = ()  # SectionData: each detector's own section (`Detector.report`), in detector order
@@ -191,6 +195,7 @@ def report_data(analysis) -> ReportData:
         rules=label_rules(meta),
         warnings=report_warnings(meta),
         geometry=geometry_data(analysis),
+        composition=composition_data(analysis),
         ov=ov_rows(analysis),
         ov_labels=ov_labels_text(meta),
         sections=section_data(analysis),

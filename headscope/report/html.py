@@ -24,6 +24,8 @@ from ..detectors.section import Kit
 from ..errors import HeadscopeError, UsageError
 from . import figures
 from .index import BACK_SLOT, BACK_SLOT_END
+from .composition_data import KIND_NAMES
+from .composition_figures import composition_figures, composition_id
 from .geometry_figures import GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID, geometry_figures
 from .script import EXPLORER_JS, PLOT_JS
 
@@ -83,9 +85,13 @@ def render_report(data, plotlyjs: str = "embed") -> str:
         figs.append((figures.VALIDATION_ID, figures.validation_figure([r for r in data.validation if r.primary])))
     if data.geometry is not None:
         figs += geometry_figures(data.geometry, data.label_grid)
+    pairs = composition_figures(data.composition) if data.composition is not None else []
+    figs += pairs
     figs.append((figures.EXPLORER_ID, figures.explorer_figure()))
-    # The validation bars stand for several heads each, the pruning curve for many: clicking them opens nothing.
-    clickable = [fig_id for fig_id, _ in figs if fig_id not in (figures.EXPLORER_ID, figures.VALIDATION_ID, PRUNING_ID)]
+    # The validation bars stand for several heads each, the pruning curve for many, a composition cell
+    # for two: clicking them opens nothing.
+    unclickable = {figures.EXPLORER_ID, figures.VALIDATION_ID, PRUNING_ID, *(fig_id for fig_id, _ in pairs)}
+    clickable = [fig_id for fig_id, _ in figs if fig_id not in unclickable]
 
     grid = data.label_grid
     initial = (data.top_heads[0].layer, data.top_heads[0].head) if data.top_heads else (0, 0)
@@ -111,6 +117,7 @@ def render_report(data, plotlyjs: str = "embed") -> str:
         *[s.section.html(s.data, _kit()) for s in data.sections],
         _validation_section(data),
         _geometry_section(data),
+        _composition_section(data),
         _method_section(data),
     ]
     explorer_payload = {
@@ -430,6 +437,46 @@ def _geometry_section(data) -> str:
         parts.append("<p>None.</p>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _composition_section(data) -> str:
+    """Heatmaps of each kind's z and the top pairs (`report/composition_data.py`)."""
+    c = data.composition
+    if c is None:
+        return ""
+    s = c.settings
+    offsets = s.get("rotary_offsets")
+    rotary = ("" if not offsets else
+              f" Q and K circuits averaged over the relative offsets {html.escape(_span(offsets))} "
+              f"(W<sub>Q</sub> C W<sub>K</sub><sup>T</sup>, C the mean rotation; docs/composition.md).")
+    kinds = ", ".join(KIND_NAMES.get(m.kind, m.kind) for m in c.maps)
+    parts = [
+        "<section id=\"composition\"><h2>How heads compose</h2><p class=\"hint\">From the weights alone "
+        "(Elhage et al. 2021): for an earlier head A and a later head B, "
+        "‖W<sub>A</sub> W<sub>B</sub>‖<sub>F</sub> / (‖W<sub>A</sub>‖<sub>F</sub> ‖W<sub>B</sub>‖<sub>F</sub>) with "
+        "A's OV circuit as W<sub>A</sub> and B's QK circuit read by its queries (Q-composition) or keys "
+        "(K-composition), or B's OV circuit (V-composition); norm gains folded. Shown as z, the distance from the "
+        "same score of random matrices of the same shapes in their "
+        f"standard deviations ({html.escape(str(s.get('baseline_samples', '?')))} draws). {html.escape(kinds)}."
+        f"{rotary} A high score says B can read what A writes, not that it does on text; in a trained model most "
+        "pairs sit above random (heads share directions), so compare a pair with the others.</p>",
+        "<div class=\"figures\">", *[figure_div(composition_id(m.kind)) for m in c.maps], "</div>",
+        f"<h3>Top pairs</h3><p class=\"hint\">The {len(c.top)} pairs with the highest z over every kind.</p>",
+        table(["kind", "from", "label", "to", "label", "score", "baseline", "z"],
+              [[KIND_NAMES.get(p.kind, p.kind), head_button(p.src_layer, p.src_head), p.src_label or "no label",
+                head_button(p.dst_layer, p.dst_head), p.dst_label or "no label", p.score, p.baseline,
+                p.z] for p in c.top]),
+        "</section>",
+    ]
+    return "\n".join(parts)
+
+
+def _span(offsets) -> str:
+    """Offsets in words: "1-64" for a run, else the list."""
+    values = [int(v) for v in offsets]
+    if values == list(range(values[0], values[-1] + 1)) and len(values) > 2:
+        return f"{values[0]}-{values[-1]}"
+    return ", ".join(map(str, values))
 
 
 def _ratio(value: float) -> str:
