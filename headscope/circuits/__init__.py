@@ -37,6 +37,7 @@ _EXPORTS = {
     "write_circuit": "headscope.circuits.circuit_run",
     "write_circuit_into": "headscope.circuits.circuit_run",
     "read_circuit": "headscope.circuits.circuit_run",
+    "faithfulness_text": "headscope.circuits.circuit_page",
     "render_circuit_html": "headscope.circuits.circuit_page",
     "graph_layout": "headscope.circuits.circuit_page",
 }

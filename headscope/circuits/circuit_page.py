@@ -7,7 +7,8 @@
   (or other writers) stand just right of them.
 - `page_data(circuit, labels, n_edges)` -> `PageData`: the top `n_edges` edges by |score|, their
   nodes and positions, each node's label, the faithfulness curve when the circuit was evaluated.
-- `graph_figure(data)`, `faithfulness_figure(data)`: plotly figures of that data (fixed div ids).
+- `graph_figure(data)`, `faithfulness_figure(data)`: plotly figures of that data (fixed div ids);
+  `faithfulness_text(evaluation)`: CPR and CMD in one line.
 - `render_circuit_html(circuit, labels=None, n_edges=TOP_EDGES, plotlyjs="embed")`: the page.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..report.data import HeaderField
 from ..report.html import Raw, figure_div, header_list, page, table
 
 __all__ = ["PageData", "ShownEdge", "receiver_node", "graph_layout", "label_map", "page_data", "graph_figure",
-           "faithfulness_figure", "render_circuit_html", "GRAPH_ID", "FAITHFULNESS_ID", "TOP_EDGES", "PARTS"]
+           "faithfulness_figure", "faithfulness_text", "render_circuit_html", "GRAPH_ID", "FAITHFULNESS_ID", "TOP_EDGES", "PARTS"]
 
 GRAPH_ID = "hs-circuit-graph"
 FAITHFULNESS_ID = "hs-circuit-faithfulness"
