@@ -52,3 +52,14 @@ def test_a_changed_file_is_caught(tmp_path):
     edges.write_text(edges.read_text().replace("embed", "embex", 1))
     with pytest.raises(headscope.HeadscopeError, match="edges.csv was changed"):
         read_circuit(tmp_path / "c")
+
+
+def test_the_index_lists_it_and_links_back_without_damaging_it(tmp_path):
+    from headscope.report.index import index_entries, write_index
+
+    write_circuit(fake_circuit(2, 3, evaluated=True), tmp_path / "runs" / "c")
+    entries = index_entries(tmp_path / "runs")
+    assert [(e.kind, e.page) for e in entries] == [("circuit", "c/index.html")]
+    write_index(tmp_path / "runs")  # fills the page's link back in place
+    assert "../index.html" in (tmp_path / "runs" / "c" / "index.html").read_text()
+    read_circuit(tmp_path / "runs" / "c")  # the manifest leaves the page out, so the folder is intact
