@@ -1,7 +1,7 @@
 """The `headscope` command line: thin commands over the library.
 
-Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `circuit MODEL --task ioi`, `report DIR` or `report --index FOLDER`, `compare A B`,
-`models`, `detectors`, `verify MODEL`,
+Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `circuit MODEL --task ioi`, `report DIR` or
+`report --index FOLDER`, `compare A B`, `models`, `detectors`, `verify MODEL`,
 `cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`,
 `kv-policy DIR --out FILE`, `kv-eval MODEL POLICY --out DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback (a fault no check

@@ -23,7 +23,8 @@ from ..report.data import HeaderField
 from ..report.html import Raw, figure_div, header_list, page, table
 
 __all__ = ["PageData", "ShownEdge", "receiver_node", "graph_layout", "label_map", "page_data", "graph_figure",
-           "faithfulness_figure", "faithfulness_text", "render_circuit_html", "GRAPH_ID", "FAITHFULNESS_ID", "TOP_EDGES", "PARTS"]
+           "faithfulness_figure", "faithfulness_text", "render_circuit_html", "GRAPH_ID", "FAITHFULNESS_ID",
+           "TOP_EDGES", "PARTS"]
 
 GRAPH_ID = "hs-circuit-graph"
 FAITHFULNESS_ID = "hs-circuit-faithfulness"
