@@ -88,3 +88,17 @@ def test_an_existing_folder_headscope_did_not_write_is_refused(planted_path, tmp
     assert ("did not write" if force else "already exists") in result.output
     assert "loading" not in result.output  # refused before the model loads
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_an_analysis_labels_the_heads(planted_path, tmp_path):
+    from tests.support.fake_analysis import fake_analysis
+
+    analysis = fake_analysis(2, 4, seed=3)
+    analysis.labels.loc[(analysis.labels.layer == 1) & (analysis.labels["head"] == 0), "label"] = "<b>induction</b>"
+    analysis.save(tmp_path / "analysis")
+    out = tmp_path / "labelled"
+    result = CliRunner().invoke(app, ["circuit", planted_path, *ARGS, "--no-evaluate", "--analysis",
+                                      str(tmp_path / "analysis"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    page = (out / "index.html").read_text()
+    assert "&lt;b&gt;induction&lt;/b&gt;" in page and "<b>induction" not in page  # a1.h0 carries the task: shown
