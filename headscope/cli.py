@@ -1,7 +1,7 @@
 """The `headscope` command line: thin commands over the library.
 
-Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `report DIR` or `report --index FOLDER`, `compare A B`,
-`models`, `detectors`, `verify MODEL`,
+Commands: `analyze [MODEL]`, `attribute MODEL --task ioi`, `circuit MODEL --task ioi`, `report DIR` or
+`report --index FOLDER`, `compare A B`, `models`, `detectors`, `verify MODEL`,
 `cache [--clear]`, `geometry MODEL --out DIR` or `--into ANALYSIS_DIR`, `timeline SOURCE... --out DIR`,
 `kv-policy DIR --out FILE`, `kv-eval MODEL POLICY --out DIR`.
 Bad input ends with one line on stderr and exit code 1, never a traceback (a fault no check
@@ -632,6 +632,63 @@ def attribute_command(
     typer.echo(f"top heads ({main}, hook_{point}): " + ", ".join(f"{int(r.layer)}.{int(r.head)} {r.effect:+.3f}"
                                                                 for r in top.itertuples()))
     typer.echo(f"report: {out / 'index.html'}")
+
+
+@app.command("circuit")
+@_friendly
+def circuit_command(
+    model: ModelArg = "smollm2-135m",
+    task: Annotated[str, typer.Option("--task", help="ioi, induction, greater-than, or a JSONL file of clean/corrupted/answer/wrong prompts.")] = "ioi",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL-TASK-circuit).")] = None,
+    method: Annotated[str, typer.Option("--method", help="eap (one gradient on the clean run) or eap-ig (integrated gradients, more faithful).")] = "eap-ig",
+    steps: Annotated[int, typer.Option("--steps", help="EAP-IG's integration steps (forward/backward pairs per batch; ignored by eap).")] = 5,
+    n: Annotated[int, typer.Option("--n", min=1, help="Prompt pairs (a built-in task's; a file's first N).")] = 32,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the built-in task's prompts and the random circuits.")] = 0,
+    metric: Annotated[Optional[str], typer.Option("--metric", help="logit_diff, prob, prob_diff or kl (default: the task's).")] = None,
+    evaluate: Annotated[bool, typer.Option("--evaluate/--no-evaluate", help="Measure faithfulness by running the model with only the top edges clean, at each size, against random circuits.")] = True,
+    sizes: Annotated[Optional[str], typer.Option("--sizes", help="Circuit sizes evaluated, in % of the edges, comma-separated (default: MIB's 0.1,0.2,0.5,1,2,5,10,20,50,100).")] = None,
+    random_draws: Annotated[int, typer.Option("--random", help="Random circuits drawn per size as the baseline.")] = 5,
+    top: Annotated[int, typer.Option("--top", help="Edges drawn in the page's graph (largest |score| first).")] = 300,
+    analysis_dir: Annotated[Optional[Path], typer.Option("--analysis", help="An analysis folder of the same model: its labels are shown on the heads.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per pass.")] = 8,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    no_cache: NoCacheOpt = False,
+    plotlyjs: PlotlyOpt = "embed",
+    force: ForceOpt = False,
+) -> None:
+    """Edge-level circuit of a task on MODEL: EAP or EAP-IG scores, faithfulness against random circuits, a page."""
+    _check_plotlyjs(plotlyjs)
+    if method not in ("eap", "eap-ig"):
+        raise UsageError(f"--method must be eap or eap-ig, got {method!r}")
+    check_count("--steps", steps)
+    check_count("--random", random_draws, least=0)
+    check_count("--top", top)
+    chosen_sizes = circuits.check_sizes(_numbers(sizes, float, "--sizes")) if sizes is not None else circuits.MIB_SIZES
+    labels = Analysis.load(analysis_dir).labels if analysis_dir is not None else None
+    task_path = Path(task)
+    stem = _default_out(model).name
+    out = out or _default_out(model).with_name(f"{stem}-{task_path.stem if task_path.suffix else task}-circuit")
+    inputs = [path for path in (Path(model), task_path, analysis_dir) if path is not None and path.exists()]
+    guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
+    typer.echo(f"loading {model} ...", err=True)
+    loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
+    built = headscope.task(task, loaded.tokenizer, n=n, seed=seed, **({"metric": metric} if metric else {}))
+    typer.echo(f"task: {built.name}, {built.n} prompt pairs, metric {built.metric}")
+    bars = _Bars()
+    found = headscope.circuit(loaded, built, method=method, steps=steps, batch_size=batch_size, progress=bars)
+    meta = found.meta
+    typer.echo(f"scored {meta['n_edges']} edges with {method}{f' ({steps} steps)' if method == 'eap-ig' else ''}: "
+               f"{meta['passes']['forward']} forward and {meta['passes']['backward']} backward passes; "
+               f"{built.metric} clean {meta['clean_metric']:.3f}, corrupted {meta['corrupted_metric']:.3f}")
+    typer.echo("top edges: " + ", ".join(f"{r.src}->{r.dst} {r.score:+.3g}" for r in found.top(5).itertuples()))
+    if evaluate:
+        found.evaluate(sizes=chosen_sizes, n_random=random_draws, seed=seed, batch_size=batch_size, progress=bars)
+        typer.echo(f"faithfulness: {circuits.faithfulness_text(found.evaluation)}")
+    with guard as tmp:
+        written = circuits.write_circuit_into(found, tmp, labels=labels, plotlyjs=plotlyjs, n_edges=top)
+    typer.echo(f"report: {out / written.name}")
+    _index_above(out)
 
 
 @app.command("cache")

@@ -10,6 +10,10 @@
   later head reads what each earlier head writes, from the weights (Elhage et al. 2021), against a
   random baseline.
 - `run_attribution(...)` (`attribution_run`): what `headscope attribute` writes, with its page.
+- `circuit(loaded, task, method="eap" | "eap-ig")` -> `Circuit` (`circuit`): every edge between
+  the model's components scored, and its faithfulness measured (`Circuit.evaluate`).
+- `write_circuit(circuit, out, labels=None)`, `read_circuit(folder)` (`circuit_run`): what
+  `headscope circuit` writes, with its page (`render_circuit_html`, `graph_layout`: `circuit_page`).
 
 The package sits under the command line, beside `kv/`: it runs models through `hf/`, patches
 through `causal/` and draws its pages with `report/`'s HTML helpers; it never imports `analysis/`.
@@ -34,6 +38,12 @@ _EXPORTS = {
     "composition": "headscope.circuits.composition",
     "run_attribution": "headscope.circuits.attribution_run",
     "read_attribution": "headscope.circuits.attribution_run",
+    "write_circuit": "headscope.circuits.circuit_run",
+    "write_circuit_into": "headscope.circuits.circuit_run",
+    "read_circuit": "headscope.circuits.circuit_run",
+    "faithfulness_text": "headscope.circuits.circuit_page",
+    "render_circuit_html": "headscope.circuits.circuit_page",
+    "graph_layout": "headscope.circuits.circuit_page",
 }
 
 __all__ = sorted(_EXPORTS)
