@@ -583,6 +583,21 @@ def kv_eval_command(
     _index_above(out)
 
 
+def _task_run(model, task, out, suffix, analysis_dir, force, n, seed, metric, device, dtype, no_cache):
+    """What `attribute` and `circuit` do before their work: the analysis's labels, the output folder
+    (default reports/MODEL-TASK + suffix) guarded before any work, the model and the task built."""
+    labels = Analysis.load(analysis_dir).labels if analysis_dir is not None else None
+    task_path = Path(task)
+    stem = _default_out(model).name
+    out = out or _default_out(model).with_name(f"{stem}-{task_path.stem if task_path.suffix else task}{suffix}")
+    inputs = [path for path in (Path(model), task_path, analysis_dir) if path is not None and path.exists()]
+    guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
+    typer.echo(f"loading {model} ...", err=True)
+    loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
+    built = headscope.task(task, loaded.tokenizer, n=n, seed=seed, **({"metric": metric} if metric else {}))
+    return labels, out, guard, loaded, built
+
+
 @app.command("attribute")
 @_friendly
 def attribute_command(
@@ -613,14 +628,8 @@ def attribute_command(
         raise UsageError(f"--point must be one of {', '.join(circuits.POINTS)}, got {point!r}")
     if direction not in ("denoising", "noising"):
         raise UsageError(f"--direction must be denoising or noising, got {direction!r}")
-    labels = Analysis.load(analysis_dir).labels if analysis_dir is not None else None
-    task_path = Path(task)
-    out = out or _default_out(model).with_name(f"{_default_out(model).name}-{task_path.stem if task_path.suffix else task}")
-    inputs = [path for path in (Path(model), task_path, analysis_dir) if path is not None and path.exists()]
-    guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
-    typer.echo(f"loading {model} ...", err=True)
-    loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
-    built = headscope.task(task, loaded.tokenizer, n=n, seed=seed, **({"metric": metric} if metric else {}))
+    labels, out, guard, loaded, built = _task_run(model, task, out, '', analysis_dir, force, n, seed, metric,
+                                                  device, dtype, no_cache)
     run = circuits.run_attribution(loaded, built, chosen, exact=exact, point=point, direction=direction,
                                              labels=labels, batch_size=batch_size, progress=_Bars())
     with guard as tmp:
@@ -665,15 +674,8 @@ def circuit_command(
     check_count("--random", random_draws, least=0)
     check_count("--top", top)
     chosen_sizes = circuits.check_sizes(_numbers(sizes, float, "--sizes")) if sizes is not None else circuits.MIB_SIZES
-    labels = Analysis.load(analysis_dir).labels if analysis_dir is not None else None
-    task_path = Path(task)
-    stem = _default_out(model).name
-    out = out or _default_out(model).with_name(f"{stem}-{task_path.stem if task_path.suffix else task}-circuit")
-    inputs = [path for path in (Path(model), task_path, analysis_dir) if path is not None and path.exists()]
-    guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
-    typer.echo(f"loading {model} ...", err=True)
-    loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
-    built = headscope.task(task, loaded.tokenizer, n=n, seed=seed, **({"metric": metric} if metric else {}))
+    labels, out, guard, loaded, built = _task_run(model, task, out, '-circuit', analysis_dir, force, n, seed, metric,
+                                                  device, dtype, no_cache)
     typer.echo(f"task: {built.name}, {built.n} prompt pairs, metric {built.metric}")
     bars = _Bars()
     found = headscope.circuit(loaded, built, method=method, steps=steps, batch_size=batch_size, progress=bars)
