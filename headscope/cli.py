@@ -628,7 +628,7 @@ def attribute_command(
         raise UsageError(f"--point must be one of {', '.join(circuits.POINTS)}, got {point!r}")
     if direction not in ("denoising", "noising"):
         raise UsageError(f"--direction must be denoising or noising, got {direction!r}")
-    labels, out, guard, loaded, built = _task_run(model, task, out, '', analysis_dir, force, n, seed, metric,
+    labels, out, guard, loaded, built = _task_run(model, task, out, "", analysis_dir, force, n, seed, metric,
                                                   device, dtype, no_cache)
     run = circuits.run_attribution(loaded, built, chosen, exact=exact, point=point, direction=direction,
                                              labels=labels, batch_size=batch_size, progress=_Bars())
@@ -674,7 +674,7 @@ def circuit_command(
     check_count("--random", random_draws, least=0)
     check_count("--top", top)
     chosen_sizes = circuits.check_sizes(_numbers(sizes, float, "--sizes")) if sizes is not None else circuits.MIB_SIZES
-    labels, out, guard, loaded, built = _task_run(model, task, out, '-circuit', analysis_dir, force, n, seed, metric,
+    labels, out, guard, loaded, built = _task_run(model, task, out, "-circuit", analysis_dir, force, n, seed, metric,
                                                   device, dtype, no_cache)
     typer.echo(f"task: {built.name}, {built.n} prompt pairs, metric {built.metric}")
     bars = _Bars()
