@@ -10,9 +10,9 @@ with `dropped_r` `[names, upstream]` r's mask of dropped edges and `moved[u] = a
 `[batch * pos * d_model]` (the sender's output in this pass minus the corrupted run's). How it
 stays fast on a model of a few hundred senders:
 - `moved[u]` is computed once per pass, when the first receiver that drops an edge from u runs,
-  into one preallocated `[senders, batch, pos, d_model]` buffer;
-- a receiver's delta is one matrix product over the senders it drops from, and identical rows of
-  its mask (a head whose q, k and v all drop the same edges, every row of an empty circuit) are
+  into one preallocated `[senders, batch, pos, d_model]` buffer (zero where not computed);
+- a receiver's delta is one matrix product of its mask's rows with a run of that buffer (a view,
+  no copy: the senders from the first to the last it drops from), and identical rows of its mask (a head whose q, k and v all drop the same edges, every row of an empty circuit) are
   computed, and run through the attention block, once (`split_run` takes `(rows, which)`);
 - a receiver that drops nothing reads the stream as it is;
 - the corrupted run's senders are kept between calls while they fit in `cache_bytes`.
@@ -73,8 +73,10 @@ class Patched:
         return clean, reference, corrupted
 
     def _plans(self, kept: np.ndarray) -> dict:
-        """Per receiver that drops an edge: `(rows [C, U'] float, which [names], senders [U'])`,
-        the distinct rows of its dropped mask restricted to the senders some row drops."""
+        """Per receiver that drops an edge: `(weights [C, hi - lo + 1] float, which [names], senders,
+        lo)`: the distinct rows of its dropped mask as weights over the senders lo..hi (a run of
+        the `moved` buffer, so the product reads a view of it), `which` the row each name reads,
+        `senders` the ones some row drops (the only ones with a nonzero weight)."""
         plans = {}
         for receiver, span in zip(self.graph.receivers, self.spans):
             dropped = ~kept[span].reshape(len(receiver.names), len(receiver.upstream))
@@ -82,8 +84,11 @@ class Patched:
                 continue
             rows, which = np.unique(dropped, axis=0, return_inverse=True)
             used = rows.any(axis=0)
-            plans[id(receiver)] = (torch.as_tensor(rows[:, used], dtype=torch.float32), which.reshape(-1).tolist(),
-                                   np.asarray(receiver.upstream)[used])
+            senders = np.asarray(receiver.upstream)[used]
+            lo, hi = int(senders.min()), int(senders.max())
+            weights = torch.zeros(len(rows), hi - lo + 1)
+            weights[:, torch.as_tensor(senders - lo)] = torch.as_tensor(rows[:, used], dtype=torch.float32)
+            plans[id(receiver)] = (weights, which.reshape(-1).tolist(), senders, lo)
         return plans
 
     @torch.no_grad()
@@ -97,23 +102,20 @@ class Patched:
         for index, part in enumerate(self.parts):
             clean, reference, corrupted = self._batch(index, need_corrupted=bool(plans))
             shape = corrupted.shape[1:] if corrupted is not None else None  # (B, T, D)
-            moved = torch.empty_like(corrupted) if corrupted is not None else None  # (S, B, T, D)
+            moved = torch.zeros_like(corrupted) if corrupted is not None else None  # (S, B, T, D); 0 until run
             ready = np.zeros(len(self.graph.senders), dtype=bool)
 
             def delta_for(receiver):
                 plan = plans.get(id(receiver))
                 if plan is None:
                     return None
-                rows, which, senders = plan
+                weights, which, senders, lo = plan
                 for u in senders[~ready[senders]]:
                     torch.sub(state.senders[u].float(), corrupted[u], out=moved[u])
                     ready[u] = True
-                if len(senders) and senders[-1] - senders[0] + 1 == len(senders):
-                    sources = moved[senders[0]:senders[-1] + 1]  # a view: the usual case, a run of senders
-                else:
-                    sources = moved[torch.as_tensor(senders)]
-                delta = -(rows.to(moved.device) @ sources.reshape(len(senders), -1))  # (C, B*T*D)
-                delta = delta.reshape(len(rows), *shape).to(state.senders[senders[0]].dtype)
+                sources = moved[lo:lo + weights.shape[1]].reshape(weights.shape[1], -1)  # a view
+                delta = -(weights.to(moved.device) @ sources)  # (C, B*T*D)
+                delta = delta.reshape(len(weights), *shape).to(state.senders[int(senders[0])].dtype)
                 return (delta, which) if receiver.kind == "heads" else delta
 
             with split_run(self.target, self.graph, delta_for) as state:
