@@ -1,6 +1,6 @@
 """Edge-level circuits of SmolLM2-135M's indirect-object identification (IOI): EAP and EAP-IG.
 
-    python benchmarks/circuit_ioi.py [--n 32] [--out benchmarks/results-circuit-ioi.json]
+    python benchmarks/circuit_ioi.py [--n 16] [--out benchmarks/results-circuit-ioi.json]
 
 For `headscope.task("ioi", tokenizer, n=N)`:
 1. `headscope.circuit(method="eap")` and `method="eap-ig"` (5 steps): every edge scored; the time
@@ -82,7 +82,7 @@ def peak(mode: str, n: int, batch: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=32)
+    parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--sample", type=int, default=60)
     parser.add_argument("--out", type=Path, default=HERE / "results-circuit-ioi.json")
@@ -113,6 +113,7 @@ def main() -> None:
             **{k: float(v) for k, v in table.attrs.items() if isinstance(v, (int, float))},
             "top10": [f"{r.src}->{r.dst} {r.score:+.4f}" for r in found[method].top(10).itertuples()]}
         print(method, json.dumps({k: v for k, v in result["methods"][method].items() if k != "curve"}), flush=True)
+        save(args.out, result)  # each stage as it ends: a long run that stops keeps what it measured
     # Exact edge patching on a sample: EAP-IG's top edges and uniform draws from the rest.
     target = Target(loaded, task)
     graph = graph_of(target, task)
@@ -137,6 +138,7 @@ def main() -> None:
                           for m in found},
         **{f"spearman_{m}_top": spearman(found[m].edges.score.to_numpy()[sample[:top]], exact[:top]) for m in found}}
     print(json.dumps({k: v for k, v in result["exact_sample"].items() if k.startswith("spearman")}), flush=True)
+    save(args.out, result)
     # Peak memory, each contender in a fresh process.
     result["peak_mib"], result["loaded_mib"] = {}, {}
     for mode in ("plain", "plain-weights", "eap", "eap-ig"):
@@ -151,7 +153,11 @@ def main() -> None:
                               for m in ("eap", "eap-ig") for p in ("plain", "plain-weights")}
     print(json.dumps(result["peak_mib"]), json.dumps(result["peak_ratio"]), json.dumps(result["growth_ratio"]))
     result["load_average_end"] = os.getloadavg()
-    write_text_atomic(args.out, json.dumps(result, indent=1, default=float))
+    save(args.out, result)
+
+
+def save(path: Path, result: dict) -> None:
+    write_text_atomic(path, json.dumps(result, indent=1, default=float))
 
 
 if __name__ == "__main__":
