@@ -15,8 +15,7 @@ import pytest
 
 import headscope
 from headscope.circuits.circuit import circuit
-
-from tests.support.phase_change import toy_tokenizer
+from headscope.training.toy import toy_tokenizer
 
 pytestmark = pytest.mark.slow
 

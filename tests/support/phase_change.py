@@ -2,14 +2,13 @@
 
 `train_phase(n_layers, steps, folder, callbacks)`: the tiny Llama of `headscope.training.toy`
 trained on the benchmark's seed-0 data (one thread, batch 64, AdamW lr 1e-3); returns its losses
-and the trained model. `held_out()`: the 64 rows the callbacks measure the ICL score on. `toy_tokenizer()`: a word-level tokenizer over the toy vocabulary (token
-i is "t{i}", [BOS] is id 0 as in training), so that `headscope.task` builds tasks for the model.
+and the trained model. `held_out()`: the 64 rows the callbacks measure the ICL score on.
 """
 import torch
 
-from headscope.training.toy import BOS, VOCAB, repeated_segments, tiny_llama, train_toy
+from headscope.training.toy import repeated_segments, tiny_llama, train_toy
 
-__all__ = ["STEPS", "EVERY", "SEED", "train_phase", "held_out", "toy_tokenizer"]
+__all__ = ["STEPS", "EVERY", "SEED", "train_phase", "held_out"]
 
 STEPS, EVERY, SEED = 340, 20, 0
 ROWS = 600 * 64  # the benchmark's data: the first STEPS steps are its seed-0 run's
@@ -27,14 +26,3 @@ def train_phase(n_layers: int, steps: int, folder, callbacks):
 
 def held_out() -> torch.Tensor:
     return repeated_segments(64, torch.Generator().manual_seed(10_000 + SEED))[0]
-
-
-def toy_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[BOS]": BOS, **{f"t{i}": i for i in range(1, VOCAB)}, "[UNK]": VOCAB}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", BOS)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="[BOS]")
