@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -49,12 +48,14 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def resident_mib() -> float:
-    """The process's resident set now, in MiB (Linux)."""
+def resident_mib(field: str = "VmRSS") -> float:
+    """The process's resident set now (VmRSS) or its peak (VmHWM), in MiB (Linux). Not getrusage's
+    ru_maxrss: Linux carries that across execve, so a child started by a large process reports the
+    parent's peak."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def peak(mode: str, n: int, batch: int) -> None:
@@ -77,7 +78,7 @@ def peak(mode: str, n: int, batch: int) -> None:
                 metric.backward()
     else:
         headscope.circuit(loaded, task, method=mode, batch_size=batch)
-    print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "loaded": before}))
+    print(json.dumps({"peak": resident_mib("VmHWM"), "loaded": before}))
 
 
 def main() -> None:
@@ -86,10 +87,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--sample", type=int, default=60)
     parser.add_argument("--out", type=Path, default=HERE / "results-circuit-ioi.json")
+    parser.add_argument("--memory-only", action="store_true", help="rerun the peak-memory stage only")
     parser.add_argument("--peak", choices=["plain", "plain-weights", "eap", "eap-ig"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peak:
         return peak(args.peak, args.n, args.batch)
+    if args.memory_only:  # the memory stage again, into the results already there
+        return memory(args, json.loads(args.out.read_text()))
     loaded = headscope.load("smollm2-135m")
     task = headscope.task("ioi", loaded.tokenizer, n=args.n, seed=0)
     result = {"model": "smollm2-135m", "task": "ioi", "n": task.n, "batch": args.batch, "steps": STEPS,
@@ -139,7 +143,11 @@ def main() -> None:
         **{f"spearman_{m}_top": spearman(found[m].edges.score.to_numpy()[sample[:top]], exact[:top]) for m in found}}
     print(json.dumps({k: v for k, v in result["exact_sample"].items() if k.startswith("spearman")}), flush=True)
     save(args.out, result)
-    # Peak memory, each contender in a fresh process.
+    memory(args, result)
+
+
+def memory(args, result: dict) -> None:
+    """Peak memory, each contender in a fresh process; saved into `result` and `args.out`."""
     result["peak_mib"], result["loaded_mib"] = {}, {}
     for mode in ("plain", "plain-weights", "eap", "eap-ig"):
         out = subprocess.run([sys.executable, __file__, "--peak", mode, "--n", str(args.n), "--batch", str(args.batch)],
