@@ -1,23 +1,29 @@
 """Edge-level circuits of SmolLM2-135M's indirect-object identification (IOI): EAP and EAP-IG.
 
-    python benchmarks/circuit_ioi.py [--n 32] [--out benchmarks/results-circuit-ioi.json]
+    python benchmarks/circuit_ioi.py [--n 16] [--out benchmarks/results-circuit-ioi.json]
 
 For `headscope.task("ioi", tokenizer, n=N)`:
 1. `headscope.circuit(method="eap")` and `method="eap-ig"` (5 steps): every edge scored; the time
-   and passes of each.
+   and passes of each, checked against the budget (eap: 3 forward passes, 1 backward; eap-ig:
+   steps + 2 forward, steps backward).
 2. `Circuit.evaluate` at MIB's sizes (0.1 ... 100% of edges) with 5 random circuits per size:
-   faithfulness curves, CPR and CMD of each method against the random circuits'.
+   faithfulness curves, CPR and CMD of each method against the random circuits', and the seconds
+   per patched run (each a corrupted-senders pass, cached, and one split pass per batch).
 3. Exact edge patching on a sample of edges (EAP-IG's top 25 and 35 drawn uniformly from the
    rest): the metric with that one edge corrupted, minus the clean metric, against each method's
    score (Spearman's rho over the sample).
-4. Peak memory: each method's scoring and a plain forward + backward pass over the same prompts,
-   each in a fresh process (peak resident set of the whole process), as a ratio.
+4. Peak memory: each method's scoring and a plain forward + backward pass over the same prompts
+   ("plain": the metric's gradient with respect to the input embeddings; "plain-weights": the
+   weights' gradients too, as in training), each in a fresh process: the peak resident set of the whole process (model included) as a
+   ratio to the plain pass's, and its growth above the resident set once the model is loaded.
+The machine's load average is recorded at the start and the end: timings taken under load are
+marked so in docs/circuits.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
 import time
@@ -27,11 +33,13 @@ import numpy as np
 import torch
 
 import headscope
-from headscope.circuits.eap import _metric_with
+from headscope.atomic import write_text_atomic
 from headscope.circuits.edges import graph_of
+from headscope.circuits.patched import Patched
 from headscope.circuits.running import Target
 
 HERE = Path(__file__).resolve().parent
+STEPS, N_RANDOM = 5, 5  # EAP-IG's points; random circuits per size
 
 
 def spearman(a, b) -> float:
@@ -40,47 +48,76 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def resident_mib(field: str = "VmRSS") -> float:
+    """The process's resident set now (VmRSS) or its peak (VmHWM), in MiB (Linux). Not getrusage's
+    ru_maxrss: Linux carries that across execve, so a child started by a large process reports the
+    parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def peak(mode: str, n: int, batch: int) -> None:
-    """One contender in this process; prints its peak resident set in MiB."""
+    """One contender in this process; prints its peak resident set and the resident set once the
+    model and task are loaded (before the contender runs), in MiB, as JSON."""
     torch.set_grad_enabled(True)
     loaded = headscope.load("smollm2-135m")
     task = headscope.task("ioi", loaded.tokenizer, n=n, seed=0)
-    if mode == "plain":
+    before = resident_mib()
+    if mode.startswith("plain"):
+        model = loaded.model
         for start in range(0, n, batch):
             rows = task.subset(slice(start, min(n, start + batch)))
-            logits = loaded.model(**rows.inputs("clean"), use_cache=False).logits
-            rows.score(logits).sum().backward()
+            inputs = rows.inputs("clean")
+            embedded = model.get_input_embeddings()(inputs.pop("input_ids")).detach().requires_grad_()
+            metric = rows.score(model(inputs_embeds=embedded, **inputs, use_cache=False).logits).sum()
+            if mode == "plain":  # the gradient of the metric with respect to the input embeddings
+                torch.autograd.grad(metric, embedded)
+            else:  # the weights' gradients too, as a training step computes them
+                metric.backward()
     else:
         headscope.circuit(loaded, task, method=mode, batch_size=batch)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(json.dumps({"peak": resident_mib("VmHWM"), "loaded": before}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=32)
+    parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--sample", type=int, default=60)
     parser.add_argument("--out", type=Path, default=HERE / "results-circuit-ioi.json")
-    parser.add_argument("--peak", choices=["plain", "eap", "eap-ig"], help=argparse.SUPPRESS)
+    parser.add_argument("--memory-only", action="store_true", help="rerun the peak-memory stage only")
+    parser.add_argument("--peak", choices=["plain", "plain-weights", "eap", "eap-ig"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peak:
         return peak(args.peak, args.n, args.batch)
+    if args.memory_only:  # the memory stage again, into the results already there
+        return memory(args, json.loads(args.out.read_text()))
     loaded = headscope.load("smollm2-135m")
     task = headscope.task("ioi", loaded.tokenizer, n=args.n, seed=0)
-    result = {"model": "smollm2-135m", "task": "ioi", "n": task.n, "batch": args.batch, "methods": {}}
+    result = {"model": "smollm2-135m", "task": "ioi", "n": task.n, "batch": args.batch, "steps": STEPS,
+              "torch_threads": torch.get_num_threads(), "load_average_start": os.getloadavg(), "methods": {}}
     found = {}
     for method in ("eap", "eap-ig"):
         start = time.perf_counter()
-        found[method] = headscope.circuit(loaded, task, method=method, steps=5, batch_size=args.batch)
+        found[method] = headscope.circuit(loaded, task, method=method, steps=STEPS, batch_size=args.batch)
         seconds = time.perf_counter() - start
+        passes = found[method].meta["passes"]
+        steps = 1 if method == "eap" else STEPS
         start = time.perf_counter()
-        table = found[method].evaluate(n_random=5, seed=0, batch_size=args.batch)
+        table = found[method].evaluate(n_random=N_RANDOM, seed=0, batch_size=args.batch)
+        evaluate_seconds = time.perf_counter() - start
+        runs = 2 + len(table) * (1 + N_RANDOM)  # everything, nothing, then each size's circuit and random draws
         result["methods"][method] = {
-            "seconds": seconds, "evaluate_seconds": time.perf_counter() - start, "passes": found[method].meta["passes"],
+            "seconds": seconds, "evaluate_seconds": evaluate_seconds, "patched_runs": runs,
+            "seconds_per_patched_run": evaluate_seconds / runs, "passes": passes,
+            "passes_within_budget": passes["forward"] <= steps + 2 and passes["backward"] <= steps,
             "n_edges": found[method].meta["n_edges"], "curve": table.to_dict(orient="records"),
             **{k: float(v) for k, v in table.attrs.items() if isinstance(v, (int, float))},
             "top10": [f"{r.src}->{r.dst} {r.score:+.4f}" for r in found[method].top(10).itertuples()]}
         print(method, json.dumps({k: v for k, v in result["methods"][method].items() if k != "curve"}), flush=True)
+        save(args.out, result)  # each stage as it ends: a long run that stops keeps what it measured
     # Exact edge patching on a sample: EAP-IG's top edges and uniform draws from the rest.
     target = Target(loaded, task)
     graph = graph_of(target, task)
@@ -90,13 +127,14 @@ def main() -> None:
     top = 25
     sample = list(order[:top]) + list(rng.choice(order[top:], size=args.sample - top, replace=False))
     everything = np.ones(len(scores), dtype=bool)
-    clean = _metric_with(target, graph, task, everything, args.batch)
+    patched = Patched(target, graph, task, args.batch)
+    clean = patched.metric(everything)
     start = time.perf_counter()
     exact = []
     for index in sample:
         kept = everything.copy()
         kept[index] = False
-        exact.append(_metric_with(target, graph, task, kept, args.batch) - clean)
+        exact.append(patched.metric(kept) - clean)
     result["exact_sample"] = {
         "seconds": time.perf_counter() - start, "edges": [f"{found['eap-ig'].edges.src[i]}->{found['eap-ig'].edges.dst[i]}"
                                                              for i in sample],
@@ -104,15 +142,30 @@ def main() -> None:
                           for m in found},
         **{f"spearman_{m}_top": spearman(found[m].edges.score.to_numpy()[sample[:top]], exact[:top]) for m in found}}
     print(json.dumps({k: v for k, v in result["exact_sample"].items() if k.startswith("spearman")}), flush=True)
-    # Peak memory, each contender in a fresh process.
-    result["peak_mib"] = {}
-    for mode in ("plain", "eap", "eap-ig"):
+    save(args.out, result)
+    memory(args, result)
+
+
+def memory(args, result: dict) -> None:
+    """Peak memory, each contender in a fresh process; saved into `result` and `args.out`."""
+    result["peak_mib"], result["loaded_mib"] = {}, {}
+    for mode in ("plain", "plain-weights", "eap", "eap-ig"):
         out = subprocess.run([sys.executable, __file__, "--peak", mode, "--n", str(args.n), "--batch", str(args.batch)],
                              capture_output=True, text=True, check=True)
-        result["peak_mib"][mode] = float(out.stdout.strip().splitlines()[-1])
-    result["peak_ratio"] = {m: result["peak_mib"][m] / result["peak_mib"]["plain"] for m in ("eap", "eap-ig")}
-    print(json.dumps(result["peak_mib"]), json.dumps(result["peak_ratio"]))
-    args.out.write_text(json.dumps(result, indent=1, default=float))
+        measured = json.loads(out.stdout.strip().splitlines()[-1])
+        result["peak_mib"][mode], result["loaded_mib"][mode] = measured["peak"], measured["loaded"]
+    growth = {m: result["peak_mib"][m] - result["loaded_mib"][m] for m in result["peak_mib"]}
+    result["peak_ratio"] = {f"{m}/{p}": result["peak_mib"][m] / result["peak_mib"][p]
+                            for m in ("eap", "eap-ig") for p in ("plain", "plain-weights")}
+    result["growth_ratio"] = {f"{m}/{p}": growth[m] / growth[p]  # above the loaded model
+                              for m in ("eap", "eap-ig") for p in ("plain", "plain-weights")}
+    print(json.dumps(result["peak_mib"]), json.dumps(result["peak_ratio"]), json.dumps(result["growth_ratio"]))
+    result["load_average_end"] = os.getloadavg()
+    save(args.out, result)
+
+
+def save(path: Path, result: dict) -> None:
+    write_text_atomic(path, json.dumps(result, indent=1, default=float))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Session fixtures shared by every test folder: the load cache, the two bundled models, and the
 planted models of `tests/support/` (each saved once by its factory, `save_planted` and
-`save_planted_positions`, and loaded once: `planted`, `planted_positions`)."""
+`save_planted_positions`, and loaded once: `planted`, `planted_positions`), and the trained
+phase-change model (`phase_change`, slow tests only)."""
 import os
 from pathlib import Path
 
@@ -88,3 +89,20 @@ def planted_positions_dir(tmp_path_factory) -> Path:
 def planted_positions(planted_positions_dir):
     """The variant loaded once for the session; tests read it and never change it."""
     yield from _load_unchanged(planted_positions_dir)
+
+
+@pytest.fixture(scope="session")
+def phase_change(tmp_path_factory):
+    """The 2-layer toy model of `tests/support/phase_change.py` trained once for the session past its
+    induction phase change, with `HeadscopeCallback` recording its timeline every `EVERY` steps:
+    `root` (the session folder), `timeline` (the callback's folder), `losses`, `model` (trained,
+    in eval mode; tests read it and never change it)."""
+    from types import SimpleNamespace
+
+    from headscope.training.callback import HeadscopeCallback
+    from tests.support.phase_change import EVERY, STEPS, held_out, train_phase
+
+    root = tmp_path_factory.mktemp("phase")
+    callback = HeadscopeCallback(every=EVERY, out=root / "two", icl_data=held_out())
+    losses, model = train_phase(2, STEPS, root / "run2", [callback])
+    return SimpleNamespace(root=root, timeline=root / "two", losses=losses, model=model)

@@ -18,13 +18,14 @@ own copy of the residual stream (`headscope.circuits.split`):
 `evaluate(circuit, loaded, sizes)` *runs* the model with only a circuit's edges clean: every other
 edge u -> r carries the corrupted run's value, so r reads
 `s_r - sum_{u not kept} (a_u - a_u^corrupted)` (counterfactual ablation, MIB's recommendation;
-Mueller et al. 2025, arXiv 2504.13151). The circuit of a size is the top `size`% of edges by
-|score|; faithfulness is `f = (m(C) - m(empty)) / (m(model) - m(empty))` with m the mean metric,
-m(model) the clean run's (every edge kept: the model itself) and m(empty) the corrupted run's
-(no edge kept: every receiver reads the corrupted stream, which is the corrupted run). Over the
-sizes x (fractions of all edges), CPR = the area under f and CMD = the area under |1 - f|, by the
-trapezoid rule from the smallest size to 100% (MIB). Random circuits of the same sizes (uniform
-draws of edges) give the baseline.
+Mueller et al. 2025, arXiv 2504.13151; the runs are `headscope.circuits.patched`'s). The circuit
+of a size is the top `size`% of edges by |score|; faithfulness is
+`f = (m(C) - m(empty)) / (m(model) - m(empty))` with m the mean metric, m(model) the clean run's
+(every edge kept: the model itself) and m(empty) the corrupted run's (no edge kept: every
+receiver reads the corrupted stream, which is the corrupted run). Over the sizes x (fractions
+of all edges), CPR = the area under f and CMD = the area under |1 - f|, by the trapezoid rule
+from the smallest size to 100% (MIB). Random circuits of the same sizes (uniform draws of edges)
+give the baseline.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import torch
 
 from ..errors import HeadscopeError, UsageError
 from .edges import Graph, graph_of
+from .patched import Patched, plain_senders
 from .running import Target, batches, output_logits
 from .split import split_run
 
@@ -56,13 +58,6 @@ def _embedding_of(model, inputs: dict) -> torch.Tensor:
     return seen["e"]
 
 
-def _senders(target: Target, graph: Graph, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(senders [S, B, T, D], logits)` of a plain pass."""
-    with torch.no_grad(), split_run(target, graph) as run:
-        logits = output_logits(target.model(**inputs, use_cache=False))
-    return torch.stack([run.senders[i].detach().float() for i in range(len(graph.senders))]), logits
-
-
 def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", steps: int = 5, batch_size: int = 8,
                 progress=None) -> tuple[np.ndarray, dict]:
     """`(scores, passes, metrics)`: every edge's score (module docstring) in `graph.edges()` order,
@@ -81,8 +76,8 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
         rows = task.subset(part)
         clean, _ = target.inputs(rows, "clean")
         corrupted, _ = target.inputs(rows, "corrupted")
-        clean_senders, clean_logits = _senders(target, graph, clean)
-        corrupted_senders, corrupted_logits = _senders(target, graph, corrupted)
+        clean_senders, clean_logits = plain_senders(target, graph, clean)
+        corrupted_senders, corrupted_logits = plain_senders(target, graph, corrupted)
         change = corrupted_senders - clean_senders  # (S, B, T, D)
         del corrupted_senders
         reference = target.aligned(clean_logits).float() if task.metric == "kl" else None
@@ -140,40 +135,6 @@ def area(sizes, values) -> float:
     return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2)) if len(x) > 1 else 0.0
 
 
-@torch.no_grad()
-def _metric_with(target: Target, graph: Graph, task, kept: np.ndarray, batch_size: int) -> float:
-    """Mean metric with only `kept` edges (a boolean per edge, `graph.edges()` order) clean: one
-    plain corrupted pass per batch for the senders' corrupted values, one split pass."""
-    total = 0.0
-    offsets, start = {}, 0
-    for receiver in graph.receivers:
-        offsets[id(receiver)] = start
-        start += len(receiver.names) * len(receiver.upstream)
-    for part in batches(task.n, batch_size):
-        rows = task.subset(part)
-        clean, _ = target.inputs(rows, "clean")
-        reference = None
-        if task.metric == "kl":
-            reference = target.aligned(output_logits(target.model(**clean, use_cache=False))).float()
-        corrupted_senders = _senders(target, graph, target.inputs(rows, "corrupted")[0])[0] if not kept.all() else None
-
-        def delta_for(receiver):
-            span = len(receiver.names) * len(receiver.upstream)
-            mask = kept[offsets[id(receiver)]:offsets[id(receiver)] + span].reshape(len(receiver.names), -1)
-            if mask.all():
-                return None
-            dropped = torch.as_tensor(~mask, dtype=torch.float32)  # (names, U)
-            current = torch.stack([state.senders[u].float() for u in receiver.upstream])  # (U, B, T, D)
-            moved = current - corrupted_senders[receiver.upstream]
-            delta = -torch.einsum("ru,ubtd->rbtd", dropped.to(moved.device), moved)
-            return delta.to(state.senders[receiver.upstream[0]].dtype)
-
-        with split_run(target, graph, delta_for) as state:
-            logits = output_logits(target.model(**clean, use_cache=False))
-        total += float(rows.score(target.aligned(logits).float(), reference=reference).double().sum())
-    return total / task.n
-
-
 def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batch_size: int = 16, progress=None):
     """Faithfulness of `circuit` at each size and of random circuits of the same sizes (module docstring).
 
@@ -195,8 +156,8 @@ def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batc
     scores = circuit.edges.score.to_numpy()
     n_edges = len(scores)
     everything = np.ones(n_edges, dtype=bool)
-    clean = _metric_with(target, graph, task, everything, batch_size)
-    empty = _metric_with(target, graph, task, ~everything, batch_size)
+    patched = Patched(target, graph, task, batch_size)
+    clean, empty = patched.metric(everything), patched.metric(~everything)
     if clean == empty:
         raise HeadscopeError("the metric is the same with every edge clean and every edge corrupted; faithfulness "
                              "is undefined")
@@ -208,12 +169,12 @@ def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batc
         count = max(1, int(round(n_edges * size / 100)))
         kept = np.zeros(n_edges, dtype=bool)
         kept[order[:count]] = True
-        value = _metric_with(target, graph, task, kept, batch_size)
+        value = patched.metric(kept)
         rows.append(dict(size=size, n_edges=count, faithfulness=(value - empty) / (clean - empty), metric=value))
         for draw in range(n_random):
             chosen = np.zeros(n_edges, dtype=bool)
             chosen[rng.choice(n_edges, size=count, replace=False)] = True
-            value = _metric_with(target, graph, task, chosen, batch_size)
+            value = patched.metric(chosen)
             random_rows.append(dict(draw=draw, size=size, n_edges=count, faithfulness=(value - empty) / (clean - empty),
                                     metric=value))
         if progress is not None:

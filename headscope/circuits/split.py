@@ -13,7 +13,9 @@ forward pass of the model
   q, k and v (stopped right after, before any attention is computed), and the block's real call
   then uses head h's query from copy (h, q) and, under grouped-query attention, its own key and
   value from copies (h, k) and (h, v), its key/value head's slice, given to the kernel per
-  query head;
+  query head. For a block, `delta_for` may instead return `(rows, which)`: `rows` `[copies,
+  batch, pos, d_model]` the distinct deltas and `which[i]` the row that name i reads, so that
+  names with the same delta share one copy;
 - with `embed(ids_embedding) -> tensor`, replaces the embedding's output (EAP-IG's interpolation).
 A pass must be run with `use_cache=False` (a cache would see the copies' keys).
 """
@@ -125,14 +127,15 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
             delta = delta_for(receiver) if delta_for is not None else None
             if delta is None:
                 return None
+            rows, which = delta if isinstance(delta, tuple) else (delta, range(len(delta)))
             stream = run.read[id(receiver.norm)] if receiver.norm is not None else _first(args, kwargs)
-            copies = stream.unsqueeze(0) + delta  # (3H, B, T, D)
+            copies = stream.unsqueeze(0) + rows  # (C, B, T, D), C = 3H or the distinct rows
             batch = stream.shape[0]
             flat = copies.reshape(-1, *stream.shape[1:])
             if receiver.norm is not None:
                 flat = receiver.norm(flat)
-            call_args, call_kwargs = _with_first(tuple(_tiled(a, batch, len(delta)) for a in args),
-                                                 _tiled(kwargs, batch, len(delta)), flat)
+            call_args, call_kwargs = _with_first(tuple(_tiled(a, batch, len(rows)) for a in args),
+                                                 _tiled(kwargs, batch, len(rows)), flat)
             splitter.harvest = receiver.layer
             try:
                 module(*call_args, **call_kwargs)
@@ -147,9 +150,9 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
             group = n_heads // k.shape[1]
             pick = lambda x, copy, head: x[copy * batch:(copy + 1) * batch, head]  # noqa: E731
             splitter.pending[receiver.layer] = (
-                torch.stack([pick(q, 3 * h, h) for h in range(n_heads)], dim=1),
-                torch.stack([pick(k, 3 * h + 1, h // group) for h in range(n_heads)], dim=1),
-                torch.stack([pick(v, 3 * h + 2, h // group) for h in range(n_heads)], dim=1))
+                torch.stack([pick(q, which[3 * h], h) for h in range(n_heads)], dim=1),
+                torch.stack([pick(k, which[3 * h + 1], h // group) for h in range(n_heads)], dim=1),
+                torch.stack([pick(v, which[3 * h + 2], h // group) for h in range(n_heads)], dim=1))
             return None
         return hook
 

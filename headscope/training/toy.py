@@ -13,6 +13,8 @@
 - `train_toy(model, ids, steps, folder, callbacks, ...)` -> per-step training losses: a
   `transformers.Trainer` run (AdamW, constant lr 1e-3, batch 64, CPU) on the rows of `ids`.
 - `induction_window(folder)`: what a timeline folder says of the phase change (below).
+- `toy_tokenizer()`: a word-level tokenizer over the toy vocabulary (token i is "t{i}", [BOS] is
+  id 0 as in training), so that `headscope.task` builds tasks for these models.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-__all__ = ["repeated_segments", "tiny_llama", "train_toy", "induction_window", "SEQ_LEN", "VOCAB"]
+__all__ = ["repeated_segments", "tiny_llama", "train_toy", "induction_window", "toy_tokenizer", "SEQ_LEN",
+           "VOCAB"]
 
 SEQ_LEN, VOCAB = 61, 64
 BOS = 0  # every sequence starts with it; the random tokens are drawn from 1 .. VOCAB - 1
@@ -58,6 +61,19 @@ def tiny_llama(n_layers: int, seq_len: int = SEQ_LEN, vocab: int = VOCAB, hidden
                             max_position_embeddings=max(64, seq_len), bos_token_id=BOS, eos_token_id=None,
                             pad_token_id=None, tie_word_embeddings=False)
     return tf.LlamaForCausalLM(config)
+
+
+def toy_tokenizer(vocab: int = VOCAB):
+    """A word-level tokenizer: "t1" .. "t{vocab - 1}" are ids 1 .. vocab - 1, [BOS] is id 0 and
+    starts every encoded text, [UNK] is id `vocab` (outside the models' vocabulary: never in a task)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"[BOS]": BOS, **{f"t{i}": i for i in range(1, vocab)}, "[UNK]": vocab}
+    tok = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", BOS)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="[BOS]")
 
 
 class _Rows(torch.utils.data.Dataset):

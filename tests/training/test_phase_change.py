@@ -11,31 +11,22 @@ benchmark measured its window at steps 300-320 for this seed, 300-320 and 310-34
 and the training losses with and without the callback are identical.
 """
 import pytest
-import torch
 
 from headscope.training.callback import HeadscopeCallback
-from headscope.training.toy import induction_window, repeated_segments, tiny_llama, train_toy
+from headscope.training.toy import induction_window
+
+from tests.support.phase_change import EVERY, STEPS, held_out, train_phase
 
 pytestmark = pytest.mark.slow
-STEPS, EVERY, SEED = 340, 20, 0
-ROWS = 600 * 64  # the benchmark's data: the first STEPS steps are its seed-0 run's
-
-
-def _train(n_layers, steps, folder, callbacks):
-    torch.set_num_threads(1)
-    torch.manual_seed(SEED)
-    ids, _ = repeated_segments(ROWS, torch.Generator().manual_seed(SEED))  # the same rows and order whatever `steps`
-    return train_toy(tiny_llama(n_layers), ids, steps, folder, callbacks, seed=SEED)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("phase")
-    held, _ = repeated_segments(64, torch.Generator().manual_seed(10_000 + SEED))
-    tracked = _train(2, STEPS, root / "run2", [HeadscopeCallback(every=EVERY, out=root / "two", icl_data=held)])
-    _train(1, STEPS, root / "run1", [HeadscopeCallback(every=3 * EVERY, out=root / "one", icl_data=held)])
-    plain = _train(2, EVERY + 1, root / "plain", [])  # past the first records (steps 0 and 20)
-    return root, tracked, plain
+def runs(phase_change):
+    """The session's 2-layer run (its timeline in root / "two"), the 1-layer twin and a short plain run."""
+    root = phase_change.root
+    train_phase(1, STEPS, root / "run1", [HeadscopeCallback(every=3 * EVERY, out=root / "one", icl_data=held_out())])
+    plain, _ = train_phase(2, EVERY + 1, root / "plain", [])  # past the first records (steps 0 and 20)
+    return root, phase_change.losses, plain
 
 
 def test_losses_with_and_without_the_callback_are_identical(runs):

@@ -1,0 +1,51 @@
+"""EAP-IG on the trained phase-change model (slow: the model is trained once per session,
+tests/conftest.py `phase_change`, about 60-100 s on two shared cores; the circuits take a few
+seconds). Heads are read off the training timeline's labels at the last record: layer 0's
+previous-token head and layer 1's induction heads.
+
+Measured with the induction task at length 16 (the longest this 64-token vocabulary allows), n=16:
+the strongest edge into the induction heads' keys comes from the previous-token head (seeds 0 and
+1), but those edges rank 43rd and below of 110 (seed 0: 43, 50, 77), never in the top 5. The task
+corrupts the second copy only, so the keys an induction head looks up (in the first copy) are the
+same in both runs and the previous-token -> key edges carry little of the difference; EAP-IG's top
+edges are the queries' embeddings, the induction heads' outputs to the logits and a0.h1 -> m0.
+"""
+import pandas as pd
+import pytest
+
+import headscope
+from headscope.circuits.circuit import circuit
+from headscope.training.toy import toy_tokenizer
+
+pytestmark = pytest.mark.slow
+
+
+def _heads(timeline):
+    """`(previous-token heads of layer 0, induction heads of layer 1)` labelled at the last record."""
+    labels = pd.read_csv(timeline / "labels.csv")
+    last = labels[labels.step == labels.step.max()]
+    previous = {f"a0.h{h}" for h in last[(last.layer == 0) & (last.label == "previous_token")]["head"]}
+    induction = {f"a1.h{h}" for h in last[(last.layer == 1) & (last.label == "induction")]["head"]}
+    return previous, induction
+
+
+@pytest.fixture(scope="module")
+def found(phase_change):
+    task = headscope.task("induction", toy_tokenizer(), n=16, seed=0, length=16)
+    return circuit(phase_change.model, task, method="eap-ig", steps=5)
+
+
+def test_the_strongest_edge_into_the_induction_heads_keys_is_the_previous_token_heads(phase_change, found):
+    previous, induction = _heads(phase_change.timeline)
+    assert len(previous) == 1 and induction  # the phase change happened: a1.h0, a1.h1, a1.h3 at step 340
+    keys = found.edges[found.edges.dst.isin({f"{head}.k" for head in induction})]
+    best = keys.loc[keys.score.abs().idxmax()]
+    assert best.src in previous
+
+
+@pytest.mark.xfail(strict=True, reason="measured: the previous-token -> induction-key edges rank 43rd and below of 110 "
+                                       "(module docstring): the task corrupts the second copy, not the keys' first copy")
+def test_a_previous_token_to_induction_key_edge_is_among_the_top_5(phase_change, found):
+    previous, induction = _heads(phase_change.timeline)
+    top = found.top(5)
+    assert any(src in previous and dst.endswith(".k") and dst[:-2] in induction for src, dst in zip(top.src, top.dst))
