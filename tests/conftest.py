@@ -1,7 +1,8 @@
 """Session fixtures shared by every test folder: the load cache, the two bundled models, and the
 planted models of `tests/support/` (each saved once by its factory, `save_planted` and
-`save_planted_positions`, and loaded once: `planted`, `planted_positions`), and the trained
-phase-change model (`phase_change`, slow tests only)."""
+`save_planted_positions`, and loaded once: `planted`, `planted_positions`), the trained
+phase-change model (`phase_change`, slow tests only), and `headscope analyze` of each bundled
+model with its defaults, run once (`golden_analyses`, slow tests only)."""
 import os
 from pathlib import Path
 
@@ -26,6 +27,24 @@ def smollm2(load_cache):
     import headscope
 
     return headscope.load("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def golden_analyses(tmp_path_factory):
+    """`get(model) -> (output folder, the finished process)`: `headscope analyze MODEL` with every
+    option at its default, in its own process (`tests/support/golden/regenerate.py`'s command),
+    run at most once per model and session: the golden tables and the end-to-end CLI test read
+    the same run."""
+    from tests.support.golden.regenerate import run_analyze
+
+    done = {}
+
+    def get(model: str):
+        if model not in done:
+            out = tmp_path_factory.mktemp("golden") / model
+            done[model] = (out, run_analyze(model, out))
+        return done[model]
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -3,19 +3,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from headscope.analysis import Analysis
-from headscope.cli import app
 
 pytestmark = pytest.mark.slow
 
 
-def test_analyze_smollm2_end_to_end(tmp_path):
-    out = tmp_path / "smollm2"
-    result = CliRunner().invoke(app, ["analyze", "--out", str(out), "--n-examples", "6", "--seq-len", "96",
-                                      "--n-sentences", "40", "--device", "cpu"])
-    assert result.exit_code == 0, result.output[-3000:]
+def test_analyze_smollm2_end_to_end(golden_analyses):
+    out, result = golden_analyses("smollm2-135m")  # `headscope analyze smollm2-135m` with its defaults, in a process
+    assert result.returncode == 0, result.stderr[-3000:]
     analysis = Analysis.load(out)
     assert (analysis.n_layers, analysis.n_heads) == (30, 9)
     labels = set(analysis.labels.label)

@@ -1,21 +1,21 @@
 """`headscope analyze` on both bundled models gives the committed golden scores, CIs and labels (slow).
 
-The golden tables (tests/support/golden/MODEL/*.csv) were written by tests/support/golden/regenerate.py. A
+The golden tables (tests/support/golden/MODEL/*.csv) were written by tests/support/golden/regenerate.py; the run is the session's (`golden_analyses`), which
+tests/cli/test_real_cli.py reads too. A
 refactor must leave them unchanged; a change that moves them on purpose regenerates them and
 says so in its commit.
 """
 import pandas as pd
 import pytest
 
-from tests.support.golden.regenerate import HERE as GOLDEN, MODELS, TABLES, run_analyze
+from tests.support.golden.regenerate import HERE as GOLDEN, MODELS, TABLES
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def analysed(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp("golden") / request.param
-    result = run_analyze(request.param, out)
+def analysed(request, golden_analyses):
+    out, result = golden_analyses(request.param)  # the session's run (tests/conftest.py)
     assert result.returncode == 0, result.stderr[-3000:]
     return request.param, out
 
