@@ -73,8 +73,11 @@ def child(contender: str, seq_len: int, batch: int, model: str) -> None:
 
     torch.set_grad_enabled(False)
     loaded = headscope.load(model)
+    pattern = [name for name in defaults(loaded.causal) if get(name).probe in ("text", "repeated")]
+    if contender == "list":  # the default pattern detectors, nothing run
+        print(json.dumps({"detectors": pattern}))
+        return
     probes = _probes(loaded, seq_len, batch)
-    pattern = [name for name in defaults(loaded.causal) if get(name).probe in probes]
     if contender.startswith("plain"):
         times = 2 if contender == "plain x2" else 1
 
@@ -124,7 +127,7 @@ def main() -> None:
     if args.child:
         return child(args.child, *sizes[0], args.model)
     for seq_len, batch in sizes:
-        first = spawn("plain", seq_len, batch, args.model)
+        first = spawn("list", seq_len, batch, args.model)
         contenders = ["plain", "all"] + (["plain x2", "all+control"] if args.control else [])
         contenders += [f"only:{name}" for name in first["detectors"]] if args.each else []
         runs = {name: [] for name in contenders}
