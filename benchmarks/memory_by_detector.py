@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--each", action="store_true", help="also each detector alone")
     parser.add_argument("--control", action="store_true", help="also analyze with the control twin")
+    parser.add_argument("--only-control", action="store_true", help="only the control rows (plain x2, all+control)")
     parser.add_argument("--out", type=Path, default=HERE / "results-memory.jsonl")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -128,7 +129,8 @@ def main() -> None:
         return child(args.child, *sizes[0], args.model)
     for seq_len, batch in sizes:
         first = spawn("list", seq_len, batch, args.model)
-        contenders = ["plain", "all"] + (["plain x2", "all+control"] if args.control else [])
+        contenders = (["plain x2", "all+control"] if args.only_control else
+                      ["plain", "all"] + (["plain x2", "all+control"] if args.control else []))
         contenders += [f"only:{name}" for name in first["detectors"]] if args.each else []
         runs = {name: [] for name in contenders}
         for _ in range(args.repeats):  # round robin: a slow spell does not land on one contender
@@ -142,7 +144,7 @@ def main() -> None:
             row["contenders"][name]["runs"] = [{k: round(r[k], 3) for k in ("seconds", "peak_mib")} for r in results]
         base = row["contenders"]
         for name in contenders:
-            floor = base["plain x2" if name == "all+control" else "plain"]
+            floor = base["plain x2"] if name == "all+control" else base.get("plain", base[name])
             base[name]["peak_ratio"] = base[name]["peak_mib"] / floor["peak_mib"]
             base[name]["time_ratio"] = base[name]["seconds"] / floor["seconds"]
             print(f"{seq_len}x{batch} {name:>24}: {base[name]['seconds']:8.2f} s (x{base[name]['time_ratio']:.3f})"
