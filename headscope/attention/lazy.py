@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from .flex import flex_available, flex_stats
 from .kernel import _combine, causal_mask, expand_kv
+from .targets import Targets
 
 __all__ = ["lazy_attention", "LazyPattern", "fused_lse_available", "lse_kernel", "KERNELS", "BLOCK_BYTES"]
 
@@ -269,21 +270,19 @@ class LazyPattern:
         i = torch.arange(self.shape[2], device=self.device)
         return self._probs(logits, None, i, torch.full_like(i, key))
 
-    def mass(self, targets: torch.Tensor) -> torch.Tensor:
+    def mass(self, targets) -> torch.Tensor:
         """`[batch, head, query]` sum over keys j with targets[b, i, j] of A[i, j].
 
         Args:
-            targets: `[batch, query, key]` bool, sparse (a few keys per query).
+            targets: `headscope.attention.targets.Targets`, or a `[batch, query, key]` bool mask
+                (sparse: a few keys per query).
         """
-        b, i, j = targets.nonzero(as_tuple=True)
+        targets = Targets.of(targets)
+        b, i, j = targets.b, targets.i, targets.j
         q = self.q.permute(0, 2, 1, 3)[b, i].float()  # (n, H, D)
         k = self.k.permute(0, 2, 1, 3)[b, j].float()
         logits = self.capped((q * k).sum(-1))  # (n, H)
-        probs = self._probs(logits, b, i, j)  # (n, H)
-        batch, heads, n_query = self.shape[:3]
-        out = torch.zeros(batch * n_query, heads, dtype=torch.float32, device=self.device)
-        out.index_add_(0, b * n_query + i, probs)
-        return out.view(batch, n_query, heads).permute(0, 2, 1)
+        return targets.sum_over(self._probs(logits, b, i, j))  # (B, H, Tq)
 
     def entropy(self) -> torch.Tensor:
         """`[batch, head, query]` H_i = -sum_j A[i, j] ln A[i, j] in nats."""

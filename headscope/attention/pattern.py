@@ -17,6 +17,7 @@ from typing import Union
 import torch
 
 from .lazy import LazyPattern
+from .targets import Targets
 
 __all__ = ["Pattern", "DensePattern", "as_pattern"]
 
@@ -47,9 +48,11 @@ class DensePattern:
         """`[batch, head, query]` A[:, key]."""
         return self.tensor[..., key]
 
-    def mass(self, targets: torch.Tensor) -> torch.Tensor:
-        """`[batch, head, query]` sum of A[i, j] over keys j with `targets[b, i, j]` (`[batch, query, key]` bool)."""
-        return (self.tensor * targets[:, None].to(self.tensor.dtype)).sum(-1)
+    def mass(self, targets) -> torch.Tensor:
+        """`[batch, head, query]` sum of A[i, j] over keys j with `targets[b, i, j]` (`Targets`, or a
+        `[batch, query, key]` bool mask): the target entries gathered, no second map."""
+        targets = Targets.of(targets)
+        return targets.sum_over(self.tensor.permute(0, 2, 3, 1)[targets.b, targets.i, targets.j])  # (n, H) summed
 
     def entropy(self) -> torch.Tensor:
         """`[batch, head, query]` row entropy -sum_j A[i, j] ln A[i, j] in nats."""

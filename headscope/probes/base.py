@@ -133,6 +133,16 @@ class ProbeBatch:
             return allowed
         return self.cached("key_allowed", build)
 
+    def key_counts(self) -> torch.Tensor:
+        """`[batch, query]` long: how many keys each query may attend to, `key_allowed().sum(-1)`
+        counted without the `[query, key]` mask (0 for padding queries)."""
+        def build():
+            valid = self.attention_mask.bool()
+            keys = valid if self.key_mask is None else self.key_mask.bool()
+            counts = keys.long().cumsum(-1) if self.causal else keys.long().sum(-1, keepdim=True).expand_as(valid)
+            return counts * valid
+        return self.cached("key_counts", build)
+
 
 @dataclass
 class ProbeSet:

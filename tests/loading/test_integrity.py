@@ -105,3 +105,17 @@ def test_an_analysis_takes_a_loaded_model(planted):
     with pytest.raises(HeadscopeError, match=r"analyze takes a loaded model .*headscope.load\('minilm-l6'\)"):
         headscope.analyze("minilm-l6")
     assert torch.isfinite(next(planted.model.parameters())).all()
+
+
+def test_check_weights_counts_exactly_when_a_sum_overflows():
+    from headscope.loading.integrity import check_weights
+
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        model.weight.fill_(3e38)  # finite, but their sum is inf
+    check_weights(model, "big")  # every value is finite: no error
+    with torch.no_grad():
+        model.weight[0, 0] = float("inf")
+        model.bias[1] = float("nan")
+    with pytest.raises(HeadscopeError, match="weight holds 1 NaN or infinite values of 16"):
+        check_weights(model, "big")

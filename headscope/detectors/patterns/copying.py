@@ -18,37 +18,42 @@ from __future__ import annotations
 import torch
 
 from ...attention.pattern import Pattern, as_pattern
+from ...attention.targets import Targets, pairs_in_blocks
 from ..protocol import masked_query_mean
 
 __all__ = ["earlier_copies", "induction_targets", "mass_on"]
 
 
-def earlier_copies(batch) -> torch.Tensor:
-    """`[batch, query, key]` bool: key j < query i holds the same token as i (both real)."""
+def earlier_copies(batch) -> Targets:
+    """Key j < query i holds the same token as i (both real, j after the start tokens), as
+    `Targets` (built a block of queries at a time: no `[query, key]` mask)."""
     def build():
         ids = batch.input_ids
         valid = batch.attention_mask.bool()
-        same = (ids[:, :, None] == ids[:, None, :]) & valid[:, :, None] & valid[:, None, :]
-        t = ids.shape[1]
-        before = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril(-1)
-        same = same & before
-        same[:, :, : batch.content_start] = False  # special start tokens are not copies
-        return same
+        n = ids.shape[1]
+        keys = torch.arange(n, device=ids.device)
+
+        def pair(rows: slice) -> torch.Tensor:
+            queries = torch.arange(rows.start, rows.stop, device=ids.device)
+            same = (ids[:, rows, None] == ids[:, None, :]) & valid[:, rows, None] & valid[:, None, :]  # (B, rows, K)
+            return same & (keys[None, :] < queries[:, None]) & (keys >= batch.content_start)[None, :]
+        return pairs_in_blocks((ids.shape[0], n, n), pair, ids.device)
     return batch.cached("earlier_copies", build)
 
 
-def induction_targets(batch) -> torch.Tensor:
-    """`[batch, query, key]` bool: key j+1 follows an earlier occurrence j of query i's token."""
+def induction_targets(batch) -> Targets:
+    """Key j+1 follows an earlier occurrence j of query i's token (j+1 real), as `Targets`."""
     def build():
         copies = earlier_copies(batch)
-        targets = torch.zeros_like(copies)
-        targets[:, :, 1:] = copies[:, :, :-1]
-        return targets & batch.attention_mask.bool()[:, None, :]
+        after = copies.j + 1  # j < i, so j + 1 <= i is a key
+        keep = batch.attention_mask.bool()[copies.b, after]
+        return Targets(copies.b[keep], copies.i[keep], after[keep], copies.shape)
     return batch.cached("induction_targets", build)
 
 
-def mass_on(pattern: Pattern, targets: torch.Tensor) -> torch.Tensor:
-    """`[batch, head]` mean over queries with a target of the attention on their targets (`[batch, query, key]`)."""
+def mass_on(pattern: Pattern, targets) -> torch.Tensor:
+    """`[batch, head]` mean over queries with a target of the attention on their targets (`Targets`
+    or a `[batch, query, key]` bool mask)."""
+    targets = Targets.of(targets)
     mass = as_pattern(pattern).mass(targets)  # (B, H, T)
-    return masked_query_mean(mass, targets.any(-1))
-
+    return masked_query_mean(mass, targets.queries())
