@@ -127,11 +127,11 @@ def main() -> None:
     sizes = [tuple(int(x) for x in size.split("x")) for size in args.sizes]
     if args.child:
         return child(args.child, *sizes[0], args.model)
+    contenders = (["plain x2", "all+control"] if args.only_control else
+                  ["plain", "all"] + (["plain x2", "all+control"] if args.control else []))
+    if args.each:
+        contenders += [f"only:{name}" for name in spawn("list", *sizes[0], args.model)["detectors"]]
     for seq_len, batch in sizes:
-        first = spawn("list", seq_len, batch, args.model)
-        contenders = (["plain x2", "all+control"] if args.only_control else
-                      ["plain", "all"] + (["plain x2", "all+control"] if args.control else []))
-        contenders += [f"only:{name}" for name in first["detectors"]] if args.each else []
         runs = {name: [] for name in contenders}
         for _ in range(args.repeats):  # round robin: a slow spell does not land on one contender
             for name in contenders:

@@ -11,14 +11,14 @@ in proportion to the number of targets, not to query x key.
 - `queries()`: `[batch, query]` bool, the queries with at least one target.
 - `dense()`: the mask itself (`[batch, query, key]` bool; costs what the map costs).
 - `sum_over(values)`: `[batch, head, query]` sums of per-target values `[n, head]`.
-- `pairs_in_blocks(batch, query_block, pair)`: `Targets` built a block of queries at a time from
-  a function giving the block's `[batch, rows, key]` mask, so no more than `query_block` rows of
-  the mask exist at once.
+- `pairs_in_blocks(shape, pair, device)`: `Targets` built a block of queries at a time from a
+  function giving the block's `[batch, rows, key]` mask, so no more than `BLOCK_ENTRIES` entries
+  of the mask exist at once.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Union
 
 import torch
 
@@ -51,9 +51,6 @@ class Targets:
     def device(self) -> torch.device:
         return self.b.device
 
-    def to(self, device) -> "Targets":
-        return Targets(self.b.to(device), self.i.to(device), self.j.to(device), self.shape)
-
     def queries(self) -> torch.Tensor:
         """`[batch, query]` bool: True where the query has at least one target."""
         out = torch.zeros(self.shape[:2], dtype=torch.bool, device=self.device)
@@ -74,15 +71,13 @@ class Targets:
         return out.view(batch, n_query, -1).permute(0, 2, 1)
 
 
-def pairs_in_blocks(shape: tuple, pair: Callable[[slice], torch.Tensor], device=None,
-                    block_entries: Optional[int] = None) -> Targets:
+def pairs_in_blocks(shape: tuple, pair: Callable[[slice], torch.Tensor], device=None) -> Targets:
     """`Targets` of the mask `[batch, query, key]` of `shape` whose rows `pair(rows)` gives as a
     `[batch, rows, key]` bool block, as many query rows (of every example) as fit in
-    `block_entries` (default `BLOCK_ENTRIES`) at a time (at least one), so the whole mask never
-    exists. Row-major order, as `Targets.of`."""
+    `BLOCK_ENTRIES` (read at each call) at a time (at least one), so the whole mask never exists.
+    Row-major order, as `Targets.of`."""
     batch, n_query, n_key = shape
-    block_entries = BLOCK_ENTRIES if block_entries is None else block_entries
-    rows = max(1, block_entries // max(1, batch * n_key))
+    rows = max(1, BLOCK_ENTRIES // max(1, batch * n_key))
     parts = []
     for start in range(0, n_query, rows):
         block = pair(slice(start, min(n_query, start + rows)))  # (B, rows, K)

@@ -6,9 +6,9 @@ import torch
 
 from headscope.attention.kernel import attention
 from headscope.attention.lazy import lazy_attention
+from headscope.attention import targets as targets_module
 from headscope.attention.pattern import DensePattern
 from headscope.attention.targets import Targets, pairs_in_blocks
-from headscope.detectors.patterns import copying
 from headscope.detectors.patterns.copying import earlier_copies, induction_targets, mass_on
 from headscope.probes.base import ProbeBatch
 
@@ -42,8 +42,7 @@ def _dense_induction(batch) -> torch.Tensor:
 
 @pytest.mark.parametrize("block_entries", [1, 97, 1 << 24])
 def test_copies_and_induction_targets_equal_their_dense_masks(monkeypatch, block_entries):
-    monkeypatch.setattr(copying, "pairs_in_blocks",
-                        lambda shape, pair, device=None: pairs_in_blocks(shape, pair, device, block_entries))
+    monkeypatch.setattr(targets_module, "BLOCK_ENTRIES", block_entries)
     batch = _batch()
     for built, dense in ((earlier_copies(batch), _dense_copies(batch)), (induction_targets(batch), _dense_induction(batch))):
         assert isinstance(built, Targets) and built.shape == tuple(dense.shape)
