@@ -6,10 +6,10 @@ head -> induction head key edge?
 The 2-layer toy Llama of `headscope.training.toy` trained as tests/training/test_phase_change.py
 trains it (seed 0, one thread, 340 steps: just past its phase change) with `HeadscopeCallback`
 recording every 20 steps; heads are read off the labels of the last record (layer 0's
-previous-token heads, layer 1's induction heads). For the induction task (`toy_tokenizer`, n=16)
-at lengths 16, 14 and 10 and seeds 0 and 1, and for a hand-built variant of the length-16 task in
-which the *first* copy is corrupted (fresh tokens, the wrong answer last) instead of the second,
-each method's: strongest edge into the induction heads' keys and its rank among all edges by
+previous-token heads, layer 1's induction heads). For the induction and induction-keys tasks
+(`toy_tokenizer`, n=16) at lengths 16, 14 and 10 and seeds 0 and 1, and for a hand-built variant
+of the length-16 task in which the whole *first* copy is corrupted (fresh tokens, the wrong answer
+last) instead of the second, each method's: strongest edge into the induction heads' keys and its rank among all edges by
 |score|, the ranks of the previous-token -> induction-key edges, and the top 5 edges.
 
 Results: benchmarks/results-circuit-phase-change.json.
@@ -106,11 +106,12 @@ def main() -> None:
     print(json.dumps(result), flush=True)
     tokenizer = toy_tokenizer()
     result["runs"] = []
-    for length in (16, 14, 10):
-        for seed in (0, 1):
-            task = headscope.task("induction", tokenizer, n=16, seed=seed, length=length)
-            result["runs"].append({"task": "induction", "length": length, "seed": seed,
-                                   **ranks(model, task, previous, induction)})
+    for name in ("induction", "induction-keys"):
+        for length in (16, 14, 10):
+            for seed in (0, 1):
+                task = headscope.task(name, tokenizer, n=16, seed=seed, length=length)
+                result["runs"].append({"task": name, "length": length, "seed": seed,
+                                       **ranks(model, task, previous, induction)})
     for seed in (0, 1):
         task = first_copy_corrupted(headscope.task("induction", tokenizer, n=16, seed=seed, length=16), 16)
         result["runs"].append({"task": task.name, "length": 16, "seed": seed, **ranks(model, task, previous, induction)})

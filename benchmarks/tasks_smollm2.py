@@ -1,7 +1,7 @@
 """The built-in tasks on SmolLM2-135M: what the model does on them (not a timing).
 
 IOI at n=64 for seeds 0, 1, 2 (mean logit difference, accuracy, and the same on the ABC-corrupted
-prompts), IOI per template (seed 0), and induction (n=32, L=20). Writes
+prompts), IOI per template (seed 0), and induction and induction-keys (n=32, L=20). Writes
 benchmarks/results-tasks-smollm2.json; docs/tasks.md quotes it.
 
     python benchmarks/tasks_smollm2.py
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 import headscope
+from headscope.atomic import write_text_atomic
 from headscope.circuits.task_builders import IOI_TEMPLATES
 
 
@@ -43,11 +44,11 @@ def main():
                 rows = [i for i in range(task.n) if _fits(task.texts[i]["clean"], template)]
                 if rows:
                     results["ioi_by_template"][template] = summary(clean[rows], corrupted[rows])
-    task = headscope.task("induction", loaded, n=32, seed=0)
-    results["induction"] = summary(*run(loaded, task))
-    print("induction", results["induction"])
+    for name in ("induction", "induction-keys"):
+        results[name] = summary(*run(loaded, headscope.task(name, loaded, n=32, seed=0)))
+        print(name, results[name], flush=True)
     out = Path(__file__).with_name("results-tasks-smollm2.json")
-    out.write_text(json.dumps(results, indent=1))
+    write_text_atomic(out, json.dumps(results, indent=1))
     print(out)
 
 

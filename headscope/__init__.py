@@ -41,8 +41,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
   `attribute(loaded, task, method="atp" | "atp*" | "exact", point="z")`: each head's effect when
   patched, estimated by attribution patching or measured (docs/attribution.md).
 - `task(name_or_path, tokenizer, n=64, seed=0)` -> `Task`: clean and corrupted prompts with their
-  answers and a metric ("ioi", "induction", "greater-than" or a JSONL file); `Task(clean=,
-  corrupted=, answer=, wrong=)` straight from token ids (docs/tasks.md).
+  answers and a metric ("ioi", "induction", "induction-keys", "greater-than" or a JSONL file);
+  `Task(clean=, corrupted=, answer=, wrong=)` straight from token ids (docs/tasks.md).
 - `composition(loaded, kind="q" | "k" | "v")`: how strongly each later head reads what each earlier
   head writes, from the weights (Elhage et al. 2021), with a random baseline and z;
   `add_composition(analysis_or_folder, loaded)`: the same attached to an analysis, drawn in its

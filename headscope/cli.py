@@ -602,7 +602,7 @@ def _task_run(model, task, out, suffix, analysis_dir, force, n, seed, metric, de
 @_friendly
 def attribute_command(
     model: ModelArg = "smollm2-135m",
-    task: Annotated[str, typer.Option("--task", help="ioi, induction, greater-than, or a JSONL file of clean/corrupted/answer/wrong prompts.")] = "ioi",
+    task: Annotated[str, typer.Option("--task", help="ioi, induction, induction-keys, greater-than, or a JSONL file of clean/corrupted/answer/wrong prompts.")] = "ioi",
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL-TASK).")] = None,
     n: Annotated[int, typer.Option("--n", min=1, help="Prompt pairs (a built-in task's; a file's first N).")] = 64,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the built-in task's prompts and the bootstrap.")] = 0,
@@ -647,7 +647,7 @@ def attribute_command(
 @_friendly
 def circuit_command(
     model: ModelArg = "smollm2-135m",
-    task: Annotated[str, typer.Option("--task", help="ioi, induction, greater-than, or a JSONL file of clean/corrupted/answer/wrong prompts.")] = "ioi",
+    task: Annotated[str, typer.Option("--task", help="ioi, induction, induction-keys, greater-than, or a JSONL file of clean/corrupted/answer/wrong prompts.")] = "ioi",
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL-TASK-circuit).")] = None,
     method: Annotated[str, typer.Option("--method", help="eap (one gradient on the clean run) or eap-ig (integrated gradients, more faithful).")] = "eap-ig",
     steps: Annotated[int, typer.Option("--steps", help="EAP-IG's integration steps (forward/backward pairs per batch; ignored by eap).")] = 5,

@@ -2,7 +2,8 @@
 
 - `task(name_or_path, tokenizer, n=None, seed=0, metric=None, length=None)` -> `Task`:
   `"ioi"` (indirect-object identification, Wang et al. 2022), `"induction"` (a random sequence
-  repeated), `"greater-than"` (Hanna et al. 2023) or the path of a JSONL file with one
+  repeated), `"induction-keys"` (the same prompts, corrupted where the keys read the previous
+  token), `"greater-than"` (Hanna et al. 2023) or the path of a JSONL file with one
   `{"clean", "corrupted", "answer", "wrong"}` object per line. docs/tasks.md has the designs.
 - `BUILTINS`: the built-in names and what each is.
 
@@ -29,6 +30,7 @@ __all__ = ["task", "BUILTINS", "IOI_TEMPLATES", "NAMES", "PLACES", "OBJECTS", "Y
 BUILTINS = {
     "ioi": "indirect-object identification (Wang et al. 2022), ABC corruption",
     "induction": "a random token sequence repeated; the corrupted repeat is fresh random tokens",
+    "induction-keys": "the induction prompts; the corrupted prompt changes only the first copy's token before the answer",
     "greater-than": "'The war lasted from the year 1732 to the year 17' (Hanna et al. 2023); corrupted start year 01",
 }
 DEFAULT_N = 64
@@ -78,14 +80,14 @@ def task(name_or_path, tokenizer, n: Optional[int] = None, seed: int = 0, metric
     """A built-in task, or one read from a JSONL file, in `tokenizer`'s token ids.
 
     Args:
-        name_or_path: "ioi", "induction", "greater-than", or the path of a JSONL file.
+        name_or_path: "ioi", "induction", "induction-keys", "greater-than", or the path of a JSONL file.
         tokenizer: the model's tokenizer (or a `headscope.Loaded`, whose tokenizer is used).
         n: examples; built-ins default to 64; a file defaults to all its lines, and a smaller n
             takes its first n (a larger one is an error).
         seed: the random draws of the built-ins (names, templates, tokens, years).
         metric: "logit_diff", "prob", "prob_diff" or "kl"; default "logit_diff", "prob_diff"
             for "greater-than".
-        length: "induction" only: the random sequence's length L (default 20).
+        length: "induction" and "induction-keys" only: the random sequence's length L (default 20).
     Returns:
         A `Task` whose `tokenizer` is the tokenizer's fingerprint.
     """
@@ -98,14 +100,15 @@ def task(name_or_path, tokenizer, n: Optional[int] = None, seed: int = 0, metric
         raise HeadscopeError(f"seed must be an integer, got {seed!r}")
     if metric is not None and metric not in METRICS:
         raise UsageError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    if length is not None and name_or_path != "induction":
+    if length is not None and name_or_path not in ("induction", "induction-keys"):
         raise HeadscopeError("length is the induction task's sequence length; other tasks take none")
     if name_or_path == "ioi":
         built = _ioi(tokenizer, n or DEFAULT_N, random.Random(seed))
-    elif name_or_path == "induction":
+    elif name_or_path in ("induction", "induction-keys"):
         if length is not None:
             check_count("length", length, least=2)
-        built = _induction(tokenizer, n or DEFAULT_N, torch.Generator().manual_seed(seed), length or INDUCTION_LENGTH)
+        built = _induction(tokenizer, n or DEFAULT_N, torch.Generator().manual_seed(seed), length or INDUCTION_LENGTH,
+                           keys=name_or_path == "induction-keys")
     elif name_or_path == "greater-than":
         built = _greater_than(tokenizer, n or DEFAULT_N, random.Random(seed))
         metric = metric or "prob_diff"
@@ -231,12 +234,18 @@ def _ioi(tokenizer, n: int, rng: random.Random) -> dict:
     return _assemble("ioi", tokenizer, clean, corrupted, answer, wrong, texts)
 
 
-def _induction(tokenizer, n: int, generator: torch.Generator, length: int) -> dict:
+def _induction(tokenizer, n: int, generator: torch.Generator, length: int, keys: bool = False) -> dict:
     """`[prefix] r_0..r_{L-1} r_0..r_{L-2}`: at the last token (r_{L-2}, second copy) an induction
     head predicts r_{L-1}. The corrupted prompt's second half is L-1 fresh tokens seen nowhere
     before, so there is nothing to copy; wrong is another fresh token. Tokens are drawn without
     replacement from the middle half of the vocabulary (ids V/4 to 3V/4, special tokens left
-    out): not bytes or the rarest merges."""
+    out): not bytes or the rarest merges.
+
+    `keys`: the corrupted prompt is the clean one with the first copy's r_{L-2} replaced by the
+    first fresh token. The query (the second r_{L-2}) and the value at the first r_{L-1} are the
+    clean run's; only what a previous-token head moves into the first r_{L-1}'s key differs, so
+    the difference runs through K-composition (Elhage et al. 2021). The same draws as without
+    `keys`: the clean prompts, answers and wrong tokens are identical."""
     size = len(tokenizer.get_vocab())
     special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     candidates = torch.tensor([i for i in range(size // 4, 3 * size // 4) if i not in special], dtype=torch.long)
@@ -250,12 +259,15 @@ def _induction(tokenizer, n: int, generator: torch.Generator, length: int) -> di
         drawn = candidates[torch.randperm(len(candidates), generator=generator)[:2 * length]].tolist()
         sequence, fresh, other = drawn[:length], drawn[length:2 * length - 1], drawn[-1]
         clean.append(prefix + sequence + sequence[:-1])
-        corrupted.append(prefix + sequence + fresh)
+        if keys:
+            corrupted.append(prefix + sequence[:-2] + fresh[:1] + sequence[-1:] + sequence[:-1])
+        else:
+            corrupted.append(prefix + sequence + fresh)
         answer.append(sequence[-1])
         wrong.append(other)
         texts.append({"clean": tokenizer.decode(clean[-1]), "corrupted": tokenizer.decode(corrupted[-1]),
                       "answer": tokenizer.decode([sequence[-1]]), "wrong": tokenizer.decode([other])})
-    return _assemble("induction", tokenizer, clean, corrupted, answer, wrong, texts)
+    return _assemble("induction-keys" if keys else "induction", tokenizer, clean, corrupted, answer, wrong, texts)
 
 
 def _greater_than(tokenizer, n: int, rng: random.Random) -> dict:

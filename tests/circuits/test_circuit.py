@@ -194,6 +194,16 @@ def test_the_planted_induction_circuit(planted_path):
     assert (top.src, top.dst) == ("a1.h0", "logits")
 
 
+def test_the_planted_key_path_under_induction_keys(planted_path):
+    """With only the keys' previous token corrupted, the planted K-composition path is the whole
+    difference: EAP-IG's top 3 edges are that path, the embeddings into the previous-token head's
+    values, its output into the induction head's keys, and the induction head's output."""
+    loaded = headscope.load(planted_path, device="cpu")
+    found = circuit(loaded, headscope.task("induction-keys", loaded.tokenizer, n=6, seed=0), method="eap-ig", steps=5)
+    top = found.top(3)
+    assert set(zip(top.src, top.dst)) == {("embed", "a0.h0.v"), ("a0.h0", "a1.h0.k"), ("a1.h0", "logits")}
+
+
 def test_save_and_load(llama, tmp_path):
     task = _task(seed=6)
     found = circuit(llama, task, method="eap")

@@ -305,6 +305,27 @@ def test_induction_repeats_a_random_sequence(words):
         headscope.task("ioi", words, length=5)
 
 
+def test_induction_keys_changes_only_the_token_before_the_answers_first_occurrence(words):
+    length = 6
+    plain = headscope.task("induction", words, n=16, seed=2, length=length)
+    task = headscope.task("induction-keys", words, n=16, seed=2, length=length)
+    assert task.name == "induction-keys"
+    # the same draws: clean prompts, answers and wrong tokens are the induction task's
+    assert torch.equal(task.clean, plain.clean) and torch.equal(task.answer, plain.answer)
+    assert torch.equal(task.wrong, plain.wrong)
+    for i in range(task.n):
+        clean, corrupted = task.clean[i].tolist(), task.corrupted[i].tolist()
+        changed = [p for p in range(len(clean)) if clean[p] != corrupted[p]]
+        # r_{L-2} of the first copy (after the BOS), the token the answer r_{L-1} follows there
+        assert changed == [length - 1] and clean[length - 1] == clean[-1]
+        assert corrupted[length] == int(task.answer[i])  # the answer's first occurrence is kept
+        # the replacement is the induction task's first fresh token: seen nowhere in the clean prompt
+        assert corrupted[length - 1] == plain.corrupted[i, 1 + length] and corrupted[length - 1] not in clean
+        assert corrupted[length - 1] != int(task.wrong[i])
+    short = headscope.task("induction-keys", words, n=2, seed=0, length=2)  # r_0 r_1 r_0: r_0 of the first copy changes
+    assert [p for p in range(4) if short.clean[0, p] != short.corrupted[0, p]] == [1]
+
+
 def test_greater_than_sets_and_corruption():
     tokenizer = year_tokenizer("pairs")
     task = headscope.task("greater-than", tokenizer, n=12, seed=1)
@@ -332,7 +353,7 @@ def test_greater_than_refuses_a_tokenizer_that_splits_digits():
 
 
 def test_unknown_name_and_bad_arguments(words):
-    with pytest.raises(HeadscopeError, match="unknown task 'iox'; the built-ins are ioi, induction, greater-than, "
+    with pytest.raises(HeadscopeError, match="unknown task 'iox'; the built-ins are ioi, induction, induction-keys, greater-than, "
                                              "or give the path of a .jsonl file"):
         headscope.task("iox", words)
     with pytest.raises(HeadscopeError, match="n must be an integer of at least 1, got 0"):
