@@ -13,7 +13,12 @@ natural-text probe (previous_token, self, sink, uniform) and the repeated-random
   second forward over the same tokens);
 - all: `analyze` with every default pattern detector of the model, no control twin, no OV;
 - all+control: the same with the random-init control twin;
-- only:NAME (`--each`): `analyze` with that one detector (and only its probe).
+- only:NAME (`--each`): `analyze` with that one detector (and only its probe);
+- entropy pass (`--floor`): only the fused kernel call per layer that `uniform`'s row entropy
+  needs on the text probe (`LazyPattern.entropy`: aten's CPU flash kernel with the keys as
+  values), on random q and k of the probe's shape. It is work no plain forward does and no exact
+  entropy avoids with torch's CPU kernels, so (plain + entropy pass) / plain is the lowest time
+  ratio `all` can reach on this machine.
 Peak memory is the process's peak resident set during the contender (VmHWM: the model's weights
 included, as a user's process holds them), with large allocations forced to mmap
 (MALLOC_MMAP_THRESHOLD_) so freed buffers leave the resident set; "extra" is that peak minus the
@@ -78,7 +83,19 @@ def child(contender: str, seq_len: int, batch: int, model: str) -> None:
         print(json.dumps({"detectors": pattern}))
         return
     probes = _probes(loaded, seq_len, batch)
-    if contender.startswith("plain"):
+    if contender == "entropy pass":
+        config = loaded.model.config
+        n_heads, n_kv = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
+        d_head = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+        generator = torch.Generator().manual_seed(0)
+        q = torch.randn(batch, n_heads, seq_len, d_head, generator=generator)
+        k = torch.randn(batch, n_kv, seq_len, d_head, generator=generator).repeat_interleave(n_heads // n_kv, dim=1)
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+        def run():
+            for _ in range(len(loaded.attention_layers)):
+                op(q, k, k, 0.0, True, scale=d_head ** -0.5)
+    elif contender.startswith("plain"):
         times = 2 if contender == "plain x2" else 1
 
         def run():
@@ -121,6 +138,7 @@ def main() -> None:
     parser.add_argument("--each", action="store_true", help="also each detector alone")
     parser.add_argument("--control", action="store_true", help="also analyze with the control twin")
     parser.add_argument("--only-control", action="store_true", help="only the control rows (plain x2, all+control)")
+    parser.add_argument("--floor", action="store_true", help="also the entropy pass alone (the time floor)")
     parser.add_argument("--out", type=Path, default=HERE / "results-memory.jsonl")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -131,6 +149,8 @@ def main() -> None:
                   ["plain", "all"] + (["plain x2", "all+control"] if args.control else []))
     if args.each:
         contenders += [f"only:{name}" for name in spawn("list", *sizes[0], args.model)["detectors"]]
+    if args.floor:
+        contenders.append("entropy pass")
     for seq_len, batch in sizes:
         runs = {name: [] for name in contenders}
         for _ in range(args.repeats):  # round robin: a slow spell does not land on one contender
@@ -150,6 +170,9 @@ def main() -> None:
             print(f"{seq_len}x{batch} {name:>24}: {base[name]['seconds']:8.2f} s (x{base[name]['time_ratio']:.3f})"
                   f" peak {base[name]['peak_mib']:8.1f} MiB (x{base[name]['peak_ratio']:.3f}),"
                   f" extra {base[name]['extra_mib']:8.1f} MiB", flush=True)
+        if "entropy pass" in base and "plain" in base:
+            row["time_floor"] = (base["plain"]["seconds"] + base["entropy pass"]["seconds"]) / base["plain"]["seconds"]
+            print(f"{seq_len}x{batch} time floor (plain + entropy pass) / plain: x{row['time_floor']:.3f}", flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
