@@ -250,7 +250,8 @@ def _induction(tokenizer, n: int, generator: torch.Generator, length: int, keys:
     special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     candidates = torch.tensor([i for i in range(size // 4, 3 * size // 4) if i not in special], dtype=torch.long)
     if len(candidates) < 2 * length:
-        raise HeadscopeError(f"induction with length {length} needs {2 * length} distinct tokens from the middle of the "
+        name = "induction-keys" if keys else "induction"
+        raise HeadscopeError(f"{name} with length {length} needs {2 * length} distinct tokens from the middle of the "
                              f"vocabulary; this tokenizer has {len(candidates)} there (use a smaller length)")
     probe = _pieces(tokenizer, "a")
     prefix = _encode(tokenizer, "a")[:-len(probe)]  # the special tokens a prompt starts with (BOS), if any

@@ -324,6 +324,8 @@ def test_induction_keys_changes_only_the_token_before_the_answers_first_occurren
         assert corrupted[length - 1] != int(task.wrong[i])
     short = headscope.task("induction-keys", words, n=2, seed=0, length=2)  # r_0 r_1 r_0: r_0 of the first copy changes
     assert [p for p in range(4) if short.clean[0, p] != short.corrupted[0, p]] == [1]
+    with pytest.raises(HeadscopeError, match="induction-keys with length 40 needs 80 distinct tokens"):
+        headscope.task("induction-keys", words, length=40)
 
 
 def test_greater_than_sets_and_corruption():
