@@ -35,6 +35,7 @@ BUILTINS = {
 }
 DEFAULT_N = 64
 INDUCTION_LENGTH = 20
+INDUCTION_TASKS = ("induction", "induction-keys")  # the two corruptions of the same prompts
 
 # Modelled on Wang et al. 2022's IOI templates. {A} and {B} are the pair, {S} the repeated
 # name: in ABB order {A} is the indirect object and {B} = {S} the subject, in BAB order the reverse.
@@ -100,15 +101,15 @@ def task(name_or_path, tokenizer, n: Optional[int] = None, seed: int = 0, metric
         raise HeadscopeError(f"seed must be an integer, got {seed!r}")
     if metric is not None and metric not in METRICS:
         raise UsageError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    if length is not None and name_or_path not in ("induction", "induction-keys"):
+    if length is not None and name_or_path not in INDUCTION_TASKS:
         raise HeadscopeError("length is the induction task's sequence length; other tasks take none")
     if name_or_path == "ioi":
         built = _ioi(tokenizer, n or DEFAULT_N, random.Random(seed))
-    elif name_or_path in ("induction", "induction-keys"):
+    elif name_or_path in INDUCTION_TASKS:
         if length is not None:
             check_count("length", length, least=2)
         built = _induction(tokenizer, n or DEFAULT_N, torch.Generator().manual_seed(seed), length or INDUCTION_LENGTH,
-                           keys=name_or_path == "induction-keys")
+                           name_or_path)
     elif name_or_path == "greater-than":
         built = _greater_than(tokenizer, n or DEFAULT_N, random.Random(seed))
         metric = metric or "prob_diff"
@@ -234,23 +235,22 @@ def _ioi(tokenizer, n: int, rng: random.Random) -> dict:
     return _assemble("ioi", tokenizer, clean, corrupted, answer, wrong, texts)
 
 
-def _induction(tokenizer, n: int, generator: torch.Generator, length: int, keys: bool = False) -> dict:
+def _induction(tokenizer, n: int, generator: torch.Generator, length: int, name: str = "induction") -> dict:
     """`[prefix] r_0..r_{L-1} r_0..r_{L-2}`: at the last token (r_{L-2}, second copy) an induction
     head predicts r_{L-1}. The corrupted prompt's second half is L-1 fresh tokens seen nowhere
     before, so there is nothing to copy; wrong is another fresh token. Tokens are drawn without
     replacement from the middle half of the vocabulary (ids V/4 to 3V/4, special tokens left
     out): not bytes or the rarest merges.
 
-    `keys`: the corrupted prompt is the clean one with the first copy's r_{L-2} replaced by the
-    first fresh token. The query (the second r_{L-2}) and the value at the first r_{L-1} are the
-    clean run's; only what a previous-token head moves into the first r_{L-1}'s key differs, so
-    the difference runs through K-composition (Elhage et al. 2021). The same draws as without
-    `keys`: the clean prompts, answers and wrong tokens are identical."""
+    `name` "induction-keys": the corrupted prompt is the clean one with the first copy's r_{L-2}
+    replaced by the first fresh token. The query (the second r_{L-2}) and the value at the first
+    r_{L-1} are the clean run's; only what a previous-token head moves into the first r_{L-1}'s
+    key differs, so the difference runs through K-composition (Elhage et al. 2021). The same
+    draws as "induction": the clean prompts, answers and wrong tokens are identical."""
     size = len(tokenizer.get_vocab())
     special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     candidates = torch.tensor([i for i in range(size // 4, 3 * size // 4) if i not in special], dtype=torch.long)
     if len(candidates) < 2 * length:
-        name = "induction-keys" if keys else "induction"
         raise HeadscopeError(f"{name} with length {length} needs {2 * length} distinct tokens from the middle of the "
                              f"vocabulary; this tokenizer has {len(candidates)} there (use a smaller length)")
     probe = _pieces(tokenizer, "a")
@@ -260,7 +260,7 @@ def _induction(tokenizer, n: int, generator: torch.Generator, length: int, keys:
         drawn = candidates[torch.randperm(len(candidates), generator=generator)[:2 * length]].tolist()
         sequence, fresh, other = drawn[:length], drawn[length:2 * length - 1], drawn[-1]
         clean.append(prefix + sequence + sequence[:-1])
-        if keys:
+        if name == "induction-keys":
             corrupted.append(prefix + sequence[:-2] + fresh[:1] + sequence[-1:] + sequence[:-1])
         else:
             corrupted.append(prefix + sequence + fresh)
@@ -268,7 +268,7 @@ def _induction(tokenizer, n: int, generator: torch.Generator, length: int, keys:
         wrong.append(other)
         texts.append({"clean": tokenizer.decode(clean[-1]), "corrupted": tokenizer.decode(corrupted[-1]),
                       "answer": tokenizer.decode([sequence[-1]]), "wrong": tokenizer.decode([other])})
-    return _assemble("induction-keys" if keys else "induction", tokenizer, clean, corrupted, answer, wrong, texts)
+    return _assemble(name, tokenizer, clean, corrupted, answer, wrong, texts)
 
 
 def _greater_than(tokenizer, n: int, rng: random.Random) -> dict:
