@@ -3,14 +3,15 @@ head -> induction head key edge?
 
     python benchmarks/circuit_phase_change.py [--steps 340] [--out benchmarks/results-circuit-phase-change.json]
 
-The 2-layer toy Llama of `headscope.training.toy` trained as tests/training/test_phase_change.py
-trains it (seed 0, one thread, 340 steps: just past its phase change) with `HeadscopeCallback`
-recording every 20 steps; heads are read off the labels of the last record (layer 0's
-previous-token heads, layer 1's induction heads). For the induction and induction-keys tasks
-(`toy_tokenizer`, n=16) at lengths 16, 14 and 10 and seeds 0 and 1, and for a hand-built variant
-of the length-16 task in which the whole *first* copy is corrupted (fresh tokens, the wrong answer
-last) instead of the second, each method's: strongest edge into the induction heads' keys and its rank among all edges by
-|score|, the ranks of the previous-token -> induction-key edges, and the top 5 edges.
+The 2-layer toy Llama of `headscope.training.toy` trained by the tests' own `train_phase`
+(tests/support/phase_change.py: seed 0, one thread, 340 steps, just past its phase change) with
+`HeadscopeCallback` recording every 20 steps; heads are read off the labels of the last record
+(`labelled_heads`: layer 0's previous-token heads, layer 1's induction heads). For the induction
+and induction-keys tasks (`toy_tokenizer`, n=16) at lengths 16, 14 and 10 and seeds 0 and 1, and
+for a hand-built variant of the length-16 task in which the whole *first* copy is corrupted
+(fresh tokens, the wrong answer last) instead of the second, each method's: strongest edge into
+the induction heads' keys and its rank among all edges by |score|, the ranks of the
+previous-token -> induction-key edges, and the top 5 edges.
 
 Results: benchmarks/results-circuit-phase-change.json.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,28 +32,22 @@ import headscope
 from headscope.atomic import write_text_atomic
 from headscope.circuits.tasks import Task
 from headscope.training.callback import HeadscopeCallback
-from headscope.training.toy import repeated_segments, tiny_llama, toy_tokenizer, train_toy
+from headscope.training.toy import toy_tokenizer
 
 HERE = Path(__file__).resolve().parent
-SEED, EVERY, ROWS = 0, 20, 600 * 64  # the test's run: the first steps of the phase-change benchmark's seed-0 data
+sys.path.insert(0, str(HERE.parent))
+from tests.support.phase_change import EVERY, SEED, held_out, labelled_heads, train_phase  # noqa: E402  the tests' run
 
 
 def train(steps: int, work: Path):
-    torch.set_num_threads(1)
-    torch.manual_seed(SEED)
-    ids, _ = repeated_segments(ROWS, torch.Generator().manual_seed(SEED))
-    held, _ = repeated_segments(64, torch.Generator().manual_seed(10_000 + SEED))
-    model = tiny_llama(2)
-    train_toy(model, ids, steps, work / "run", [HeadscopeCallback(every=EVERY, out=work / "timeline", icl_data=held)],
-              seed=SEED)
-    return model.eval(), work / "timeline"
+    """The tests' phase-change run (`tests/support/phase_change.py`) with the callback's timeline."""
+    callback = HeadscopeCallback(every=EVERY, out=work / "timeline", icl_data=held_out())
+    _, model = train_phase(2, steps, work / "run", [callback])
+    return model, work / "timeline"
 
 
 def heads(timeline: Path) -> tuple[set, set, dict]:
-    labels = pd.read_csv(timeline / "labels.csv")
-    last = labels[labels.step == labels.step.max()]
-    previous = {f"a0.h{h}" for h in last[(last.layer == 0) & (last.label == "previous_token")]["head"]}
-    induction = {f"a1.h{h}" for h in last[(last.layer == 1) & (last.label == "induction")]["head"]}
+    previous, induction = labelled_heads(timeline)
     scores = pd.read_csv(timeline / "timeline.csv")
     final = scores[(scores.step == scores.step.max()) & scores.detector.isin(["previous_token", "induction"])]
     return previous, induction, {f"{r.detector} {r.layer}.{r['head']}": round(float(r.score), 3)

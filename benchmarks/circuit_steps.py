@@ -19,19 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 import headscope
 from headscope.atomic import write_text_atomic
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-
-
-def spearman(a, b) -> float:
-    ra = np.argsort(np.argsort(a)).astype(float)
-    rb = np.argsort(np.argsort(b)).astype(float)
-    return float(np.corrcoef(ra, rb)[0, 1])
+from circuit_ioi import spearman  # noqa: E402
 
 
 def compare(runs: dict, top: int) -> dict:

@@ -15,23 +15,14 @@ before the answer): there the previous-token -> induction-key edges rank 3, 7, 1
 3, 5, 9 (seed 1) at length 16; over lengths 16, 14, 10 and seeds 0, 1 the best of them ranks 2nd
 to 4th and is the strongest edge into the keys every time (benchmarks/results-circuit-phase-change.json).
 """
-import pandas as pd
 import pytest
 
 import headscope
 from headscope.circuits.circuit import circuit
 from headscope.training.toy import toy_tokenizer
+from tests.support.phase_change import labelled_heads
 
 pytestmark = pytest.mark.slow
-
-
-def _heads(timeline):
-    """`(previous-token heads of layer 0, induction heads of layer 1)` labelled at the last record."""
-    labels = pd.read_csv(timeline / "labels.csv")
-    last = labels[labels.step == labels.step.max()]
-    previous = {f"a0.h{h}" for h in last[(last.layer == 0) & (last.label == "previous_token")]["head"]}
-    induction = {f"a1.h{h}" for h in last[(last.layer == 1) & (last.label == "induction")]["head"]}
-    return previous, induction
 
 
 @pytest.fixture(scope="module")
@@ -57,19 +48,19 @@ def _previous_to_induction_keys_in_top(found, previous, induction, n):
 
 
 def test_the_strongest_edge_into_the_induction_heads_keys_is_the_previous_token_heads(phase_change, found, keyed):
-    previous, induction = _heads(phase_change.timeline)
+    previous, induction = labelled_heads(phase_change.timeline)
     assert len(previous) == 1 and induction  # the phase change happened: a1.h0, a1.h1, a1.h3 at step 340
     assert _strongest_into_keys(found, induction).src in previous
     assert _strongest_into_keys(keyed, induction).src in previous
 
 
 def test_with_the_keys_corrupted_a_previous_token_to_induction_key_edge_is_among_the_top_5(phase_change, keyed):
-    previous, induction = _heads(phase_change.timeline)
+    previous, induction = labelled_heads(phase_change.timeline)
     assert _previous_to_induction_keys_in_top(keyed, previous, induction, 5)
 
 
 @pytest.mark.xfail(strict=True, reason="measured with the induction task: the previous-token -> induction-key edges rank 43rd and below of 110 "
                                        "(module docstring): the task corrupts the second copy, not the keys' first copy")
 def test_a_previous_token_to_induction_key_edge_is_among_the_top_5(phase_change, found):
-    previous, induction = _heads(phase_change.timeline)
+    previous, induction = labelled_heads(phase_change.timeline)
     assert _previous_to_induction_keys_in_top(found, previous, induction, 5)
