@@ -8,8 +8,12 @@ MKL and oneDNN, whatever the machine offers: the syntactic detector counts argma
 and float rounding that differs by instruction set flips the few near-tied arcs (measured on
 all-MiniLM-L6-v2: 5 of 13,008 syntax accuracies moved by one arc between an AVX-512 machine
 and the one that wrote the tables, the same under transformers 5.22 to 5.24).
-tests/project/test_golden.py runs the same command and compares. Regenerate only on purpose, and say in
-the commit which change moved the numbers.
+tests/project/test_golden.py runs the same command and compares under the rule of
+tests/support/golden/compare.py, which lets those counts differ by one arc, since the pin does not
+settle every tie: another vendor's AVX2 still breaks a few the other way (measured: 6 of 32,832
+cells of all-MiniLM-L6-v2's syntax table on an AMD EPYC machine, 4 on an Intel machine's default
+AVX-512 kernels). HEADSCOPE_GOLDEN_KERNELS=default leaves the machine's own kernels in place.
+Regenerate only on purpose, and say in the commit which change moved the numbers.
 """
 import os
 import platform
@@ -32,7 +36,8 @@ SAME_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"
 def run_analyze(model: str, out: Path) -> subprocess.CompletedProcess:
     """`headscope analyze MODEL --out OUT` with every other option at its default, on CPU."""
     env = dict(os.environ)
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    pinned = os.environ.get("HEADSCOPE_GOLDEN_KERNELS", "avx2") != "default"
+    if pinned and platform.machine().lower() in ("x86_64", "amd64"):
         env.update(SAME_KERNELS)
     return subprocess.run([sys.executable, "-m", "headscope", "analyze", model, "--out", str(out),
                            "--device", "cpu"], capture_output=True, text=True, timeout=1200, env=env)
