@@ -651,6 +651,7 @@ def circuit_command(
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL-TASK-circuit).")] = None,
     method: Annotated[str, typer.Option("--method", help="eap (one gradient on the clean run) or eap-ig (integrated gradients, more faithful).")] = "eap-ig",
     steps: Annotated[int, typer.Option("--steps", help="EAP-IG's integration steps (forward/backward pairs per batch; ignored by eap).")] = 5,
+    riemann: Annotated[str, typer.Option("--riemann", help="EAP-IG's points: left (k = 0..S-1, from the corrupted run, as the EAP-IG code and MIB) or right (k = 1..S, ending at the clean run).")] = "left",
     n: Annotated[int, typer.Option("--n", min=1, help="Prompt pairs (a built-in task's; a file's first N).")] = 32,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the built-in task's prompts and the random circuits.")] = 0,
     metric: Annotated[Optional[str], typer.Option("--metric", help="logit_diff, prob, prob_diff or kl (default: the task's).")] = None,
@@ -668,8 +669,10 @@ def circuit_command(
 ) -> None:
     """Edge-level circuit of a task on MODEL: EAP or EAP-IG scores, faithfulness against random circuits, a page."""
     _check_plotlyjs(plotlyjs)
-    if method not in ("eap", "eap-ig"):
-        raise UsageError(f"--method must be eap or eap-ig, got {method!r}")
+    if method not in circuits.CIRCUIT_METHODS:
+        raise UsageError(f"--method must be {' or '.join(circuits.CIRCUIT_METHODS)}, got {method!r}")
+    if riemann not in circuits.RIEMANN:
+        raise UsageError(f"--riemann must be {' or '.join(circuits.RIEMANN)}, got {riemann!r}")
     check_count("--steps", steps)
     check_count("--random", random_draws, least=0)
     check_count("--top", top)
@@ -678,12 +681,17 @@ def circuit_command(
                                                   device, dtype, no_cache)
     typer.echo(f"task: {built.name}, {built.n} prompt pairs, metric {built.metric}")
     bars = _Bars()
-    found = headscope.circuit(loaded, built, method=method, steps=steps, batch_size=batch_size, progress=bars)
+    found = headscope.circuit(loaded, built, method=method, steps=steps, batch_size=batch_size, progress=bars,
+                              riemann=riemann)
     meta = found.meta
-    typer.echo(f"scored {meta['n_edges']} edges with {method}{f' ({steps} steps)' if method == 'eap-ig' else ''}: "
+    rule = f" ({steps} steps, {riemann} rule)" if method == "eap-ig" else ""
+    typer.echo(f"scored {meta['n_edges']} edges with {method}{rule}: "
                f"{meta['passes']['forward']} forward and {meta['passes']['backward']} backward passes; "
                f"{built.metric} clean {meta['clean_metric']:.3f}, corrupted {meta['corrupted_metric']:.3f}")
     typer.echo("top edges: " + ", ".join(f"{r.src}->{r.dst} {r.score:+.3g}" for r in found.top(5).itertuples()))
+    if built.n >= 2:
+        found.stability(seed=seed)
+        typer.echo(f"stability: {circuits.stability_text(found.meta['stability'])}")
     if evaluate:
         found.evaluate(sizes=chosen_sizes, n_random=random_draws, seed=seed, batch_size=batch_size, progress=bars)
         typer.echo(f"faithfulness: {circuits.faithfulness_text(found.evaluation)}")

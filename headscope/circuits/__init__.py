@@ -12,6 +12,8 @@
 - `run_attribution(...)` (`attribution_run`): what `headscope attribute` writes, with its page.
 - `circuit(loaded, task, method="eap" | "eap-ig")` -> `Circuit` (`circuit`): every edge between
   the model's components scored, and its faithfulness measured (`Circuit.evaluate`).
+- `Circuit.stability()` (`stability`): bootstrap Jaccard of a circuit's top edges;
+  `Circuit.to_eap_json` / `Circuit.from_eap_json` (`interchange`): the EAP-IG code's JSON format.
 - `write_circuit(circuit, out, labels=None)`, `read_circuit(folder)` (`circuit_run`): what
   `headscope circuit` writes, with its page (`render_circuit_html`, `graph_layout`: `circuit_page`).
 
@@ -35,6 +37,9 @@ _EXPORTS = {
     "circuit": "headscope.circuits.circuit",
     "MIB_SIZES": "headscope.circuits.circuit",
     "check_sizes": "headscope.circuits.eap",
+    "CIRCUIT_METHODS": "headscope.circuits.eap",
+    "RIEMANN": "headscope.circuits.eap",
+    "stability_text": "headscope.circuits.circuit_page",
     "composition": "headscope.circuits.composition",
     "run_attribution": "headscope.circuits.attribution_run",
     "read_attribution": "headscope.circuits.attribution_run",

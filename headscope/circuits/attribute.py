@@ -28,6 +28,9 @@ loses ("noising": the clean prompts rerun with its corrupted activation),
 Points: z (a head's output before W_O), q, k, v, pattern; k and v per key/value head under
 grouped-query attention (as `hook_k` holds them). Gradients accumulate over batches of prompts;
 per-example numerators give the 95% bootstrap intervals of the ratio (`lo`, `hi`).
+
+The kl metric (`-KL(p_clean || p)`) has a gradient of exactly 0 at the clean run, which noising
+AtP and AtP* take their gradient on: that combination is refused in one line.
 """
 from __future__ import annotations
 
@@ -83,6 +86,10 @@ def attribute(loaded: Any, task: Any, method: str = "atp", point: str = "z", dir
     if direction not in DIRECTIONS:
         raise UsageError(f"unknown direction {direction!r}; choose one of {', '.join(DIRECTIONS)}")
     target = Target(loaded, task, sites, "attribute")
+    if task.metric == "kl" and direction == "noising" and method != "exact":
+        raise UsageError(f"{method} with direction='noising' takes its gradient on the clean run, where the kl "
+                         f"metric's gradient is exactly 0, so every effect would be 0: use direction='denoising', "
+                         f"method='exact' or another metric")
     if method == "exact":
         numerators, gaps, drops, passes, metrics = _exact(target, task, point, direction, heads_per_pass)
     else:

@@ -16,9 +16,14 @@ the task's metric when that one edge carries the corrupted run's value instead o
 - `circuit(loaded, task, method="eap-ig", steps=5)` -> `Circuit`: every edge scored
   (`headscope.circuits.eap`, which documents the formulas).
 - `Circuit.edges` (DataFrame: src, dst, score), `Circuit.nodes` (name, kind, layer, head),
-  `Circuit.meta`; `Circuit.top(n)`: the n edges of largest |score|.
-- `Circuit.evaluate(sizes, ...)`: faithfulness measured by running the model
-  (`headscope.circuits.eap.evaluate`); `Circuit.evaluation` holds the last one.
+  `Circuit.meta`; `Circuit.top(n)`: the n edges of largest |score| (the ranking CMD uses; CPR
+  ranks by signed score, see `headscope.circuits.eap`).
+- `Circuit.evaluate(sizes, ...)`: faithfulness measured by running the model, CPR and CMD as MIB
+  defines them (`headscope.circuits.eap.evaluate`); `Circuit.evaluation` holds the last one.
+- `Circuit.stability(n_boot, sizes)`: bootstrap Jaccard of the top edges over resampled prompts
+  (`headscope.circuits.stability`), also kept in `meta["stability"]`.
+- `Circuit.to_eap_json(path)` / `Circuit.from_eap_json(path, loaded)`: the circuit in the EAP-IG
+  code's and MIB's JSON format (`headscope.circuits.interchange`).
 - `Circuit.save(folder)` writes `edges.csv`, `nodes.csv`, `meta.json`, `task.json` and, once
   evaluated, `evaluation.csv` and `random.csv`; `Circuit.load(folder)` reads them back
   (`evaluate` then needs the model again).
@@ -33,7 +38,9 @@ from typing import Any, Optional
 from ..errors import HeadscopeError, UsageError
 from .eap import METHODS, evaluate, score_edges
 from .edges import graph_of
+from .interchange import read_eap_json, write_eap_json
 from .running import Target
+from .stability import STABILITY_SIZES, stability
 from .tasks import Task
 
 __all__ = ["Circuit", "circuit", "MIB_SIZES", "FILES", "KINDS"]
@@ -59,6 +66,8 @@ class Circuit:
             or None.
         random: the random circuits' faithfulness (draw, size, n_edges, faithfulness, metric), or None.
         loaded: the model it was found in (not saved; `evaluate` runs it).
+        prompt_scores: `[n, edges]` float32 per-prompt scores whose mean is `edges.score` (kept
+            in memory by `circuit`, not saved; `stability` resamples them).
     """
 
     edges: Any
@@ -68,6 +77,7 @@ class Circuit:
     evaluation: Any = None  # DataFrame (size, n_edges, faithfulness, metric); attrs cpr, cmd
     random: Any = None  # DataFrame (draw, size, n_edges, faithfulness, metric)
     loaded: Any = field(default=None, repr=False)  # the model it was found in (not saved)
+    prompt_scores: Any = field(default=None, repr=False)  # [n, edges] per-prompt scores (not saved)
 
     def top(self, n: int = 20):
         """The `n` edges of largest |score|, largest first."""
@@ -96,6 +106,38 @@ class Circuit:
         self.evaluation, self.random = evaluate(self, model, sizes=sizes, n_random=n_random, seed=seed,
                                                 batch_size=batch_size, progress=progress)
         return self.evaluation
+
+    def stability(self, n_boot: int = 100, sizes=STABILITY_SIZES, seed: int = 0):
+        """Bootstrap Jaccard of the top `sizes`% of edges between circuits of resampled prompts
+        (`headscope.circuits.stability`); also kept in `meta["stability"]`, which `save` writes.
+
+        Returns:
+            DataFrame (size, n_edges, jaccard, jaccard_lo, jaccard_hi, n_boot, n_prompts).
+        """
+        if self.prompt_scores is None:
+            raise HeadscopeError("stability resamples the per-prompt scores, which only a circuit found in this "
+                                 "process holds: run headscope.circuit(...) again")
+        table = stability(self.prompt_scores, sizes=sizes, n_boot=n_boot, seed=seed)
+        self.meta["stability"] = table.to_dict(orient="records")
+        return table
+
+    def to_eap_json(self, path, in_graph=None) -> Path:
+        """Write the circuit in the EAP-IG code's JSON format (`headscope.circuits.interchange`);
+        returns the path.
+
+        Args:
+            path: the JSON file to write.
+            in_graph: the edges marked in the graph: None (the circuit's own: every edge, or
+                those of the file it was read from), an edge count (the top edges by signed
+                push toward the clean run, as CPR ranks them) or edge names "src->dst".
+        """
+        return write_eap_json(self, path, in_graph)
+
+    @classmethod
+    def from_eap_json(cls, path, loaded: Any, task: Any = None) -> "Circuit":
+        """A circuit from the EAP-IG code's JSON format, checked against `loaded`'s graph
+        (`headscope.circuits.interchange`)."""
+        return read_eap_json(cls, path, loaded, task)
 
     def save(self, folder) -> Path:
         """Write the circuit's files into `folder` (created if missing); returns it."""
@@ -144,7 +186,7 @@ class Circuit:
 
 
 def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, sites: Optional[str] = None,
-            batch_size: int = 8, progress=None) -> Circuit:
+            batch_size: int = 8, progress=None, riemann: str = "left") -> Circuit:
     """Score every edge of the model's graph for `task` (module docstring; formulas in
     `headscope.circuits.eap`).
 
@@ -154,6 +196,8 @@ def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, site
         method: "eap" (one gradient on the clean run) or "eap-ig" (integrated gradients from
             the corrupted to the clean embeddings over `steps` points).
         steps: EAP-IG's points (ignored by "eap").
+        riemann: EAP-IG's points: "left" (k = 0..S-1 over S, from the corrupted run, as the
+            EAP-IG code and MIB compute it) or "right" (k = 1..S, ending at the clean run).
         sites: the group of attention sites whose heads are nodes; default: the analysed stack.
         batch_size: prompts per pass.
         progress: `progress(stage, done, total)`.
@@ -166,12 +210,14 @@ def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, site
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     target = Target(loaded, task, sites, "circuit")
     graph = graph_of(target, task)
-    scores, passes, metrics = score_edges(target, graph, task, method, steps, batch_size, progress)
+    scores, passes, metrics, per_prompt = score_edges(target, graph, task, method, steps, batch_size, progress,
+                                                      riemann=riemann)
     edges = graph.edges()
     table = pd.DataFrame({"src": [graph.senders[u][0] for u, _, _ in edges], "dst": [name for _, _, name in edges],
                           "score": scores})
     meta = {"model": getattr(loaded, "name", type(target.model).__name__), "task": task.name, "method": method,
-            "steps": steps if method == "eap-ig" else 1, "n": int(task.n), "metric": task.metric,
+            "steps": steps if method == "eap-ig" else 1, "riemann": riemann if method == "eap-ig" else None,
+            "n": int(task.n), "metric": task.metric,
             "clean_metric": metrics["clean"], "corrupted_metric": metrics["corrupted"], "passes": passes,
-            "n_edges": len(table), "sites": target.sites}
-    return Circuit(table, graph.nodes(), meta, task, loaded=loaded)
+            "n_edges": len(table), "sites": target.sites, "d_model": int(target.d_model)}
+    return Circuit(table, graph.nodes(), meta, task, loaded=loaded, prompt_scores=per_prompt)

@@ -23,7 +23,8 @@ from ..report.data import HeaderField
 from ..report.html import Raw, figure_div, header_list, page, table
 
 __all__ = ["PageData", "ShownEdge", "receiver_node", "graph_layout", "label_map", "page_data", "graph_figure",
-           "faithfulness_figure", "faithfulness_text", "render_circuit_html", "GRAPH_ID", "FAITHFULNESS_ID",
+           "faithfulness_figure", "faithfulness_text", "stability_text", "render_circuit_html", "GRAPH_ID",
+           "FAITHFULNESS_ID",
            "TOP_EDGES", "PARTS"]
 
 GRAPH_ID = "hs-circuit-graph"
@@ -237,9 +238,15 @@ def faithfulness_figure(data: PageData):
         fig.add_trace(go.Scatter(x=sizes, y=list(table.random_mean), mode="lines+markers", name="random circuits: mean",
                                  line={"color": "#888", "dash": "dash"},
                                  hovertemplate="%{x}% of edges<br>random mean %{y:.3f}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=sizes, y=list(table.faithfulness), mode="lines+markers", name="this circuit",
-                             line={"color": "#2166ac", "width": 3}, customdata=list(table.n_edges),
+    fig.add_trace(go.Scatter(x=sizes, y=list(table.faithfulness), mode="lines+markers",
+                             name="top edges by signed score (CPR)", line={"color": "#2166ac", "width": 3},
+                             customdata=list(table.n_edges),
                              hovertemplate="%{x}% of edges (%{customdata})<br>faithfulness %{y:.3f}<extra></extra>"))
+    if "faithfulness_abs" in table.columns:
+        fig.add_trace(go.Scatter(x=sizes, y=list(table.faithfulness_abs), mode="lines+markers",
+                                 name="top edges by |score| (CMD)", line={"color": "#b2182b", "width": 2},
+                                 customdata=list(table.n_edges),
+                                 hovertemplate="%{x}% of edges (%{customdata})<br>faithfulness %{y:.3f}<extra></extra>"))
     for level in (0.0, 1.0):
         fig.add_hline(y=level, line={"color": "#bbb", "width": 1, "dash": "dot"})
     fig.update_layout(title={"text": "Faithfulness against circuit size", "y": 0.97},
@@ -256,11 +263,20 @@ def _fmt(value: Optional[float]) -> str:
 def faithfulness_text(evaluation) -> str:
     """CPR and CMD of an evaluation, and the random circuits' (one line)."""
     attrs = evaluation.attrs
-    text = f"CPR {_fmt(attrs.get('cpr'))} (higher better), CMD {_fmt(attrs.get('cmd'))} (0 best)"
+    text = (f"CPR {_fmt(attrs.get('cpr'))} (top edges by signed score; higher better), "
+            f"CMD {_fmt(attrs.get('cmd'))} (top edges by |score|; 0 best)")
     if "random_cpr" in attrs:
         text += (f"; random circuits of the same sizes: CPR {_fmt(attrs.get('random_cpr'))}, "
                  f"CMD {_fmt(attrs.get('random_cmd'))}")
     return text
+
+
+def stability_text(rows) -> str:
+    """The bootstrap Jaccard of the top edges (`Circuit.stability`'s rows) in one line."""
+    parts = [f"top {float(r['size']):g}% ({int(r['n_edges'])} edges): Jaccard {_fmt(r['jaccard'])} "
+             f"[{_fmt(r['jaccard_lo'])}, {_fmt(r['jaccard_hi'])}]" for r in rows]
+    first = rows[0]
+    return "; ".join(parts) + f" between circuits of {int(first['n_boot'])} pairs of resampled prompt sets"
 
 
 def render_circuit_html(circuit, labels=None, n_edges: int = TOP_EDGES, plotlyjs: str = "embed") -> str:
@@ -288,6 +304,8 @@ def render_circuit_html(circuit, labels=None, n_edges: int = TOP_EDGES, plotlyjs
               HeaderField("edges", f"{data.n_edges} scored; the graph draws the top {len(data.edges)} by |score|")]
     if data.evaluation is not None:
         fields.append(HeaderField("faithfulness", faithfulness_text(data.evaluation)))
+    if meta.get("stability"):
+        fields.append(HeaderField("stability", stability_text(meta["stability"])))
     title = f"headscope circuit: {meta.get('model', '?')}, {meta.get('task', '?')}"
     figs = [(GRAPH_ID, graph_figure(data, f"Top {len(data.edges)} of {data.n_edges} edges ({method})"))]
     faithfulness = ""
@@ -297,8 +315,10 @@ def render_circuit_html(circuit, labels=None, n_edges: int = TOP_EDGES, plotlyjs
             "<section><h2>Faithfulness</h2>",
             "<p class=\"hint\">f(C) = (m(C) - m(empty)) / (m(model) - m(empty)): the metric with only the circuit's "
             "edges clean and every other edge carrying the corrupted run's value (counterfactual ablation), "
-            "between the corrupted run (0) and the model (1). The circuit of a size is the top edges by |score|; "
-            "the random circuits draw as many edges uniformly.</p>",
+            "between the corrupted run (0) and the model (1). As MIB defines them, CPR is the area under f of the "
+            "circuits made of the top edges by signed score (those whose corruption moves the metric away from the "
+            "clean run), CMD the area under |1 - f| of those made of the top edges by |score|, both from the smallest "
+            "size to 100%; the random circuits draw as many edges uniformly.</p>",
             f"<p>{html.escape(faithfulness_text(data.evaluation))}</p>", figure_div(FAITHFULNESS_ID), "</section>"])
     rows = [[i + 1, e.src, e.dst, PARTS[e.part][1].removeprefix("into "), Raw(f"{e.score:+.4g}"),
              data.labels.get(e.src, ""), data.labels.get(e.node, "")]

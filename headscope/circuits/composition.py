@@ -16,8 +16,13 @@ Norms, as `headscope.head_geometry` folds them (`head_geometry.norm_gains`, `hea
 gain g of the norm in front of each layer's attention multiplies the rows of that layer's W_Q, W_K
 and W_V (diag(g) W); the gain of a norm over all heads' outputs before W_O (BitNet) is in W_O. A
 q/k norm's gain (Qwen3 and Gemma 3: per head; OLMo 2: over the whole projection) multiplies the
-columns of W_Q and W_K (W_Q diag(g_q)), measured as `norm_gains.measured_gain` measures a norm. Every
-norm's per-token scale is left out (a positive number per position), as are biases.
+columns of W_Q and W_K (W_Q diag(g_q)), measured as `norm_gains.measured_gain` measures a norm. A
+norm between W_O and the residual stream (Gemma 2 and 3's `post_attention_layernorm`) multiplies
+the columns of W_O (W_O diag(g_post)). A LayerNorm in front of the attention also removes the
+mean: it reads x P diag(g) W with P = I - 11^T / d_model, so that layer's W_Q, W_K and W_V are
+P diag(g) W (their columns centred), and, since every reader of such a model removes the mean,
+W_O's output is centred too (W_O P), as TransformerLens's `fold_ln` and `center_writing_weights`
+do. Every norm's per-token scale is left out (a positive number per position), as are biases.
 
 Grouped-query attention: heads are named by their query head; a query head's W_K and W_V are its
 key/value head's, so the heads of one group share them.
@@ -62,7 +67,7 @@ import torch
 from ..attention.rotary import apply_rotary, rotary_cos_sin
 from ..checks import check_count, check_loaded
 from ..errors import HeadscopeError, UsageError
-from ..head_geometry.norm_gains import norm_gains
+from ..head_geometry.norm_gains import attention_norms, centres, measured_gain, norm_gains
 from ..head_geometry.ov_circuit import head_ov_weights
 from ..head_geometry.run import attention_modules
 from ..hf.adapters import analysed_body, attention_blocks, text_stack
@@ -89,6 +94,8 @@ class HeadFactors:
             the layer has no rotary.
         folded: whether the gain of the layer's input norm is folded in (False: no norm found in
             front of the attention, as in OLMo 2).
+        centred: whether that norm removes the mean (LayerNorm): W_Q, W_K, W_V and W_O centred.
+        post_folded: whether a norm between W_O and the residual stream is folded into W_O.
     """
 
     layer: int
@@ -98,6 +105,8 @@ class HeadFactors:
     W_O: torch.Tensor
     rotation: Optional[torch.Tensor] = None
     folded: bool = False
+    centred: bool = False
+    post_folded: bool = False
 
     @property
     def keys(self) -> torch.Tensor:
@@ -152,7 +161,8 @@ def composition(loaded, kind: str = "k", rotary_offsets: Union[None, int, Sequen
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame.attrs.update(
         kind=kind, rotary_offsets=offsets, rotary_layers=[f.layer for f in factors if f.rotation is not None],
-        folded=[f.layer for f in factors if f.folded],
+        folded=[f.layer for f in factors if f.folded], centred=[f.layer for f in factors if f.centred],
+        post_folded=[f.layer for f in factors if f.post_folded],
         baseline={"samples": baseline_samples, "seed": seed,
                   "draw": "i.i.d. N(0, 1/fan_in) entries in matrices of each pair's shapes"},
         seconds=round(time.perf_counter() - started, 3))
@@ -181,6 +191,8 @@ def head_factors(loaded, offsets: Optional[list] = None) -> list:
     except HeadscopeError as err:
         raise HeadscopeError(f"composition scores need every head's OV circuit: {err}") from None
     gains, _ = norm_gains(model)
+    norms = attention_norms(model)
+    d_model = model.get_input_embeddings().weight.shape[1]
     modules = attention_modules(model)
     tables = _rotary_at(model, modules, offsets) if offsets is not None else {}
     out = []
@@ -200,10 +212,17 @@ def head_factors(loaded, offsets: Optional[list] = None) -> list:
         if folded:
             g = gains[layer].double().cpu()[None, :, None]  # diag(g) W on the rows (d_in)
             W_Q, W_K, W_V = W_Q * g, W_K * g, W_V * g
+        pre, post = norms.get(layer, (None, None))
+        centred = pre is not None and centres(pre, d_model)
+        if centred:  # P diag(g) W: columns centred over d_in; W_O P: rows centred over d_model
+            W_Q, W_K, W_V = (W - W.mean(dim=1, keepdim=True) for W in (W_Q, W_K, W_V))
+            W_O = W_O - W_O.mean(dim=2, keepdim=True)
+        if post is not None:  # W_O diag(g_post)
+            W_O = W_O * measured_gain(post, d_model).double().cpu()[None, None, :]
         if W_Q.shape[1] != W_O.shape[2]:
             raise HeadscopeError(f"layer {layer}'s heads read {W_Q.shape[1]} dims and write {W_O.shape[2]}: "
                                  f"composition needs them to read the residual stream they write")
-        out.append(HeadFactors(layer, W_Q, W_K, W_V, W_O, tables.get(layer), folded))
+        out.append(HeadFactors(layer, W_Q, W_K, W_V, W_O, tables.get(layer), folded, centred, post is not None))
     return out
 
 

@@ -33,16 +33,35 @@ from ..head_geometry.norm_gains import measured_gain
 from ..hf.adapters import family_of
 from ..hf.sites import sites as all_sites
 
-__all__ = ["close", "Frozen", "Writer", "Decomposition", "frozen_norm", "record", "decompose", "layer_list", "is_norm"]
+__all__ = ["close", "tolerance",
+           "Frozen", "Writer", "Decomposition", "frozen_norm", "record", "decompose", "layer_list", "is_norm"]
 
 RTOL = 1e-5  # equalities checked within this share of the largest term (fp32 sums of a few dozen terms)
+EPS_FACTOR = 8  # in a lower precision: this many of its machine epsilons instead, when that is more
+
+
+def tolerance(*tensors: torch.Tensor) -> float:
+    """The relative tolerance of `close` for tensors of these dtypes: `RTOL`, or `EPS_FACTOR` machine
+    epsilons of the least precise floating dtype among them (bfloat16: 0.0625, float16: 0.0078)."""
+    eps = max((torch.finfo(t.dtype).eps for t in tensors if t.is_floating_point()), default=0.0)
+    return max(RTOL, EPS_FACTOR * eps)
 
 
 def close(a: torch.Tensor, b: torch.Tensor, *terms: torch.Tensor) -> bool:
-    """`a` equals `b` within `RTOL` of the largest entry of `a`, `b` and the terms they were summed from
-    (a difference of large states is only as exact as the states)."""
-    scale = max(float(t.abs().max()) for t in (a, b) + terms)
-    return a.shape == b.shape and float((a - b).abs().max()) <= RTOL * scale + 1e-12
+    """`a` equals `b` within `tolerance` of the largest entry of `a`, `b` and the terms they were
+    summed from (a difference of large states is only as exact as the states), compared in float32.
+
+    Raises:
+        HeadscopeError: a tensor holds NaN or infinite values (then no sum can be checked).
+    """
+    tensors = (a, b) + terms
+    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+        raise HeadscopeError("the model's activations are not finite (NaN or inf), so its residual stream cannot be "
+                             "taken apart: check its weights for non-finite values (headscope verify) and its dtype")
+    scale = max(float(t.abs().max()) for t in tensors)
+    if a.shape != b.shape:
+        return False
+    return float((a.float() - b.float()).abs().max()) <= tolerance(*tensors) * scale + 1e-12
 
 
 def is_norm(module: nn.Module, d_model: int) -> bool:

@@ -17,6 +17,8 @@ forward pass of the model
   batch, pos, d_model]` the distinct deltas and `which[i]` the row that name i reads, so that
   names with the same delta share one copy;
 - with `embed(ids_embedding) -> tensor`, replaces the embedding's output (EAP-IG's interpolation).
+Deltas are added in the stream's own dtype (a bfloat16 model's copies are bfloat16; gradients
+reach a float32 delta through the cast).
 A pass must be run with `use_cache=False` (a cache would see the copies' keys).
 """
 from __future__ import annotations
@@ -114,8 +116,10 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
             if delta is None:
                 return None
             if receiver.norm is None:
-                return _with_first(args, kwargs, _first(args, kwargs) + delta[0])
-            return _with_first(args, kwargs, receiver.norm(run.read[id(receiver.norm)] + delta[0]))
+                stream = _first(args, kwargs)
+                return _with_first(args, kwargs, stream + delta[0].to(stream.dtype))
+            stream = run.read[id(receiver.norm)]
+            return _with_first(args, kwargs, receiver.norm(stream + delta[0].to(stream.dtype)))
         return hook
 
     def head_reader(receiver):
@@ -129,7 +133,7 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
                 return None
             rows, which = delta if isinstance(delta, tuple) else (delta, range(len(delta)))
             stream = run.read[id(receiver.norm)] if receiver.norm is not None else _first(args, kwargs)
-            copies = stream.unsqueeze(0) + rows  # (C, B, T, D), C = 3H or the distinct rows
+            copies = stream.unsqueeze(0) + rows.to(stream.dtype)  # (C, B, T, D), C = 3H or the distinct rows
             batch = stream.shape[0]
             flat = copies.reshape(-1, *stream.shape[1:])
             if receiver.norm is not None:

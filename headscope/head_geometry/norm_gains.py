@@ -17,6 +17,11 @@ left out.
 - `measured_gain(norm, d_model)`: the norm run on `u` and `-u`, `u` a vector of +1 and -1 with
   mean 0 and mean square 1, which LayerNorm and RMSNorm both leave as it is up to their eps, so
   `(norm(u) - norm(-u)) / 2u` is the gain (the bias cancels).
+- `attention_norms(model)` -> `{layer: (input norm, post norm)}`: the modules themselves, None
+  where absent; the post norm is the one that reads the attention block's output before the
+  residual stream (Gemma 2 and 3's `post_attention_layernorm`), found the same way.
+- `centres(norm, d_model)`: whether the norm removes the mean (LayerNorm) or not (RMSNorm), told
+  by running it on `u` and `u + 1`.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import torch
 
 from ..hf.adapters import analysed_body, attention_blocks, text_stack
 
-__all__ = ["norm_gains", "measured_gain"]
+__all__ = ["norm_gains", "measured_gain", "attention_norms", "centres"]
 
 
 @torch.no_grad()
@@ -38,17 +43,47 @@ def norm_gains(model) -> tuple[dict[int, Optional[torch.Tensor]], Optional[torch
     Returns:
         `({layer: [d_model] fp32 or None}, [d_model] fp32 or None)`.
     """
+    found = _recorded(model)
+    d_model = found["d_model"]
+    gains = {layer: None if pre is None else _gain(pre, d_model) for layer, (pre, _) in found["layers"].items()}
+    final = found["final"]
+    return gains, None if final is None else _gain(final, d_model)
+
+
+@torch.no_grad()
+def attention_norms(model) -> dict:
+    """`{layer: (input norm or None, post norm or None)}` of every attention block (module docstring)."""
+    return _recorded(model)["layers"]
+
+
+@torch.no_grad()
+def centres(norm, d_model: int) -> bool:
+    """Whether `norm` removes its input's mean: LayerNorm does (norm(u + 1) = norm(u)), RMSNorm not."""
+    weight = norm.weight
+    u = torch.ones(d_model, device=weight.device, dtype=torch.float32)
+    u[1::2] = -1.0
+    x = u.to(weight.dtype)[None, None]
+    return bool(torch.allclose(norm(x + 1).float(), norm(x).float(), atol=1e-3, rtol=1e-3))
+
+
+def _recorded(model) -> dict:
+    """One short forward pass: each attention block's input and output, the unembedding's input,
+    and the input and output of every module with a `[d_model]` weight; matched by equality."""
     d_model = model.get_input_embeddings().weight.shape[1]
     candidates = {name: module for name, module in model.named_modules()
                   if isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() == 1
                   and module.weight.shape[0] == d_model and not list(module.children())}
     outputs: dict[str, torch.Tensor] = {}
+    read: dict[str, torch.Tensor] = {}
     inputs: dict[object, torch.Tensor] = {}
+    written: dict[object, torch.Tensor] = {}
     handles = []
 
-    def keep_output(name):
+    def keep(name):
         def hook(module, args, output):
             outputs[name] = output.detach()
+            if args and isinstance(args[0], torch.Tensor):
+                read[name] = args[0].detach()
         return hook
 
     def keep_input(key):
@@ -57,12 +92,19 @@ def norm_gains(model) -> tuple[dict[int, Optional[torch.Tensor]], Optional[torch
             inputs[key] = first.detach()
         return hook
 
+    def keep_output(key):
+        def hook(module, args, kwargs, output):
+            first = output if isinstance(output, torch.Tensor) else output[0]
+            written[key] = first.detach()
+        return hook
+
     try:
         for name, module in candidates.items():
-            handles.append(module.register_forward_hook(keep_output(name)))
+            handles.append(module.register_forward_hook(keep(name)))
         blocks = dict(attention_blocks(model))
         for layer, block in blocks.items():
             handles.append(block.register_forward_pre_hook(keep_input(layer), with_kwargs=True))
+            handles.append(block.register_forward_hook(keep_output(layer), with_kwargs=True))
         unembed = model.get_output_embeddings()
         if unembed is not None:
             handles.append(unembed.register_forward_pre_hook(keep_input("final"), with_kwargs=True))
@@ -75,14 +117,20 @@ def norm_gains(model) -> tuple[dict[int, Optional[torch.Tensor]], Optional[torch
         for handle in handles:
             handle.remove()
 
-    def gain_of(key) -> Optional[torch.Tensor]:
-        seen = inputs.get(key)
+    def producing(seen):  # the norm whose output is `seen`
         for name, out in outputs.items():
             if seen is not None and out.shape == seen.shape and torch.equal(out, seen):
-                return _gain(candidates[name], d_model)
+                return candidates[name]
         return None
 
-    return {layer: gain_of(layer) for layer in blocks}, gain_of("final")
+    def reading(seen):  # the norm whose input is `seen`
+        for name, x in read.items():
+            if seen is not None and x.shape == seen.shape and torch.equal(x, seen):
+                return candidates[name]
+        return None
+
+    layers = {layer: (producing(inputs.get(layer)), reading(written.get(layer))) for layer in blocks}
+    return {"d_model": d_model, "layers": layers, "final": producing(inputs.get("final"))}
 
 
 @torch.no_grad()

@@ -1,7 +1,6 @@
 """circuit and Circuit.evaluate: EAP is the first derivative of corrupting one edge, evaluate runs the
 model (everything clean is the model, nothing clean is the corrupted run, a hand-built two-edge
 circuit equals a reference written out from the weights), and the planted induction circuit is found."""
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -13,27 +12,10 @@ from headscope.circuits.running import Target
 from headscope.circuits.split import split_run
 from headscope.circuits.tasks import Task
 
-from tests.support.tiny import VOCAB, tiny_model
+from tests.support.circuit_models import LENGTH, N, random_task, scaled
+from tests.support.tiny import tiny_model
 
-N, LENGTH = 5, 8
-
-
-def _task(seed: int = 0) -> Task:
-    gen = torch.Generator().manual_seed(seed)
-    clean = torch.randint(3, VOCAB, (N, LENGTH), generator=gen)
-    corrupted = clean.clone()
-    corrupted[:, 2:] = torch.randint(3, VOCAB, (N, LENGTH - 2), generator=gen)
-    answer = torch.randint(3, 50, (N,), generator=gen)
-    return Task(clean=clean, corrupted=corrupted, answer=answer, wrong=answer + 40)
-
-
-def _scaled(model, std: float, seed: int = 3):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
-    return model
+_task, _scaled = random_task, scaled
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +75,14 @@ def test_eap_is_the_first_derivative_of_corrupting_the_edge(llama, edge):
     assert scale > 0.01
 
 
-def test_eap_ig_with_one_step_is_eap(llama):
+def test_eap_ig_with_one_step_on_the_right_rule_is_eap(llama):
     task = _task(seed=2)
     eap = circuit(llama, task, method="eap")
-    one = circuit(llama, task, method="eap-ig", steps=1)
+    one = circuit(llama, task, method="eap-ig", steps=1, riemann="right")
     torch.testing.assert_close(torch.tensor(one.edges.score.values), torch.tensor(eap.edges.score.values))
     five = circuit(llama, task, method="eap-ig", steps=5, batch_size=2)
     assert five.meta["passes"] == {"forward": 7, "backward": 5}
-    assert not np.allclose(five.edges.score.values, eap.edges.score.values)
+    assert five.meta["riemann"] == "left" and eap.meta["riemann"] is None
 
 
 def test_evaluate_runs_the_model(llama):
@@ -109,17 +91,14 @@ def test_evaluate_runs_the_model(llama):
     with torch.no_grad():
         clean = float(task.score(llama(**task.inputs("clean")).logits).mean())
         corrupted = float(task.score(llama(**task.inputs("corrupted")).logits).mean())
-    table = found.evaluate(sizes=[1, 10, 50, 100], n_random=2, batch_size=2)
+    table = found.evaluate(sizes=[1, 10, 50], n_random=2, batch_size=2)  # 100 is added
     assert table.attrs["clean_metric"] == pytest.approx(clean, abs=1e-6)  # every edge clean: the model
     assert table.attrs["corrupted_metric"] == pytest.approx(corrupted, abs=1e-5)  # none clean: the corrupted run
     assert float(table.faithfulness.iloc[-1]) == pytest.approx(1.0, abs=1e-6)
-    assert list(table.n_edges) == [2, 20, 99, 198]
+    assert float(table.faithfulness_abs.iloc[-1]) == pytest.approx(1.0, abs=1e-6)
+    assert list(table["size"]) == [1, 10, 50, 100] and list(table.n_edges) == [2, 20, 99, 198]
     assert {"cpr", "cmd", "random_cpr", "random_cmd"} <= set(table.attrs)
     assert len(found.random) == 4 * 2
-    x = np.array([1, 10, 50, 100]) / 100
-    f = table.faithfulness.to_numpy()
-    assert table.attrs["cpr"] == pytest.approx(float(np.trapezoid(f, x)))
-    assert table.attrs["cmd"] == pytest.approx(float(np.trapezoid(np.abs(1 - f), x)))
 
 
 def _llama_one_layer():
@@ -182,14 +161,17 @@ def test_a_two_edge_circuit_equals_a_reference_run():
 
 
 def test_the_planted_induction_circuit(planted_path):
-    """The planted previous-token head 0.0 writes what the planted induction head 1.0's keys read:
-    that edge is EAP-IG's top edge into any head's keys, and 1.0 -> logits its top edge."""
+    """The planted induction head 1.0 -> logits is EAP-IG's top edge, and the edge from the planted
+    previous-token head 0.0 into 1.0's keys is among the top two key edges. The built-in task
+    corrupts the second copy, so the keys' copy is the same in both runs and every key edge is
+    near 0 (0.006 against 11.5 for the top edge); a0.h0 -> a1.h0.k and embed -> a1.h0.k tie
+    there, and the key path proper is the induction-keys task's (the next test)."""
     loaded = headscope.load(planted_path, device="cpu")
     task = headscope.task("induction", loaded.tokenizer, n=6, seed=0)
     found = circuit(loaded, task, method="eap-ig", steps=5)
     keys = found.edges[found.edges.dst.str.endswith(".k")]
-    best = keys.loc[keys.score.abs().idxmax()]
-    assert (best.src, best.dst) == ("a0.h0", "a1.h0.k")
+    best = keys.assign(size=keys.score.abs()).nlargest(2, "size")
+    assert ("a0.h0", "a1.h0.k") in set(zip(best.src, best.dst))
     top = found.top(1).iloc[0]
     assert (top.src, top.dst) == ("a1.h0", "logits")
 

@@ -65,8 +65,8 @@ def test_the_faithfulness_curve_holds_the_evaluation():
     found = fake_circuit(3, 4, evaluated=True)
     fig = faithfulness_figure(page_data(found))
     by_name = {t.name: t for t in fig.data}
-    assert list(by_name["this circuit"].x) == [0.1, 1, 10, 100]
-    assert list(by_name["this circuit"].y) == [0.2, 0.5, 0.9, 1.0]
+    assert list(by_name["top edges by signed score (CPR)"].x) == [0.1, 1, 10, 100]
+    assert list(by_name["top edges by signed score (CPR)"].y) == [0.2, 0.5, 0.9, 1.0]
     assert list(by_name["random circuits: mean"].y) == [0.0, 0.05, 0.2, 1.0]
     assert fig.layout.xaxis.type == "log"
 

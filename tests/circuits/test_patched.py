@@ -10,7 +10,7 @@ from headscope.circuits.patched import Patched
 from headscope.circuits.running import Target
 from headscope.circuits.split import split_run
 
-from tests.circuits.test_circuit import _scaled, _task
+from tests.support.circuit_models import random_task as _task, scaled as _scaled
 from tests.support.tiny import tiny_model
 
 

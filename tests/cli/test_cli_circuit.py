@@ -27,8 +27,10 @@ def test_the_planted_circuit_and_its_folder(found):
     out, result = found
     circuit = read_circuit(out)
     keys = circuit.edges[circuit.edges.dst.str.endswith(".k")]
-    best = keys.loc[keys.score.abs().idxmax()]
-    assert (best.src, best.dst) == ("a0.h0", "a1.h0.k")  # the planted previous-token head feeds the induction keys
+    best = keys.assign(size=keys.score.abs()).nlargest(2, "size")
+    # the planted previous-token head feeds the induction keys (tied with embed there: the built-in
+    # task leaves the keys' copy uncorrupted, tests/circuits/test_circuit.py)
+    assert ("a0.h0", "a1.h0.k") in set(zip(best.src, best.dst))
     assert circuit.meta["method"] == "eap-ig" and circuit.meta["steps"] == 3 and circuit.meta["n"] == 6
     assert circuit.meta["passes"] == {"forward": 5, "backward": 3}
     assert list(circuit.evaluation["size"]) == [10, 100] and len(circuit.random) == 2
@@ -39,10 +41,13 @@ def test_the_planted_circuit_and_its_folder(found):
     assert GRAPH_ID in page and f"id=\"{FAITHFULNESS_ID}\"" in page
     lines = result.stdout.splitlines()
     assert lines[0] == "task: induction, 6 prompt pairs, metric logit_diff"
-    assert lines[1].startswith(f"scored {len(circuit.edges)} edges with eap-ig (3 steps): 5 forward and 3 backward")
+    assert lines[1].startswith(f"scored {len(circuit.edges)} edges with eap-ig (3 steps, left rule): 5 forward and "
+                               f"3 backward")
     top = circuit.top(1).iloc[0]
     assert lines[2].startswith(f"top edges: {top.src}->{top.dst} ")
-    assert lines[3].startswith("faithfulness: CPR ") and "random circuits" in lines[3]
+    assert lines[3].startswith("stability: top 1% (") and "Jaccard" in lines[3]
+    assert circuit.meta["stability"][0]["n_boot"] == 100
+    assert lines[4].startswith("faithfulness: CPR ") and "random circuits" in lines[4]
     assert f"report: {out / 'index.html'}" in lines
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
