@@ -38,6 +38,15 @@ def test_every_option_of_every_command_is_on_the_cli_page():
                 assert f"`{option}`" in sections[name], f"headscope {name} {option} is not on docs/reference/cli.md"
 
 
+def test_a_range_reads_as_its_bounds_and_a_one_sided_one_as_an_inequality():
+    attribute = typer.main.get_command(app).commands["attribute"]
+    option = {param.name: param for param in attribute.params}
+    assert docs_pages._type(option["n"]) == "integer >= 1"
+    assert docs_pages._type(option["seed"]) == f"integer (0 to {2**63 - 1})"
+    assert docs_pages._type(option["metric"]) == "text"
+    assert "None" not in "".join(re.findall(r"^\| `--[^|]*\| ([^|]*) \|", docs_pages.cli_markdown(), re.M))
+
+
 def test_every_public_name_has_an_api_entry_and_a_docstring_with_its_sections():
     page = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
     grouped = [name for _, names in docs_pages.API_GROUPS for name in names]
