@@ -374,7 +374,7 @@ def _index_above(folder: Path) -> None:
 @_friendly
 def report_command(
     directory: Annotated[Optional[Path], typer.Argument(help="A folder written by `headscope analyze`.")] = None,
-    index: Annotated[Optional[Path], typer.Option("--index", help="Write INDEX/index.html listing every analysis, comparison, timeline and KV evaluation under the folder INDEX, each page linking back.")] = None,
+    index: Annotated[Optional[Path], typer.Option("--index", help="Write INDEX/index.html listing every analysis (saved ones without a page too, with their tables and the command that renders it), comparison, circuit, timeline and KV evaluation under the folder INDEX, each page linking back.")] = None,
     plotlyjs: PlotlyOpt = "embed",
     open_report: OpenOpt = False,
     unverified: UnverifiedOpt = False,
