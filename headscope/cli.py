@@ -57,6 +57,7 @@ ModelArg = Annotated[str, typer.Argument(help="Alias (see `headscope models`), m
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: as stored).")]
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Convert a GGUF file again instead of using the load cache (see `headscope cache`).")]
+TaskOpt = Annotated[str, typer.Option("--task", help="ioi, induction, induction-keys, greater-than, or a JSONL file of prompt pairs (fields clean, corrupted, answer, wrong).")]
 
 VERIFY_TEXT = (
     "The committee met on Tuesday to discuss the budget, and the chair asked everyone to be brief.",
@@ -373,7 +374,7 @@ def _index_above(folder: Path) -> None:
 @_friendly
 def report_command(
     directory: Annotated[Optional[Path], typer.Argument(help="A folder written by `headscope analyze`.")] = None,
-    index: Annotated[Optional[Path], typer.Option("--index", help="Write INDEX/index.html listing every analysis, comparison, timeline and KV evaluation under the folder INDEX, each page linking back.")] = None,
+    index: Annotated[Optional[Path], typer.Option("--index", help="Write INDEX/index.html listing every analysis (saved ones without a page too, with their tables and the command that renders it), comparison, circuit, timeline and KV evaluation under the folder INDEX, each page linking back.")] = None,
     plotlyjs: PlotlyOpt = "embed",
     open_report: OpenOpt = False,
     unverified: UnverifiedOpt = False,
@@ -602,8 +603,8 @@ def _task_run(model, task, out, suffix, analysis_dir, force, n, seed, metric, de
 @_friendly
 def attribute_command(
     model: ModelArg = "smollm2-135m",
-    task: Annotated[str, typer.Option("--task", help="ioi, induction, induction-keys, greater-than, or a JSONL file of clean/corrupted/answer/wrong prompts.")] = "ioi",
-    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL-TASK).")] = None,
+    task: TaskOpt = "ioi",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: MODEL-TASK under reports/).")] = None,
     n: Annotated[int, typer.Option("--n", min=1, help="Prompt pairs (a built-in task's; a file's first N).")] = 64,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the built-in task's prompts and the bootstrap.")] = 0,
     metric: Annotated[Optional[str], typer.Option("--metric", help="logit_diff, prob, prob_diff or kl (default: the task's).")] = None,
@@ -647,8 +648,8 @@ def attribute_command(
 @_friendly
 def circuit_command(
     model: ModelArg = "smollm2-135m",
-    task: Annotated[str, typer.Option("--task", help="ioi, induction, induction-keys, greater-than, or a JSONL file of clean/corrupted/answer/wrong prompts.")] = "ioi",
-    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default reports/MODEL-TASK-circuit).")] = None,
+    task: TaskOpt = "ioi",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: MODEL-TASK-circuit under reports/).")] = None,
     method: Annotated[str, typer.Option("--method", help="eap (one gradient on the clean run) or eap-ig (integrated gradients, more faithful).")] = "eap-ig",
     steps: Annotated[int, typer.Option("--steps", help="EAP-IG's integration steps (forward/backward pairs per batch; ignored by eap).")] = 5,
     riemann: Annotated[str, typer.Option("--riemann", help="EAP-IG's points: left (k = 0..S-1, from the corrupted run, as the EAP-IG code and MIB) or right (k = 1..S, ending at the clean run).")] = "left",
@@ -656,7 +657,7 @@ def circuit_command(
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="Seed of the built-in task's prompts and the random circuits.")] = 0,
     metric: Annotated[Optional[str], typer.Option("--metric", help="logit_diff, prob, prob_diff or kl (default: the task's).")] = None,
     evaluate: Annotated[bool, typer.Option("--evaluate/--no-evaluate", help="Measure faithfulness by running the model with only the top edges clean, at each size, against random circuits.")] = True,
-    sizes: Annotated[Optional[str], typer.Option("--sizes", help="Circuit sizes evaluated, in % of the edges, comma-separated (default: MIB's 0.1,0.2,0.5,1,2,5,10,20,50,100).")] = None,
+    sizes: Annotated[Optional[str], typer.Option("--sizes", help="Circuit sizes evaluated, in % of the edges, comma-separated (default: MIB's 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50 and 100).")] = None,
     random_draws: Annotated[int, typer.Option("--random", help="Random circuits drawn per size as the baseline.")] = 5,
     top: Annotated[int, typer.Option("--top", help="Edges drawn in the page's graph (largest |score| first).")] = 300,
     analysis_dir: Annotated[Optional[Path], typer.Option("--analysis", help="An analysis folder of the same model: its labels are shown on the heads.")] = None,

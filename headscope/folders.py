@@ -11,9 +11,9 @@
   instead. A folder with neither marker nor manifest (written before both) passes.
 - `check_folder(folder, needed, unverified=False)`: no symbolic link inside the folder (a file
   read through one could be anyone's; refused even with `unverified`), then `check_manifest`.
-- `write_card(folder, kind, title=..., model=..., headline=...)`: what the folder is, in its
-  marker (JSON): its kind ("analysis", "comparison", ...), model, date, a few headline numbers
-  and its page. `read_card(folder)` gives it back (None for a folder without one); `headscope
+- `write_card(folder, kind, title=..., model=..., headline=..., render=...)`: what the folder
+  is, in its marker (JSON): its kind ("analysis", "comparison", ...), model, date, a few headline
+  numbers, its page and the command that renders that page from the folder's files. `read_card(folder)` gives it back (None for a folder without one); `headscope
   report --index` lists the folders by their cards, so a new kind of folder is listed by writing one.
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ MARKER_TEXT = "written by headscope; `--force` may replace this folder\n"
 
 
 def write_card(folder, kind: str, *, title: str, model: str = "", headline=(), page: str = "index.html",
-               created: str = "") -> None:
+               created: str = "", render: str = "") -> None:
     """Describe `folder` in its marker file, for `headscope report --index`.
 
     Args:
@@ -115,12 +115,16 @@ def write_card(folder, kind: str, *, title: str, model: str = "", headline=(), p
         headline: `(name, value)` pairs shown beside the link (a few numbers, as text).
         page: the folder's page, relative to it.
         created: when its content was made (ISO 8601); now by default.
+        render: the command that makes `page` from the folder's files, the folder's path to
+            follow it (`headscope report` for an analysis), where one exists; a folder saved
+            without its page is listed with it.
     """
     import datetime
 
     card = {"note": MARKER_TEXT.strip(), "kind": str(kind), "title": str(title), "model": str(model or ""),
             "created": created or datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "page": str(page), "headline": [[str(name), str(value)] for name, value in headline]}
+            "page": str(page), "headline": [[str(name), str(value)] for name, value in headline],
+            "render": str(render)}
     (Path(folder) / MARKER).write_text(json.dumps(card, indent=1) + "\n", encoding="utf-8")
 
 
@@ -135,4 +139,5 @@ def read_card(folder):
     headline = card.get("headline")
     card["headline"] = [tuple(map(str, pair)) for pair in headline if isinstance(pair, list) and len(pair) == 2] \
         if isinstance(headline, list) else []
+    card["render"] = card["render"] if isinstance(card.get("render"), str) else ""
     return card

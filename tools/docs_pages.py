@@ -61,8 +61,13 @@ def _type(param) -> str:
     words = {"str": "text", "string": "text", "text": "text", "int": "integer", "integer": "integer",
              "float": "number", "Path": "path", "path": "path", "list[str]": "text, one or more"}
     text = words.get(name, name)
-    if getattr(param, "min", None) is not None or getattr(param, "max", None) is not None:
-        text += f" ({param.min} to {param.max})"
+    low, high = getattr(param, "min", None), getattr(param, "max", None)
+    if low is not None and high is not None:
+        text += f" ({low} to {high})"
+    elif low is not None:
+        text += f" >= {low}"
+    elif high is not None:
+        text += f" <= {high}"
     return text
 
 

@@ -44,6 +44,7 @@ from ..head_geometry.tables import GEOMETRY_FOLDER, read_geometry_tables, write_
 __all__ = ["Analysis", "Example", "atomic_dir"]
 
 OWN_FILES = ("scores", "labels", "validation")  # <name>.csv files that are not tables
+RENDER = "headscope report"  # renders a saved analysis's page (its card names it for `report --index`)
 # Tables that were fields of `Analysis` before it kept one mapping: they still read as None when absent
 # (`analysis.syntax is None`). Any other absent name raises AttributeError, so duck typing
 # (`hasattr(x, "best")`) still tells an analysis from other results. Saving and loading name no table.
@@ -267,7 +268,7 @@ class Analysis:
             write_geometry_tables(self.geometry, folder / GEOMETRY_FOLDER)
         write_manifest(folder)  # sizes and hashes, checked by `load`
         write_card(folder, "analysis", title=str(self.meta.get("model", "?")), model=str(self.meta.get("model", "")),
-                   created=str(self.meta.get("created", "")), headline=self.headline())
+                   created=str(self.meta.get("created", "")), headline=self.headline(), render=RENDER)
 
     def headline(self, k: int = 4) -> list:
         """`(name, value)` pairs for a list of analyses: the head grid, the `k` labels most heads

@@ -3,7 +3,9 @@
 - `index_entries(root)` -> `[IndexEntry]`: every folder under `root` that headscope wrote with a
   card (`headscope.atomic.write_card`: analyses, comparisons, timelines, KV evaluations, and any
   kind that writes one), newest first. The index knows no kinds: a folder is listed by what its
-  card says. Analysis folders written before cards existed are read from their meta.json.
+  card says. A folder saved without its page (`Analysis.save`) is listed with its tables and the
+  command its card names to render the page. Analysis folders whose marker holds no card are read
+  from their meta.json.
 - `render_index(root, entries)` -> the page (no script, no request outside the folder; every
   text escaped).
 - `write_index(root)`: `root/index.html`, written to a temporary name and renamed; each listed
@@ -18,6 +20,7 @@ import csv
 import html
 import json
 import os
+import shlex
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -44,6 +47,7 @@ table { border-collapse: collapse; margin: 6px 0; } th, td { padding: 4px 10px; 
 th { border-bottom: 2px solid #ccc; } td { border-bottom: 1px solid #eee; }
 td.kind { white-space: nowrap; color: #555; } td.date { white-space: nowrap; } dl { margin: 0; display: grid;
   grid-template-columns: max-content 1fr; gap: 0 10px; } dt { color: #555; } dd { margin: 0; }
+span.saved { color: #666; }
 """
 
 
@@ -54,7 +58,9 @@ class IndexEntry(NamedTuple):
     model: str
     created: str  # ISO 8601, as written
     headline: tuple  # (name, value) text pairs
-    page: str  # the page, relative to the root
+    page: str  # the page, relative to the root; "" for a folder saved without it
+    tables: tuple = ()  # without a page: the folder's tables (*.csv), relative to the root
+    render: str = ""  # without a page: the command that renders it (the card's, with the folder's path)
 
 
 def _legacy_analysis(folder: Path) -> Optional[dict]:
@@ -88,7 +94,9 @@ def index_entries(root) -> list:
         root: the folder to search, down to `MAX_DEPTH` levels; hidden folders (a run's temporary
             `.name.tmp-*`) and links are skipped, and a report folder is not searched further.
     Returns:
-        `IndexEntry` per folder whose card names a page that exists.
+        `IndexEntry` per folder with a card: its page where that exists inside the folder, else its
+        tables and the command that renders the page (a card naming a page outside its folder is
+        not listed).
     """
     root = Path(root)
     found, level = [], [root]
@@ -106,10 +114,17 @@ def index_entries(root) -> list:
                     below.append(child)
                     continue
                 page = child / card["page"]
-                if page.is_file() and child.resolve() in page.resolve().parents:  # a page inside the folder
-                    rel = child.relative_to(root).as_posix()
-                    found.append(IndexEntry(rel, card["kind"], card["title"], card.get("model", ""),
-                                            card.get("created", ""), tuple(card["headline"]), f"{rel}/{card['page']}"))
+                if child.resolve() not in page.resolve().parents:  # a page must lie inside its folder
+                    continue
+                rel = child.relative_to(root).as_posix()
+                entry = IndexEntry(rel, card["kind"], card["title"], card.get("model", ""), card.get("created", ""),
+                                   tuple(card["headline"]), f"{rel}/{card['page']}")
+                if not page.is_file():  # saved without its page
+                    tables = tuple(f"{rel}/{p.name}" for p in sorted(child.glob("*.csv")) if p.is_file())
+                    render = card.get("render", "")
+                    entry = entry._replace(page="", tables=tables,
+                                           render=f"{render} {shlex.quote(str(child))}" if render else "")
+                found.append(entry)
         level = below
     return sorted(found, key=lambda e: (e.created, e.folder), reverse=True)
 
@@ -121,6 +136,13 @@ def _date(created: str) -> str:
 
 def _href(path: str) -> str:
     return html.escape(quote(path, safe="/"), quote=True)
+
+
+def _without_page(entry: IndexEntry) -> str:
+    """What a row of a folder saved without its page shows: its tables, and how to render the page."""
+    tables = ", ".join(f"<a href=\"{_href(t)}\">{html.escape(t.rsplit('/', 1)[-1])}</a>" for t in entry.tables)
+    how = f"; <code>{html.escape(entry.render)}</code> renders it" if entry.render else ""
+    return f"<br><span class=\"saved\">no page yet{how}</span>" + (f"<br>tables: {tables}" if tables else "")
 
 
 def render_index(root, entries: list) -> str:
@@ -136,7 +158,8 @@ def render_index(root, entries: list) -> str:
     rows = []
     for e in entries:
         facts = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in e.headline)
-        link = f"<a href=\"{_href(e.page)}\">{html.escape(e.title)}</a><br><code>{html.escape(e.folder)}</code>"
+        link = f"<a href=\"{_href(e.page)}\">{html.escape(e.title)}</a><br><code>{html.escape(e.folder)}</code>" \
+            if e.page else f"{html.escape(e.title)}<br><code>{html.escape(e.folder)}</code>{_without_page(e)}"
         rows.append(f"<tr><td class=\"kind\">{html.escape(e.kind)}</td><td>{link}</td>"
                     f"<td>{html.escape(e.model)}</td><td class=\"date\">{html.escape(_date(e.created))}</td>"
                     f"<td><dl>{facts}</dl></td></tr>")
@@ -224,7 +247,8 @@ def write_index(root) -> Path:
     entries = index_entries(root)
     _replace_text(path, render_index(root, entries))
     for entry in entries:
-        _link_back(root / entry.page, path)
+        if entry.page:
+            _link_back(root / entry.page, path)
     return path
 
 

@@ -34,6 +34,8 @@ def test_applies_to_keeps_what_each_builtin_read_before():
             assert det.applies_to == ("causal", "bidirectional", "cross") and not det.bidirectional_only
         elif name == "alignment":
             assert det.applies_to == ("cross",) and not det.bidirectional_only
+        elif name == "retrieval":  # it teacher-forces the model's next-token predictions
+            assert det.applies_to == ("causal",) and not det.bidirectional_only
         else:
             assert det.applies_to == ("causal", "bidirectional") and not det.bidirectional_only
 

@@ -38,6 +38,15 @@ def test_every_option_of_every_command_is_on_the_cli_page():
                 assert f"`{option}`" in sections[name], f"headscope {name} {option} is not on docs/reference/cli.md"
 
 
+def test_a_range_reads_as_its_bounds_and_a_one_sided_one_as_an_inequality():
+    attribute = typer.main.get_command(app).commands["attribute"]
+    option = {param.name: param for param in attribute.params}
+    assert docs_pages._type(option["n"]) == "integer >= 1"
+    assert docs_pages._type(option["seed"]) == f"integer (0 to {2**63 - 1})"
+    assert docs_pages._type(option["metric"]) == "text"
+    assert "None" not in "".join(re.findall(r"^\| `--[^|]*\| ([^|]*) \|", docs_pages.cli_markdown(), re.M))
+
+
 def test_every_public_name_has_an_api_entry_and_a_docstring_with_its_sections():
     page = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
     grouped = [name for _, names in docs_pages.API_GROUPS for name in names]
@@ -77,6 +86,31 @@ def test_the_readmes_links_resolve_and_reach_the_reference_in_one_click():
     assert local and all((ROOT / link).exists() for link in local), [link for link in local if not (ROOT / link).exists()]
     for page in ("docs/concepts.md", "docs/getting-started.md", "docs/detectors.md", "docs/reference/cli.md"):
         assert page in local  # what a label means, your own model, your own detector, every option
+
+
+def test_circuits_are_at_the_front_door():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:40]  # the first screen
+    first_screen = "\n".join(readme)
+    assert "circuit" in first_screen.lower() and "(docs/circuits.md)" in first_screen
+    assert "(docs/tasks.md)" in first_screen and "(docs/attribution.md)" in first_screen
+    for page in ("index.md", "getting-started.md", "concepts.md"):  # tasks -> attribution -> circuits
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        links = [text.find(f"]({name})") for name in ("tasks.md", "attribution.md", "circuits.md")]
+        assert -1 not in links and links == sorted(links), f"docs/{page} does not lead to tasks, attribution, circuits"
+
+
+def test_the_glossary_defines_the_terms_circuits_uses_and_circuits_links_it():
+    concepts = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
+    glossary = concepts[concepts.index("\n## Glossary\n"):]
+    terms = re.findall(r"^### (.+)$", glossary, re.M)
+    for term in ("OV", "Dependency relations", "Planted model", "IOI", "S-inhibition and name movers", "DLA",
+                 "AtP, AtP*", "EAP, EAP-IG", "MIB", "CPR, CMD"):
+        assert term in terms, f"the glossary has no entry {term!r}"
+    for name in ("case", "nsubj", "obl:unmarked"):
+        assert f"`{name}`" in glossary
+    circuits = (ROOT / "docs" / "circuits.md").read_text(encoding="utf-8")
+    for anchor in ("eap-eap-ig", "cpr-cmd", "mib", "planted-model", "ioi"):
+        assert f"(concepts.md#{anchor})" in circuits, f"docs/circuits.md does not link the glossary's {anchor}"
 
 
 def test_the_example_notebooks_import_no_private_name():

@@ -1,7 +1,10 @@
 """`headscope report --index DIR`: one page listing every report folder under DIR by the card each
 writer leaves in its marker (analyses, comparisons, timelines; a kind the index has never heard
-of is listed from its card alone), escaped, written atomically, each page linked back to it."""
+of is listed from its card alone; an analysis saved without its page with its tables and the
+command that renders it), escaped, written atomically, each page linked back to it."""
+import html
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -89,6 +92,32 @@ def test_an_analysis_folder_from_before_cards_is_listed_from_its_meta(reports, t
     (entry,) = index_entries(tmp_path / "r")
     assert (entry.kind, entry.title, entry.created) == ("analysis", a.meta["model"], a.meta["created"])
     assert dict(entry.headline)["heads"] == "3 × 4"
+
+
+def test_an_analysis_saved_without_its_page_is_listed_with_its_tables_and_how_to_render_it(tmp_path):
+    root = tmp_path / "saved"
+    first = fake_analysis(3, 4, seed=1, n_examples=1, seq_len=10).save(root / "first")
+    fake_analysis(3, 4, seed=2, n_examples=1, seq_len=10).save(root / "second")
+    runner = CliRunner()
+    result = runner.invoke(app, ["report", "--index", str(root)])
+    assert result.exit_code == 0, result.output
+    entries = {e.folder: e for e in index_entries(root)}
+    assert set(entries) == {"first", "second"}
+    entry = entries["first"]
+    assert entry.kind == "analysis" and entry.page == ""
+    assert {"first/scores.csv", "first/labels.csv"} <= set(entry.tables)
+    assert entry.render == f"headscope report {shlex.quote(str(first))}"
+    page = (root / "index.html").read_text()
+    assert "No report folders" not in page
+    assert 'href="first/scores.csv"' in page and 'href="second/labels.csv"' in page
+    assert f"<code>{html.escape(entry.render)}</code> renders it" in page
+    result = runner.invoke(app, ["report", str(first), "--plotlyjs", "cdn"])  # the command the list shows
+    assert result.exit_code == 0, result.output
+    entries = {e.folder: e for e in index_entries(root)}
+    assert (entries["first"].page, entries["first"].tables, entries["first"].render) == ("first/index.html", (), "")
+    page = (root / "index.html").read_text()  # re-written by `report DIR`: the index was above it
+    assert 'href="first/index.html"' in page and 'href="second/scores.csv"' in page
+    assert '<a href="../index.html">' in (first / "index.html").read_text()
 
 
 def test_the_page_is_escaped_offline_and_links_each_report_back(reports):

@@ -368,4 +368,5 @@ RETRIEVAL = Detector(
     formula="per needle example: #{answer tokens the model predicts whose query's argmax key is the same token "
             "inside the needle} / |needle|; examples where the model predicts < 50% of the answer left out",
     source="Wu et al. 2024 (retrieval heads; threshold 0.1, their code nightdessert/Retrieval_Head)",
-    fn=_not_a_pattern_detector, run=run_retrieval, colour="#e6550d", short="retr")
+    fn=_not_a_pattern_detector, run=run_retrieval, colour="#e6550d", short="retr",
+    applies_to=("causal",))  # the needle probe teacher-forces next-token predictions
