@@ -91,6 +91,7 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
                   for r in graph.receivers}
     metrics = {"clean": 0.0, "corrupted": 0.0}
     parts = batches(task.n, batch_size)
+    stage = f"circuit ({method}: {len(points)} gradient{'s' if len(points) > 1 else ''} x {len(parts)} batches)"
     for done, part in enumerate(parts):
         rows = task.subset(part)
         clean, _ = target.inputs(rows, "clean")
@@ -104,7 +105,7 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
             metrics[name] += float(rows.score(target.aligned(logits).float(), reference=reference).double().sum())
         e_clean, e_corrupted = _embedding_of(model, clean), _embedding_of(model, corrupted)
         grads = {id(r): 0.0 for r in graph.receivers}
-        for alpha in points:
+        for point, alpha in enumerate(points):
             leaves = {}
 
             def delta_for(receiver):
@@ -121,6 +122,8 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
             for receiver, grad in zip(graph.receivers, found):
                 if grad is not None:
                     grads[id(receiver)] = grads[id(receiver)] + grad.detach()
+            if progress is not None:  # one forward/backward pair: steps x batches of them in all
+                progress(stage, done * len(points) + point + 1, len(parts) * len(points))
         for receiver in graph.receivers:
             grad = grads[id(receiver)]
             if isinstance(grad, float):
@@ -128,8 +131,6 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
             upstream = change[receiver.upstream].double()  # (U, B, T, D)
             per_prompt[id(receiver)][part] += torch.einsum("ubtd,rbtd->bru", upstream,
                                                             grad.double() / steps).cpu()
-        if progress is not None:
-            progress(f"circuit ({method})", done + 1, len(parts))
     prompts = torch.cat([per_prompt[id(r)].reshape(task.n, -1) for r in graph.receivers], dim=1)  # (n, edges)
     scores = prompts.mean(0).numpy()
     means = {name: value / task.n for name, value in metrics.items()}

@@ -231,3 +231,10 @@ def test_eap_json_of_another_model_is_refused(llama, tmp_path):
     (tmp_path / "bad.json").write_text('{"cfg": {}, "nodes": {}}')
     with pytest.raises(headscope.HeadscopeError, match="cfg, nodes and edges"):
         Circuit.from_eap_json(tmp_path / "bad.json", llama)
+
+
+def test_progress_counts_every_gradient_pass(llama):
+    seen = []
+    circuit(llama, random_task(seed=1), method="eap-ig", steps=3, batch_size=2, progress=lambda *a: seen.append(a))
+    stage = "circuit (eap-ig: 3 gradients x 2 batches)"  # 5 prompts in batches of 2 and 3
+    assert seen == [(stage, k, 6) for k in range(1, 7)]
