@@ -19,18 +19,22 @@ the task's metric when that one edge carries the corrupted run's value instead o
   `Circuit.meta`; `Circuit.top(n)`: the n edges of largest |score|.
 - `Circuit.evaluate(sizes, ...)`: faithfulness measured by running the model
   (`headscope.circuits.eap.evaluate`); `Circuit.evaluation` holds the last one.
-- `Circuit.save(folder)` writes `edges.csv`, `nodes.csv`, `meta.json`, `task.json` and, once
-  evaluated, `evaluation.csv` and `random.csv`; `Circuit.load(folder)` reads them back
-  (`evaluate` then needs the model again).
+- `Circuit.save(folder, force=False)` writes `edges.csv`, `nodes.csv`, `meta.json`, `task.json`
+  and, once evaluated, `evaluation.csv` and `random.csv`, atomically and with a manifest, under
+  the rule every folder headscope writes follows (`headscope.atomic`); `Circuit.load(folder,
+  unverified=False)` checks the manifest and reads them back (`evaluate` then needs the model again).
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..atomic import atomic_dir
 from ..errors import HeadscopeError, UsageError
+from ..folders import check_folder, write_manifest
 from .eap import METHODS, evaluate, score_edges
 from .edges import graph_of
 from .running import Target
@@ -97,10 +101,29 @@ class Circuit:
                                                 batch_size=batch_size, progress=progress)
         return self.evaluation
 
-    def save(self, folder) -> Path:
-        """Write the circuit's files into `folder` (created if missing); returns it."""
+    def save(self, folder, *, force: bool = False) -> Path:
+        """Write the circuit's folder atomically, under the rule every folder headscope writes
+        follows (`headscope.atomic`): its files, headscope's marker and a manifest of their sizes
+        and SHA-256s, which `load` checks.
+
+        Args:
+            folder: the folder to write; refused when it exists, unless `force`.
+            force: replace an existing folder headscope wrote (or an empty one); a folder of
+                anyone else's files is never replaced.
+        Returns:
+            The folder's path.
+        """
+        if not isinstance(folder, (str, os.PathLike)):
+            raise HeadscopeError(f"Circuit.save needs a folder to write, got {folder!r}")
+        with atomic_dir(folder, force=force) as tmp:
+            self.write_into(tmp)
+            write_manifest(tmp)
+        return Path(folder)
+
+    def write_into(self, folder) -> None:
+        """Write the circuit's files into an existing folder (an `atomic_dir`'s temporary one; no
+        atomicity or manifest of its own)."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         self.edges.to_csv(folder / FILES["edges"], index=False)
         self.nodes.to_csv(folder / FILES["nodes"], index=False)
         meta = dict(self.meta)
@@ -112,17 +135,29 @@ class Circuit:
         (folder / FILES["meta"]).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
         if self.task is not None:
             self.task.save(folder / FILES["task"])
-        return folder
 
     @classmethod
-    def load(cls, folder) -> "Circuit":
-        """Read a folder `save` wrote; HeadscopeError naming what is missing or damaged."""
+    def load(cls, folder, *, unverified: bool = False) -> "Circuit":
+        """Read a folder `save` (or `headscope circuit`) wrote; HeadscopeError naming what is
+        missing or damaged.
+
+        Args:
+            folder: the folder.
+            unverified: read a folder whose manifest is missing or no longer matches, with a
+                warning (`HeadscopeWarning`).
+        Returns:
+            The `Circuit` (without a model: `evaluate` needs `loaded=`).
+        """
         import pandas as pd
 
+        if not isinstance(folder, (str, os.PathLike)):
+            raise HeadscopeError(f"Circuit.load needs the folder a circuit was saved in, got {folder!r}")
         folder = Path(folder)
         for name in ("edges", "nodes", "meta"):
             if not (folder / FILES[name]).is_file():
                 raise HeadscopeError(f"{folder} is not a circuit folder (no {FILES[name]})")
+        check_folder(folder, [FILES[name] for name in ("edges", "nodes", "meta")], unverified=unverified,
+                     required=True)
         try:
             meta = json.loads((folder / FILES["meta"]).read_text(encoding="utf-8"))
             edges = pd.read_csv(folder / FILES["edges"])

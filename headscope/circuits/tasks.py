@@ -4,8 +4,9 @@
   token ids `[n, pos]` (right-padded), answer and wrong token ids `[n]` or sets `[n, k]` (-1 pads a
   set), checked when made. `score(logits)` gives each example's metric of a run at its last real
   token, differentiably; `direction(W_U)` the logit difference's readout direction;
-  `check_for(loaded)` refuses a model whose tokenizer the ids do not come from; `save(path)` and
-  `Task.load(path)` keep it as one JSON file.
+  `check_for(loaded)` refuses a model whose tokenizer the ids do not come from; `save(path,
+  force=False)` and `Task.load(path)` keep it as one JSON file (`is_task_file(bytes)`: one of
+  them, which `force` may replace).
 - `METRICS`: the metric names and their formulas (docs/tasks.md).
 - `tokenizer_fingerprint(tokenizer)`: a short stable hash of a tokenizer's vocabulary and
   special tokens, so that a task remembers which tokenizer its ids belong to.
@@ -21,16 +22,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from ..atomic import write_text_atomic
+from ..atomic import atomic_file
 from ..errors import HeadscopeError
 
-__all__ = ["Task", "METRICS", "tokenizer_fingerprint", "FORMAT"]
+__all__ = ["Task", "METRICS", "tokenizer_fingerprint", "FORMAT", "is_task_file"]
 
 METRICS = {
     "logit_diff": "mean logit over the answer set - mean logit over the wrong set",
@@ -41,6 +43,16 @@ METRICS = {
 FORMAT = "headscope-task"  # the "format" field of a saved task
 VERSION = 1
 SETS = "[n] or [n, k]"
+
+
+def is_task_file(data: bytes) -> bool:
+    """Whether `data` is a task file `Task.save` writes: a JSON object whose "format" is `FORMAT`
+    (what `force` may replace)."""
+    try:
+        record = json.loads(data)
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("format") == FORMAT
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -310,14 +322,27 @@ class Task:
 
     # --- files ------------------------------------------------------------------------------
 
-    def save(self, path) -> Path:
-        """Write the task as one JSON file (ids as lists), atomically; returns the path."""
+    def save(self, path, *, force: bool = False) -> Path:
+        """Write the task as one JSON file (ids as lists), atomically, under the rule every file
+        headscope writes follows (`headscope.atomic`): an existing file is replaced only with
+        `force`, and only when it is a task file (`is_task_file`).
+
+        Args:
+            path: the file to write.
+            force: replace an existing task file.
+        Returns:
+            The path.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise HeadscopeError(f"Task.save needs a file to write, got {path!r}")
         record = {"format": FORMAT, "version": VERSION, "name": self.name, "metric": self.metric,
                   "tokenizer": self.tokenizer, "clean": self.clean.tolist(), "corrupted": self.corrupted.tolist(),
                   "answer": self.answer.tolist(), "wrong": self.wrong.tolist(),
                   "attention_mask": None if self.attention_mask is None else self.attention_mask.tolist(),
                   "texts": self.texts}
-        return write_text_atomic(path, json.dumps(record, separators=(",", ":")))
+        with atomic_file(path, force=force, ours=is_task_file) as tmp:
+            tmp.write_text(json.dumps(record, separators=(",", ":")), encoding="utf-8")
+        return Path(path)
 
     @classmethod
     def load(cls, path) -> "Task":
