@@ -670,8 +670,8 @@ def circuit_command(
     _check_plotlyjs(plotlyjs)
     if method not in ("eap", "eap-ig"):
         raise UsageError(f"--method must be eap or eap-ig, got {method!r}")
-    check_count("--steps", steps)
-    check_count("--random", random_draws, least=0)
+    check_count("--steps", steps, most=circuits.MAX_STEPS)
+    check_count("--random", random_draws, least=0, most=circuits.MAX_RANDOM)
     check_count("--top", top)
     chosen_sizes = circuits.check_sizes(_numbers(sizes, float, "--sizes")) if sizes is not None else circuits.MIB_SIZES
     labels, out, guard, loaded, built = _task_run(model, task, out, "-circuit", analysis_dir, force, n, seed, metric,

@@ -34,6 +34,8 @@ _EXPORTS = {
     "Circuit": "headscope.circuits.circuit",
     "circuit": "headscope.circuits.circuit",
     "MIB_SIZES": "headscope.circuits.circuit",
+    "MAX_STEPS": "headscope.circuits.circuit",
+    "MAX_RANDOM": "headscope.circuits.circuit",
     "check_sizes": "headscope.circuits.eap",
     "composition": "headscope.circuits.composition",
     "run_attribution": "headscope.circuits.attribution_run",

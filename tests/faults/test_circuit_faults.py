@@ -17,7 +17,7 @@ import torch
 
 from headscope.analysis import Analysis
 from headscope.circuits.attribution_run import read_attribution, run_attribution
-from headscope.circuits.circuit import Circuit
+from headscope.circuits.circuit import Circuit, circuit
 from headscope.circuits.circuit_run import read_circuit, write_circuit
 from headscope.circuits.tasks import Task
 from headscope.errors import HeadscopeError, HeadscopeWarning
@@ -65,6 +65,61 @@ def users_file(work: Path, name: str = "task.json") -> Path:
 def without_manifest(folder: Path) -> None:
     (folder / MANIFEST).unlink()
     (folder / MARKER).unlink()  # as the previous Circuit.save wrote it: neither
+
+
+def damaged(edit: Callable[[Path], None]):
+    """A circuit folder `c`, edited, its manifest written again: the manifest vouches for the
+    edit, so the checks of each file's content alone must catch it."""
+    def setup(work):
+        folder = circuit_folder(work)
+        edit(folder)
+        write_manifest(folder)
+    return setup
+
+
+def lines_of(name: str, change: Callable[[list], list]):
+    def edit(folder: Path):
+        lines = (folder / name).read_text().splitlines(keepends=True)
+        (folder / name).write_text("".join(change(lines)))
+    return edit
+
+
+def cell(name: str, line: int, column: int, value: str):
+    """`name`'s 1-based `line` with its `column` (0-based) set to `value`."""
+    def change(lines):
+        cells = lines[line - 1].rstrip("\n").split(",")
+        cells[column] = value
+        return lines[:line - 1] + [",".join(cells) + "\n"] + lines[line:]
+    return lines_of(name, change)
+
+
+def meta_with(**changes):
+    def edit(folder: Path):
+        meta = json.loads((folder / "meta.json").read_text())
+        meta.update(changes)
+        (folder / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if v is not DROP}))
+    return edit
+
+
+DROP = object()
+
+
+def scored(value) -> Circuit:
+    """A circuit in memory whose fourth edge (embed -> a0.h1.q) scores `value`."""
+    found = a_circuit()
+    scores = found.edges.score.astype(object) if isinstance(value, str) else found.edges.score.copy()
+    scores.iloc[3] = value
+    found.edges = found.edges.assign(score=scores)
+    return found
+
+
+def load(work):
+    return Circuit.load(work / "c")
+
+
+EDGES = "c/edges.csv is damaged: "
+NODES = "c/nodes.csv is damaged: "
+META = "c/meta.json is damaged: "
 
 
 # ---------------------------------------------------------------- the API table
@@ -117,6 +172,88 @@ API_CASES = [
             "nowhere is not a circuit folder (no edges.csv)"),
     ApiCase("circuit-load-none", nothing, lambda w: Circuit.load(None),
             "Circuit.load needs the folder a circuit was saved in, got None"),
+    # every file read defensively, whatever the manifest says: the file, the line and the field named
+    ApiCase("meta-cut", damaged(lambda f: (f / "meta.json").write_text('{"model": "fa')), load,
+            META + "it is not valid JSON (JSONDecodeError); write it again with headscope"),
+    ApiCase("meta-a-list", damaged(lambda f: (f / "meta.json").write_text("[1]")), load,
+            META + "it holds a list, not an object"),
+    ApiCase("meta-without-method", damaged(meta_with(method=DROP)), load, META + "it lacks method"),
+    ApiCase("meta-method-unknown", damaged(meta_with(method="acdc")), load,
+            META + "method is 'acdc', expected one of eap, eap-ig"),
+    ApiCase("meta-edges-text", damaged(meta_with(n_edges="75")), load, META + "n_edges is '75', expected a whole number"),
+    ApiCase("meta-metric-infinite", damaged(meta_with(clean_metric=float("inf"))), load,
+            META + "clean_metric is inf, expected a finite number"),
+    ApiCase("meta-evaluation-without-cpr", damaged(meta_with(evaluation={"cmd": 0.1})), load,
+            META + "its evaluation lacks finite cpr and cmd, which evaluation.csv needs"),
+    ApiCase("nodes-renamed", damaged(cell("nodes.csv", 4, 0, "a0.h7")), load,
+            NODES + "line 4: node 'a0.h7' is a head of layer 0, which the graph names 'a0.h1'"),
+    ApiCase("nodes-kind-unknown", damaged(cell("nodes.csv", 6, 1, "ffn")), load,
+            NODES + "line 6: kind is 'ffn', expected one of embed, head, mlp, mixer, attn, logits"),
+    ApiCase("nodes-layer-text", damaged(cell("nodes.csv", 3, 2, "zero")), load,
+            NODES + "line 3: node 'a0.h0' (head) has layer 'zero' and head '0', expected whole numbers"),
+    ApiCase("nodes-twice", damaged(lines_of("nodes.csv", lambda l: l[:3] + l[2:])), load,
+            NODES + "line 4: node 'a0.h0' is listed twice"),
+    ApiCase("nodes-without-logits", damaged(lines_of("nodes.csv", lambda l: l[:-1])), load,
+            NODES + "the embed node must come first and the logits node last, each once"),
+    ApiCase("edges-empty", damaged(lines_of("edges.csv", lambda l: l[:1])), load, EDGES + "it holds no edges"),
+    ApiCase("edges-score-text", damaged(cell("edges.csv", 5, 2, "high")), load,
+            EDGES + "line 5: score is 'high', expected a finite number"),
+    ApiCase("edges-score-inf", damaged(cell("edges.csv", 5, 2, "inf")), load, EDGES + "line 5: score is 'inf'"),
+    ApiCase("edges-score-nan", damaged(cell("edges.csv", 5, 2, "nan")), load, EDGES + "line 5: score is 'nan'"),
+    ApiCase("edges-score-empty", damaged(cell("edges.csv", 5, 2, "")), load, EDGES + "line 5: score is ''"),
+    ApiCase("edges-src-renamed", damaged(cell("edges.csv", 20, 0, "a0.h7")), load,
+            EDGES + "line 20: src 'a0.h7' is not a sender of nodes.csv"),
+    ApiCase("edges-dst-renamed", damaged(cell("edges.csv", 3, 1, "a0.h0.z")), load,
+            EDGES + "line 3: dst 'a0.h0.z' is not a receiver of nodes.csv's graph"),
+    ApiCase("edges-backwards", damaged(cell("edges.csv", 3, 0, "m1")), load,
+            EDGES + "line 3: the edge m1 -> a0.h0.k runs backwards: a0.h0.k reads the residual stream before m1 "
+                    "writes to it"),
+    ApiCase("edges-same-layer-heads", damaged(cell("edges.csv", 3, 0, "a0.h2")), load,
+            EDGES + "line 3: the edge a0.h2 -> a0.h0.k runs backwards"),
+    ApiCase("edges-row-twice", damaged(lines_of("edges.csv", lambda l: l[:-1] + l[5:6])), load,
+            EDGES + "line 76: the edge embed -> a0.h1.k is listed twice (first on line 6)"),
+    ApiCase("edges-row-deleted", damaged(lines_of("edges.csv", lambda l: l[:9] + l[10:])), load,
+            EDGES + "it holds 74 edges, meta.json says 75 (n_edges)"),
+    ApiCase("edges-extra-column", damaged(lines_of("edges.csv", lambda l: [x.rstrip("\n") + ",0\n" for x in l])), load,
+            EDGES + "its columns are src, dst, score, 0, expected src, dst, score"),
+    ApiCase("edges-cut-mid-row", damaged(lines_of("edges.csv", lambda l: ["".join(l)[:-5]])), load,
+            EDGES + "its last line is cut"),
+    ApiCase("evaluation-text", damaged(cell("evaluation.csv", 3, 2, "good")), load,
+            "c/evaluation.csv is damaged: line 3: faithfulness is 'good', expected a finite number"),
+    ApiCase("evaluation-size-zero", damaged(cell("evaluation.csv", 2, 0, "0")), load,
+            "c/evaluation.csv is damaged: its sizes must be percentages in (0, 100], each once, smallest first"),
+    ApiCase("evaluation-edges-fraction", damaged(cell("evaluation.csv", 2, 1, "1.5")), load,
+            "c/evaluation.csv is damaged: line 2: n_edges is '1.5', expected a whole number"),
+    ApiCase("task-of-another-shape", damaged(lambda f: (f / "task.json").write_text(
+        (f / "task.json").read_text().replace('"corrupted":[[5,9,7],[5,10,7]]', '"corrupted":[[5,9],[5,10]]'))), load,
+        "c/task.json: Task corrupted has shape [2, 2], clean [2, 3]"),
+    ApiCase("task-not-json", damaged(lambda f: (f / "task.json").write_text("{")), load,
+            "c/task.json is not a task file (invalid JSON"),
+    # arguments checked at the API as at the command line
+    ApiCase("top-negative", nothing, lambda w: a_circuit().top(-1), "n must be an integer of at least 1, got -1"),
+    ApiCase("top-zero", nothing, lambda w: a_circuit().top(0), "n must be an integer of at least 1, got 0"),
+    ApiCase("top-fraction", nothing, lambda w: a_circuit().top(2.5), "n must be an integer of at least 1, got 2.5"),
+    ApiCase("top-text", nothing, lambda w: a_circuit().top("5"), "n must be an integer of at least 1, got '5'"),
+    ApiCase("top-bool", nothing, lambda w: a_circuit().top(True), "n must be an integer of at least 1, got True"),
+    *[ApiCase(f"{name}-score-{label}", nothing, call(value),
+              f"{what}: the score of edge embed -> a0.h1.q is {shown}; a circuit ranks finite numbers only")
+      for label, value, shown in (("nan", float("nan"), "nan"), ("inf", float("inf"), "inf"), ("text", "high", "'high'"))
+      for name, what, call in (("top", "Circuit.top", lambda v: lambda w: scored(v).top(5)),
+                               ("evaluate", "Circuit.evaluate", lambda v: lambda w: scored(v).evaluate()),
+                               ("save", "Circuit.save", lambda v: lambda w: scored(v).save(w / "c")),
+                               ("write-circuit", "Circuit.save", lambda v: lambda w: write_circuit(scored(v), w / "c")))],
+    ApiCase("evaluate-seed-huge", nothing, lambda w: a_circuit().evaluate(seed=2**70),
+            "seed must be an integer from 0 to 2**63-1, got 1180591620717411303424"),
+    ApiCase("evaluate-seed-negative", nothing, lambda w: a_circuit().evaluate(seed=-1),
+            "seed must be an integer from 0 to 2**63-1, got -1"),
+    ApiCase("evaluate-random-huge", nothing, lambda w: a_circuit().evaluate(n_random=10**9),
+            "n_random must be an integer from 0 to 1000, got 1000000000"),
+    ApiCase("circuit-steps-huge", nothing, lambda w: circuit(None, small_task(), steps=10**9),
+            "steps must be an integer from 1 to 1000, got 1000000000"),
+    ApiCase("circuit-steps-zero", nothing, lambda w: circuit(None, small_task(), steps=0),
+            "steps must be an integer from 1 to 1000, got 0"),
+    ApiCase("evaluate-without-task", damaged(lambda f: (f / "task.json").unlink()), lambda w: load(w).evaluate(),
+            "evaluate runs the circuit's task, and this circuit has none (a circuit folder without task.json)"),
 ]
 
 
@@ -163,6 +300,14 @@ def test_a_circuit_saved_with_force_over_an_analysis_replaces_it_whole(tmp_path)
     a_circuit().save(tmp_path / "run", force=True)
     assert Circuit.load(tmp_path / "run").meta["model"] == "fake"
     assert not (tmp_path / "run" / "scores.csv").exists()
+
+
+def test_reordered_edges_come_back_in_the_graphs_order(tmp_path):
+    folder = circuit_folder(tmp_path)
+    edges = (folder / "edges.csv").read_text().splitlines(keepends=True)
+    (folder / "edges.csv").write_text("".join(edges[:1] + edges[1:][::-1]))
+    write_manifest(folder)
+    assert Circuit.load(folder).edges.equals(a_circuit().edges)
 
 
 def test_unverified_reads_a_circuit_without_its_manifest_with_a_warning(tmp_path):
