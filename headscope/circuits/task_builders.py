@@ -15,17 +15,19 @@ break, no special tokens), and each must be one token.
 from __future__ import annotations
 
 import json
+import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from ..checks import check_count
-from ..errors import HeadscopeError, UsageError
-from .tasks import METRICS, Task, tokenizer_fingerprint
+from ..checks import check_count, check_seed
+from ..errors import HeadscopeError, HeadscopeWarning, UsageError
+from .tasks import MAX_TASK_TOKENS, METRICS, Task, is_task_file, positions_of, tokenizer_fingerprint
 
-__all__ = ["task", "BUILTINS", "IOI_TEMPLATES", "NAMES", "PLACES", "OBJECTS", "YEAR_NOUNS"]
+__all__ = ["task", "resolve_task", "BUILTINS", "IOI_TEMPLATES", "NAMES", "PLACES", "OBJECTS", "YEAR_NOUNS"]
 
 BUILTINS = {
     "ioi": "indirect-object identification (Wang et al. 2022), ABC corruption",
@@ -78,47 +80,112 @@ GT_STARTS = range(2, 99)  # YY in 02..98: both the answer set (YY+1..99) and the
 
 def task(name_or_path, tokenizer, n: Optional[int] = None, seed: int = 0, metric: Optional[str] = None,
          length: Optional[int] = None) -> Task:
-    """A built-in task, or one read from a JSONL file, in `tokenizer`'s token ids.
+    """A built-in task, or one read from a file, in `tokenizer`'s token ids.
 
     Args:
-        name_or_path: "ioi", "induction", "induction-keys", "greater-than", or the path of a JSONL file.
-        tokenizer: the model's tokenizer (or a `headscope.Loaded`, whose tokenizer is used).
+        name_or_path: "ioi", "induction", "induction-keys", "greater-than", or the path of a JSONL
+            file or of a task saved with `Task.save` (read as it was saved). An existing file
+            is always read, even under a built-in's name (with a warning).
+        tokenizer: the model's tokenizer, or a `headscope.Loaded` (its tokenizer is used, and
+            prompts longer than the model's positions are refused here, naming the line).
         n: examples; built-ins default to 64; a file defaults to all its lines, and a smaller n
             takes its first n (a larger one is an error).
-        seed: the random draws of the built-ins (names, templates, tokens, years).
+        seed: the random draws of the built-ins (names, templates, tokens, years); 0 to 2**63-1.
         metric: "logit_diff", "prob", "prob_diff" or "kl"; default "logit_diff", "prob_diff"
-            for "greater-than".
+            for "greater-than" (a saved task: its own).
         length: "induction" and "induction-keys" only: the random sequence's length L (default 20).
     Returns:
         A `Task` whose `tokenizer` is the tokenizer's fingerprint.
     """
+    model = tokenizer if hasattr(tokenizer, "tokenizer") else None
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
     if not callable(tokenizer) or not hasattr(tokenizer, "get_vocab"):
         raise HeadscopeError(f"task() takes the model's tokenizer (or the loaded model), not a {type(tokenizer).__name__}")
     if n is not None:
         check_count("n", n)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise HeadscopeError(f"seed must be an integer, got {seed!r}")
-    if metric is not None and metric not in METRICS:
-        raise UsageError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    if length is not None and name_or_path not in INDUCTION_TASKS:
+    check_seed(seed)
+    source = resolve_task(name_or_path, metric)
+    if length is not None and source not in INDUCTION_TASKS:
         raise HeadscopeError("length is the induction task's sequence length; other tasks take none")
-    if name_or_path == "ioi":
+    positions = positions_of(model) if model is not None else None
+    if isinstance(source, Path):
+        if _is_saved_task(source):
+            return _saved(source, tokenizer, n, metric, positions)
+        built = _from_jsonl(source, tokenizer, n, positions)
+    elif source == "ioi":
         built = _ioi(tokenizer, n or DEFAULT_N, random.Random(seed))
-    elif name_or_path in INDUCTION_TASKS:
+    elif source in INDUCTION_TASKS:
         if length is not None:
             check_count("length", length, least=2)
         built = _induction(tokenizer, n or DEFAULT_N, torch.Generator().manual_seed(seed), length or INDUCTION_LENGTH,
-                           name_or_path)
-    elif name_or_path == "greater-than":
+                           source, hint=length is not None)
+    else:
         built = _greater_than(tokenizer, n or DEFAULT_N, random.Random(seed))
         metric = metric or "prob_diff"
-    elif isinstance(name_or_path, Path) or str(name_or_path).endswith(".jsonl") or Path(str(name_or_path)).is_file():
-        built = _from_jsonl(Path(name_or_path), tokenizer, n)
-    else:
-        raise UsageError(f"unknown task {name_or_path!r}; the built-ins are {', '.join(BUILTINS)}, "
-                             "or give the path of a .jsonl file")
+    if positions is not None and built["clean"].shape[1] > positions:
+        raise HeadscopeError(f"{source} needs prompts of {built['clean'].shape[1]} tokens; this model takes at most "
+                             f"{positions} positions" + (" (use a smaller length)" if source in INDUCTION_TASKS else ""))
     return Task(**built, metric=metric or "logit_diff", tokenizer=tokenizer_fingerprint(tokenizer))
+
+
+def resolve_task(name_or_path, metric: Optional[str] = None, quiet: bool = False):
+    """What `name_or_path` names, checked without a tokenizer (the command line's `--task` and
+    `--metric`, before the model loads): a built-in's name, or the `Path` of a task file.
+
+    An existing file is read whatever its name: a file named like a built-in is read, with a
+    warning (`HeadscopeWarning`; `quiet`: none, for a check `task()` repeats) that the built-in is
+    not. A name with a suffix or a folder in it is a path, which must exist. UsageError for an
+    unknown name or metric."""
+    if metric is not None and metric not in METRICS:
+        raise UsageError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise UsageError(f"a task is a built-in name ({', '.join(BUILTINS)}) or the path of a task file, "
+                         f"not a {type(name_or_path).__name__}")
+    path = Path(name_or_path)
+    if path.is_file():
+        if str(name_or_path) in BUILTINS and not quiet:
+            warnings.warn(f"{name_or_path} is a file in this folder, so it is read as the task; the built-in task "
+                          f"{name_or_path!r} is not used (rename the file to run the built-in)", HeadscopeWarning,
+                          stacklevel=3)
+        return path
+    if isinstance(name_or_path, str) and name_or_path in BUILTINS:
+        return name_or_path
+    if isinstance(name_or_path, Path) or path.suffix or len(path.parts) > 1 or str(name_or_path).endswith(("/", os.sep)):
+        if path.is_dir():
+            raise HeadscopeError(f"{path} is a folder; a task file is a JSONL file or a task saved with Task.save")
+        raise HeadscopeError(f"cannot read task file {path}: no such file")
+    raise UsageError(f"unknown task {name_or_path!r}; the built-ins are {', '.join(BUILTINS)}, "
+                     "or give the path of a .jsonl file")
+
+
+def _is_saved_task(path: Path) -> bool:
+    """Whether `path` holds a task `Task.save` wrote rather than JSONL: its first line (the whole
+    file, for a .json file) a JSON object of that format."""
+    try:
+        if path.suffix == ".json":
+            return is_task_file(path.read_bytes())
+        with open(path, "rb") as handle:
+            first = next((line for line in handle if line.strip()), b"")
+    except OSError:
+        return False
+    return is_task_file(first)
+
+
+def _saved(path: Path, tokenizer, n: Optional[int], metric: Optional[str], positions: Optional[int]) -> Task:
+    """A task `Task.save` wrote, read as it was saved: its first `n` examples, `metric` if given."""
+    saved = Task.load(path)
+    mine = tokenizer_fingerprint(tokenizer)
+    if saved.tokenizer is not None and saved.tokenizer != mine:
+        raise HeadscopeError(f"{path} is a saved task built for another tokenizer ({saved.tokenizer}; this one is "
+                             f"{mine}); build it again with this model's tokenizer")
+    if n is not None and n > saved.n:
+        raise HeadscopeError(f"{path} is a saved task of {saved.n} examples, fewer than n={n}")
+    if positions is not None and saved.clean.shape[1] > positions:
+        raise HeadscopeError(f"{path} is a saved task of prompts of {saved.clean.shape[1]} tokens; this model takes "
+                             f"at most {positions} positions")
+    if n is not None:
+        saved = saved.subset(slice(0, n))
+    return saved.with_metric(metric) if metric else saved
 
 
 # --- tokenizing --------------------------------------------------------------------------------
@@ -148,9 +215,34 @@ def _continuation(tokenizer, text: str) -> list[int]:
     return ids[len(before):] if ids[:len(before)] == before else _pieces(tokenizer, text)
 
 
-def _shown(tokenizer, ids) -> str:
-    """The tokens of `ids` as a list of their texts, for messages."""
-    return "[" + ", ".join(repr(tokenizer.decode([i])) for i in ids) + "]"
+def _shown(tokenizer, ids, most: int = 8) -> str:
+    """The tokens of `ids` as a list of their texts (the first `most`), for messages."""
+    more = f", ... {len(ids) - most} more" if len(ids) > most else ""
+    return "[" + ", ".join(repr(tokenizer.decode([i])) for i in ids[:most]) + more + "]"
+
+
+def _unknown_id(tokenizer) -> Optional[int]:
+    """The id a tokenizer gives what it does not know, or None: none, or one it shares with another
+    special token (GPT-2's unk is its end-of-text, which text never becomes by accident)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    others = {getattr(tokenizer, f"{role}_token_id", None) for role in ("bos", "eos", "pad")}
+    return unk if isinstance(unk, int) and unk not in others else None
+
+
+def _check_known(tokenizer, text: str, ids: list, where: str, field: str) -> None:
+    """HeadscopeError naming the first word of `text` the tokenizer reads as its unknown token."""
+    unk = _unknown_id(tokenizer)
+    if unk is None or unk not in ids:
+        return
+    word = None
+    try:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        word = next(text[a:b] for i, (a, b) in zip(encoded["input_ids"], encoded["offset_mapping"]) if i == unk)
+    except (NotImplementedError, TypeError, ValueError, KeyError, StopIteration):
+        pass  # a tokenizer without offsets: the token's place instead
+    what = repr(word) if word else f"token {ids.index(unk)}"
+    raise HeadscopeError(f"{where}: {field} holds {what}, which this tokenizer does not know (it reads it as "
+                         f"{tokenizer.unk_token}); write it in words the tokenizer knows")
 
 
 def _single_tokens(tokenizer, words, prefix: str = " ") -> dict[str, int]:
@@ -158,7 +250,7 @@ def _single_tokens(tokenizer, words, prefix: str = " ") -> dict[str, int]:
     found = {}
     for word in words:
         ids = _continuation(tokenizer, prefix + word)
-        if len(ids) == 1 and ids[0] != tokenizer.unk_token_id:
+        if len(ids) == 1 and ids[0] != getattr(tokenizer, "unk_token_id", None):
             found[word] = ids[0]
     return found
 
@@ -227,6 +319,7 @@ def _ioi(tokenizer, n: int, rng: random.Random) -> dict:
                 break
         else:
             raise HeadscopeError("ioi could not build a prompt whose names stay single tokens in this tokenizer")
+        _check_known(tokenizer, clean_text, clean_row, f"ioi row {i}", "the prompt")
         clean.append(clean_row)
         corrupted.append(corrupted_row)
         answer.append(names[io])
@@ -235,7 +328,8 @@ def _ioi(tokenizer, n: int, rng: random.Random) -> dict:
     return _assemble("ioi", tokenizer, clean, corrupted, answer, wrong, texts)
 
 
-def _induction(tokenizer, n: int, generator: torch.Generator, length: int, name: str = "induction") -> dict:
+def _induction(tokenizer, n: int, generator: torch.Generator, length: int, name: str = "induction",
+               hint: bool = True) -> dict:
     """`[prefix] r_0..r_{L-1} r_0..r_{L-2}`: at the last token (r_{L-2}, second copy) an induction
     head predicts r_{L-1}. The corrupted prompt's second half is L-1 fresh tokens seen nowhere
     before, so there is nothing to copy; wrong is another fresh token. Tokens are drawn without
@@ -246,13 +340,15 @@ def _induction(tokenizer, n: int, generator: torch.Generator, length: int, name:
     replaced by the first fresh token. The query (the second r_{L-2}) and the value at the first
     r_{L-1} are the clean run's; only what a previous-token head moves into the first r_{L-1}'s
     key differs, so the difference runs through K-composition (Elhage et al. 2021). The same
-    draws as "induction": the clean prompts, answers and wrong tokens are identical."""
+    draws as "induction": the clean prompts, answers and wrong tokens are identical. `hint`: the
+    caller chose the length, so a refusal suggests a smaller one."""
     size = len(tokenizer.get_vocab())
     special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     candidates = torch.tensor([i for i in range(size // 4, 3 * size // 4) if i not in special], dtype=torch.long)
     if len(candidates) < 2 * length:
         raise HeadscopeError(f"{name} with length {length} needs {2 * length} distinct tokens from the middle of the "
-                             f"vocabulary; this tokenizer has {len(candidates)} there (use a smaller length)")
+                             f"vocabulary; this tokenizer has {len(candidates)} there"
+                             + (" (use a smaller length)" if hint else f": its vocabulary is too small for {name}"))
     probe = _pieces(tokenizer, "a")
     prefix = _encode(tokenizer, "a")[:-len(probe)]  # the special tokens a prompt starts with (BOS), if any
     clean, corrupted, answer, wrong, texts = [], [], [], [], []
@@ -289,6 +385,7 @@ def _greater_than(tokenizer, n: int, rng: random.Random) -> dict:
         clean_text = GT_TEMPLATE.format(noun=noun, century=xx, start=f"{yy:02d}")
         corrupted_text = GT_TEMPLATE.format(noun=noun, century=xx, start="01")
         clean_row, corrupted_row = _encode(tokenizer, clean_text), _encode(tokenizer, corrupted_text)
+        _check_known(tokenizer, clean_text, clean_row, f"greater-than row {len(clean)}", "the prompt")
         year_ids = _continuation(tokenizer, f" {xx}") + [digits[yy]]
         if len(clean_row) != len(corrupted_row) or not _contains(clean_row, year_ids):
             raise HeadscopeError(f"greater-than: this tokenizer does not keep the year of {clean_text!r} as "
@@ -309,9 +406,10 @@ def _contains(row: list[int], piece: list[int]) -> bool:
 # --- a user's file ------------------------------------------------------------------------------
 
 
-def _from_jsonl(path: Path, tokenizer, n: Optional[int]) -> dict:
+def _from_jsonl(path: Path, tokenizer, n: Optional[int], positions: Optional[int] = None) -> dict:
     """Read `{"clean", "corrupted", "answer", "wrong"}` objects, one a line (blank lines skipped),
-    the first n of them (all by default); every error names the file and the line."""
+    the first n of them (all by default); every error names the file and the line. `positions`:
+    the model's, which no prompt may exceed (None: not known here)."""
     try:
         handle = open(path, encoding="utf-8")
     except OSError as err:
@@ -326,12 +424,25 @@ def _from_jsonl(path: Path, tokenizer, n: Optional[int]) -> dict:
                     continue
                 where = f"{path}:{number}"
                 record = _record(line, where)
-                clean_row, corrupted_row = _encode(tokenizer, record["clean"]), _encode(tokenizer, record["corrupted"])
+                rows = {}
+                for field in ("clean", "corrupted"):
+                    rows[field] = _encode(tokenizer, record[field])
+                    _check_known(tokenizer, record[field], rows[field], where, field)
+                clean_row, corrupted_row = rows["clean"], rows["corrupted"]
                 if len(clean_row) != len(corrupted_row):
                     raise HeadscopeError(f"{where}: clean has {len(clean_row)} tokens and corrupted {len(corrupted_row)}; "
                                          "they must have as many")
-                answer_ids = [_one_token(tokenizer, text, where, "answer") for text in record["answer"]]
-                wrong_ids = [_one_token(tokenizer, text, where, "wrong") for text in record["wrong"]]
+                if positions is not None and len(clean_row) > positions:
+                    raise HeadscopeError(f"{where}: clean is {len(clean_row)} tokens; this model takes at most "
+                                         f"{positions} positions")
+                width = max([len(clean_row)] + [len(row) for row in clean])
+                if width * (len(clean) + 1) > MAX_TASK_TOKENS:
+                    raise HeadscopeError(f"{where}: the task would hold {len(clean) + 1} prompts of up to {width} tokens, "
+                                         f"more than the {MAX_TASK_TOKENS:,} prompt positions a task holds; use fewer "
+                                         f"or shorter prompts (n)")
+                after = record["clean"]
+                answer_ids = _token_set(tokenizer, record["answer"], where, "answer", after)
+                wrong_ids = _token_set(tokenizer, record["wrong"], where, "wrong", after)
                 if set(answer_ids) & set(wrong_ids):
                     raise HeadscopeError(f"{where}: answer and wrong share a token; a token is one or the other")
                 clean.append(clean_row)
@@ -351,6 +462,11 @@ def _from_jsonl(path: Path, tokenizer, n: Optional[int]) -> dict:
     return _assemble(path.stem, tokenizer, clean, corrupted, answer, wrong, texts)
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _record(line: str, where: str) -> dict:
     """One line's object, answer and wrong as lists of strings."""
     try:
@@ -364,21 +480,45 @@ def _record(line: str, where: str) -> dict:
             raise HeadscopeError(f"{where}: no {field!r} field (each line needs clean, corrupted, answer, wrong)")
         value = record[field]
         if field in ("answer", "wrong") and isinstance(value, list):
-            if not value or not all(isinstance(item, str) for item in value):
-                raise HeadscopeError(f"{where}: {field!r} must be a string or a non-empty list of strings")
+            if not value or not all(isinstance(item, str) and item.strip() for item in value):
+                raise HeadscopeError(f"{where}: {field!r} must be a string or a non-empty list of strings, each "
+                                     f"more than whitespace")
             continue
-        if not isinstance(value, str) or (field in ("clean", "corrupted") and not value):
-            raise HeadscopeError(f"{where}: {field!r} must be a non-empty string, got {value!r}")
+        if not isinstance(value, str) or not value:
+            raise HeadscopeError(f"{where}: {field!r} must be a non-empty string, got {_short(value)}")
+        if not value.strip():
+            raise HeadscopeError(f"{where}: {field!r} is only whitespace ({value!r}); it needs at least one word")
         if field in ("answer", "wrong"):
             record[field] = [value]
     return record
 
 
-def _one_token(tokenizer, text: str, where: str, field: str) -> int:
+def _token_set(tokenizer, texts: list, where: str, field: str, after: str) -> list:
+    """Each answer text's one token, none twice (a set counts each token once)."""
+    ids = [_one_token(tokenizer, text, where, field, after) for text in texts]
+    for i, token in enumerate(ids):
+        first = ids.index(token)
+        if first != i:
+            raise HeadscopeError(f"{where}: {field} {texts[first]!r} and {texts[i]!r} are the same token "
+                                 f"{tokenizer.decode([token])!r}; list each once")
+    return ids
+
+
+def _one_token(tokenizer, text: str, where: str, field: str, after: str = "") -> int:
+    """The one token `text` is as the continuation of a prompt; a warning where it has no leading
+    space, the prompt ends without one and the spaced word is another single token (the word the
+    model would more likely predict there)."""
     ids = _continuation(tokenizer, text)
     if len(ids) != 1:
         raise HeadscopeError(f"{where}: {field} {text!r} is {len(ids)} tokens {_shown(tokenizer, ids)}, not one "
                              "(mind the leading space: ' Mary')")
-    if ids[0] == tokenizer.unk_token_id:
+    if ids[0] == _unknown_id(tokenizer):
         raise HeadscopeError(f"{where}: {field} {text!r} is the unknown token of this tokenizer")
+    if not text[:1].isspace() and not after[-1:].isspace():
+        spaced = _continuation(tokenizer, " " + text)
+        if len(spaced) == 1 and spaced[0] != ids[0]:
+            warnings.warn(f"{where}: {field} {text!r} has no leading space, so it is the token "
+                          f"{tokenizer.decode(ids)!r}, not {tokenizer.decode(spaced)!r}: the word after the prompt "
+                          f"usually starts with a space; write {' ' + text!r} if that is the word meant",
+                          HeadscopeWarning, stacklevel=2)
     return ids[0]

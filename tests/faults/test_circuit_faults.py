@@ -15,6 +15,8 @@ from typing import Callable
 import pytest
 import torch
 
+import headscope
+
 from headscope.analysis import Analysis
 from headscope.circuits.attribution_run import read_attribution, run_attribution
 from headscope.circuits.circuit import Circuit, circuit
@@ -25,6 +27,7 @@ from headscope.folders import MANIFEST, MARKER, write_manifest
 from tests.faults.test_cli_faults import snapshot
 from tests.support.fake_analysis import fake_analysis
 from tests.support.fake_circuit import fake_circuit
+from tests.support.word_tokenizer import ioi_tokenizer, word_tokenizer
 
 
 # ---------------------------------------------------------------- the user's files
@@ -331,8 +334,6 @@ def test_task_save_replaces_a_task_file_with_force_only(tmp_path):
 
 
 def test_attribution_folders_follow_the_same_rule(planted, tmp_path):
-    import headscope
-
     task = headscope.task("induction", planted, n=2, length=4)
     run = run_attribution(planted, task, methods=("atp",), n_show=1)
     users_folder(tmp_path)
@@ -353,3 +354,275 @@ def test_attribution_folders_follow_the_same_rule(planted, tmp_path):
         assert set(read_attribution(folder, unverified=True)["attribution"].method) == {"atp"}
     run.save(folder, force=True)
     read_attribution(folder)
+
+
+# ---------------------------------------------------------------- tasks, where they are made
+
+GOOD = {"clean": "When Mary and John went to the store, John gave a drink to",
+        "corrupted": "When Alice and Bob went to the store, Tom gave a drink to", "answer": " Mary", "wrong": " John"}
+SHORT = {"clean": "abcab", "corrupted": "xyzab", "answer": "c", "wrong": "z"}  # the planted model's characters
+
+
+def jsonl(*lines, name: str = "mine.jsonl"):
+    """A JSONL task file of `lines` (dicts, or text as it is)."""
+    def setup(work):
+        (work / name).write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return setup
+
+
+
+def saved_task(task: Task, name: str = "t.json"):
+    def setup(work):
+        task.save(work / name)
+    return setup
+
+
+def long_task() -> Task:
+    """One prompt of 60 tokens: more than the planted model's 48 positions."""
+    return Task(clean=[[5] * 60], corrupted=[[6] * 60], answer=[7], wrong=[8])
+
+
+@dataclass(frozen=True)
+class TaskCase:
+    """`setup(work)`; `call(work, planted)` must raise a HeadscopeError holding `message` in one line."""
+
+    id: str
+    setup: Callable
+    call: Callable
+    message: str
+
+
+def words():
+    return ioi_tokenizer()
+
+
+def build(name: str = "mine.jsonl", with_model: bool = False, **kwargs):
+    """`headscope.task(work/name, ...)` with the IOI word tokenizer (`with_model`: the planted model)."""
+    def call(work, planted):
+        return headscope.task(work / name, planted if with_model else words(), **kwargs)
+    return call
+
+
+def builtin(name: str, tokenizer=None, **kwargs):
+    """`headscope.task(name, ...)` with `tokenizer()` (default: the planted model)."""
+    def call(work, planted):
+        return headscope.task(name, planted if tokenizer is None else tokenizer(), **kwargs)
+    return call
+
+
+def missing_word(word: str):
+    """The IOI word tokenizer without `word`."""
+    def make():
+        from headscope.circuits.task_builders import IOI_TEMPLATES
+        from tests.support.word_tokenizer import IOI_NAMES, IOI_OBJECTS, IOI_PLACES, template_words, word_tokenizer
+
+        return word_tokenizer([w for w in template_words(*IOI_TEMPLATES) if w != word] + IOI_NAMES + IOI_PLACES
+                              + IOI_OBJECTS)
+    return make
+
+
+TASK_CASES = [
+    TaskCase("prompt-unknown-word", jsonl(GOOD, dict(GOOD, clean=GOOD["clean"].replace("store", "shop"))), build(),
+             "mine.jsonl:2: clean holds 'shop', which this tokenizer does not know (it reads it as [UNK])"),
+    TaskCase("corrupted-unknown-word", jsonl(dict(GOOD, corrupted=GOOD["corrupted"].replace("Tom", "Zed"))), build(),
+             "mine.jsonl:1: corrupted holds 'Zed', which this tokenizer does not know"),
+    TaskCase("builtin-prompt-unknown-word", nothing, builtin("ioi", tokenizer=missing_word("gave"), n=8),
+             "the prompt holds 'gave', which this tokenizer does not know (it reads it as [UNK])"),
+    TaskCase("prompt-only-whitespace", jsonl(dict(GOOD, clean="   ")), build(),
+             "mine.jsonl:1: 'clean' is only whitespace ('   '); it needs at least one word"),
+    TaskCase("answers-twice", jsonl(dict(GOOD, answer=[" Mary", " Mary"])), build(),
+             "mine.jsonl:1: answer ' Mary' and ' Mary' are the same token 'Mary'; list each once"),
+    TaskCase("answer-only-whitespace", jsonl(dict(GOOD, answer=[" Mary", " "])), build(),
+             "mine.jsonl:1: 'answer' must be a string or a non-empty list of strings, each more than whitespace"),
+    TaskCase("prompt-a-long-list", jsonl(dict(GOOD, clean=list(range(500)))), build(),
+             "mine.jsonl:1: 'clean' must be a non-empty string, got [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16..."),
+    TaskCase("prompt-beyond-the-positions", jsonl(SHORT, dict(SHORT, clean="ab" * 30, corrupted="xy" * 30)),
+             build(with_model=True), "mine.jsonl:2: clean is 60 tokens; this model takes at most 48 positions"),
+    TaskCase("induction-beyond-the-positions", nothing, builtin("induction", length=25),
+             "induction needs prompts of 49 tokens; this model takes at most 48 positions (use a smaller length)"),
+    TaskCase("induction-small-vocabulary", nothing, builtin("induction", tokenizer=lambda: word_tokenizer(["a", "b", "c"])),
+             "induction with length 20 needs 40 distinct tokens from the middle of the vocabulary; this tokenizer has "
+             "1 there: its vocabulary is too small for induction"),
+    TaskCase("seed-huge", nothing, builtin("ioi", tokenizer=words, seed=2**70),
+             "seed must be an integer from 0 to 2**63-1, got 1180591620717411303424"),
+    TaskCase("seed-negative", nothing, builtin("ioi", tokenizer=words, seed=-1), "seed must be an integer from 0 to 2**63-1"),
+    TaskCase("metric-typo", nothing, builtin("ioi", tokenizer=words, metric="acc"), "unknown metric 'acc'"),
+    TaskCase("missing-file", nothing, build("nope.jsonl"), "cannot read task file"),
+    TaskCase("a-folder", lambda w: (w / "tasks").mkdir(), build("tasks"), "tasks is a folder; a task file is a JSONL file"),
+    TaskCase("saved-of-another-tokenizer", saved_task(small_task(tokenizer="58-000000000000")), build("t.json"),
+             "t.json is a saved task built for another tokenizer (58-000000000000; this one is"),
+    TaskCase("saved-fewer-than-n", saved_task(small_task()), build("t.json", n=5),
+             "t.json is a saved task of 2 examples, fewer than n=5"),
+    TaskCase("saved-beyond-the-positions", saved_task(long_task()), build("t.json", with_model=True),
+             "t.json is a saved task of prompts of 60 tokens; this model takes at most 48 positions"),
+    TaskCase("saved-damaged", lambda w: (w / "t.json").write_text('{"format": "headscope-task", "version": 1}'),
+             build("t.json"), "t.json is not a complete task file: no 'clean'"),
+    TaskCase("set-lists-a-token-twice", nothing, lambda w, p: small_task(answer=[[11, 11], [12, -1]]),
+             "Task answer row 0 lists token id 11 twice; a set holds each token once"),
+    TaskCase("too-many-positions", nothing, lambda w, p: Task(clean=torch.zeros(2, 2**19 + 1, dtype=torch.long),
+                                                                corrupted=torch.zeros(2, 2**19 + 1, dtype=torch.long),
+                                                                answer=[1, 1], wrong=[2, 2]),
+             "Task clean holds 2 x 524289 = 1,048,578 prompt positions; a task holds at most 1,048,576 (MAX_TASK_TOKENS)"),
+    TaskCase("attribute-beyond-the-positions", nothing, lambda w, p: headscope.attribute(p, long_task()),
+             "task 'custom' has prompts of 60 positions (row 0: 60 tokens); this model takes at most 48: use shorter prompts"),
+    TaskCase("circuit-beyond-the-positions", nothing, lambda w, p: circuit(p, long_task(), method="eap"),
+             "task 'custom' has prompts of 60 positions"),
+]
+
+
+@pytest.mark.parametrize("case", TASK_CASES, ids=[c.id for c in TASK_CASES])
+def test_a_bad_task_is_refused_where_it_is_made(case, planted, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    case.setup(work)
+    before = snapshot(work)
+    with pytest.raises(HeadscopeError) as err:
+        case.call(work, planted)
+    message = str(err.value)
+    assert case.message in message and "\n" not in message, message
+    assert snapshot(work) == before
+
+
+def test_an_answer_without_its_leading_space_is_said(tmp_path):
+    """In GPT-2's layout 'Mary' and ' Mary' are two tokens: an answer written without the space is
+    accepted (it may be meant) and a warning names the line and both tokens."""
+    from headscope.circuits.task_builders import IOI_TEMPLATES
+    from tests.support.word_tokenizer import IOI_NAMES, IOI_OBJECTS, IOI_PLACES, byte_level_tokenizer, template_words
+
+    tokenizer = byte_level_tokenizer(template_words(*IOI_TEMPLATES) + IOI_NAMES + IOI_PLACES + IOI_OBJECTS)
+    jsonl(GOOD, dict(GOOD, answer="Mary"))(tmp_path)
+    with pytest.warns(HeadscopeWarning) as warned:
+        task = headscope.task(tmp_path / "mine.jsonl", tokenizer)
+    assert [str(w.message).split("mine.jsonl")[1] for w in warned] == [
+        ":2: answer 'Mary' has no leading space, so it is the token 'Mary', not ' Mary': the word after the prompt "
+        "usually starts with a space; write ' Mary' if that is the word meant"]
+    assert task.answer.tolist() == [tokenizer.get_vocab()["\u0120Mary"], tokenizer.get_vocab()["Mary"]]
+    jsonl(dict(GOOD, clean=GOOD["clean"] + " ", corrupted=GOOD["corrupted"] + " ", answer="Mary"),
+          name="spaced.jsonl")(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the prompt ends with a space: the answer without one is the next word
+        headscope.task(tmp_path / "spaced.jsonl", tokenizer)
+
+
+def test_an_existing_file_beats_a_built_in_name_and_says_so(tmp_path, monkeypatch):
+    jsonl(GOOD, name="induction")(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(HeadscopeWarning, match="induction is a file in this folder, so it is read as the task; the "
+                                              "built-in task 'induction' is not used"):
+        task = headscope.task("induction", words())
+    assert task.n == 1 and task.texts[0]["clean"] == GOOD["clean"]
+
+
+def test_a_saved_task_is_read_as_what_it_is(planted, tmp_path):
+    built = headscope.task("induction", planted, n=4, length=5, seed=3)
+    path = built.save(tmp_path / "t.json")
+    again = headscope.task(path, planted, n=2, metric="prob")
+    assert torch.equal(again.clean, built.clean[:2]) and (again.name, again.metric) == ("induction", "prob")
+    named = built.save(tmp_path / "t.jsonl")  # its name says JSONL: its content says a saved task
+    assert torch.equal(headscope.task(named, planted).answer, built.answer)
+
+
+# ---------------------------------------------------------------- the command line
+
+@dataclass(frozen=True)
+class CliCase:
+    """`setup(work)` makes the user's files; `args` follow `headscope` ("{model}": the planted
+    model folder, read only); `before_load`: refused before the model would load."""
+
+    id: str
+    setup: Callable
+    args: tuple
+    exit_code: int
+    message: str
+    before_load: bool = False
+
+
+def other_analysis(work):
+    fake_analysis(n_layers=2, n_heads=3).save(work / "run")  # the planted model has 4 heads a layer
+
+
+def another_family(work):
+    analysis = fake_analysis(n_layers=2, n_heads=4)
+    analysis.save(work / "run")  # the fake analysis is a Llama's; the planted model a GPT-2
+
+
+ATTRIBUTE = ("attribute", "{model}", "--device", "cpu", "--methods", "atp", "--out", "out")
+CIRCUIT = ("circuit", "{model}", "--device", "cpu", "--method", "eap", "--no-evaluate", "--out", "out")
+
+CLI_CASES = [
+    CliCase("task-typo", nothing, (*CIRCUIT, "--task", "iox"), 2, "unknown task 'iox'", before_load=True),
+    CliCase("metric-typo", nothing, (*ATTRIBUTE, "--metric", "acc"), 2, "unknown metric 'acc'", before_load=True),
+    CliCase("task-file-missing", nothing, (*CIRCUIT, "--task", "nope.jsonl"), 1,
+            "cannot read task file nope.jsonl: no such file", before_load=True),
+    CliCase("task-a-folder", lambda w: (w / "tasks").mkdir(), (*ATTRIBUTE, "--task", "tasks/"), 1,
+            "tasks is a folder; a task file is a JSONL file or a task saved with Task.save", before_load=True),
+    CliCase("prompt-unknown-character", jsonl(SHORT, dict(SHORT, clean="abcé", corrupted="xyzé")),
+            (*ATTRIBUTE, "--task", "mine.jsonl", "--n", "2"), 1,
+            "mine.jsonl:2: clean holds 'é', which this tokenizer does not know (it reads it as [UNK])"),
+    CliCase("prompt-beyond-the-positions", jsonl(dict(SHORT, clean="ab" * 30, corrupted="xy" * 30)),
+            (*CIRCUIT, "--task", "mine.jsonl", "--n", "1"), 1,
+            "mine.jsonl:1: clean is 60 tokens; this model takes at most 48 positions"),
+    CliCase("prompt-only-whitespace", jsonl(dict(SHORT, clean=" \t ")), (*ATTRIBUTE, "--task", "mine.jsonl", "--n", "1"),
+            1, "mine.jsonl:1: 'clean' is only whitespace"),
+    CliCase("answers-twice", jsonl(dict(SHORT, answer=["c", "c"])), (*CIRCUIT, "--task", "mine.jsonl", "--n", "1"), 1,
+            "mine.jsonl:1: answer 'c' and 'c' are the same token 'c'; list each once"),
+    CliCase("saved-task-of-another-tokenizer", saved_task(small_task(tokenizer="58-000000000000")),
+            (*ATTRIBUTE, "--task", "t.json", "--n", "2"), 1, "t.json is a saved task built for another tokenizer"),
+    CliCase("saved-task-fewer-than-n", saved_task(small_task()), (*CIRCUIT, "--task", "t.json"), 1,
+            "t.json is a saved task of 2 examples, fewer than n=32"),
+    CliCase("analysis-of-other-heads", other_analysis, (*CIRCUIT, "--task", "induction", "--n", "2", "--analysis", "run"),
+            1, "--analysis run is of fake/tiny-2x3 (llama, 2 layers x 3 heads), not of a model like"),
+    CliCase("analysis-of-another-family", another_family,
+            (*ATTRIBUTE, "--task", "induction", "--n", "2", "--analysis", "run"), 1,
+            "--analysis run is of fake/tiny-2x4 (llama, 2 layers x 4 heads), not of a model like"),
+    CliCase("steps-beyond-the-bound", nothing, (*CIRCUIT, "--steps", "5000"), 2,
+            "--steps must be an integer from 1 to 1000, got 5000", before_load=True),
+]
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c.id for c in CLI_CASES])
+def test_a_cli_fault_is_one_line_and_leaves_the_files_alone(case, planted_dir, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from headscope import cli
+    from headscope.cli import app
+
+    work = tmp_path / "work"
+    work.mkdir()
+    case.setup(work)
+    before = snapshot(work)
+    monkeypatch.chdir(work)
+    if case.before_load:
+        def load(*args, **kwargs):
+            raise AssertionError("the model was loaded before the fault was found")
+        monkeypatch.setattr(cli.loader, "load", load)
+    result = CliRunner().invoke(app, [a.replace("{model}", str(planted_dir)) for a in case.args])
+    monkeypatch.undo()
+    assert result.exit_code == case.exit_code, result.output
+    assert isinstance(result.exception, SystemExit), f"an exception escaped: {result.exception!r}"
+    assert "Traceback" not in result.output and "unexpected" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and case.message in errors[0], result.output
+    assert snapshot(work) == before, "the user's files changed, or something was left behind"
+
+
+def test_the_cli_reads_a_file_named_like_a_built_in_and_a_saved_task(planted, planted_dir, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from headscope.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    jsonl(SHORT, dict(SHORT, clean="pqrpq", corrupted="stupq", answer="r", wrong="u"), name="induction")(tmp_path)
+    result = CliRunner().invoke(app, ["attribute", str(planted_dir), "--device", "cpu", "--methods", "atp",
+                                      "--task", "induction", "--n", "2", "--out", "a"])
+    assert result.exit_code == 0, result.output
+    assert [line for line in result.output.splitlines() if line.startswith("warning: ")] == [
+        "warning: induction is a file in this folder, so it is read as the task; the built-in task 'induction' is "
+        "not used (rename the file to run the built-in)"]
+    assert Task.load(tmp_path / "a" / "task.json").texts[1]["clean"] == "pqrpq"
+    saved = headscope.task("induction-keys", planted, n=3, length=4).save(tmp_path / "t.json")
+    result = CliRunner().invoke(app, ["circuit", str(planted_dir), "--device", "cpu", "--method", "eap",
+                                      "--no-evaluate", "--task", str(saved), "--n", "3", "--out", "c"])
+    assert result.exit_code == 0, result.output
+    assert "task: induction-keys, 3 prompt pairs" in result.output
+    assert torch.equal(Circuit.load(tmp_path / "c").task.clean, Task.load(saved).clean)
