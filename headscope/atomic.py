@@ -5,6 +5,8 @@
   circuits, attributions: the command line's and the Python API's saves alike).
 - `atomic_file(target, force=False, protect=(), ours=None)`: the same for one file (a HeadKV
   policy, a task file, the index.html `headscope report` re-renders in place).
+- `write_text_atomic(path, text)`: one file written to a temporary name beside it, then renamed
+  over whatever was there (the benchmarks' result files, which they own).
 
 The rule, checked when either is made, before any work (`check_target`):
 1. The target is never the working directory or a folder above it, and never is, holds or lies
@@ -50,7 +52,25 @@ from .folders import MANIFEST, MARKER, MARKER_TEXT, check_folder, check_manifest
 
 __all__ = ["atomic_dir", "atomic_file", "check_target", "MARKER", "MANIFEST", "write_manifest", "check_manifest",
            "write_card", "read_card",
-           "check_folder", "exit_on_interrupt", "temporary", "critical"]
+           "check_folder", "exit_on_interrupt", "temporary", "critical", "write_text_atomic"]
+
+
+def write_text_atomic(path, text: str) -> Path:
+    """Write `text` to a temporary file beside `path`, then rename it to `path`, replacing what was
+    there (the benchmarks' result files, which they own; every output of the library and the
+    command line goes through `atomic_dir` or `atomic_file` and their rule). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the file private
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 # ---------------------------------------------------------------- interrupts
