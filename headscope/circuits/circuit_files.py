@@ -172,7 +172,7 @@ def _receivers(nodes) -> dict:
     """`{receiver name: (rank in the graph's order, index of the first sender it cannot read)}`:
     each head's q, k, v (a layer's heads read none of that layer's heads), each other writer's
     input, the logits; in the order the nodes write, as `headscope.circuits.edges` orders them."""
-    names, kinds, layers = list(nodes.name), list(nodes.kind), list(nodes.layer)
+    names, kinds, layers = list(nodes["name"]), list(nodes["kind"]), list(nodes["layer"])
     receivers = {}
     for index in range(1, len(names) - 1):
         if kinds[index] == "head":
@@ -197,7 +197,7 @@ def read_edges(path: Path, nodes, n_edges=None):
     if table.empty:
         raise _damaged(path, "it holds no edges")
     scores = _numbers(path, table, "score")
-    senders = {name: i for i, name in enumerate(nodes.name[:-1])}
+    senders = {name: i for i, name in enumerate(nodes["name"][:-1])}
     receivers = _receivers(nodes)
     order = np.empty((len(table), 2), dtype=np.int64)
     seen: dict = {}
