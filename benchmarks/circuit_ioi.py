@@ -1,17 +1,20 @@
 """Edge-level circuits of SmolLM2-135M's indirect-object identification (IOI): EAP and EAP-IG.
 
-    python benchmarks/circuit_ioi.py [--n 16] [--out benchmarks/results-circuit-ioi.json]
+    python benchmarks/circuit_ioi.py [--n 32] [--random 5] [--no-memory] [--out benchmarks/results-circuit-ioi.json]
 
 For `headscope.task("ioi", tokenizer, n=N)`:
-1. `headscope.circuit(method="eap")` and `method="eap-ig"` (5 steps): every edge scored; the time
-   and passes of each, checked against the budget (eap: 3 forward passes, 1 backward; eap-ig:
-   steps + 2 forward, steps backward).
-2. `Circuit.evaluate` at MIB's sizes (0.1 ... 100% of edges) with 5 random circuits per size:
-   faithfulness curves, CPR and CMD of each method against the random circuits', and the seconds
-   per patched run (each a corrupted-senders pass, cached, and one split pass per batch).
+1. `headscope.circuit(method="eap")` and `method="eap-ig"` (5 steps, the default left rule, k =
+   0..S-1 as the EAP-IG code computes it), and EAP-IG on the right rule (k = 1..S) for the
+   comparison with exact patching: every edge scored; the time and passes of each, checked
+   against the budget (eap: 3 forward passes, 1 backward; eap-ig: steps + 2 forward, steps
+   backward); the bootstrap stability of the top 1% and 5% of edges (`Circuit.stability`).
+2. `Circuit.evaluate` (eap, eap-ig) at MIB's sizes (0.1 ... 100% of edges) with `--random`
+   random circuits per size: faithfulness curves, CPR (top edges by signed score) and CMD (top
+   edges by |score|) as MIB defines them, the area under f of the |score| circuits beside them
+   (`cpr_abs`), against the random circuits', and the seconds per patched run.
 3. Exact edge patching on a sample of edges (EAP-IG's top 25 and 35 drawn uniformly from the
    rest): the metric with that one edge corrupted, minus the clean metric, against each method's
-   score (Spearman's rho over the sample).
+   score, both Riemann rules of EAP-IG included (Spearman's rho over the sample).
 4. Peak memory: each method's scoring and a plain forward + backward pass over the same prompts
    ("plain": the metric's gradient with respect to the input embeddings; "plain-weights": the
    weights' gradients too, as in training), each in a fresh process: the peak resident set of the whole process (model included) as a
@@ -34,6 +37,7 @@ import torch
 
 import headscope
 from headscope.atomic import write_text_atomic
+from headscope.circuits.eap import area
 from headscope.circuits.edges import graph_of
 from headscope.circuits.patched import Patched
 from headscope.circuits.running import Target
@@ -83,7 +87,9 @@ def peak(mode: str, n: int, batch: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=16)
+    parser.add_argument("--n", type=int, default=32)
+    parser.add_argument("--random", type=int, default=N_RANDOM, help="random circuits per size")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory stage")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--sample", type=int, default=60)
     parser.add_argument("--out", type=Path, default=HERE / "results-circuit-ioi.json")
@@ -99,23 +105,29 @@ def main() -> None:
     result = {"model": "smollm2-135m", "task": "ioi", "n": task.n, "batch": args.batch, "steps": STEPS,
               "torch_threads": torch.get_num_threads(), "load_average_start": os.getloadavg(), "methods": {}}
     found = {}
-    for method in ("eap", "eap-ig"):
+    for method in ("eap", "eap-ig", "eap-ig-right"):
         start = time.perf_counter()
-        found[method] = headscope.circuit(loaded, task, method=method, steps=STEPS, batch_size=args.batch)
+        found[method] = headscope.circuit(loaded, task, method=method.removesuffix("-right"), steps=STEPS,
+                                          batch_size=args.batch, riemann="right" if method.endswith("right") else "left")
         seconds = time.perf_counter() - start
         passes = found[method].meta["passes"]
         steps = 1 if method == "eap" else STEPS
-        start = time.perf_counter()
-        table = found[method].evaluate(n_random=N_RANDOM, seed=0, batch_size=args.batch)
-        evaluate_seconds = time.perf_counter() - start
-        runs = 2 + len(table) * (1 + N_RANDOM)  # everything, nothing, then each size's circuit and random draws
-        result["methods"][method] = {
-            "seconds": seconds, "evaluate_seconds": evaluate_seconds, "patched_runs": runs,
-            "seconds_per_patched_run": evaluate_seconds / runs, "passes": passes,
+        entry = result["methods"][method] = {
+            "seconds": seconds, "passes": passes, "riemann": found[method].meta["riemann"],
             "passes_within_budget": passes["forward"] <= steps + 2 and passes["backward"] <= steps,
-            "n_edges": found[method].meta["n_edges"], "curve": table.to_dict(orient="records"),
-            **{k: float(v) for k, v in table.attrs.items() if isinstance(v, (int, float))},
+            "n_edges": found[method].meta["n_edges"],
+            "stability": found[method].stability(n_boot=100).to_dict(orient="records"),
             "top10": [f"{r.src}->{r.dst} {r.score:+.4f}" for r in found[method].top(10).itertuples()]}
+        if method != "eap-ig-right":
+            start = time.perf_counter()
+            table = found[method].evaluate(n_random=args.random, seed=0, batch_size=args.batch)
+            evaluate_seconds = time.perf_counter() - start
+            runs = 2 + len(table) * (2 + args.random)  # at most: everything, nothing, two circuits and the draws a size
+            entry.update({
+                "evaluate_seconds": evaluate_seconds, "patched_runs_at_most": runs, "n_random": args.random,
+                "seconds_per_patched_run_at_least": evaluate_seconds / runs, "curve": table.to_dict(orient="records"),
+                **{k: float(v) for k, v in table.attrs.items() if isinstance(v, (int, float))},
+                "cpr_abs": area(table["size"], table.faithfulness_abs)})
         print(method, json.dumps({k: v for k, v in result["methods"][method].items() if k != "curve"}), flush=True)
         save(args.out, result)  # each stage as it ends: a long run that stops keeps what it measured
     # Exact edge patching on a sample: EAP-IG's top edges and uniform draws from the rest.
@@ -143,7 +155,8 @@ def main() -> None:
         **{f"spearman_{m}_top": spearman(found[m].edges.score.to_numpy()[sample[:top]], exact[:top]) for m in found}}
     print(json.dumps({k: v for k, v in result["exact_sample"].items() if k.startswith("spearman")}), flush=True)
     save(args.out, result)
-    memory(args, result)
+    if not args.no_memory:
+        memory(args, result)
 
 
 def memory(args, result: dict) -> None:

@@ -1,11 +1,12 @@
 """Output written atomically, under one rule for every command that writes (docs/reliability.md).
 
 - `atomic_dir(target, force=False, protect=())`: a temporary folder that becomes `target` when the
-  `with` block succeeds (analyses, reports, comparisons, DuoAttention policies, timelines).
+  `with` block succeeds (analyses, reports, comparisons, DuoAttention policies, timelines,
+  circuits, attributions: the command line's and the Python API's saves alike).
 - `atomic_file(target, force=False, protect=(), ours=None)`: the same for one file (a HeadKV
-  policy, the index.html `headscope report` re-renders in place).
+  policy, a task file, the index.html `headscope report` re-renders in place).
 - `write_text_atomic(path, text)`: one file written to a temporary name beside it, then renamed
-  (the library's saves: `Task.save`).
+  over whatever was there (the benchmarks' result files, which they own).
 
 The rule, checked when either is made, before any work (`check_target`):
 1. The target is never the working directory or a folder above it, and never is, holds or lies
@@ -55,9 +56,9 @@ __all__ = ["atomic_dir", "atomic_file", "check_target", "MARKER", "MANIFEST", "w
 
 
 def write_text_atomic(path, text: str) -> Path:
-    """Write `text` to a temporary file beside `path`, then rename it to `path` (the library's own
-    saves, such as `Task.save`, which replace the file they are given; the command line's outputs
-    go through `atomic_file` and its rule). Returns the path."""
+    """Write `text` to a temporary file beside `path`, then rename it to `path`, replacing what was
+    there (the benchmarks' result files, which they own; every output of the library and the
+    command line goes through `atomic_dir` or `atomic_file` and their rule). Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

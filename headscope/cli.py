@@ -585,9 +585,12 @@ def kv_eval_command(
 
 
 def _task_run(model, task, out, suffix, analysis_dir, force, n, seed, metric, device, dtype, no_cache):
-    """What `attribute` and `circuit` do before their work: the analysis's labels, the output folder
-    (default reports/MODEL-TASK + suffix) guarded before any work, the model and the task built."""
-    labels = Analysis.load(analysis_dir).labels if analysis_dir is not None else None
+    """What `attribute` and `circuit` do before their work: the task's name and metric checked, the
+    analysis read, the output folder (default reports/MODEL-TASK + suffix) guarded, all before any
+    work; then the model loaded, the analysis checked against it and the task built (its prompts
+    against the model's positions)."""
+    circuits.resolve_task(task, metric, quiet=True)  # a typo'd --task or --metric before the model loads
+    analysis = Analysis.load(analysis_dir) if analysis_dir is not None else None
     task_path = Path(task)
     stem = _default_out(model).name
     out = out or _default_out(model).with_name(f"{stem}-{task_path.stem if task_path.suffix else task}{suffix}")
@@ -595,8 +598,22 @@ def _task_run(model, task, out, suffix, analysis_dir, force, n, seed, metric, de
     guard = atomic_dir(out, force=force, protect=inputs)  # refuses a bad or existing folder before any work
     typer.echo(f"loading {model} ...", err=True)
     loaded = loader.load(model, device=device, dtype=dtype, cache=not no_cache)
-    built = headscope.task(task, loaded.tokenizer, n=n, seed=seed, **({"metric": metric} if metric else {}))
-    return labels, out, guard, loaded, built
+    if analysis is not None:
+        _check_analysis_fits(analysis, analysis_dir, loaded)
+    built = headscope.task(task, loaded, n=n, seed=seed, **({"metric": metric} if metric else {}))
+    return (analysis.labels if analysis is not None else None), out, guard, loaded, built
+
+
+def _check_analysis_fits(analysis, folder, loaded) -> None:
+    """HeadscopeError unless `--analysis` is of a model like `loaded`: its family, layers and heads
+    (its labels are drawn on this model's heads)."""
+    meta = analysis.meta
+    theirs = (meta.get("family"), analysis.n_layers, analysis.n_heads)
+    mine = (loaded.family, loaded.n_layers, loaded.n_heads)
+    if (theirs[0] is not None and theirs[0] != mine[0]) or theirs[1:] != mine[1:]:
+        raise HeadscopeError(f"--analysis {folder} is of {meta.get('model', '?')} ({theirs[0] or '?'}, {theirs[1]} "
+                             f"layers x {theirs[2]} heads), not of a model like {loaded.name} ({mine[0]}, {mine[1]} "
+                             f"layers x {mine[2]} heads); give an analysis of this model")
 
 
 @app.command("attribute")
@@ -674,8 +691,8 @@ def circuit_command(
         raise UsageError(f"--method must be {' or '.join(circuits.CIRCUIT_METHODS)}, got {method!r}")
     if riemann not in circuits.RIEMANN:
         raise UsageError(f"--riemann must be {' or '.join(circuits.RIEMANN)}, got {riemann!r}")
-    check_count("--steps", steps)
-    check_count("--random", random_draws, least=0)
+    check_count("--steps", steps, most=circuits.MAX_STEPS)
+    check_count("--random", random_draws, least=0, most=circuits.MAX_RANDOM)
     check_count("--top", top)
     chosen_sizes = circuits.check_sizes(_numbers(sizes, float, "--sizes")) if sizes is not None else circuits.MIB_SIZES
     labels, out, guard, loaded, built = _task_run(model, task, out, "-circuit", analysis_dir, force, n, seed, metric,

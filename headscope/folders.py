@@ -8,8 +8,9 @@
   a recorded file missing, cut or changed; a folder carrying the marker but no manifest
   (damaged, not old: headscope writes both into every folder); a manifest that does not list a
   file the reader needs (`needed`). With `unverified=True` each is a `HeadscopeWarning`
-  instead. A folder with neither marker nor manifest (written before both) passes.
-- `check_folder(folder, needed, unverified=False)`: no symbolic link inside the folder (a file
+  instead. A folder with neither marker nor manifest (an analysis written before both) passes,
+  unless `required`: kinds of folder that never existed without one (circuits, attributions).
+- `check_folder(folder, needed, unverified=False, required=False)`: no symbolic link inside the folder (a file
   read through one could be anyone's; refused even with `unverified`), then `check_manifest`.
 - `write_card(folder, kind, title=..., model=..., headline=..., render=...)`: what the folder
   is, in its marker (JSON): its kind ("analysis", "comparison", ...), model, date, a few headline
@@ -59,14 +60,18 @@ def _damaged(folder: Path, problem: str, unverified: bool) -> None:
                   f"checked", HeadscopeWarning, stacklevel=4)
 
 
-def check_manifest(folder, needed=(), *, unverified: bool = False) -> None:
+def check_manifest(folder, needed=(), *, unverified: bool = False, required: bool = False) -> None:
     """HeadscopeError naming the first file of `folder` that differs from its manifest (see the
-    module docstring); `needed`: files the reader needs, which the manifest must list."""
+    module docstring); `needed`: files the reader needs, which the manifest must list;
+    `required`: a folder without a manifest is damaged even without the marker."""
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
         if (folder / MARKER).is_file():
             _damaged(folder, f"it carries headscope's marker ({MARKER}) but no {MANIFEST}, so its files cannot be "
                              f"checked", unverified)
+        elif required:
+            _damaged(folder, f"it has no {MANIFEST}, so its files cannot be checked (headscope writes one into "
+                             f"every such folder)", unverified)
         return
     try:
         files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
@@ -89,15 +94,15 @@ def check_manifest(folder, needed=(), *, unverified: bool = False) -> None:
             return _damaged(folder, f"{name} {why} ({MANIFEST})", unverified)
 
 
-def check_folder(folder, needed=(), *, unverified: bool = False) -> None:
+def check_folder(folder, needed=(), *, unverified: bool = False, required: bool = False) -> None:
     """A folder headscope wrote, before it is read: no symbolic link inside it (a file read through
-    one could be anyone's), then `check_manifest`."""
+    one could be anyone's), then `check_manifest` (`required` as there)."""
     folder = Path(folder)
     for path in sorted(folder.rglob("*")):
         if path.is_symlink():
             raise HeadscopeError(f"{path} is a symbolic link (to {os.readlink(path)}); a folder headscope wrote holds "
                                  f"its own files, so replace the link with the file itself")
-    check_manifest(folder, needed, unverified=unverified)
+    check_manifest(folder, needed, unverified=unverified, required=required)
 
 
 MARKER_TEXT = "written by headscope; `--force` may replace this folder\n"

@@ -37,7 +37,7 @@ from .meta import AnalysisMeta
 from .result import Analysis, Example
 from ..loading.control import resolve_control
 from ..detectors.registry import defaults_for, get
-from ..checks import check_count
+from ..checks import MAX_SEED, check_count, check_seed
 from ..errors import CannotScore, HeadscopeError, UsageError
 from ..hf.adapters import adapter_for, config_value
 from ..hf.capture import capture
@@ -59,7 +59,6 @@ from ..causal.validate import NO_VALIDATE_AUDIO
 
 __all__ = ["analyze", "Progress", "MAX_SEED"]
 
-MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit value
 
 SINK_NOTE = ("{n} of {total} layers have a learned sink logit per head: each pattern row sums to less than 1 (the "
              "sink takes the rest), and every score reads the tokens' share only")
@@ -157,8 +156,7 @@ def analyze(
     if not isinstance(loaded, Loaded):
         example = f"headscope.load({loaded!r})" if isinstance(loaded, str) else "headscope.load(...)"
         raise HeadscopeError(f"analyze takes a loaded model ({example}), not a {type(loaded).__name__}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise UsageError(f"seed must be an integer from 0 to 2**63-1, got {seed!r}")
+    check_seed(seed)
     check_count("explorer_examples", explorer_examples, least=0)
     if sites is not None:
         loaded = loaded.at(sites)

@@ -2,7 +2,8 @@
 
 - `Task`, `task(name_or_path, tokenizer, n=..., seed=...)` (`headscope.circuits.tasks`,
   `headscope.circuits.task_builders`): clean and corrupted prompts with their answers and a
-  metric; `tokenizer_fingerprint(tokenizer)`.
+  metric; `tokenizer_fingerprint(tokenizer)`; `resolve_task(name_or_path, metric)`: a task's
+  name or file checked without a tokenizer.
 - `logit_attribution(loaded, task)` (`dla`): each component's direct effect on the logit difference.
 - `attribute(loaded, task, method="atp" | "atp*" | "exact", point="z")` (`attribute`): each head's
   effect when patched, estimated by attribution patching or measured exactly.
@@ -29,6 +30,7 @@ _EXPORTS = {
     "tokenizer_fingerprint": "headscope.circuits.tasks",
     "task": "headscope.circuits.task_builders",
     "BUILTINS": "headscope.circuits.task_builders",
+    "resolve_task": "headscope.circuits.task_builders",
     "logit_attribution": "headscope.circuits.dla",
     "attribute": "headscope.circuits.attribute",
     "METHODS": "headscope.circuits.attribute",
@@ -36,6 +38,8 @@ _EXPORTS = {
     "Circuit": "headscope.circuits.circuit",
     "circuit": "headscope.circuits.circuit",
     "MIB_SIZES": "headscope.circuits.circuit",
+    "MAX_STEPS": "headscope.circuits.circuit",
+    "MAX_RANDOM": "headscope.circuits.circuit",
     "check_sizes": "headscope.circuits.eap",
     "CIRCUIT_METHODS": "headscope.circuits.eap",
     "RIEMANN": "headscope.circuits.eap",

@@ -6,22 +6,27 @@
   page's head explorer).
 - `AttributionRun.write_into(folder, plotlyjs)`: `task.json` (`Task.save`), `dla.csv`,
   `attribution.csv` (one row per method and head), `meta.json`, `index.html`
-  (`headscope.circuits.attribution_page`) and `manifest.json`.
-- `read_attribution(folder)` -> the tables and meta again (no torch needed).
+  (`headscope.circuits.attribution_page`) and `manifest.json`; `AttributionRun.save(folder,
+  force=False)`: the same, atomically, under the rule every folder headscope writes follows.
+- `read_attribution(folder, unverified=False)` -> the tables and meta again, after checking the
+  folder against its manifest (no torch needed).
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from ..atomic import check_manifest, write_manifest
+from ..atomic import atomic_dir
+from ..folders import check_folder, write_manifest
 from ..errors import HeadscopeError, UsageError
 from ..hf.capture import capture
 from ..probes.tokens import display_tokens
+from ..tables import read_table
 from .attribute import METHODS, attribute
 from .attribution_page import render_attribution_html
 from .dla import logit_attribution
@@ -64,6 +69,21 @@ class AttributionRun:
         frames = [table.assign(method=method) for method, table in self.tables.items()]
         joined = pd.concat(frames, ignore_index=True)
         return joined[["method"] + [c for c in joined.columns if c != "method"]]
+
+    def save(self, folder, *, force: bool = False, plotlyjs: str = "embed") -> Path:
+        """Write the folder `headscope attribute` writes, atomically, under the rule every folder
+        headscope writes follows (`headscope.atomic`); returns its path.
+
+        Args:
+            folder: the folder to write; refused when it exists, unless `force`.
+            force: replace an existing folder headscope wrote (or an empty one).
+            plotlyjs: "embed" (offline) or "cdn".
+        """
+        if not isinstance(folder, (str, os.PathLike)):
+            raise HeadscopeError(f"AttributionRun.save needs a folder to write, got {folder!r}")
+        with atomic_dir(folder, force=force) as tmp:
+            self.write_into(tmp, plotlyjs=plotlyjs)
+        return Path(folder)
 
     def write_into(self, folder, plotlyjs: str = "embed") -> None:
         """Write the folder's files into `folder` (an `atomic_dir`'s temporary folder)."""
@@ -138,18 +158,28 @@ def _shown(loaded, target: Target, task, n_show: int, n_layers: int) -> list:
     return shown
 
 
-def read_attribution(folder) -> dict:
-    """`{"dla": DataFrame, "attribution": DataFrame, "meta": dict}` of a folder `write_into` wrote."""
-    import pandas as pd
+def read_attribution(folder, unverified: bool = False) -> dict:
+    """`{"dla": DataFrame, "attribution": DataFrame, "meta": dict}` of a folder `write_into` wrote,
+    after checking it against its manifest (`headscope.folders.check_folder`).
 
+    Args:
+        folder: the folder.
+        unverified: read a folder whose manifest is missing or no longer matches, with a warning.
+    """
+    if not isinstance(folder, (str, os.PathLike)):
+        raise HeadscopeError(f"read_attribution needs the folder an attribution was written in, got {folder!r}")
     folder = Path(folder)
     missing = [name for name in FILES.values() if not (folder / name).is_file()]
     if missing:
         raise HeadscopeError(f"{folder} is not an attribution folder (no {missing[0]})")
-    check_manifest(folder)
+    check_folder(folder, list(FILES.values()), unverified=unverified, required=True)
+    path = folder / FILES["meta"]
     try:
-        meta = json.loads((folder / FILES["meta"]).read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise HeadscopeError(f"cannot read {folder / FILES['meta']}: {err}") from None
-    return {"dla": pd.read_csv(folder / FILES["dla"]), "attribution": pd.read_csv(folder / FILES["attribution"]),
+        raise HeadscopeError(f"{path} is damaged ({type(err).__name__}); write the folder again with headscope") from None
+    if not isinstance(meta, dict):
+        raise HeadscopeError(f"{path} is damaged: it holds a {type(meta).__name__}, not an object; write the folder "
+                             f"again with headscope")
+    return {"dla": read_table(folder / FILES["dla"]), "attribution": read_table(folder / FILES["attribution"]),
             "meta": meta}

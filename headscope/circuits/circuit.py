@@ -24,18 +24,24 @@ the task's metric when that one edge carries the corrupted run's value instead o
   (`headscope.circuits.stability`), also kept in `meta["stability"]`.
 - `Circuit.to_eap_json(path)` / `Circuit.from_eap_json(path, loaded)`: the circuit in the EAP-IG
   code's and MIB's JSON format (`headscope.circuits.interchange`).
-- `Circuit.save(folder)` writes `edges.csv`, `nodes.csv`, `meta.json`, `task.json` and, once
-  evaluated, `evaluation.csv` and `random.csv`; `Circuit.load(folder)` reads them back
-  (`evaluate` then needs the model again).
+- `Circuit.save(folder, force=False)` writes `edges.csv`, `nodes.csv`, `meta.json`, `task.json`
+  and, once evaluated, `evaluation.csv` and `random.csv`, atomically and with a manifest, under
+  the rule every folder headscope writes follows (`headscope.atomic`); `Circuit.load(folder,
+  unverified=False)` checks the manifest and reads them back (`evaluate` then needs the model again).
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..atomic import atomic_dir
+from ..checks import check_count, check_seed
 from ..errors import HeadscopeError, UsageError
+from ..folders import check_folder, write_manifest
+from .circuit_files import FILES, KINDS, check_scores, read_edges, read_evaluation, read_meta, read_nodes, read_random
 from .eap import METHODS, evaluate, score_edges
 from .edges import graph_of
 from .interchange import read_eap_json, write_eap_json
@@ -43,13 +49,15 @@ from .running import Target
 from .stability import STABILITY_SIZES, stability
 from .tasks import Task
 
-__all__ = ["Circuit", "circuit", "MIB_SIZES", "FILES", "KINDS"]
+__all__ = ["Circuit", "circuit", "MIB_SIZES", "MAX_STEPS", "MAX_RANDOM", "FILES", "KINDS"]
 
 # Circuit sizes as percentages of all edges (Mueller et al. 2025, MIB).
 MIB_SIZES = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
-FILES = {"edges": "edges.csv", "nodes": "nodes.csv", "meta": "meta.json", "task": "task.json",
-         "evaluation": "evaluation.csv", "random": "random.csv"}
-KINDS = ("embed", "head", "mlp", "mixer", "attn", "logits")
+# Bounds on the work one call may ask for: EAP-IG's points (each a forward and backward pass of
+# every prompt; 5-20 converge on the models benchmarked, docs/circuits.md) and the random
+# circuits drawn per size (each a forward pass of every prompt).
+MAX_STEPS = 1000
+MAX_RANDOM = 1000
 
 
 @dataclass
@@ -80,7 +88,14 @@ class Circuit:
     prompt_scores: Any = field(default=None, repr=False)  # [n, edges] per-prompt scores (not saved)
 
     def top(self, n: int = 20):
-        """The `n` edges of largest |score|, largest first."""
+        """The `n` edges of largest |score|, largest first (all of them when there are fewer).
+
+        Raises:
+            UsageError: `n` not a whole number of at least 1.
+            HeadscopeError: a score that is not a finite number, naming its edge.
+        """
+        check_count("n", n)
+        check_scores(self.edges, "Circuit.top")
         order = self.edges.score.abs().sort_values(ascending=False, kind="stable").index
         return self.edges.loc[order].head(n).reset_index(drop=True)
 
@@ -91,8 +106,8 @@ class Circuit:
 
         Args:
             sizes: circuit sizes in percent of all edges, each in (0, 100].
-            n_random: random circuits of the same sizes drawn as the baseline.
-            seed: their seed.
+            n_random: random circuits of the same sizes drawn as the baseline (0 to `MAX_RANDOM`).
+            seed: their seed (0 to 2**63-1).
             loaded: the model (default: the one the circuit was found in; needed after `load`).
             batch_size: prompts per forward pass.
             progress: `progress(stage, done, total)`.
@@ -100,6 +115,12 @@ class Circuit:
             DataFrame (size, n_edges, faithfulness, metric, random_mean, random_lo, random_hi);
             `attrs`: cpr, cmd, random_cpr, random_cmd, clean_metric, corrupted_metric.
         """
+        check_scores(self.edges, "Circuit.evaluate")
+        check_seed(seed)
+        check_count("n_random", n_random, least=0, most=MAX_RANDOM)
+        if self.task is None:
+            raise HeadscopeError("evaluate runs the circuit's task, and this circuit has none (a circuit folder "
+                                 f"without {FILES['task']}); find the circuit again with headscope.circuit(loaded, task)")
         model = loaded if loaded is not None else self.loaded
         if model is None:
             raise HeadscopeError("evaluate runs the model: pass loaded=headscope.load(...) for a circuit read from disk")
@@ -139,10 +160,31 @@ class Circuit:
         (`headscope.circuits.interchange`)."""
         return read_eap_json(cls, path, loaded, task)
 
-    def save(self, folder) -> Path:
-        """Write the circuit's files into `folder` (created if missing); returns it."""
+    def save(self, folder, *, force: bool = False) -> Path:
+        """Write the circuit's folder atomically, under the rule every folder headscope writes
+        follows (`headscope.atomic`): its files, headscope's marker and a manifest of their sizes
+        and SHA-256s, which `load` checks.
+
+        Args:
+            folder: the folder to write; refused when it exists, unless `force`.
+            force: replace an existing folder headscope wrote (or an empty one); a folder of
+                anyone else's files is never replaced.
+        Returns:
+            The folder's path.
+        """
+        if not isinstance(folder, (str, os.PathLike)):
+            raise HeadscopeError(f"Circuit.save needs a folder to write, got {folder!r}")
+        with atomic_dir(folder, force=force) as tmp:
+            self.write_into(tmp)
+            write_manifest(tmp)
+        return Path(folder)
+
+    def write_into(self, folder) -> None:
+        """Write the circuit's files into an existing folder (an `atomic_dir`'s temporary one; no
+        atomicity or manifest of its own); a score that is not a finite number is refused, as
+        `load` would refuse the file."""
+        check_scores(self.edges, "Circuit.save")
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         self.edges.to_csv(folder / FILES["edges"], index=False)
         self.nodes.to_csv(folder / FILES["nodes"], index=False)
         meta = dict(self.meta)
@@ -154,32 +196,35 @@ class Circuit:
         (folder / FILES["meta"]).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
         if self.task is not None:
             self.task.save(folder / FILES["task"])
-        return folder
 
     @classmethod
-    def load(cls, folder) -> "Circuit":
-        """Read a folder `save` wrote; HeadscopeError naming what is missing or damaged."""
-        import pandas as pd
+    def load(cls, folder, *, unverified: bool = False) -> "Circuit":
+        """Read a folder `save` (or `headscope circuit`) wrote; HeadscopeError naming what is
+        missing or damaged.
 
+        Args:
+            folder: the folder.
+            unverified: read a folder whose manifest is missing or no longer matches, with a
+                warning (`HeadscopeWarning`).
+        Returns:
+            The `Circuit` (without a model: `evaluate` needs `loaded=`).
+        """
+        if not isinstance(folder, (str, os.PathLike)):
+            raise HeadscopeError(f"Circuit.load needs the folder a circuit was saved in, got {folder!r}")
         folder = Path(folder)
         for name in ("edges", "nodes", "meta"):
             if not (folder / FILES[name]).is_file():
                 raise HeadscopeError(f"{folder} is not a circuit folder (no {FILES[name]})")
-        try:
-            meta = json.loads((folder / FILES["meta"]).read_text(encoding="utf-8"))
-            edges = pd.read_csv(folder / FILES["edges"])
-            nodes = pd.read_csv(folder / FILES["nodes"])
-        except (OSError, UnicodeDecodeError, ValueError) as err:
-            raise HeadscopeError(f"cannot read the circuit in {folder}: {err}") from None
-        if list(edges.columns) != ["src", "dst", "score"] or edges.score.isna().any():
-            raise HeadscopeError(f"{folder / FILES['edges']} is damaged: expected columns src, dst, score with a "
-                                 f"score on every row")
+        present = [name for name in FILES.values() if (folder / name).is_file()]
+        check_folder(folder, present, unverified=unverified, required=True)
+        meta = read_meta(folder / FILES["meta"])
+        nodes = read_nodes(folder / FILES["nodes"])
+        edges = read_edges(folder / FILES["edges"], nodes, meta["n_edges"])
         evaluation = random = task = None
         if (folder / FILES["evaluation"]).is_file():
-            evaluation = pd.read_csv(folder / FILES["evaluation"])
-            evaluation.attrs.update(meta.get("evaluation", {}))
+            evaluation = read_evaluation(folder / FILES["evaluation"], meta.get("evaluation"))
         if (folder / FILES["random"]).is_file():
-            random = pd.read_csv(folder / FILES["random"])
+            random = read_random(folder / FILES["random"])
         if (folder / FILES["task"]).is_file():
             task = Task.load(folder / FILES["task"])
         return cls(edges, nodes, meta, task, evaluation, random)
@@ -195,7 +240,7 @@ def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, site
         task: a `headscope.Task`.
         method: "eap" (one gradient on the clean run) or "eap-ig" (integrated gradients from
             the corrupted to the clean embeddings over `steps` points).
-        steps: EAP-IG's points (ignored by "eap").
+        steps: EAP-IG's points, 1 to `MAX_STEPS` (ignored by "eap").
         riemann: EAP-IG's points: "left" (k = 0..S-1 over S, from the corrupted run, as the
             EAP-IG code and MIB compute it) or "right" (k = 1..S, ending at the clean run).
         sites: the group of attention sites whose heads are nodes; default: the analysed stack.
@@ -208,6 +253,8 @@ def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, site
 
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method == "eap-ig":
+        check_count("steps", steps, most=MAX_STEPS)
     target = Target(loaded, task, sites, "circuit")
     graph = graph_of(target, task)
     scores, passes, metrics, per_prompt = score_edges(target, graph, task, method, steps, batch_size, progress,

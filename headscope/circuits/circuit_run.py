@@ -6,7 +6,8 @@
   (`headscope.circuits.circuit_page`), the card `report --index` lists it by, and `manifest.json`.
 - `write_circuit(circuit, out, labels=None, force=False)`: the same, atomically: a temporary
   folder renamed to `out` once complete, with `--force`'s rules (`headscope.atomic.atomic_dir`).
-- `read_circuit(folder)`: the `Circuit` again, after checking the folder against its manifest.
+- `read_circuit(folder, unverified=False)`: the `Circuit` again (`Circuit.load`, which checks the
+  folder against its manifest).
 
 The page is `index.html`, as in every folder headscope writes: `report --index` fills in its link
 back in place, which is why the manifest leaves that one name out.
@@ -16,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..atomic import atomic_dir
-from ..folders import check_folder, write_card, write_manifest
-from .circuit import FILES, Circuit
+from ..folders import write_card, write_manifest
+from .circuit import Circuit
 from .circuit_page import TOP_EDGES, render_circuit_html
 
 __all__ = ["PAGE", "write_circuit", "write_circuit_into", "read_circuit", "circuit_headline"]
@@ -53,7 +54,7 @@ def write_circuit_into(circuit, folder, labels=None, plotlyjs: str = "embed", n_
         The path of the page inside `folder`.
     """
     folder = Path(folder)
-    circuit.save(folder)
+    circuit.write_into(folder)
     path = folder / PAGE
     path.write_text(render_circuit_html(circuit, labels=labels, n_edges=n_edges, plotlyjs=plotlyjs), encoding="utf-8")
     model = str(circuit.meta.get("model", ""))
@@ -93,5 +94,4 @@ def read_circuit(folder, unverified: bool = False) -> Circuit:
     Returns:
         The `Circuit` (without a model: `evaluate` needs `loaded=`).
     """
-    check_folder(folder, needed=[FILES["edges"], FILES["nodes"], FILES["meta"]], unverified=unverified)
-    return Circuit.load(folder)
+    return Circuit.load(folder, unverified=unverified)

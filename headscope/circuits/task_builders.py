@@ -1,31 +1,39 @@
-"""Tasks built from text with a model's own tokenizer: the built-ins and a user's JSONL file.
+"""Tasks built from text with a model's own tokenizer: the built-ins and a user's file.
 
 - `task(name_or_path, tokenizer, n=None, seed=0, metric=None, length=None)` -> `Task`:
   `"ioi"` (indirect-object identification, Wang et al. 2022), `"induction"` (a random sequence
   repeated), `"induction-keys"` (the same prompts, corrupted where the keys read the previous
-  token), `"greater-than"` (Hanna et al. 2023) or the path of a JSONL file with one
-  `{"clean", "corrupted", "answer", "wrong"}` object per line. docs/tasks.md has the designs.
+  token), `"greater-than"` (Hanna et al. 2023), or the path of a JSONL file with one
+  `{"clean", "corrupted", "answer", "wrong"}` object per line or of a task `Task.save` wrote
+  (`headscope.circuits.task_files`). docs/tasks.md has the designs.
+- `resolve_task(name_or_path, metric)`: what a name names, checked without a tokenizer (the
+  command line's `--task` and `--metric`, before the model loads).
 - `BUILTINS`: the built-in names and what each is.
 
 Prompts are tokenized with the tokenizer's default special tokens at the start (a BOS where
 the model expects one) and none at the end (an EOS or [SEP] there would take the place where
 the answer is predicted). Answers are tokenized as the continuation of a prompt (after a line
-break, no special tokens), and each must be one token.
+break, no special tokens), and each must be one token (`headscope.circuits.task_text`). A word
+the tokenizer does not know is refused, naming the row and the word; given a loaded model,
+prompts longer than its positions are refused with the limit.
 """
 from __future__ import annotations
 
-import json
+import os
 import random
+import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
-from ..checks import check_count
-from ..errors import HeadscopeError, UsageError
-from .tasks import METRICS, Task, tokenizer_fingerprint
+from ..checks import check_count, check_seed
+from ..errors import HeadscopeError, HeadscopeWarning, UsageError
+from .task_files import is_saved_task, read_jsonl, read_saved
+from .task_text import assemble, check_known, continuation, encode, pieces, shown, single_tokens
+from .tasks import METRICS, Task, positions_of, tokenizer_fingerprint
 
-__all__ = ["task", "BUILTINS", "IOI_TEMPLATES", "NAMES", "PLACES", "OBJECTS", "YEAR_NOUNS"]
+__all__ = ["task", "resolve_task", "BUILTINS", "IOI_TEMPLATES", "NAMES", "PLACES", "OBJECTS", "YEAR_NOUNS"]
 
 BUILTINS = {
     "ioi": "indirect-object identification (Wang et al. 2022), ABC corruption",
@@ -78,125 +86,82 @@ GT_STARTS = range(2, 99)  # YY in 02..98: both the answer set (YY+1..99) and the
 
 def task(name_or_path, tokenizer, n: Optional[int] = None, seed: int = 0, metric: Optional[str] = None,
          length: Optional[int] = None) -> Task:
-    """A built-in task, or one read from a JSONL file, in `tokenizer`'s token ids.
+    """A built-in task, or one read from a file, in `tokenizer`'s token ids.
 
     Args:
-        name_or_path: "ioi", "induction", "induction-keys", "greater-than", or the path of a JSONL file.
-        tokenizer: the model's tokenizer (or a `headscope.Loaded`, whose tokenizer is used).
+        name_or_path: "ioi", "induction", "induction-keys", "greater-than", or the path of a JSONL
+            file or of a task saved with `Task.save` (read as it was saved). An existing file
+            is always read, even under a built-in's name (with a warning).
+        tokenizer: the model's tokenizer, or a `headscope.Loaded` (its tokenizer is used, and
+            prompts longer than the model's positions are refused here, naming the line).
         n: examples; built-ins default to 64; a file defaults to all its lines, and a smaller n
             takes its first n (a larger one is an error).
-        seed: the random draws of the built-ins (names, templates, tokens, years).
+        seed: the random draws of the built-ins (names, templates, tokens, years); 0 to 2**63-1.
         metric: "logit_diff", "prob", "prob_diff" or "kl"; default "logit_diff", "prob_diff"
-            for "greater-than".
+            for "greater-than" (a saved task: its own).
         length: "induction" and "induction-keys" only: the random sequence's length L (default 20).
     Returns:
         A `Task` whose `tokenizer` is the tokenizer's fingerprint.
     """
+    model = tokenizer if hasattr(tokenizer, "tokenizer") else None
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
     if not callable(tokenizer) or not hasattr(tokenizer, "get_vocab"):
         raise HeadscopeError(f"task() takes the model's tokenizer (or the loaded model), not a {type(tokenizer).__name__}")
     if n is not None:
         check_count("n", n)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise HeadscopeError(f"seed must be an integer, got {seed!r}")
-    if metric is not None and metric not in METRICS:
-        raise UsageError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    if length is not None and name_or_path not in INDUCTION_TASKS:
+    check_seed(seed)
+    source = resolve_task(name_or_path, metric)
+    if length is not None and source not in INDUCTION_TASKS:
         raise HeadscopeError("length is the induction task's sequence length; other tasks take none")
-    if name_or_path == "ioi":
+    positions = positions_of(model) if model is not None else None
+    if isinstance(source, Path):
+        if is_saved_task(source):
+            return read_saved(source, tokenizer, n, metric, positions)
+        built = read_jsonl(source, tokenizer, n, positions)
+    elif source == "ioi":
         built = _ioi(tokenizer, n or DEFAULT_N, random.Random(seed))
-    elif name_or_path in INDUCTION_TASKS:
+    elif source in INDUCTION_TASKS:
         if length is not None:
             check_count("length", length, least=2)
         built = _induction(tokenizer, n or DEFAULT_N, torch.Generator().manual_seed(seed), length or INDUCTION_LENGTH,
-                           name_or_path)
-    elif name_or_path == "greater-than":
+                           source, hint=length is not None)
+    else:
         built = _greater_than(tokenizer, n or DEFAULT_N, random.Random(seed))
         metric = metric or "prob_diff"
-    elif isinstance(name_or_path, Path) or str(name_or_path).endswith(".jsonl") or Path(str(name_or_path)).is_file():
-        built = _from_jsonl(Path(name_or_path), tokenizer, n)
-    else:
-        raise UsageError(f"unknown task {name_or_path!r}; the built-ins are {', '.join(BUILTINS)}, "
-                             "or give the path of a .jsonl file")
+    if positions is not None and built["clean"].shape[1] > positions:
+        raise HeadscopeError(f"{source} needs prompts of {built['clean'].shape[1]} tokens; this model takes at most "
+                             f"{positions} positions" + (" (use a smaller length)" if source in INDUCTION_TASKS else ""))
     return Task(**built, metric=metric or "logit_diff", tokenizer=tokenizer_fingerprint(tokenizer))
 
 
-# --- tokenizing --------------------------------------------------------------------------------
+def resolve_task(name_or_path, metric: Optional[str] = None, quiet: bool = False):
+    """What `name_or_path` names, checked without a tokenizer (the command line's `--task` and
+    `--metric`, before the model loads): a built-in's name, or the `Path` of a task file.
 
-
-def _encode(tokenizer, text: str) -> list[int]:
-    """`text`'s ids with the special tokens the tokenizer puts before it, none after it."""
-    ids = list(tokenizer(text)["input_ids"])
-    plain = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    for start in range(len(ids) - len(plain) + 1):
-        if ids[start:start + len(plain)] == plain:
-            return ids[:start] + plain
-    return ids
-
-
-def _pieces(tokenizer, text: str) -> list[int]:
-    """`text`'s ids without special tokens."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def _continuation(tokenizer, text: str) -> list[int]:
-    """The ids `text` adds after a line break: how it is tokenized as the continuation of a
-    prompt. SentencePiece tokenizers encode a text that starts with a space as a lone '▁' and
-    the word (Llama 2: ' Mary' -> ['▁', '▁Mary']), while after other text ' Mary' is '▁Mary'."""
-    before = _pieces(tokenizer, "\n")
-    ids = _pieces(tokenizer, "\n" + text)
-    return ids[len(before):] if ids[:len(before)] == before else _pieces(tokenizer, text)
-
-
-def _shown(tokenizer, ids) -> str:
-    """The tokens of `ids` as a list of their texts, for messages."""
-    return "[" + ", ".join(repr(tokenizer.decode([i])) for i in ids) + "]"
-
-
-def _single_tokens(tokenizer, words, prefix: str = " ") -> dict[str, int]:
-    """The words (with `prefix`) that are one token in this tokenizer -> that token's id."""
-    found = {}
-    for word in words:
-        ids = _continuation(tokenizer, prefix + word)
-        if len(ids) == 1 and ids[0] != tokenizer.unk_token_id:
-            found[word] = ids[0]
-    return found
-
-
-def _pad_id(tokenizer) -> int:
-    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if isinstance(token_id, int):
-            return token_id
-    return 0
-
-
-def _stack(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Right-padded `[n, pos]` ids and their mask (None when every row has the same length)."""
-    width = max(len(row) for row in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, :len(row)] = 1
-    return ids, (None if bool(mask.all()) else mask)
-
-
-def _sets(rows: list[list[int]]) -> torch.Tensor:
-    """`[n, k]` answer sets padded with -1."""
-    width = max(len(row) for row in rows)
-    return torch.tensor([row + [-1] * (width - len(row)) for row in rows], dtype=torch.long)
-
-
-def _assemble(name: str, tokenizer, clean, corrupted, answer, wrong, texts) -> dict:
-    """The Task fields of prompts given as lists of ids (clean and corrupted row lengths equal)."""
-    pad = _pad_id(tokenizer)
-    clean_ids, mask = _stack(clean, pad)
-    corrupted_ids, _ = _stack(corrupted, pad)
-    sets = isinstance(answer[0], list)
-    answer = _sets(answer) if sets else torch.tensor(answer, dtype=torch.long)
-    wrong = _sets(wrong) if sets else torch.tensor(wrong, dtype=torch.long)
-    return dict(clean=clean_ids, corrupted=corrupted_ids, answer=answer, wrong=wrong, attention_mask=mask,
-                name=name, texts=texts)
+    An existing file is read whatever its name: a file named like a built-in is read, with a
+    warning (`HeadscopeWarning`; `quiet`: none, for a check `task()` repeats) that the built-in is
+    not. A name with a suffix or a folder in it is a path, which must exist. UsageError for an
+    unknown name or metric."""
+    if metric is not None and metric not in METRICS:
+        raise UsageError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise UsageError(f"a task is a built-in name ({', '.join(BUILTINS)}) or the path of a task file, "
+                         f"not a {type(name_or_path).__name__}")
+    path = Path(name_or_path)
+    if path.is_file():
+        if str(name_or_path) in BUILTINS and not quiet:
+            warnings.warn(f"{name_or_path} is a file in this folder, so it is read as the task; the built-in task "
+                          f"{name_or_path!r} is not used (rename the file to run the built-in)", HeadscopeWarning,
+                          stacklevel=3)
+        return path
+    if isinstance(name_or_path, str) and name_or_path in BUILTINS:
+        return name_or_path
+    if isinstance(name_or_path, Path) or path.suffix or len(path.parts) > 1 or str(name_or_path).endswith(("/", os.sep)):
+        if path.is_dir():
+            raise HeadscopeError(f"{path} is a folder; a task file is a JSONL file or a task saved with Task.save")
+        raise HeadscopeError(f"cannot read task file {path}: no such file")
+    raise UsageError(f"unknown task {name_or_path!r}; the built-ins are {', '.join(BUILTINS)}, "
+                     "or give the path of a .jsonl file")
 
 
 # --- the built-ins ------------------------------------------------------------------------------
@@ -205,9 +170,9 @@ def _assemble(name: str, tokenizer, clean, corrupted, answer, wrong, texts) -> d
 def _ioi(tokenizer, n: int, rng: random.Random) -> dict:
     """IOI prompts in ABB and BAB order (alternating); the corruption puts three other names in
     the three name slots (Wang et al.'s ABC distribution), so it carries no information on the IO."""
-    names = _single_tokens(tokenizer, NAMES)
-    places = list(_single_tokens(tokenizer, PLACES))
-    objects = list(_single_tokens(tokenizer, OBJECTS))
+    names = single_tokens(tokenizer, NAMES)
+    places = list(single_tokens(tokenizer, PLACES))
+    objects = list(single_tokens(tokenizer, OBJECTS))
     if len(names) < 5 or not places or not objects:
         raise HeadscopeError(f"ioi needs at least 5 names, 1 place and 1 object that are single tokens (with a leading "
                              f"space) in this tokenizer; it has {len(names)} names, {len(places)} places, {len(objects)} objects")
@@ -221,21 +186,23 @@ def _ioi(tokenizer, n: int, rng: random.Random) -> dict:
             first, second = (io, s) if i % 2 == 0 else (s, io)  # ABB, then BAB
             clean_text = template.format(A=first, B=second, S=s, **fill)
             corrupted_text = template.format(A=c1, B=c2, S=c3, **fill)
-            clean_row, corrupted_row = _encode(tokenizer, clean_text), _encode(tokenizer, corrupted_text)
+            clean_row, corrupted_row = encode(tokenizer, clean_text), encode(tokenizer, corrupted_text)
             # a name merged with its neighbours would change the token count or hide the IO
             if len(clean_row) == len(corrupted_row) and names[io] in clean_row and names[s] in clean_row:
                 break
         else:
             raise HeadscopeError("ioi could not build a prompt whose names stay single tokens in this tokenizer")
+        check_known(tokenizer, clean_text, clean_row, f"ioi row {i}", "the prompt")
         clean.append(clean_row)
         corrupted.append(corrupted_row)
         answer.append(names[io])
         wrong.append(names[s])
         texts.append({"clean": clean_text, "corrupted": corrupted_text, "answer": " " + io, "wrong": " " + s})
-    return _assemble("ioi", tokenizer, clean, corrupted, answer, wrong, texts)
+    return assemble("ioi", tokenizer, clean, corrupted, answer, wrong, texts)
 
 
-def _induction(tokenizer, n: int, generator: torch.Generator, length: int, name: str = "induction") -> dict:
+def _induction(tokenizer, n: int, generator: torch.Generator, length: int, name: str = "induction",
+               hint: bool = True) -> dict:
     """`[prefix] r_0..r_{L-1} r_0..r_{L-2}`: at the last token (r_{L-2}, second copy) an induction
     head predicts r_{L-1}. The corrupted prompt's second half is L-1 fresh tokens seen nowhere
     before, so there is nothing to copy; wrong is another fresh token. Tokens are drawn without
@@ -246,15 +213,17 @@ def _induction(tokenizer, n: int, generator: torch.Generator, length: int, name:
     replaced by the first fresh token. The query (the second r_{L-2}) and the value at the first
     r_{L-1} are the clean run's; only what a previous-token head moves into the first r_{L-1}'s
     key differs, so the difference runs through K-composition (Elhage et al. 2021). The same
-    draws as "induction": the clean prompts, answers and wrong tokens are identical."""
+    draws as "induction": the clean prompts, answers and wrong tokens are identical. `hint`: the
+    caller chose the length, so a refusal suggests a smaller one."""
     size = len(tokenizer.get_vocab())
     special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     candidates = torch.tensor([i for i in range(size // 4, 3 * size // 4) if i not in special], dtype=torch.long)
     if len(candidates) < 2 * length:
         raise HeadscopeError(f"{name} with length {length} needs {2 * length} distinct tokens from the middle of the "
-                             f"vocabulary; this tokenizer has {len(candidates)} there (use a smaller length)")
-    probe = _pieces(tokenizer, "a")
-    prefix = _encode(tokenizer, "a")[:-len(probe)]  # the special tokens a prompt starts with (BOS), if any
+                             f"vocabulary; this tokenizer has {len(candidates)} there"
+                             + (" (use a smaller length)" if hint else f": its vocabulary is too small for {name}"))
+    probe = pieces(tokenizer, "a")
+    prefix = encode(tokenizer, "a")[:-len(probe)]  # the special tokens a prompt starts with (BOS), if any
     clean, corrupted, answer, wrong, texts = [], [], [], [], []
     for _ in range(n):
         drawn = candidates[torch.randperm(len(candidates), generator=generator)[:2 * length]].tolist()
@@ -268,117 +237,42 @@ def _induction(tokenizer, n: int, generator: torch.Generator, length: int, name:
         wrong.append(other)
         texts.append({"clean": tokenizer.decode(clean[-1]), "corrupted": tokenizer.decode(corrupted[-1]),
                       "answer": tokenizer.decode([sequence[-1]]), "wrong": tokenizer.decode([other])})
-    return _assemble(name, tokenizer, clean, corrupted, answer, wrong, texts)
+    return assemble(name, tokenizer, clean, corrupted, answer, wrong, texts)
 
 
 def _greater_than(tokenizer, n: int, rng: random.Random) -> dict:
     """'The {noun} lasted from the year {XX}{YY} to the year {XX}': the answer set is the two-digit
     tokens YY+1..99, the wrong set 00..YY; the corrupted prompt starts at {XX}01 (Hanna et al. 2023)."""
     year, century = " 1732", " 17"
-    ids = _continuation(tokenizer, year)
-    two_digit = [_continuation(tokenizer, f"{yy:02d}") for yy in range(100)]
-    split = len(ids) == 2 and ids == _continuation(tokenizer, century) + two_digit[32]
+    ids = continuation(tokenizer, year)
+    two_digit = [continuation(tokenizer, f"{yy:02d}") for yy in range(100)]
+    split = len(ids) == 2 and ids == continuation(tokenizer, century) + two_digit[32]
     if not split or any(len(piece) != 1 for piece in two_digit):
         raise HeadscopeError(f"greater-than needs a tokenizer that splits a year into the century and the two-digit year, "
                              f"one token each (Hanna et al. 2023; GPT-2: ' 1732' -> [' 17', '32']); this tokenizer splits "
-                             f"{year!r} into {_shown(tokenizer, ids)}")
+                             f"{year!r} into {shown(tokenizer, ids)}")
     digits = [piece[0] for piece in two_digit]
     clean, corrupted, answer, wrong, texts = [], [], [], [], []
     for _ in range(n):
         noun, xx, yy = rng.choice(YEAR_NOUNS), rng.choice(GT_CENTURIES), rng.choice(GT_STARTS)
         clean_text = GT_TEMPLATE.format(noun=noun, century=xx, start=f"{yy:02d}")
         corrupted_text = GT_TEMPLATE.format(noun=noun, century=xx, start="01")
-        clean_row, corrupted_row = _encode(tokenizer, clean_text), _encode(tokenizer, corrupted_text)
-        year_ids = _continuation(tokenizer, f" {xx}") + [digits[yy]]
+        clean_row, corrupted_row = encode(tokenizer, clean_text), encode(tokenizer, corrupted_text)
+        check_known(tokenizer, clean_text, clean_row, f"greater-than row {len(clean)}", "the prompt")
+        year_ids = continuation(tokenizer, f" {xx}") + [digits[yy]]
         if len(clean_row) != len(corrupted_row) or not _contains(clean_row, year_ids):
             raise HeadscopeError(f"greater-than: this tokenizer does not keep the year of {clean_text!r} as "
-                                 f"{_shown(tokenizer, year_ids)} ({_shown(tokenizer, clean_row)})")
+                                 f"{shown(tokenizer, year_ids)} ({shown(tokenizer, clean_row)})")
         clean.append(clean_row)
         corrupted.append(corrupted_row)
         answer.append(digits[yy + 1:])
         wrong.append(digits[:yy + 1])
         texts.append({"clean": clean_text, "corrupted": corrupted_text, "answer": f"{yy + 1:02d}..99",
                       "wrong": f"00..{yy:02d}"})
-    return _assemble("greater-than", tokenizer, clean, corrupted, answer, wrong, texts)
+    return assemble("greater-than", tokenizer, clean, corrupted, answer, wrong, texts)
 
 
 def _contains(row: list[int], piece: list[int]) -> bool:
     return any(row[i:i + len(piece)] == piece for i in range(len(row) - len(piece) + 1))
 
 
-# --- a user's file ------------------------------------------------------------------------------
-
-
-def _from_jsonl(path: Path, tokenizer, n: Optional[int]) -> dict:
-    """Read `{"clean", "corrupted", "answer", "wrong"}` objects, one a line (blank lines skipped),
-    the first n of them (all by default); every error names the file and the line."""
-    try:
-        handle = open(path, encoding="utf-8")
-    except OSError as err:
-        raise HeadscopeError(f"cannot read task file {path}: {err.strerror or type(err).__name__}") from None
-    clean, corrupted, answer, wrong, texts = [], [], [], [], []
-    with handle:
-        try:
-            for number, line in enumerate(handle, 1):
-                if n is not None and len(clean) == n:
-                    break
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                record = _record(line, where)
-                clean_row, corrupted_row = _encode(tokenizer, record["clean"]), _encode(tokenizer, record["corrupted"])
-                if len(clean_row) != len(corrupted_row):
-                    raise HeadscopeError(f"{where}: clean has {len(clean_row)} tokens and corrupted {len(corrupted_row)}; "
-                                         "they must have as many")
-                answer_ids = [_one_token(tokenizer, text, where, "answer") for text in record["answer"]]
-                wrong_ids = [_one_token(tokenizer, text, where, "wrong") for text in record["wrong"]]
-                if set(answer_ids) & set(wrong_ids):
-                    raise HeadscopeError(f"{where}: answer and wrong share a token; a token is one or the other")
-                clean.append(clean_row)
-                corrupted.append(corrupted_row)
-                answer.append(answer_ids)
-                wrong.append(wrong_ids)
-                texts.append({"clean": record["clean"], "corrupted": record["corrupted"],
-                              "answer": " | ".join(record["answer"]), "wrong": " | ".join(record["wrong"])})
-        except UnicodeDecodeError:
-            raise HeadscopeError(f"{path} is not UTF-8 text; a task file holds one JSON object a line") from None
-    if not clean:
-        raise HeadscopeError(f"{path} holds no examples; write one JSON object a line with clean, corrupted, answer, wrong")
-    if n is not None and len(clean) < n:
-        raise HeadscopeError(f"{path} holds {len(clean)} examples, fewer than n={n}")
-    if all(len(a) == 1 for a in answer) and all(len(w) == 1 for w in wrong):
-        answer, wrong = [a[0] for a in answer], [w[0] for w in wrong]
-    return _assemble(path.stem, tokenizer, clean, corrupted, answer, wrong, texts)
-
-
-def _record(line: str, where: str) -> dict:
-    """One line's object, answer and wrong as lists of strings."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise HeadscopeError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
-    if not isinstance(record, dict):
-        raise HeadscopeError(f"{where}: expected a JSON object with clean, corrupted, answer, wrong; got {type(record).__name__}")
-    for field in ("clean", "corrupted", "answer", "wrong"):
-        if field not in record:
-            raise HeadscopeError(f"{where}: no {field!r} field (each line needs clean, corrupted, answer, wrong)")
-        value = record[field]
-        if field in ("answer", "wrong") and isinstance(value, list):
-            if not value or not all(isinstance(item, str) for item in value):
-                raise HeadscopeError(f"{where}: {field!r} must be a string or a non-empty list of strings")
-            continue
-        if not isinstance(value, str) or (field in ("clean", "corrupted") and not value):
-            raise HeadscopeError(f"{where}: {field!r} must be a non-empty string, got {value!r}")
-        if field in ("answer", "wrong"):
-            record[field] = [value]
-    return record
-
-
-def _one_token(tokenizer, text: str, where: str, field: str) -> int:
-    ids = _continuation(tokenizer, text)
-    if len(ids) != 1:
-        raise HeadscopeError(f"{where}: {field} {text!r} is {len(ids)} tokens {_shown(tokenizer, ids)}, not one "
-                             "(mind the leading space: ' Mary')")
-    if ids[0] == tokenizer.unk_token_id:
-        raise HeadscopeError(f"{where}: {field} {text!r} is the unknown token of this tokenizer")
-    return ids[0]

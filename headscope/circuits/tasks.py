@@ -2,10 +2,12 @@
 
 - `Task(clean=, corrupted=, answer=, wrong=, attention_mask=None, metric="logit_diff", ...)`:
   token ids `[n, pos]` (right-padded), answer and wrong token ids `[n]` or sets `[n, k]` (-1 pads a
-  set), checked when made. `score(logits)` gives each example's metric of a run at its last real
+  set, each token once), at most `MAX_TASK_TOKENS` prompt positions, checked when made. `score(logits)` gives each example's metric of a run at its last real
   token, differentiably; `direction(W_U)` the logit difference's readout direction;
-  `check_for(loaded)` refuses a model whose tokenizer the ids do not come from; `save(path)` and
-  `Task.load(path)` keep it as one JSON file.
+  `check_for(loaded)` refuses a model whose tokenizer the ids do not come from or whose
+  positions the prompts do not fit (`positions_of(model)`); `save(path,
+  force=False)` and `Task.load(path)` keep it as one JSON file (`is_task_file(bytes)`: one of
+  them, which `force` may replace).
 - `METRICS`: the metric names and their formulas (docs/tasks.md).
 - `tokenizer_fingerprint(tokenizer)`: a short stable hash of a tokenizer's vocabulary and
   special tokens, so that a task remembers which tokenizer its ids belong to.
@@ -21,16 +23,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from ..atomic import write_text_atomic
+from ..atomic import atomic_file
 from ..errors import HeadscopeError
+from ..hf.adapters import text_config
 
-__all__ = ["Task", "METRICS", "tokenizer_fingerprint", "FORMAT"]
+__all__ = ["Task", "METRICS", "tokenizer_fingerprint", "FORMAT", "is_task_file", "positions_of", "MAX_TASK_TOKENS"]
 
 METRICS = {
     "logit_diff": "mean logit over the answer set - mean logit over the wrong set",
@@ -39,8 +43,21 @@ METRICS = {
     "kl": "-KL(p_clean || p_run) over the whole vocabulary",
 }
 FORMAT = "headscope-task"  # the "format" field of a saved task
+# Prompt positions of one task (n x pos, padding included), clean or corrupted: 64 prompts of
+# 16,384 tokens. Every method holds several activations of that size per layer at once.
+MAX_TASK_TOKENS = 2**20
 VERSION = 1
 SETS = "[n] or [n, k]"
+
+
+def is_task_file(data: bytes) -> bool:
+    """Whether `data` is a task file `Task.save` writes: a JSON object whose "format" is `FORMAT`
+    (what `force` may replace)."""
+    try:
+        record = json.loads(data)
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("format") == FORMAT
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -89,6 +106,13 @@ def _check_set(field: str, ids: torch.Tensor, n: int) -> None:
         if ids.shape[1] == 0 or (ids < 0).all(1).any():
             empty = 0 if ids.shape[1] == 0 else _first_bad_row((ids < 0).all(1))
             raise HeadscopeError(f"Task {field} row {empty} is an empty set: give at least one token id")
+        twice = (ids[:, :, None] == ids[:, None, :]) & (ids[:, :, None] >= 0)  # [n, k, k]
+        twice &= ~torch.eye(ids.shape[1], dtype=torch.bool)
+        if twice.any():
+            row = _first_bad_row(twice)
+            token = int(ids[row][twice[row].any(1)][0])
+            raise HeadscopeError(f"Task {field} row {row} lists token id {token} twice; a set holds each token once "
+                                 f"(prob and prob_diff would count it twice)")
 
 
 def _check_mask(mask: torch.Tensor, shape: list) -> torch.Tensor:
@@ -140,6 +164,9 @@ class Task:
         n, pos = clean.shape
         if n == 0 or pos == 0:
             raise HeadscopeError(f"Task clean must hold at least one example of at least one token, got shape {[n, pos]}")
+        if n * pos > MAX_TASK_TOKENS:
+            raise HeadscopeError(f"Task clean holds {n} x {pos} = {n * pos:,} prompt positions; a task holds at most "
+                                 f"{MAX_TASK_TOKENS:,} (MAX_TASK_TOKENS): fewer or shorter prompts")
         if corrupted.shape != clean.shape:
             raise HeadscopeError(f"Task corrupted has shape {list(corrupted.shape)}, clean {[n, pos]}: they must be equal")
         for field, ids in (("clean", clean), ("corrupted", corrupted)):
@@ -286,7 +313,8 @@ class Task:
 
     def check_for(self, model_or_loaded: Any, tokenizer: Any = None) -> None:
         """HeadscopeError (one line) unless this task's ids fit the model: the tokenizer it was built
-        with (when both fingerprints are known) and every id inside the model's vocabulary.
+        with (when both fingerprints are known), prompts no wider than the model's positions
+        (`positions_of`) and every id inside the model's vocabulary.
 
         Args:
             model_or_loaded: a `headscope.Loaded`, a `(model, tokenizer)` pair or a bare model.
@@ -302,6 +330,12 @@ class Task:
             if theirs != self.tokenizer:
                 raise HeadscopeError(f"task {self.name!r} was built for another tokenizer ({self.tokenizer}; this "
                                      f"model's is {theirs}); build it with this model's tokenizer")
+        positions = positions_of(model)
+        if positions is not None and self.clean.shape[1] > positions:
+            longest = int(self.mask.sum(1).argmax())
+            raise HeadscopeError(f"task {self.name!r} has prompts of {self.clean.shape[1]} positions (row {longest}: "
+                                 f"{int(self.mask[longest].sum())} tokens); this model takes at most {positions}: "
+                                 f"use shorter prompts")
         vocab = _vocab_size(model)
         top = max(int(self.clean.max()), int(self.corrupted.max()), int(self.answer.max()), int(self.wrong.max()))
         if vocab is not None and top >= vocab:
@@ -310,14 +344,27 @@ class Task:
 
     # --- files ------------------------------------------------------------------------------
 
-    def save(self, path) -> Path:
-        """Write the task as one JSON file (ids as lists), atomically; returns the path."""
+    def save(self, path, *, force: bool = False) -> Path:
+        """Write the task as one JSON file (ids as lists), atomically, under the rule every file
+        headscope writes follows (`headscope.atomic`): an existing file is replaced only with
+        `force`, and only when it is a task file (`is_task_file`).
+
+        Args:
+            path: the file to write.
+            force: replace an existing task file.
+        Returns:
+            The path.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise HeadscopeError(f"Task.save needs a file to write, got {path!r}")
         record = {"format": FORMAT, "version": VERSION, "name": self.name, "metric": self.metric,
                   "tokenizer": self.tokenizer, "clean": self.clean.tolist(), "corrupted": self.corrupted.tolist(),
                   "answer": self.answer.tolist(), "wrong": self.wrong.tolist(),
                   "attention_mask": None if self.attention_mask is None else self.attention_mask.tolist(),
                   "texts": self.texts}
-        return write_text_atomic(path, json.dumps(record, separators=(",", ":")))
+        with atomic_file(path, force=force, ours=is_task_file) as tmp:
+            tmp.write_text(json.dumps(record, separators=(",", ":")), encoding="utf-8")
+        return Path(path)
 
     @classmethod
     def load(cls, path) -> "Task":
@@ -361,6 +408,23 @@ def _set_sum(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """`[n]`: the sum of `values[i, a]` over the ids a of row i's set (-1 left out)."""
     sets = _sets(ids).to(values.device)
     return (values.gather(1, sets.clamp(min=0)) * (sets >= 0).to(values.dtype)).sum(1)
+
+
+def positions_of(model) -> Optional[int]:
+    """The most positions a model takes (a `headscope.Loaded`'s or a transformers model's config:
+    max_position_embeddings or n_positions), None where its config does not say."""
+    context = getattr(model, "context_length", None)
+    if isinstance(context, int):
+        return context
+    config = getattr(getattr(model, "model", model), "config", None)
+    if config is None:
+        return None
+    config = text_config(config)
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _vocab_size(model) -> Optional[int]:

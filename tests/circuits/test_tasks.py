@@ -200,7 +200,7 @@ def test_fingerprint_is_stable_and_sees_every_change(words, tmp_path):
 
 def test_save_and_load_round_trip(tmp_path, words):
     for task in (headscope.task("ioi", words, n=5, seed=3), small(metric="prob_diff", name="sets")):
-        path = task.save(tmp_path / "task.json")
+        path = task.save(tmp_path / "task.json", force=True)  # the second replaces the first: a task file
         back = Task.load(path)
         for field in ("clean", "corrupted", "answer", "wrong"):
             assert torch.equal(getattr(back, field), getattr(task, field))

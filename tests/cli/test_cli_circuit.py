@@ -65,10 +65,11 @@ def test_without_evaluation(planted_path, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--method", "acdc"], "--method must be eap or eap-ig"),
-    (["--steps", "0"], "--steps must be an integer of at least 1"),
+    (["--steps", "0"], "--steps must be an integer from 1 to 1000, got 0"),
+    (["--steps", "1001"], "--steps must be an integer from 1 to 1000, got 1001"),
     (["--sizes", "0,10"], "circuit sizes are percentages of the edges in (0, 100]"),
     (["--sizes", "ten"], "--sizes takes comma-separated numbers"),
-    (["--random", "-1"], "--random must be an integer of at least 0"),
+    (["--random", "-1"], "--random must be an integer from 0 to 1000, got -1"),
     (["--top", "0"], "--top must be an integer of at least 1"),
     (["--task", "iox"], "unknown task 'iox'"),
 ])
@@ -99,6 +100,7 @@ def test_an_analysis_labels_the_heads(planted_path, tmp_path):
     from tests.support.fake_analysis import fake_analysis
 
     analysis = fake_analysis(2, 4, seed=3)
+    analysis.meta["family"] = "gpt2"  # the planted model's: an analysis of another family is refused
     analysis.labels.loc[(analysis.labels.layer == 1) & (analysis.labels["head"] == 0), "label"] = "<b>induction</b>"
     analysis.save(tmp_path / "analysis")
     out = tmp_path / "labelled"

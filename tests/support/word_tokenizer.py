@@ -9,6 +9,9 @@
   `IOI_OBJECTS`: under 99 tokens, so its tasks run on the tiny models of `tiny.py` (vocab 99).
 - `year_tokenizer(digits)`: the greater-than template's words and the numbers 00..99 (pairs) or
   0..9 (single).
+- `byte_level_tokenizer(words)`: GPT-2's layout (byte-level pre-tokenizer, a word after a space is
+  'Ġword'), each word and punctuation mark a token with and without its leading space: 'Mary'
+  and ' Mary' are two tokens, as in GPT-2's vocabulary.
 - `sentencepiece_tokenizer(words)`: a BPE over characters laid out as Llama 2's tokenizer.json
   (normalizer: prepend '▁', spaces to '▁'; no pre-tokenizer; [BOS] first), with a merge chain
   making each '▁word' one token. Like Llama 2's, it encodes a text that starts with a space as
@@ -16,7 +19,7 @@
 """
 import re
 
-__all__ = ["word_tokenizer", "ioi_tokenizer", "year_tokenizer", "sentencepiece_tokenizer", "IOI_NAMES", "IOI_PLACES", "IOI_OBJECTS", "SPECIALS"]
+__all__ = ["word_tokenizer", "ioi_tokenizer", "year_tokenizer", "byte_level_tokenizer", "sentencepiece_tokenizer", "IOI_NAMES", "IOI_PLACES", "IOI_OBJECTS", "SPECIALS"]
 
 SPECIALS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 IOI_NAMES = ["Mary", "John", "Alice", "Bob", "James", "Sarah", "David", "Emma", "Tom", "Kate"]
@@ -66,6 +69,21 @@ def year_tokenizer(digits: str):
 
     numbers = [f"{yy:02d}" for yy in range(100)] if digits == "pairs" else [str(d) for d in range(10)]
     return word_tokenizer(template_words(GT_TEMPLATE) + list(YEAR_NOUNS) + numbers, digits=digits)
+
+
+def byte_level_tokenizer(words):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIALS + ["\u010a", "\u0120"])}  # "Ċ": a line break, "Ġ": a space
+    for word in words:
+        for token in (word, "\u0120" + word):  # "Ġ": the space before a word
+            vocab.setdefault(token, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
+                                   eos_token="[EOS]")
 
 
 def sentencepiece_tokenizer(words):
