@@ -238,7 +238,8 @@ def _table(path: Path, required, optional=(), whole=()):
 
 def read_evaluation(path: Path, attrs):
     """evaluation.csv (sizes in (0, 100], once each, in order) with meta.json's `evaluation` as its attrs."""
-    table = _table(path, EVALUATION, ("random_mean", "random_lo", "random_hi"), whole=("n_edges",))
+    table = _table(path, EVALUATION, ("faithfulness_abs", "metric_abs", "random_mean", "random_lo", "random_hi"),
+                   whole=("n_edges",))
     if table.empty:
         raise _damaged(path, "it holds no sizes")
     sizes = table["size"].to_numpy()
@@ -248,7 +249,9 @@ def read_evaluation(path: Path, attrs):
     where = path.with_name(FILES["meta"])
     if not isinstance(attrs, dict) or not all(_finite(attrs.get(key)) for key in ("cpr", "cmd")):
         raise _damaged(where, f"its evaluation lacks finite cpr and cmd, which {path.name} needs")
-    bad = [key for key, value in attrs.items() if not (_finite(value) or (isinstance(value, float) and math.isnan(value)))]
+    text = ("cpr_ranking", "cmd_ranking")  # which ranking made which number, in words
+    bad = [key for key, value in attrs.items() if not (_finite(value) or (isinstance(value, float) and math.isnan(value))
+                                                       or (key in text and isinstance(value, str)))]
     if bad:
         raise _damaged(where, f"evaluation's {bad[0]} is {_short(attrs[bad[0]])}, expected a number")
     table.attrs.update(attrs)
