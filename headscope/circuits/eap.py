@@ -191,6 +191,30 @@ def _ranked(values: np.ndarray) -> np.ndarray:
     return np.argsort(-values, kind="stable")
 
 
+def _aligned_scores(edges, names: list) -> np.ndarray:
+    """The circuit's scores in the model graph's edge order (`names`, "src->dst"); HeadscopeError
+    naming the first edge that is missing, extra or listed twice."""
+    given = [f"{s}->{d}" for s, d in zip(edges.src, edges.dst)]
+    if not given:
+        raise HeadscopeError("this circuit has no edges; the model's graph has "
+                             f"{len(names)}: evaluate a circuit found on this model")
+    position: dict = {}
+    for i, name in enumerate(given):
+        if name in position:
+            raise HeadscopeError(f"this circuit lists the edge {name} twice (rows {position[name]} and {i})")
+        position[name] = i
+    missing = next((n for n in names if n not in position), None)
+    if missing is not None:
+        raise HeadscopeError(f"this circuit's edges are not this model's: it lacks {missing} of the model's graph "
+                             f"({len(given)} edges against {len(names)}); evaluate it on the model it was found in")
+    known = set(names)
+    extra = next((n for n in given if n not in known), None)
+    if extra is not None:
+        raise HeadscopeError(f"this circuit's edges are not this model's: {extra} is not in the model's graph; "
+                             f"evaluate it on the model it was found in")
+    return edges.score.to_numpy(dtype=float)[[position[n] for n in names]]  # rows in any order
+
+
 def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batch_size: int = 16, progress=None):
     """Faithfulness of `circuit` at each size and of random circuits of the same sizes (module docstring).
 
@@ -208,10 +232,7 @@ def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batc
     target = Target(loaded, task, circuit.meta.get("sites"), "evaluate")
     graph = graph_of(target, task)
     names = [f"{graph.senders[u][0]}->{name}" for u, _, name in graph.edges()]
-    given = [f"{s}->{d}" for s, d in zip(circuit.edges.src, circuit.edges.dst)]
-    if names != given:
-        raise HeadscopeError("this circuit's edges are not this model's: evaluate it on the model it was found in")
-    scores = circuit.edges.score.to_numpy(dtype=float)
+    scores = _aligned_scores(circuit.edges, names)
     if not np.isfinite(scores).all():
         raise HeadscopeError("this circuit has scores that are NaN or infinite; they cannot be ranked")
     n_edges = len(scores)

@@ -626,3 +626,22 @@ def test_the_cli_reads_a_file_named_like_a_built_in_and_a_saved_task(planted, pl
     assert result.exit_code == 0, result.output
     assert "task: induction-keys, 3 prompt pairs" in result.output
     assert torch.equal(Circuit.load(tmp_path / "c").task.clean, Task.load(saved).clean)
+
+
+# ---------------------------------------------------------------- a circuit edited in memory
+
+def test_a_circuit_edited_in_memory_is_aligned_or_named(planted):
+    task = headscope.task("induction", planted.tokenizer, n=4, seed=0)
+    found = circuit(planted, task, method="eap")
+    reference = found.evaluate(sizes=[10], n_random=0, batch_size=4)
+    shuffled = Circuit(found.edges.sample(frac=1.0, random_state=0).reset_index(drop=True), found.nodes,
+                       dict(found.meta), task, loaded=planted)
+    again = shuffled.evaluate(sizes=[10], n_random=0, batch_size=4)  # rows in any order: the same circuit
+    assert list(again.faithfulness) == pytest.approx(list(reference.faithfulness), abs=1e-9)
+    cases = [(found.edges.iloc[:0], "has no edges"),
+             (found.edges.iloc[1:], f"lacks {found.edges.src[0]}->{found.edges.dst[0]}"),
+             (found.edges.iloc[[0, *range(len(found.edges))]].reset_index(drop=True), "twice (rows 0 and 1)")]
+    for edges, words in cases:
+        edited = Circuit(edges, found.nodes, dict(found.meta), task, loaded=planted)
+        with pytest.raises(HeadscopeError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            edited.evaluate(sizes=[10], n_random=0)
