@@ -6,10 +6,14 @@ and photographed in headless Chromium (Playwright, the system's /usr/bin/chromiu
 - docs/figures/patterns.png: four heads' attention on probe examples, the strongest
   previous-token, induction, duplicate-token and sink heads (`headscope.report.plotting.plot_head`);
 - docs/figures/scores.png: the strongest induction heads' scores with their 95% intervals beside
-  the control twin's score for the same head, its best head and the threshold.
+  the control twin's score for the same head, its best head and the threshold;
+- docs/figures/circuit.png: the top of a circuit's page (header and graph), README.md's picture
+  of a circuit, from a folder `headscope circuit` wrote.
 
     python3 tools/docs_figures.py                          # runs `headscope analyze smollm2-135m` first
     python3 tools/docs_figures.py --analysis reports/smollm2-135m   # an analysis already written
+    headscope circuit smollm2-135m --task ioi --n 8 --method eap --sizes 1,10 --random 1 --out reports/ioi-circuit
+    python3 tools/docs_figures.py --circuit reports/ioi-circuit     # circuit.png alone
 
 The report is re-rendered from the saved analysis into a temporary folder (the analysis folder is
 not touched). Each PNG must stay under 300 KB (README.md shows one); the script says so if not.
@@ -120,14 +124,36 @@ def _shoot(browser, path: Path, out: Path, *, viewport: dict, ready: str | None 
         raise SystemExit(f"{out} is {size / 1024:.0f} KB, over the {MAX_BYTES // 1024} KB the docs allow")
 
 
+def circuit_figure(folder: Path, chromium: str, sync_playwright) -> int:
+    """docs/figures/circuit.png: the page's header and graph, re-rendered from the saved circuit
+    into a temporary folder (the circuit's folder is not touched)."""
+    from headscope.circuits import Circuit, render_circuit_html
+
+    circuit = Circuit.load(folder)
+    with tempfile.TemporaryDirectory() as tmp:
+        page = Path(tmp) / "circuit.html"
+        page.write_text(render_circuit_html(circuit), encoding="utf-8")
+        FIGURES.mkdir(parents=True, exist_ok=True)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            # 1100 px wide keeps the PNG of 300 edges' anti-aliased lines under the 300 KB limit
+            _shoot(browser, page, FIGURES / "circuit.png", viewport={"width": 1100, "height": 910}, ready="plotted")
+            browser.close()
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--analysis", type=Path, help="an analysis folder (default: run headscope analyze MODEL)")
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--circuit", type=Path, help="a circuit folder: draw circuit.png from its page, and nothing else")
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from playwright.sync_api import sync_playwright
+
+    if args.circuit is not None:
+        return circuit_figure(args.circuit, args.chromium, sync_playwright)
 
     from headscope.analysis import Analysis
     from headscope.report import write_report

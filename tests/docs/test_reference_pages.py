@@ -75,8 +75,8 @@ def test_the_readme_is_a_front_door():
     assert "python3 -m pytest -q" in lines
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
     assert ci[-1] == "python3 -m pytest -q"  # CI runs the README's test command
-    picture = re.search(r"!\[[^\]]+\]\((docs/figures/[^)]+\.png)\)", text)
-    assert picture and (ROOT / picture.group(1)).stat().st_size <= 300 * 1024
+    pictures = re.findall(r"!\[[^\]]+\]\((docs/figures/[^)]+\.png)\)", text)
+    assert pictures and all((ROOT / picture).stat().st_size <= 300 * 1024 for picture in pictures)
 
 
 def test_the_readmes_links_resolve_and_reach_the_reference_in_one_click():

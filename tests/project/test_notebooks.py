@@ -1,6 +1,6 @@
 """The example notebooks: committed without outputs, and every cell runs top to bottom in a
-python3 kernel (nbclient) on the real reference models (slow: ~20 s, ~15 s and ~40 s on 2 CPU
-cores).
+python3 kernel (nbclient) on the real reference models (slow: ~20 s, ~15 s, ~40 s and ~3 min on
+2 CPU cores).
 
 Needs `pip install nbclient nbformat ipykernel`; skipped when missing, except under CI (CI=true).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-NOTEBOOKS = ["quickstart.ipynb", "syntax.ipynb", "patching.ipynb"]
+NOTEBOOKS = ["quickstart.ipynb", "syntax.ipynb", "patching.ipynb", "ioi.ipynb"]
 CELL_TIMEOUT_S = 900
 
 
@@ -68,6 +68,8 @@ def test_notebook_runs_top_to_bottom(name, kernel_of_this_python):
     if name == "quickstart.ipynb":
         shown = [html for html in _outputs(nb, "text/html") if "headscope-analysis" in html]
         assert len(shown) == 1 and "* plotly.js v" in shown[0]  # the analysis, with plotly.js for the page
+    if name == "ioi.ipynb":  # the AtP heatmap and the circuit's graph
+        assert len(_outputs(nb, "application/vnd.plotly.v1+json")) == 2, f"{name} did not show its two figures"
     figures = _outputs(nb, "application/vnd.plotly.v1+json") + _outputs(nb, "text/html")
     assert figures, f"{name} showed no figure"
 
