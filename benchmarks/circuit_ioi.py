@@ -90,6 +90,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--random", type=int, default=N_RANDOM, help="random circuits per size")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory stage")
+    parser.add_argument("--methods", default="eap,eap-ig,eap-ig-right",
+                        help="the methods scored (eap, eap-ig, eap-ig-right: EAP-IG on the right rule, not evaluated)")
+    parser.add_argument("--evaluate", default="eap,eap-ig", help="the methods whose circuits are evaluated")
+    parser.add_argument("--add", action="store_true",
+                        help="add to the results already in --out (methods run before are kept, the exact sample "
+                             "scores every method of the file whose scores were saved)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--sample", type=int, default=60)
     parser.add_argument("--out", type=Path, default=HERE / "results-circuit-ioi.json")
@@ -104,8 +110,11 @@ def main() -> None:
     task = headscope.task("ioi", loaded.tokenizer, n=args.n, seed=0)
     result = {"model": "smollm2-135m", "task": "ioi", "n": task.n, "batch": args.batch, "steps": STEPS,
               "torch_threads": torch.get_num_threads(), "load_average_start": os.getloadavg(), "methods": {}}
+    if args.add and args.out.is_file():
+        result = json.loads(args.out.read_text())
+        result.setdefault("load_average_more", []).append(os.getloadavg())
     found = {}
-    for method in ("eap", "eap-ig", "eap-ig-right"):
+    for method in args.methods.split(","):
         start = time.perf_counter()
         found[method] = headscope.circuit(loaded, task, method=method.removesuffix("-right"), steps=STEPS,
                                           batch_size=args.batch, riemann="right" if method.endswith("right") else "left")
@@ -118,7 +127,7 @@ def main() -> None:
             "n_edges": found[method].meta["n_edges"],
             "stability": found[method].stability(n_boot=100).to_dict(orient="records"),
             "top10": [f"{r.src}->{r.dst} {r.score:+.4f}" for r in found[method].top(10).itertuples()]}
-        if method != "eap-ig-right":
+        if method in args.evaluate.split(","):
             start = time.perf_counter()
             table = found[method].evaluate(n_random=args.random, seed=0, batch_size=args.batch)
             evaluate_seconds = time.perf_counter() - start
