@@ -3,7 +3,7 @@
     python benchmarks/patching_induction.py                               # the primary design
     python benchmarks/patching_induction.py --direction noising --hook pattern   # a variant
 
-The design, fixed before measuring (see docs/hooks.md for the reasons):
+The design, fixed before measuring (see docs/results.md for the reasons):
 - clean: BOS, N random ordinary tokens, the same N tokens again (repeated random tokens);
 - corrupted: BOS, the same first N tokens, then N other random tokens, none of them from the
   first half (non-repeating): a minimal pair that differs only in whether the second half repeats;

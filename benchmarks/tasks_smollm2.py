@@ -2,7 +2,7 @@
 
 IOI at n=64 for seeds 0, 1, 2 (mean logit difference, accuracy, and the same on the ABC-corrupted
 prompts), IOI per template (seed 0), and induction and induction-keys (n=32, L=20). Writes
-benchmarks/results-tasks-smollm2.json; docs/tasks.md quotes it.
+benchmarks/results-tasks-smollm2.json; docs/results.md quotes it.
 
     python benchmarks/tasks_smollm2.py
 """

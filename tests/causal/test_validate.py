@@ -297,7 +297,7 @@ def test_csv_round_trip_keeps_heads_and_flags(planted_validation, tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_induction_heads_matter_more_than_random_heads(smollm2):
-    # Small probes for CPU time: 4 examples of 20 random tokens x 2 (docs/validation.md has the
+    # Small probes for CPU time: 4 examples of 20 random tokens x 2 (docs/results.md has the
     # numbers at the defaults: 8 examples of 25 x 4).
     probes = [RepeatedProbe(n_examples=4, repeat_len=20, repeats=2)]
     analysis = analyze(smollm2, detectors=["induction"], explorer_examples=0, probes=probes)
