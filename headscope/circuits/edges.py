@@ -12,9 +12,12 @@
   that copy: every sender of earlier layers, and the same layer's writers that ran before it
   (Llama's MLP reads its layer's attention; GPT-J's parallel MLP does not), checked by summing
   them.
-Refused in one line where the stream is not such a sum (`decompose`), or where a norm stands
-between the analysed attention block and the residual stream (Gemma's post-attention norm: a
-head's share of the block's output is then not its own to send).
+Refused in one line where the stream is not such a sum (`decompose`). Where a norm stands between
+the analysed attention block and the residual stream (Gemma 2 and 3's post-attention norm), a
+head sends its share of what reaches the stream with the norm's per-row scale frozen at the
+run's own value, g * P(result_h) / s (the rule direct logit attribution follows,
+`headscope.circuits.dla`): the shares add up to the norm's output, so a head's share is its own
+again (`headscope.circuits.split` records them; `graph.head_post` holds the norm).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import HeadscopeError
-from .residual import close, decompose, is_norm, layer_list, record
+from .residual import close, decompose, is_norm, layer_list, norm_form, record
 
 __all__ = ["Graph", "Receiver", "graph_of"]
 
@@ -51,6 +54,7 @@ class Graph:
     parts: object  # the Decomposition
     n_heads: int
     head_sender: dict = field(default_factory=dict)  # (layer, head) -> sender index
+    head_post: dict = field(default_factory=dict)  # layer -> (post-attention norm, its NormForm)
     writer_sender: dict = field(default_factory=dict)  # writer path -> sender index
 
     def edges(self) -> list:
@@ -95,10 +99,10 @@ def graph_of(target, task) -> Graph:
         ran = []  # (writer, its sender indices) of this layer so far
         seen: dict = {}
         for writer in writers:
-            if writer.kind == "heads" and writer.post_norm is not None:
-                raise HeadscopeError(f"layer {layer}'s attention output passes a norm ({writer.post_path}) before the "
-                                     f"residual stream, so a head's share of it is not its own to send; circuits "
-                                     f"need heads that add to the stream directly")
+            if writer.kind == "heads" and writer.post_norm is not None:  # Gemma 2/3: shares at a frozen scale
+                weight = next(writer.module.parameters())
+                graph.head_post[layer] = (writer.post_norm, norm_form(writer.post_norm, target.d_model,
+                                                                      torch.float32, weight.device))
             norm, reads = _reader(writer, rec, modules, layers[layer], target.d_model)
             upstream = _upstream(graph, layer, writer, start, reads, ran, rec)
             if writer.kind == "heads":

@@ -34,7 +34,7 @@ from ..hf.adapters import family_of
 from ..hf.sites import sites as all_sites
 
 __all__ = ["close", "tolerance",
-           "Frozen", "Writer", "Decomposition", "frozen_norm", "record", "decompose", "layer_list", "is_norm"]
+           "Frozen", "NormForm", "norm_form", "Writer", "Decomposition", "frozen_norm", "record", "decompose", "layer_list", "is_norm"]
 
 RTOL = 1e-5  # equalities checked within this share of the largest term (fp32 sums of a few dozen terms)
 EPS_FACTOR = 8  # in a lower precision: this many of its machine epsilons instead, when that is more
@@ -90,24 +90,44 @@ class Frozen:
         return part * self.gain / self.scale.view(shape)
 
 
+@dataclass(frozen=True)
+class NormForm:
+    """What a LayerNorm or RMSNorm does besides its per-row scale: `gain`, `bias`, `centred`
+    (measured once; `freeze(x, y)` gives the `Frozen` norm of one run)."""
+
+    gain: torch.Tensor
+    bias: torch.Tensor
+    centred: bool
+
+    def freeze(self, x: torch.Tensor, y: torch.Tensor) -> Frozen:
+        """The norm with its scale frozen at the rows `x` -> `y` `[..., d]` of a run."""
+        gain, bias = self.gain.to(x.device, x.dtype), self.bias.to(x.device, x.dtype)
+        part = x - x.mean(-1, keepdim=True) if self.centred else x
+        top = (part * gain).norm(dim=-1)
+        bottom = (y - bias).norm(dim=-1).clamp_min(torch.finfo(x.dtype).tiny)
+        return Frozen(gain, bias, self.centred, (top / bottom).reshape(-1))
+
+
+@torch.no_grad()
+def norm_form(norm: nn.Module, d: int, dtype, device) -> NormForm:
+    """Measure `norm`'s gain, bias and centring (`frozen_norm`'s probes)."""
+    gain = measured_gain(norm, d).to(device, dtype)
+    u = torch.ones(d, dtype=torch.float32, device=device)
+    u[1::2] = -1.0
+    probe = u.to(norm.weight.dtype)[None, None]
+    bias = ((norm(probe) + norm(-probe)).float()[0, 0] / 2).to(device, dtype)
+    shifted = norm(probe + 3.0).float()[0, 0]
+    centred = bool(torch.allclose(shifted, norm(probe).float()[0, 0], atol=1e-3))
+    return NormForm(gain, bias, centred)
+
+
 @torch.no_grad()
 def frozen_norm(norm: nn.Module, x: torch.Tensor, y: torch.Tensor, where: str) -> Frozen:
     """Measure `norm` (gain, bias, centring) and freeze its scale at the rows `x` -> `y` `[rows, d]`.
 
     HeadscopeError naming `where` when the norm is not of the form g * P(x) / s(x) + b."""
-    d = x.shape[-1]
-    gain = measured_gain(norm, d).to(x.dtype)
-    u = torch.ones(d, dtype=torch.float32, device=x.device)
-    u[1::2] = -1.0
-    probe = u.to(norm.weight.dtype)[None, None]
-    bias = ((norm(probe) + norm(-probe)).float()[0, 0] / 2).to(x.dtype)
-    shifted = norm(probe + 3.0).float()[0, 0]
-    centred = bool(torch.allclose(shifted, norm(probe).float()[0, 0], atol=1e-3))
-    part = x - x.mean(-1, keepdim=True) if centred else x
-    top = (part * gain).norm(dim=-1)
-    bottom = (y - bias).norm(dim=-1).clamp_min(torch.finfo(x.dtype).tiny)
-    frozen = Frozen(gain, bias, centred, top / bottom)
-    if not close(frozen.apply(x) + bias, y):
+    frozen = norm_form(norm, x.shape[-1], x.dtype, x.device).freeze(x, y)
+    if not close(frozen.apply(x) + frozen.bias, y):
         raise HeadscopeError(f"{where} is not a LayerNorm or RMSNorm (its output is not g * x / scale(x) + b), so "
                              f"its scale cannot be frozen for attribution")
     return frozen

@@ -16,7 +16,9 @@ forward pass of the model
   query head. For a block, `delta_for` may instead return `(rows, which)`: `rows` `[copies,
   batch, pos, d_model]` the distinct deltas and `which[i]` the row that name i reads, so that
   names with the same delta share one copy;
-- with `embed(ids_embedding) -> tensor`, replaces the embedding's output (EAP-IG's interpolation).
+- with `embed(ids_embedding) -> tensor`, replaces the embedding's output (EAP-IG's interpolation);
+- where a norm stands between a head block and the stream (`graph.head_post`), replaces each
+  head's output by its share of the norm's output at the run's frozen scale.
 Deltas are added in the stream's own dtype (a bfloat16 model's copies are bfloat16; gradients
 reach a float32 delta through the cast).
 A pass must be run with `use_cache=False` (a cache would see the copies' keys).
@@ -31,6 +33,7 @@ import torch
 from ..errors import HeadscopeError
 from ..hf.hooks import model_hooks
 from ..hf.route import Session, layer_map, routed
+from .residual import close
 
 __all__ = ["SplitRun", "split_run"]
 
@@ -110,6 +113,23 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
     def keep_read(module, args, kwargs):
         run.read[id(module)] = _first(args, kwargs)
 
+    def shares_after(layer, form):  # a post-attention norm: each head's share at the run's frozen scale
+        @torch.no_grad()  # recorded values only: no gradient runs through a sender's record
+        def hook(module, args, output):
+            x = args[0].detach() if args else None
+            y = (output if isinstance(output, torch.Tensor) else output[0]).detach()
+            heads = [graph.head_sender[(layer, h)] for h in range(graph.n_heads)]
+            results = torch.stack([run.senders[i].detach() for i in heads])  # (H, B, T, D)
+            if x is None or not close(results.sum(0), x, results):
+                raise HeadscopeError(f"layer {layer}'s attention output is not the sum of its heads' outputs (a bias "
+                                     f"after W_O?), so their shares of its norm ({type(module).__name__}) are not "
+                                     f"theirs alone")
+            d = x.shape[-1]
+            frozen = form.freeze(x.reshape(-1, d).float(), y.reshape(-1, d).float())
+            for i, result in zip(heads, results):
+                run.senders[i] = frozen.apply(result.reshape(-1, d).float()).reshape(result.shape).to(result.dtype)
+        return hook
+
     def module_reader(receiver):
         def hook(module, args, kwargs):
             delta = delta_for(receiver) if delta_for is not None else None
@@ -176,6 +196,8 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
                 handles.append(receiver.norm.register_forward_pre_hook(keep_read, with_kwargs=True))
             reader = head_reader(receiver) if receiver.kind == "heads" else module_reader(receiver)
             handles.append(receiver.module.register_forward_pre_hook(reader, with_kwargs=True))
+        for layer, (post, form) in graph.head_post.items():
+            handles.append(post.register_forward_hook(shares_after(layer, form)))
         if embed is not None:
             handles.append(model.get_input_embeddings().register_forward_hook(replace_embedding))
         with routed(model, splitter), model_hooks(model, {"layers.*.attn.hook_result": keep_results},

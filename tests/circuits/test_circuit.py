@@ -7,12 +7,9 @@ import torch
 
 import headscope
 from headscope.circuits.circuit import Circuit, circuit
-from headscope.circuits.edges import graph_of
-from headscope.circuits.running import Target
-from headscope.circuits.split import split_run
 from headscope.circuits.tasks import Task
 
-from tests.support.circuit_models import LENGTH, N, random_task, scaled
+from tests.support.circuit_models import LENGTH, N, one_edge_nudged, random_task, scaled
 from tests.support.tiny import tiny_model
 
 _task, _scaled = random_task, scaled
@@ -37,31 +34,6 @@ def test_graph_nodes_and_edges(llama):
     assert found.meta["passes"] == {"forward": 3, "backward": 1}
 
 
-def _one_edge_nudged(model, task, src: str, dst: str, t: float) -> float:
-    """sum_b M_b when the edge src -> dst alone carries clean + t (corrupted - clean)."""
-    target = Target(model, task)
-    graph = graph_of(target, task)
-    names = [s[0] for s in graph.senders]
-    with torch.no_grad(), split_run(target, graph) as run:
-        model(**task.inputs("corrupted"), use_cache=False)
-    corrupted = {i: v.clone() for i, v in run.senders.items()}
-    with torch.no_grad(), split_run(target, graph) as run:
-        model(**task.inputs("clean"), use_cache=False)
-    clean = {i: v.clone() for i, v in run.senders.items()}
-    u = names.index(src)
-
-    def delta_for(receiver):
-        if dst not in receiver.names:
-            return None
-        delta = torch.zeros(len(receiver.names), *clean[0].shape)
-        delta[receiver.names.index(dst)] = t * (corrupted[u] - clean[u])
-        return delta
-
-    with torch.no_grad(), split_run(target, graph, delta_for):
-        logits = model(**task.inputs("clean"), use_cache=False).logits
-    return float(task.score(logits).double().sum())
-
-
 @pytest.mark.parametrize("edge", [("embed", "a1.h2.q"), ("a0.h1", "a1.h4.k"), ("a0.h5", "a1.h0.v"), ("m0", "m1"),
                                   ("a1.h3", "logits"), ("embed", "a0.h2.k")])
 def test_eap_is_the_first_derivative_of_corrupting_the_edge(llama, edge):
@@ -69,7 +41,7 @@ def test_eap_is_the_first_derivative_of_corrupting_the_edge(llama, edge):
     found = circuit(llama, task, method="eap")
     score = float(found.edges[(found.edges.src == edge[0]) & (found.edges.dst == edge[1])].score.iloc[0])
     eps = 1e-2
-    derivative = (_one_edge_nudged(llama, task, *edge, eps) - _one_edge_nudged(llama, task, *edge, -eps)) / (2 * eps)
+    derivative = (one_edge_nudged(llama, task, *edge, eps) - one_edge_nudged(llama, task, *edge, -eps)) / (2 * eps)
     scale = float(found.edges.score.abs().max())
     assert score * task.n == pytest.approx(derivative, abs=1e-3 * scale * task.n)
     assert scale > 0.01

@@ -20,7 +20,7 @@ from headscope.circuits.patched import Patched
 from headscope.circuits.running import Target
 from headscope.circuits.stability import stability
 
-from tests.support.circuit_models import random_task, scaled
+from tests.support.circuit_models import one_edge_nudged, random_task, scaled
 from tests.support.llama_reference import LlamaReference, eap_ig_scores, edge_patched_metric
 from tests.support.tiny import tiny_model
 
@@ -238,3 +238,36 @@ def test_progress_counts_every_gradient_pass(llama):
     circuit(llama, random_task(seed=1), method="eap-ig", steps=3, batch_size=2, progress=lambda *a: seen.append(a))
     stage = "circuit (eap-ig: 3 gradients x 2 batches)"  # 5 prompts in batches of 2 and 3
     assert seen == [(stage, k, 6) for k in range(1, 7)]
+
+
+def _gemma(family):
+    import transformers as tf
+
+    from tests.support.tiny import tiny_config
+
+    torch.manual_seed(0)
+    model = scaled(tf.AutoModelForCausalLM.from_config(tiny_config(family, "interface")).eval(), 0.2)
+    with torch.no_grad():  # norm weights far from their init, so an unfolded scale would show
+        for name, param in model.named_parameters():
+            if param.dim() == 1 and "norm" in name:
+                param.copy_(-1 + 2 * torch.rand(param.shape))
+    return model
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gemma2"])
+def test_heads_under_a_post_attention_norm_send_their_frozen_share(family):
+    model = _gemma(family)
+    task = random_task(seed=1)
+    found = circuit(model, task, method="eap")
+    with torch.no_grad():
+        clean = float(task.score(model(**task.inputs("clean")).logits).mean())
+        corrupted = float(task.score(model(**task.inputs("corrupted")).logits).mean())
+    table = found.evaluate(sizes=[10], n_random=0, batch_size=5)
+    assert table.attrs["clean_metric"] == pytest.approx(clean, abs=1e-5)  # every edge kept: the model
+    assert table.attrs["corrupted_metric"] == pytest.approx(corrupted, abs=1e-5)  # the shares add up exactly
+    scale = float(found.edges.score.abs().max())
+    for src, dst in [("a0.h1", "a1.h2.k"), ("a0.h3", "logits"), ("a1.h0", "logits"), ("embed", "a1.h1.q")]:
+        score = float(found.edges[(found.edges.src == src) & (found.edges.dst == dst)].score.iloc[0])
+        eps = 1e-2
+        derivative = (one_edge_nudged(model, task, src, dst, eps) - one_edge_nudged(model, task, src, dst, -eps)) / (2 * eps)
+        assert score * task.n == pytest.approx(derivative, abs=1e-3 * scale * task.n), (src, dst)

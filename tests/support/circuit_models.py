@@ -1,13 +1,17 @@
 """Small models and tasks for the circuit tests: `random_task(seed)` (clean prompts of random tokens,
-corrupted after position 2, random answers) and `scaled(model, std, seed)` (every matrix drawn
-again at a scale where heads attend sharply enough for edges to matter)."""
+corrupted after position 2, random answers), `scaled(model, std, seed)` (every matrix drawn
+again at a scale where heads attend sharply enough for edges to matter) and
+`one_edge_nudged(model, task, src, dst, t)` (the metric with one edge moved part of the way)."""
 import torch
 
+from headscope.circuits.edges import graph_of
+from headscope.circuits.running import Target
+from headscope.circuits.split import split_run
 from headscope.circuits.tasks import Task
 
 from tests.support.tiny import VOCAB
 
-__all__ = ["N", "LENGTH", "random_task", "scaled"]
+__all__ = ["N", "LENGTH", "random_task", "scaled", "one_edge_nudged"]
 
 N, LENGTH = 5, 8
 
@@ -28,3 +32,28 @@ def scaled(model, std: float, seed: int = 3):
             if param.dim() >= 2:
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
     return model
+
+
+def one_edge_nudged(model, task, src: str, dst: str, t: float) -> float:
+    """sum_b M_b when the edge src -> dst alone carries clean + t (corrupted - clean)."""
+    target = Target(model, task)
+    graph = graph_of(target, task)
+    names = [s[0] for s in graph.senders]
+    with torch.no_grad(), split_run(target, graph) as run:
+        model(**task.inputs("corrupted"), use_cache=False)
+    corrupted = {i: v.clone() for i, v in run.senders.items()}
+    with torch.no_grad(), split_run(target, graph) as run:
+        model(**task.inputs("clean"), use_cache=False)
+    clean = {i: v.clone() for i, v in run.senders.items()}
+    u = names.index(src)
+
+    def delta_for(receiver):
+        if dst not in receiver.names:
+            return None
+        delta = torch.zeros(len(receiver.names), *clean[0].shape)
+        delta[receiver.names.index(dst)] = t * (corrupted[u] - clean[u])
+        return delta
+
+    with torch.no_grad(), split_run(target, graph, delta_for):
+        logits = model(**task.inputs("clean"), use_cache=False).logits
+    return float(task.score(logits).double().sum())
