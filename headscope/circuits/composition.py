@@ -67,7 +67,7 @@ import torch
 from ..attention.rotary import apply_rotary, rotary_cos_sin
 from ..checks import check_count, check_loaded
 from ..errors import HeadscopeError, UsageError
-from ..head_geometry.norm_gains import attention_norms, centres, measured_gain, norm_gains
+from ..head_geometry.norm_gains import attention_norms, centres, norm_gain
 from ..head_geometry.ov_circuit import head_ov_weights
 from ..head_geometry.run import attention_modules
 from ..hf.adapters import analysed_body, attention_blocks, text_stack
@@ -190,8 +190,7 @@ def head_factors(loaded, offsets: Optional[list] = None) -> list:
             ov.setdefault(layer, []).append((W_v.double().cpu(), W_o.double().cpu()))
     except HeadscopeError as err:
         raise HeadscopeError(f"composition scores need every head's OV circuit: {err}") from None
-    gains, _ = norm_gains(model)
-    norms = attention_norms(model)
+    norms = attention_norms(model)  # one recording pass finds both norms of every layer
     d_model = model.get_input_embeddings().weight.shape[1]
     modules = attention_modules(model)
     tables = _rotary_at(model, modules, offsets) if offsets is not None else {}
@@ -208,17 +207,17 @@ def head_factors(loaded, offsets: Optional[list] = None) -> list:
         W_K = W_K.repeat_interleave(per_kv, dim=0)  # (H, d_in, D): each query head's key head
         W_V = torch.stack([v for v, _ in ov[layer]])  # (H, d_in, Dv), GQA resolved
         W_O = torch.stack([o for _, o in ov[layer]])  # (H, Dv, d_model)
-        folded = gains.get(layer) is not None
-        if folded:
-            g = gains[layer].double().cpu()[None, :, None]  # diag(g) W on the rows (d_in)
-            W_Q, W_K, W_V = W_Q * g, W_K * g, W_V * g
         pre, post = norms.get(layer, (None, None))
+        folded = pre is not None
+        if folded:
+            g = norm_gain(pre, d_model).double().cpu()[None, :, None]  # diag(g) W on the rows (d_in)
+            W_Q, W_K, W_V = W_Q * g, W_K * g, W_V * g
         centred = pre is not None and centres(pre, d_model)
         if centred:  # P diag(g) W: columns centred over d_in; W_O P: rows centred over d_model
             W_Q, W_K, W_V = (W - W.mean(dim=1, keepdim=True) for W in (W_Q, W_K, W_V))
             W_O = W_O - W_O.mean(dim=2, keepdim=True)
         if post is not None:  # W_O diag(g_post)
-            W_O = W_O * measured_gain(post, d_model).double().cpu()[None, None, :]
+            W_O = W_O * norm_gain(post, d_model).double().cpu()[None, None, :]
         if W_Q.shape[1] != W_O.shape[2]:
             raise HeadscopeError(f"layer {layer}'s heads read {W_Q.shape[1]} dims and write {W_O.shape[2]}: "
                                  f"composition needs them to read the residual stream they write")

@@ -37,7 +37,7 @@ defines them (its circuit track's `area_under_curve`, with `absolute` off for CP
 - CMD (0 is best) = the area under |1 - f| of the circuits made of the top `size`% of edges by
   |score|;
 both by the trapezoid rule over the sizes x (fractions of all edges) from the smallest to 100%
-(`with_full`: 100 is added when absent; at least two sizes). Random circuits of the same sizes
+(`check_sizes`: 100 is added when absent; at least two sizes). Random circuits of the same sizes
 (uniform draws of edges) give the baseline; their CPR and CMD use the same curves.
 """
 from __future__ import annotations
@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..checks import check_count
 from ..errors import HeadscopeError, UsageError
 from .edges import Graph, graph_of
 from .patched import Patched, plain_senders
@@ -147,8 +148,7 @@ def integration_points(method: str, steps, riemann: str = "left") -> tuple[int, 
         raise UsageError(f"unknown Riemann rule {riemann!r}; choose one of {', '.join(RIEMANN)}")
     if method == "eap":
         return 1, [1.0]
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise UsageError(f"steps must be an integer of at least 1, got {steps!r}")
+    check_count("steps", steps)
     first = 0 if riemann == "left" else 1
     return steps, [k / steps for k in range(first, first + steps)]
 
@@ -226,8 +226,7 @@ def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batc
     import pandas as pd
 
     sizes = check_sizes(sizes)
-    if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 0:
-        raise UsageError(f"n_random must be an integer of at least 0, got {n_random!r}")
+    check_count("n_random", n_random, least=0)
     task = circuit.task
     target = Target(loaded, task, circuit.meta.get("sites"), "evaluate")
     graph = graph_of(target, task)

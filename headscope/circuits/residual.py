@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadscopeError
-from ..head_geometry.norm_gains import measured_gain
+from ..head_geometry.norm_gains import centres, measured_gain
 from ..hf.adapters import family_of
 from ..hf.sites import sites as all_sites
 
@@ -116,9 +116,7 @@ def norm_form(norm: nn.Module, d: int, dtype, device) -> NormForm:
     u[1::2] = -1.0
     probe = u.to(norm.weight.dtype)[None, None]
     bias = ((norm(probe) + norm(-probe)).float()[0, 0] / 2).to(device, dtype)
-    shifted = norm(probe + 3.0).float()[0, 0]
-    centred = bool(torch.allclose(shifted, norm(probe).float()[0, 0], atol=1e-3))
-    return NormForm(gain, bias, centred)
+    return NormForm(gain, bias, centres(norm, d))
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import check_count, check_seed
 from ..errors import HeadscopeError, UsageError
 
 __all__ = ["stability", "STABILITY_SIZES"]
@@ -43,10 +44,8 @@ def stability(prompt_scores, sizes=STABILITY_SIZES, n_boot: int = 100, seed: int
                              f"shape {list(scores.shape)}")
     if not np.isfinite(scores).all():
         raise HeadscopeError("the per-prompt scores hold NaN or infinite values; they cannot be ranked")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or not 1 <= n_boot <= 100_000:
-        raise UsageError(f"n_boot must be an integer from 1 to 100000, got {n_boot!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise UsageError(f"seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
+    check_count("n_boot", n_boot, most=100_000)
+    check_seed(seed)
     try:
         chosen = sorted({float(s) for s in sizes})
     except (TypeError, ValueError):

@@ -17,6 +17,8 @@ left out.
 - `measured_gain(norm, d_model)`: the norm run on `u` and `-u`, `u` a vector of +1 and -1 with
   mean 0 and mean square 1, which LayerNorm and RMSNorm both leave as it is up to their eps, so
   `(norm(u) - norm(-u)) / 2u` is the gain (the bias cancels).
+- `norm_gain(norm, d_model)`: the gain itself, the norm's weight or `1 + weight` (`measured_gain`
+  tells which).
 - `attention_norms(model)` -> `{layer: (input norm, post norm)}`: the modules themselves, None
   where absent; the post norm is the one that reads the attention block's output before the
   residual stream (Gemma 2 and 3's `post_attention_layernorm`), found the same way.
@@ -31,7 +33,7 @@ import torch
 
 from ..hf.adapters import analysed_body, attention_blocks, text_stack
 
-__all__ = ["norm_gains", "measured_gain", "attention_norms", "centres"]
+__all__ = ["norm_gains", "norm_gain", "measured_gain", "attention_norms", "centres"]
 
 
 @torch.no_grad()
@@ -45,9 +47,9 @@ def norm_gains(model) -> tuple[dict[int, Optional[torch.Tensor]], Optional[torch
     """
     found = _recorded(model)
     d_model = found["d_model"]
-    gains = {layer: None if pre is None else _gain(pre, d_model) for layer, (pre, _) in found["layers"].items()}
+    gains = {layer: None if pre is None else norm_gain(pre, d_model) for layer, (pre, _) in found["layers"].items()}
     final = found["final"]
-    return gains, None if final is None else _gain(final, d_model)
+    return gains, None if final is None else norm_gain(final, d_model)
 
 
 @torch.no_grad()
@@ -143,7 +145,7 @@ def measured_gain(norm, d_model: int) -> torch.Tensor:
     return ((norm(x) - norm(-x)).float()[0, 0] / (2 * u))
 
 
-def _gain(norm, d_model: int) -> torch.Tensor:
+def norm_gain(norm, d_model: int) -> torch.Tensor:
     """The norm's weight, or `1 + weight`, whichever it multiplies by: the one nearer its
     measured gain (they differ by 1 in every dimension, the measurement by about eps)."""
     weight = norm.weight.detach().float()
