@@ -181,6 +181,9 @@ def head_factors(loaded, offsets: Optional[list] = None) -> list:
         raise HeadscopeError(f"composition scores the model's default attention stack, not {loaded.sites}: "
                              f"use the loaded model itself")
     model = loaded.model
+    if getattr(model, "main_input_name", "input_ids") != "input_ids":  # its norms are measured on token ids
+        raise HeadscopeError(f"{type(model).__name__} reads {model.main_input_name}, not token ids, so composition "
+                             f"cannot measure its norms")
     if any(p.device.type == "meta" for p in model.parameters()):
         raise HeadscopeError("some weights are offloaded (device_map with disk or CPU offload): composition reads "
                              "them from memory")

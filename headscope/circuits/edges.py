@@ -11,7 +11,7 @@
   pre-norm, or the receiver itself where no norm stands before it) and the senders that wrote
   that copy: every sender of earlier layers, and the same layer's writers that ran before it
   (Llama's MLP reads its layer's attention; GPT-J's parallel MLP does not), checked by summing
-  them.
+  them: the longest run of the layer's earlier writers whose sum the receiver reads.
 Refused in one line where the stream is not such a sum (`decompose`). Where a norm stands between
 the analysed attention block and the residual stream (Gemma 2 and 3's post-attention norm), a
 head sends its share of what reaches the stream with the norm's per-row scale frozen at the
@@ -103,7 +103,7 @@ def graph_of(target, task) -> Graph:
                 weight = next(writer.module.parameters())
                 graph.head_post[layer] = (writer.post_norm, norm_form(writer.post_norm, target.d_model,
                                                                       torch.float32, weight.device))
-            norm, reads = _reader(writer, rec, modules, layers[layer], target.d_model)
+            norm, reads, reader = _reader(writer, rec, modules, layers[layer], target.d_model)
             upstream = _upstream(graph, layer, writer, start, reads, ran, rec)
             if writer.kind == "heads":
                 names = [f"a{layer}.h{h}.{part}" for h in range(graph.n_heads) for part in "qkv"]
@@ -114,7 +114,7 @@ def graph_of(target, task) -> Graph:
                 ran.append((writer, list(range(first, first + graph.n_heads))))
             else:
                 name = _module_name(layer, writer.kind, seen)
-                graph.receivers.append(Receiver(layer, "module", [name], writer.module, norm, upstream))
+                graph.receivers.append(Receiver(layer, "module", [name], reader, norm, upstream))
                 graph.writer_sender[writer.path] = len(senders)
                 senders.append((name, writer.kind, layer, None))
                 ran.append((writer, [len(senders) - 1]))
@@ -124,26 +124,41 @@ def graph_of(target, task) -> Graph:
 
 
 def _reader(writer, rec, modules, layer_path: str, d_model: int):
-    """`(norm, residual copy)`: the norm whose output the writer reads (None: it reads the stream
-    itself) and the residual state that norm (or the writer) reads."""
-    given = rec.inputs.get(writer.path)
+    """`(norm, residual copy, module)`: the norm whose output the writer reads (None: it reads the
+    stream itself), the residual state that norm (or the writer) reads, and the module whose input
+    is replaced (the writer, or the first linear of an MLP written inline in its layer's forward)."""
+    module, given = writer.module, rec.inputs.get(writer.path)
     if given is None:
-        raise HeadscopeError(f"{writer.path} was not seen reading the residual stream")
-    for path, module in modules.items():
-        if path.startswith(layer_path + ".") and is_norm(module, d_model) and path in rec.outputs \
+        module, given = _inline_entry(writer, rec, modules, layer_path, d_model)
+    for path, candidate in modules.items():
+        if path.startswith(layer_path + ".") and is_norm(candidate, d_model) and path in rec.outputs \
                 and torch.equal(rec.outputs[path], given):
-            return module, rec.inputs[path]
-    return None, given
+            return candidate, rec.inputs[path], module
+    return None, given, module
+
+
+def _inline_entry(writer, rec, modules, layer_path: str, d_model: int):
+    """An MLP written inline (OPT's, BioGPT's, mBART's fc1 -> activation -> fc2): the writer (fc2)
+    reads the activation, not the stream; the module that reads the last norm before it is the
+    MLP's entry. HeadscopeError where there is none."""
+    done = rec.order[:rec.order.index(writer.path)] if writer.path in rec.order else []
+    norms = [p for p in done if p.startswith(layer_path + ".") and is_norm(modules[p], d_model)]
+    if norms:  # the entry's own output is not the stream's width, so it is known by its input alone
+        entry = next((p for p in rec.inputs if p.startswith(layer_path + ".") and p not in rec.outputs
+                      and torch.equal(rec.inputs[p], rec.outputs[norms[-1]])), None)
+        if entry is not None:
+            return modules[entry], rec.inputs[entry]
+    raise HeadscopeError(f"{writer.path} was not seen reading the residual stream")
 
 
 def _upstream(graph: Graph, layer: int, writer, start, reads, ran: list, rec) -> list:
-    """Sender indices summed in `reads`: all earlier layers' and those of this layer's writers
-    before it that the sum needs (all of them, or none: a parallel block)."""
+    """Sender indices summed in `reads`: all earlier layers' and the first of this layer's writers
+    that ran before it, as many as the sum needs (all of them; none: a parallel block; some:
+    GraniteMoeShared's shared MLP reads what its MoE reads, not what the MoE wrote)."""
     earlier = list(range(len(graph.senders) - sum(len(s) for _, s in ran)))
-    contributions = [rec.outputs[w.post_path or w.path] for w, _ in ran]
-    if ran and close(reads, start + sum(contributions), reads, *contributions):
-        return earlier + [i for _, indices in ran for i in indices]
-    if close(reads, start, reads):
-        return earlier
+    for count in range(len(ran), -1, -1):
+        contributions = [rec.outputs[w.post_path or w.path] for w, _ in ran[:count]]
+        if close(reads, start + sum(contributions), reads, *contributions):
+            return earlier + [i for _, indices in ran[:count] for i in indices]
     raise HeadscopeError(f"layer {layer}'s {writer.path} reads a residual state that is neither its layer's input nor "
                          f"that input plus what ran before it in the layer, so its inputs cannot be split into edges")

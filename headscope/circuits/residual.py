@@ -286,9 +286,11 @@ def _writers(layer, layer_path, rec, modules, block_paths, attention_paths, d_mo
     prefix = layer_path + "."
     inside_attention = tuple(p + "." for p in attention_paths)
     candidates = [p for p in rec.order if p.startswith(prefix) and not p.startswith(inside_attention)]
-    # One candidate per distinct output: the outermost module (shortest path) with it.
+    # One candidate per distinct output: the outermost module (shortest path) with it, and of two
+    # at one depth the one that finished first (StableLM's MLP, not the dropout it feeds).
     kept: list[str] = []
-    for path in sorted(dict.fromkeys(candidates), key=lambda p: (p not in attention_paths, p.count("."), p)):
+    finished = {p: n for n, p in enumerate(rec.order)}
+    for path in sorted(dict.fromkeys(candidates), key=lambda p: (p not in attention_paths, p.count("."), finished[p])):
         if not any(torch.equal(rec.outputs[path], rec.outputs[k]) for k in kept):
             kept.append(path)
     norms = [p for p in kept if is_norm(modules[p], d_model)]

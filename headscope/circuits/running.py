@@ -5,7 +5,9 @@
 - `Target.inputs(task, which)`: the model inputs of a task's clean or corrupted prompts and the
   position each example's answer is read at. An encoder-decoder's decoder sites read each
   prompt as a teacher-forced continuation: the encoder reads the prompt, the decoder its start
-  token and then the prompt, so the decoder's last real position predicts the answer.
+  token and then the prompt, so the decoder's last real position predicts the answer. An
+  encoder-decoder is attributed at its decoder's self-attention ("decoder.self") unless told
+  otherwise; one whose encoder reads something other than token ids (Whisper's audio) is refused.
 - `batches(n, batch_size)`: row slices of a task.
 """
 from __future__ import annotations
@@ -57,6 +59,13 @@ class Target:
         task.check_for(loaded)
         self.sites = sites if sites is not None else getattr(loaded, "sites", None)
         self.selection = selection(self.model, self.sites)
+        if getattr(self.model.config, "is_encoder_decoder", False):
+            if getattr(self.model, "main_input_name", "input_ids") != "input_ids":
+                raise HeadscopeError(f"{type(self.model).__name__}'s encoder reads {self.model.main_input_name}, "
+                                     f"not token ids, so a task's prompts cannot feed it")
+            if self.sites is None and not self.selection.group.startswith("decoder"):
+                self.sites = "decoder.self"  # the logits come from the decoder: its heads are the components
+                self.selection = selection(self.model, self.sites)
         self.d_model = head_sizes(self.model.config)[0]
         self.two_inputs = self.selection.group.startswith("decoder")
         self.device = next(self.model.parameters()).device

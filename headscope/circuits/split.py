@@ -139,7 +139,9 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
                 stream = _first(args, kwargs)
                 return _with_first(args, kwargs, stream + delta[0].to(stream.dtype))
             stream = run.read[id(receiver.norm)]
-            return _with_first(args, kwargs, receiver.norm(stream + delta[0].to(stream.dtype)))
+            normed = receiver.norm(stream + delta[0].to(stream.dtype))
+            run.read[id(receiver.norm)] = stream  # the record stays the stream itself for the norm's other readers
+            return _with_first(args, kwargs, normed)
         return hook
 
     def head_reader(receiver):
@@ -158,6 +160,7 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
             flat = copies.reshape(-1, *stream.shape[1:])
             if receiver.norm is not None:
                 flat = receiver.norm(flat)
+                run.read[id(receiver.norm)] = stream  # a parallel block's MLP reads the same norm's record
             call_args, call_kwargs = _with_first(tuple(_tiled(a, batch, len(rows)) for a in args),
                                                  _tiled(kwargs, batch, len(rows)), flat)
             splitter.harvest = receiver.layer

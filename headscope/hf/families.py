@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .adapters import ADAPTERS, VISION_ADAPTERS
+from .family_methods import METHODS, TITLES, method_cell, methods_legend, methods_of
 
 __all__ = ["FamilyRow", "family_table", "family_markdown", "OUTSIDE_INTERFACE", "OTHER", "DISCOVERED", "VISION_TOWERS"]
 
@@ -146,10 +147,21 @@ def family_table() -> tuple[FamilyRow, ...]:
     return tuple(rows)
 
 
+def _method_cells(row: FamilyRow) -> str:
+    if row.model_type == OTHER:  # not measurable as one family: what the adapter-less case allows
+        return " | ".join(["needs an adapter", "yes", "needs an adapter", "needs an adapter"])
+    if not row.capture:
+        return " | ".join("no" for _ in METHODS)
+    methods = methods_of(row.model_type)
+    return " | ".join(method_cell(methods[m]) for m in METHODS)
+
+
 def family_markdown() -> str:
-    """The table as Markdown (the copy in README.md must equal it; a test checks)."""
+    """The table as Markdown, then what its circuit methods' refusals mean (`headscope.hf.family_methods`)."""
     yes = {True: "yes", False: "no"}
-    lines = ["| family | capture / ablate | from_hf / verify | analyze | sites | notes |", "|---|---|---|---|---|---|"]
+    titles = " | ".join(TITLES[m] for m in METHODS)
+    lines = [f"| family | capture / ablate | from_hf / verify | analyze | sites | {titles} | notes |",
+             "|---|---|---|---|---|" + "---|" * len(METHODS) + "---|"]
     lines += [f"| {r.model_type} | {yes[r.capture]} | {yes[r.verify]} | {r.analyze_sites or yes[r.analyze]} | "
-              f"{r.sites or '-'} | {r.notes} |" for r in family_table()]
-    return "\n".join(lines)
+              f"{r.sites or '-'} | {_method_cells(r)} | {r.notes} |" for r in family_table()]
+    return "\n".join(lines) + "\n\n" + methods_legend()

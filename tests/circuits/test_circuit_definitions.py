@@ -271,3 +271,68 @@ def test_heads_under_a_post_attention_norm_send_their_frozen_share(family):
         eps = 1e-2
         derivative = (one_edge_nudged(model, task, src, dst, eps) - one_edge_nudged(model, task, src, dst, -eps)) / (2 * eps)
         assert score * task.n == pytest.approx(derivative, abs=1e-3 * scale * task.n), (src, dst)
+
+
+def test_a_heads_summed_outgoing_eap_is_its_noising_atp(llama):
+    """Sum_v score(u -> v) = delta a_u . dM/d(stream) = delta z_u . dM/dz_u: the same linearisation
+    as noising AtP at z (corrupted minus clean, gradient on the clean run)."""
+    task = random_task(seed=1)
+    found = circuit(llama, task, method="eap")
+    summed = found.edges.groupby("src").score.sum()
+    atp = headscope.attribute(llama, task, method="atp", point="z", direction="noising")
+    gap = atp.attrs["corrupted_metric"] - atp.attrs["clean_metric"]  # means over the prompts
+    scale = float(summed.abs().max())
+    for row in atp.itertuples():
+        assert summed[f"a{row.layer}.h{row.head}"] == pytest.approx(row.effect * gap, abs=1e-5 * scale)
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gemma2"])
+def test_under_a_post_norm_a_heads_summed_outgoing_eap_is_its_frozen_shares_linearisation(family):
+    """Gemma 2/3: the head sends g * (z_h W_O,h) / s, s the post-attention norm's per-row scale
+    in each run; its summed outgoing score is delta share . dM/d(norm output), taken here by hand
+    from z, W_O and the norm's input, with autograd's gradient on the clean run."""
+    model = _gemma(family)
+    task = random_task(seed=1)
+    found = circuit(model, task, method="eap")
+    summed = found.edges.groupby("src").score.sum()
+    n_heads, head_dim = model.config.num_attention_heads, model.config.head_dim
+
+    def run(which, grad):
+        kept = {}
+        handles = []
+        for i, layer in enumerate(model.model.layers):
+            handles.append(layer.self_attn.o_proj.register_forward_pre_hook(
+                lambda m, args, i=i: kept.__setitem__(("z", i), args[0].detach())))
+
+            def post(module, args, output, i=i):
+                kept[("x", i)] = args[0].detach()
+                if grad:
+                    output.retain_grad()
+                kept[("y", i)] = output
+            handles.append(layer.post_attention_layernorm.register_forward_hook(post))
+        try:
+            with torch.set_grad_enabled(grad):
+                logits = model(**task.inputs(which)).logits
+                if grad:
+                    task.score(logits).sum().backward()
+        finally:
+            for handle in handles:
+                handle.remove()
+        return kept
+
+    def shares(kept, i):
+        layer = model.model.layers[i]
+        x, z = kept[("x", i)].double(), kept[("z", i)].double()
+        norm = layer.post_attention_layernorm
+        gain_over_s = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * (1 + norm.weight.double())
+        W_O = layer.self_attn.o_proj.weight.double()
+        return [(z[..., h * head_dim:(h + 1) * head_dim] @ W_O[:, h * head_dim:(h + 1) * head_dim].T) * gain_over_s
+                for h in range(n_heads)]
+
+    clean, corrupted = run("clean", True), run("corrupted", False)
+    scale = float(summed.abs().max())
+    for i in range(len(model.model.layers)):
+        grad = clean[("y", i)].grad.double()
+        for h, (a, b) in enumerate(zip(shares(clean, i), shares(corrupted, i))):
+            expected = float(((b - a) * grad).sum()) / task.n
+            assert summed[f"a{i}.h{h}"] == pytest.approx(expected, abs=1e-4 * scale), (i, h)

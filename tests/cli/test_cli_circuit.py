@@ -109,3 +109,26 @@ def test_an_analysis_labels_the_heads(planted_path, tmp_path):
     assert result.exit_code == 0, result.output
     page = (out / "index.html").read_text()
     assert "&lt;b&gt;induction&lt;/b&gt;" in page and "<b>induction" not in page  # a1.h0 carries the task: shown
+
+
+@pytest.mark.parametrize("family, kind, nodes", [
+    ("t5", "encoder_decoder", ("c0", "c1")),  # the decoder's cross-attention sends and receives
+    ("jamba", "hybrid", ("m0", "m2")),  # Mamba mixers of the layers without attention
+])
+def test_an_encoder_decoder_and_a_hybrid_end_to_end(family, kind, nodes, tmp_path):
+    from tests.support.planted import char_tokenizer
+    from tests.support.tiny import tiny_model
+
+    folder = tmp_path / family
+    tiny_model(family, kind=kind).save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["circuit", str(folder), *ARGS, "--sizes", "50,100", "--random", "1",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    circuit = read_circuit(out)
+    names = set(circuit.edges.src) | set(circuit.edges.dst)
+    assert set(nodes) <= names and "logits" in names
+    assert float(circuit.evaluation.faithfulness.iloc[-1]) == pytest.approx(1.0, abs=1e-4)
+    if family == "t5":
+        assert circuit.meta["sites"] == "decoder.self"

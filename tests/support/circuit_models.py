@@ -39,11 +39,13 @@ def one_edge_nudged(model, task, src: str, dst: str, t: float) -> float:
     target = Target(model, task)
     graph = graph_of(target, task)
     names = [s[0] for s in graph.senders]
+    clean_inputs, _ = target.inputs(task, "clean")  # an encoder-decoder's decoder inputs too
+    corrupted_inputs, _ = target.inputs(task, "corrupted")
     with torch.no_grad(), split_run(target, graph) as run:
-        model(**task.inputs("corrupted"), use_cache=False)
+        model(**corrupted_inputs, use_cache=False)
     corrupted = {i: v.clone() for i, v in run.senders.items()}
     with torch.no_grad(), split_run(target, graph) as run:
-        model(**task.inputs("clean"), use_cache=False)
+        model(**clean_inputs, use_cache=False)
     clean = {i: v.clone() for i, v in run.senders.items()}
     u = names.index(src)
 
@@ -55,5 +57,5 @@ def one_edge_nudged(model, task, src: str, dst: str, t: float) -> float:
         return delta
 
     with torch.no_grad(), split_run(target, graph, delta_for):
-        logits = model(**task.inputs("clean"), use_cache=False).logits
-    return float(task.score(logits).double().sum())
+        logits = model(**clean_inputs, use_cache=False).logits
+    return float(task.score(target.aligned(logits)).double().sum())
