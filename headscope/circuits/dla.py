@@ -108,7 +108,7 @@ def _batch(target: Target, task, on: str):
     direction = task.direction(unembed.weight.detach().float()).to(positions.device)  # (n, d)
     final = logits[rows, positions].float()
     unembedded = unembed(rec.inputs[parts.unembed]).float()  # (n, vocab): what the head computed there
-    scale, logit_bias = _logit_map(final, unembedded, type(model).__name__)
+    scale, logit_bias = _logit_map(final, unembedded, type(model).__name__, logits.dtype)
     total = task.score(target.aligned(logits).float())
 
     paths = {id(m): name for name, m in model.named_modules()}
@@ -128,7 +128,7 @@ def _batch(target: Target, task, on: str):
     if readout.lm_bias is None and not logit_bias.any() and (readout.frozen is None or getattr(
             dict(model.named_modules())[parts.final_norm], "bias", None) is None):
         names, contributions = names[:-1], contributions[:-1]  # no bias after the last layer: no row
-    if not close(contributions.sum(0), total, contributions):
+    if not close(contributions.sum(0), total, contributions, like=logits.dtype):
         raise HeadscopeError(f"{type(model).__name__}: the components do not add up to the logit difference "
                              f"(off by {float((contributions.sum(0) - total).abs().max()):.3g}), so they cannot be "
                              f"reported as its parts")
@@ -155,14 +155,14 @@ def _readout(model, parts: Decomposition, rec) -> _Readout:
     first = rec.inputs[parts.embed]
     frozen = None
     if parts.final_norm is not None:
-        frozen = frozen_norm(modules[parts.final_norm], rec.inputs[parts.final_norm].float(),
-                             rec.outputs[parts.final_norm].float(), f"the final norm ({parts.final_norm})")
+        frozen = frozen_norm(modules[parts.final_norm], rec.inputs[parts.final_norm],
+                             rec.outputs[parts.final_norm], f"the final norm ({parts.final_norm})")
     bias = getattr(modules[parts.unembed], "bias", None)
     return _Readout(frozen, parts.readout, bias.detach().float() if bias is not None else None, first.shape[-1],
                     first.device)
 
 
-def _logit_map(final: torch.Tensor, unembedded: torch.Tensor, name: str) -> tuple[float, torch.Tensor]:
+def _logit_map(final: torch.Tensor, unembedded: torch.Tensor, name: str, dtype) -> tuple[float, torch.Tensor]:
     """`(c, beta [vocab])` with the model's logits = c * the unembedding's output + beta at every row:
     c is 1 almost everywhere (Cohere scales its logits), beta 0 (BART-like models add a
     `final_logits_bias`). Fitted on the rows' differences, so one row alone is read as beta = 0."""
@@ -172,9 +172,9 @@ def _logit_map(final: torch.Tensor, unembedded: torch.Tensor, name: str) -> tupl
         moved, seen = final, unembedded
     scale = float((moved * seen).sum() / (seen * seen).sum().clamp_min(1e-30))
     beta = torch.zeros_like(final[0])
-    if final.shape[0] > 1 and not close(final, scale * unembedded, final):
+    if final.shape[0] > 1 and not close(final, scale * unembedded, final, like=dtype):
         beta = (final - scale * unembedded).mean(0)  # no bias where none is needed: the rows stay the same
-    if not close(final, scale * unembedded + beta, final):
+    if not close(final, scale * unembedded + beta, final, like=dtype):
         raise HeadscopeError(f"{name}'s logits are not its unembedding's output times a constant plus a bias "
                              f"(soft-capped logits, as Gemma 2's), so they are not a sum of the residual stream's parts")
     return scale, beta
@@ -185,7 +185,7 @@ def _parts_of(model, writer, rec, results: Optional[torch.Tensor], d_model: int)
     and output bias, or the writer's whole output. The contributions pass its post-norm, frozen."""
     post = None
     if writer.post_norm is not None:
-        post = frozen_norm(writer.post_norm, rec.inputs[writer.post_path].float(), rec.outputs[writer.post_path].float(),
+        post = frozen_norm(writer.post_norm, rec.inputs[writer.post_path], rec.outputs[writer.post_path],
                            f"layer {writer.layer}'s norm {writer.post_path}")
     if writer.kind != "heads":
         output = rec.outputs[writer.post_path or writer.path].float()
@@ -197,7 +197,7 @@ def _parts_of(model, writer, rec, results: Optional[torch.Tensor], d_model: int)
     bias = getattr(out, "bias", None)
     has_bias = bias is not None or getattr(writer.post_norm, "bias", None) is not None
     bias = bias.detach().float() if bias is not None else torch.zeros(d_model, device=results.device)
-    if not close(results.sum(1) + bias, rec.outputs[writer.path].float(), results):
+    if not close(results.sum(1) + bias, rec.outputs[writer.path].float(), results, like=rec.outputs[writer.path].dtype):
         raise HeadscopeError(f"layer {writer.layer}'s heads do not add up to its attention block's output "
                              f"({writer.path}), so they cannot be parts of it")
     if post is not None:

@@ -47,9 +47,10 @@ def tolerance(*tensors: torch.Tensor) -> float:
     return max(RTOL, EPS_FACTOR * eps)
 
 
-def close(a: torch.Tensor, b: torch.Tensor, *terms: torch.Tensor) -> bool:
+def close(a: torch.Tensor, b: torch.Tensor, *terms: torch.Tensor, like: Optional[torch.dtype] = None) -> bool:
     """`a` equals `b` within `tolerance` of the largest entry of `a`, `b` and the terms they were
-    summed from (a difference of large states is only as exact as the states), compared in float32.
+    summed from (a difference of large states is only as exact as the states), compared in float32;
+    `like`: the dtype the model computed in, where these tensors are float32 copies of its values.
 
     Raises:
         HeadscopeError: a tensor holds NaN or infinite values (then no sum can be checked).
@@ -61,7 +62,8 @@ def close(a: torch.Tensor, b: torch.Tensor, *terms: torch.Tensor) -> bool:
     scale = max(float(t.abs().max()) for t in tensors)
     if a.shape != b.shape:
         return False
-    return float((a.float() - b.float()).abs().max()) <= tolerance(*tensors) * scale + 1e-12
+    rtol = tolerance(*tensors, *([torch.empty(0, dtype=like)] if like is not None else []))
+    return float((a.float() - b.float()).abs().max()) <= rtol * scale + 1e-12
 
 
 def is_norm(module: nn.Module, d_model: int) -> bool:
@@ -123,9 +125,12 @@ def norm_form(norm: nn.Module, d: int, dtype, device) -> NormForm:
 def frozen_norm(norm: nn.Module, x: torch.Tensor, y: torch.Tensor, where: str) -> Frozen:
     """Measure `norm` (gain, bias, centring) and freeze its scale at the rows `x` -> `y` `[rows, d]`.
 
-    HeadscopeError naming `where` when the norm is not of the form g * P(x) / s(x) + b."""
-    frozen = norm_form(norm, x.shape[-1], x.dtype, x.device).freeze(x, y)
-    if not close(frozen.apply(x) + frozen.bias, y):
+    Measured in float32 and checked at the precision of `y`'s own dtype (a bfloat16 model's norm
+    rounded its output to bfloat16). HeadscopeError naming `where` when the norm is not of the form
+    g * P(x) / s(x) + b."""
+    xf, yf = x.float(), y.float()
+    frozen = norm_form(norm, x.shape[-1], torch.float32, x.device).freeze(xf, yf)
+    if not close(frozen.apply(xf) + frozen.bias, yf, like=y.dtype):
         raise HeadscopeError(f"{where} is not a LayerNorm or RMSNorm (its output is not g * x / scale(x) + b), so "
                              f"its scale cannot be frozen for attribution")
     return frozen
@@ -307,16 +312,18 @@ def _writers(layer, layer_path, rec, modules, block_paths, attention_paths, d_mo
     contribution = {p: rec.outputs[posts.get(p, p)] for p in pool}
     ours = [p for p in pool if p in block_paths]
     rest = [p for p in pool if p not in block_paths]
-    match = None
+    # Of the sets that add up within the tolerance, the closest (then the smallest): in bfloat16 a
+    # small MLP output can hide in the tolerance of a large stream, and leaving it out is not exact.
+    match, best = None, None
     for size in range(0, min(4, len(rest)) + 1):
         for combo in itertools.combinations(rest, size):
             chosen = ours + list(combo)
-            if chosen and close(sum(contribution[p] for p in chosen), added, rec.inputs[layer_path],
-                                rec.outputs[layer_path], *(contribution[p] for p in chosen)):
-                match = chosen
-                break
-        if match is not None:
-            break
+            total = sum(contribution[p] for p in chosen) if chosen else None
+            if chosen and close(total, added, rec.inputs[layer_path], rec.outputs[layer_path],
+                                *(contribution[p] for p in chosen)):
+                error = float((total.float() - added.float()).abs().max())
+                if best is None or error < best:
+                    match, best = chosen, error
     if match is None:
         raise HeadscopeError(f"{family}: layer {layer} does not add its sublayers' outputs to the residual stream "
                              f"as they are (post-norm layers, or a residual multiplier), so attribution cannot take "

@@ -160,6 +160,31 @@ def test_half_precision_models_run_and_agree_with_float32(llama, dtype):
     assert pd.Series(exact).corr(pd.Series(half), method="spearman") > 0.99
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_dla_and_atp_run_and_agree_with_float32(llama, dtype):
+    task = random_task(seed=2)
+    half = scaled(tiny_model("llama"), 0.2).to(dtype)
+    for run in (lambda m: headscope.logit_attribution(m, task, n_resamples=10),
+                lambda m: headscope.attribute(m, task, method="atp", n_resamples=10)):
+        exact, rounded = run(llama).effect, run(half).effect
+        assert pd.Series(exact).corr(pd.Series(rounded), method="spearman") > 0.99
+
+
+def test_a_small_writer_beside_a_massive_stream_stays_a_writer_in_bfloat16():
+    """A stream dimension hundreds of times the rest (SmolLM2's massive activations) widens
+    bfloat16's tolerance past a small MLP's output; the decomposition still keeps the MLP (the
+    set of writers that adds up most closely, not the first within tolerance)."""
+    model = scaled(tiny_model("llama"), 0.2)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 400.0
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight.mul_(0.3)
+    task = random_task(seed=2)
+    names = lambda m: [s[0] for s in graph_of(Target(m, task), task).senders]  # noqa: E731
+    assert names(model.to(torch.bfloat16)) == names(model.float()) == ["embed", *[f"a0.h{h}" for h in range(6)],
+                                                                       "m0", *[f"a1.h{h}" for h in range(6)], "m1"]
+
+
 def test_scores_are_means_of_per_prompt_scores(llama):
     task = random_task(seed=5, n=6)
     found = circuit(llama, task, method="eap-ig", steps=2)
