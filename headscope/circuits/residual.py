@@ -172,8 +172,8 @@ def _first_tensor(value):
 @contextmanager
 def record(model: nn.Module, positions: torch.Tensor, length: int, d_model: int, within: str = "",
            keep_grad: bool = False) -> Iterator[Record]:
-    """Inside the block, the first input and first output of shape `[batch, length, d_model]` of
-    every module under the path `within` (and of the unembedding) are kept at `positions`
+    """Inside the block, the first input and first output of shape `[batch, length, d_model]` (or
+    `[batch * length, d_model]`, read as that) of every module under the path `within` (and of the unembedding) are kept at `positions`
     (`[batch]`, one position per row), as `[batch, d_model]` (detached unless `keep_grad`); tensors of
     other lengths (an encoder's, read by cross-attention) are not the stream's."""
     rec = Record()
@@ -181,6 +181,8 @@ def record(model: nn.Module, positions: torch.Tensor, length: int, d_model: int,
     handles = []
 
     def at(value):
+        if isinstance(value, torch.Tensor) and tuple(value.shape) == (positions.shape[0] * length, d_model):
+            value = value.view(positions.shape[0], length, d_model)  # Llama 4's MoE returns its rows flat
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (positions.shape[0], length, d_model):
             return None
         picked = value[rows.to(value.device), positions.to(value.device)]

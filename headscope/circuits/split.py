@@ -107,7 +107,8 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
 
     def keep_output(index):
         def hook(module, args, output):
-            run.senders[index] = output if isinstance(output, torch.Tensor) else output[0]
+            value = output if isinstance(output, torch.Tensor) else output[0]
+            run.senders[index] = value.view(run.senders[0].shape) if value.dim() == 2 else value  # flat rows
         return hook
 
     def keep_read(module, args, kwargs):
@@ -137,9 +138,9 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
                 return None
             if receiver.norm is None:
                 stream = _first(args, kwargs)
-                return _with_first(args, kwargs, stream + delta[0].to(stream.dtype))
-            stream = run.read[id(receiver.norm)]
-            normed = receiver.norm(stream + delta[0].to(stream.dtype))
+                return _with_first(args, kwargs, stream + delta[0].to(stream.dtype).reshape(stream.shape))
+            stream = run.read[id(receiver.norm)]  # OPT's MLP reads its rows flat: [batch * pos, d_model]
+            normed = receiver.norm(stream + delta[0].to(stream.dtype).reshape(stream.shape))
             run.read[id(receiver.norm)] = stream  # the record stays the stream itself for the norm's other readers
             return _with_first(args, kwargs, normed)
         return hook

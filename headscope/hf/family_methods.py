@@ -55,7 +55,7 @@ _GATE = dict(composition="gate")
 REFUSED = {
     **{family: _POST_NORM for family in _POST_NORM_ENCODERS},
     "bart": _POST_NORM, "marian": _POST_NORM, "blenderbot-small": _POST_NORM, "plbart": _POST_NORM,
-    "opt": _POST_NORM, "llama4_text": _POST_NORM, "minicpm3": _POST_NORM, "minimax": _POST_NORM,
+    "minicpm3": _POST_NORM, "minimax": _POST_NORM,
     "zamba2": dict(_POST_NORM, composition="ov"),
     "modernbert": _READOUT, "olmo": _READOUT, "nanochat": _READOUT,
     "gemma3n_text": _CHAIN, "hy_v4": dict(_CHAIN, composition="ov"),

@@ -2,7 +2,8 @@
 alone moves (`one_edge_nudged`): parallel attention and MLP reading one norm (Phi, GPT-J) or two
 (GPT-NeoX), an MLP feeding a dropout module (StableLM), a shared MLP beside an MoE reading what
 the MoE reads (GraniteMoeShared), an MLP written inline in the layer (BioGPT's fc1 -> fc2), and
-an encoder-decoder's decoder with its cross-attention (T5, attributed at "decoder.self")."""
+an encoder-decoder's decoder with its cross-attention (T5, attributed at "decoder.self"); OPT's MLP
+reads and writes its rows flat, [batch * pos, d_model], as Llama 4's MoE writes them."""
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ from headscope.circuits.circuit import circuit
 from tests.support.circuit_models import one_edge_nudged, random_task, scaled
 from tests.support.tiny import tiny_config, tiny_model
 
-FAMILIES = ["phi", "gptj", "gpt_neox", "stablelm", "granitemoeshared", "biogpt", "t5"]
+FAMILIES = ["phi", "gptj", "gpt_neox", "stablelm", "granitemoeshared", "biogpt", "opt", "llama4_text", "t5"]
 # Central differences of a smaller step where the metric bends within 1e-2: top-2 routing switches
 # experts (GraniteMoeShared), and T5's unscaled attention logits are sharp at these weights.
 STEP = {"granitemoeshared": 1e-3, "t5": 1e-3}
