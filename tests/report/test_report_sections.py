@@ -19,7 +19,7 @@ from headscope.detectors.section import ReportSection, analysis_table, figure_st
 from headscope.errors import HeadscopeError
 from headscope.report import render_html, report_data
 from headscope.report.notebook import analysis_html
-from headscope.cli import _summary
+from headscope.cli.analysis import _summary
 from headscope.report.plotting import plot_section
 
 FIGURE_ID = "hs-rare-pairs"
