@@ -11,7 +11,7 @@ import headscope  # the public API, re-exported lazily: a command loads only wha
 
 from ..analysis.result import Analysis
 from ..atomic import atomic_dir
-from ..errors import UsageError
+from ..checks import check_count
 from ..loading import loader
 from .shared import DeviceOpt, DtypeOpt, ForceOpt, ModelArg, NoCacheOpt, PlotlyOpt, check_plotlyjs, friendly
 
@@ -39,9 +39,9 @@ def geometry_command(
     from ..head_geometry.run import write_geometry
 
     check_plotlyjs(plotlyjs)
-    if examples < 1 or seq_len < 2 or steps < 1:
-        raise UsageError(f"--examples and --steps must be at least 1 and --seq-len at least 2 "
-                             f"(got {examples}, {steps}, {seq_len})")
+    check_count("--examples", examples)
+    check_count("--steps", steps)
+    check_count("--seq-len", seq_len, least=2)
     target = Analysis.load(into) if into is not None else None  # a bad folder fails before the model loads
     if into is not None:  # re-written atomically at the end: its checks (permission, ...) come before any work
         atomic_dir(into, force=True, protect=[Path(model)] if Path(model).exists() else [])

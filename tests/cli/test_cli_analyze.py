@@ -98,7 +98,7 @@ def test_force_replaces(analyzed, planted_path, tmp_path):
 
 @pytest.mark.parametrize("extra,message", [
     (["--detectors", "previous_token,copy_suppression"], "unknown detector 'copy_suppression'; detectors:"),
-    (["--n-examples", "0"], "n_examples must be at least 1"),
+    (["--n-examples", "0"], "n_examples must be an integer of at least 1"),
     (["--seq-len", "4000"], "takes at most 48"),
     (["--device", "tpu"], "unknown device"),
     (["--plotlyjs", "inline"], "--plotlyjs must be embed or cdn"),

@@ -235,7 +235,7 @@ def test_seed_reproducible_and_progress_reported(planted):
 @pytest.mark.parametrize("kwargs,message", [
     (dict(detectors=["induction", "copy_suppression"]), "unknown detector 'copy_suppression'; detectors: .*induction"),
     (dict(detectors=["next_token"]), "needs a bidirectional model"),
-    (dict(probes=[TextProbe(0, 40), RepeatedProbe(0, 10, 4)]), "n_examples must be at least 1"),
+    (dict(probes=[TextProbe(0, 40), RepeatedProbe(0, 10, 4)]), "n_examples must be an integer of at least 1"),
     (dict(probes=[TextProbe(8, 100), RepeatedProbe(8, 10, 4)]), "the text probe needs 100 tokens but .* takes at most 48"),
     (dict(probes=[TextProbe(8, 40), RepeatedProbe(8, 20, 4)]), "the repeated probe needs 81 tokens"),
     (dict(probes=[TextProbe(100000, 40), RepeatedProbe(8, 10, 4)]), "at most .* examples"),
