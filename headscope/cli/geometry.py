@@ -9,6 +9,7 @@ import typer
 
 import headscope  # the public API, re-exported lazily: a command loads only what it runs
 
+from .. import head_geometry  # lazy: its modules load torch only when the command runs
 from ..analysis.result import Analysis
 from ..atomic import atomic_dir
 from ..checks import check_count
@@ -36,8 +37,6 @@ def geometry_command(
 ) -> None:
     """Heads as subspaces and patterns: overlaps, JS map and clusters, redundancy, importance."""
     from ..analysis.attach_geometry import check_model_matches, write_geometry_into  # torch: only when run
-    from ..head_geometry.run import write_geometry
-
     check_plotlyjs(plotlyjs)
     check_count("--examples", examples)
     check_count("--steps", steps)
@@ -56,7 +55,7 @@ def geometry_command(
                       pruning_steps=steps, normalize=normalize)
     if guard is not None:
         with guard as tmp:
-            written = write_geometry(result, tmp)
+            written = head_geometry.write_geometry(result, tmp)
         for path in written:
             typer.echo(str(guard.target / path.relative_to(tmp)))
     if into is not None:
