@@ -24,6 +24,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
   `retrieval` detector's needle prompts).
 - `detector(name, template=fn, probe=..., threshold=...)`: register a custom detector from the
   attention pattern a head should have (`headscope.detectors.templates`).
+- `check_detector(detector)`: the contract every detector keeps (usable fields, its registry
+  entry, `[batch, head]` scores from a pattern it leaves untouched), as the built-ins' tests run it.
 - `MultiHeadAttention`: headscope's own attention module with hook points.
 - `geometry(loaded)` -> `GeometryResult`: heads as subspaces (overlaps, QK/OV ranks), pattern
   similarity (JS, MDS, clusters), redundant pairs, importance and pruning curve; `plot_geometry`.
@@ -73,6 +75,7 @@ _EXPORTS = {
     "run_syntax": "detectors.syntax.standalone",
     "analyze": "analysis.analyze",
     "detector": "detectors.templates",
+    "check_detector": "detectors.contract",
     "TextProbe": "probes.kinds",
     "RepeatedProbe": "probes.kinds",
     "TreebankProbe": "probes.kinds",

@@ -110,6 +110,29 @@ def test_uniform_and_sink_on_hand_worked_patterns():
     assert detectors.uniform(half, batch).item() == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("name", list(detectors.REGISTRY))
+def test_every_builtin_keeps_the_detector_contract(name):
+    headscope.check_detector(detectors.REGISTRY[name])
+
+
+def test_the_contract_check_catches_a_detector_that_mutates_or_misshapes():
+    def zeroes_its_input(pattern, batch):
+        pattern.tensor.zero_()  # the pattern arrives wrapped (attention.pattern.DensePattern)
+        return pattern.tensor.sum(dim=(-1, -2))
+
+    def per_query(pattern, batch):
+        return pattern.tensor.sum(-1)  # [batch, head, query]: one axis too many
+
+    made = [detectors.Detector(name, probe="text", threshold=0.5, formula="x", source="a test", fn=fn)
+            for name, fn in (("zeroes", zeroes_its_input), ("per_query", per_query))]
+    with pytest.raises(headscope.HeadscopeError, match="changed its input"):
+        headscope.check_detector(made[0])
+    with pytest.raises(headscope.HeadscopeError, match=r"returns \[batch, head\] scores"):
+        headscope.check_detector(made[1])
+    with pytest.raises(headscope.HeadscopeError, match="takes a Detector"):
+        headscope.check_detector("induction")
+
+
 def test_detectors_do_not_modify_their_input():
     torch.manual_seed(0)
     p = torch.softmax(torch.randn(2, 3, 12, 12), -1)
