@@ -24,6 +24,8 @@ Top-level API (imported lazily, so `import headscope` stays fast):
   `retrieval` detector's needle prompts).
 - `detector(name, template=fn, probe=..., threshold=...)`: register a custom detector from the
   attention pattern a head should have (`headscope.detectors.templates`).
+- `check_detector(detector)`: the contract every detector keeps (usable fields, its registry
+  entry, `[batch, head]` scores from a pattern it leaves untouched), as the built-ins' tests run it.
 - `MultiHeadAttention`: headscope's own attention module with hook points.
 - `geometry(loaded)` -> `GeometryResult`: heads as subspaces (overlaps, QK/OV ranks), pattern
   similarity (JS, MDS, clusters), redundant pairs, importance and pruning curve; `plot_geometry`.
@@ -50,65 +52,59 @@ Top-level API (imported lazily, so `import headscope` stays fast):
 - `HeadscopeError`: raised for bad input (`UsageError`, its kind for a bad argument value);
   `HeadscopeWarning`: what headscope accepted but says (docs/reliability.md).
 """
-from importlib import import_module
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "load": "headscope.loading.loader",
-    "models": "headscope.loading.loader",
-    "Loaded": "headscope.loading.loader",
-    "capture": "headscope.hf.capture",
-    "ablate": "headscope.hf.capture",
-    "verify": "headscope.hf.verify",
-    "sites": "headscope.hf.sites",
-    "Site": "headscope.hf.sites",
-    "patch": "headscope.causal.patching",
-    "plot_patching": "headscope.causal.patching",
-    "model_hooks": "headscope.hf.hooks",
-    "cache_activations": "headscope.hf.activation_cache",
-    "validate": "headscope.causal",
-    "ov_copying": "headscope.head_geometry.ov_circuit",
-    "retrieval_scores": "headscope.detectors.retrieval.scoring",
-    "run_syntax": "headscope.detectors.syntax.standalone",
-    "analyze": "headscope.analysis.analyze",
-    "detector": "headscope.detectors.templates",
-    "TextProbe": "headscope.probes.kinds",
-    "RepeatedProbe": "headscope.probes.kinds",
-    "TreebankProbe": "headscope.probes.kinds",
-    "NeedleProbe": "headscope.probes.kinds",
-    "Analysis": "headscope.analysis",
-    "MultiHeadAttention": "headscope.attention",
-    "plot_pattern": "headscope.report.plotting",
-    "geometry": "headscope.head_geometry.run",
-    "plot_geometry": "headscope.head_geometry.run",
-    "add_geometry": "headscope.analysis.attach_geometry",
-    "kv_policy": "headscope.kv.policy",
-    "KVPolicy": "headscope.kv.policy",
-    "kv_evaluate": "headscope.kv.evaluate",
-    "Task": "headscope.circuits.tasks",
-    "logit_attribution": "headscope.circuits.dla",
-    "attribute": "headscope.circuits.attribute",
-    "circuit": "headscope.circuits.circuit",
-    "Circuit": "headscope.circuits.circuit",
-    "task": "headscope.circuits.task_builders",
-    "composition": "headscope.circuits.composition",
-    "add_composition": "headscope.analysis.attach_composition",
-    "HeadscopeError": "headscope.errors",
-    "UsageError": "headscope.errors",
-    "HeadscopeWarning": "headscope.errors",
-    "Timeline": "headscope.training.timeline",
-    "HeadscopeCallback": "headscope.training.callback",
+    "load": "loading.loader",
+    "models": "loading.loader",
+    "Loaded": "loading.loader",
+    "capture": "hf.capture",
+    "ablate": "hf.capture",
+    "verify": "hf.verify",
+    "sites": "hf.sites",
+    "Site": "hf.sites",
+    "patch": "causal.patching",
+    "plot_patching": "causal.patching",
+    "model_hooks": "hf.hooks",
+    "cache_activations": "hf.activation_cache",
+    "validate": "causal",
+    "ov_copying": "head_geometry.ov_circuit",
+    "retrieval_scores": "detectors.retrieval.scoring",
+    "run_syntax": "detectors.syntax.standalone",
+    "analyze": "analysis.analyze",
+    "detector": "detectors.templates",
+    "check_detector": "detectors.contract",
+    "TextProbe": "probes.kinds",
+    "RepeatedProbe": "probes.kinds",
+    "TreebankProbe": "probes.kinds",
+    "NeedleProbe": "probes.kinds",
+    "Analysis": "analysis",
+    "MultiHeadAttention": "attention",
+    "plot_pattern": "report.plotting",
+    "geometry": "head_geometry.run",
+    "plot_geometry": "head_geometry.run",
+    "add_geometry": "analysis.attach_geometry",
+    "kv_policy": "kv.policy",
+    "KVPolicy": "kv.policy",
+    "kv_evaluate": "kv.evaluate",
+    "Task": "circuits.tasks",
+    "logit_attribution": "circuits.dla",
+    "attribute": "circuits.attribute",
+    "circuit": "circuits.circuit",
+    "Circuit": "circuits.circuit",
+    "task": "circuits.task_builders",
+    "composition": "circuits.composition",
+    "add_composition": "analysis.attach_composition",
+    "HeadscopeError": "errors",
+    "UsageError": "errors",
+    "HeadscopeWarning": "errors",
+    "Timeline": "training.timeline",
+    "HeadscopeCallback": "training.callback",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'headscope' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

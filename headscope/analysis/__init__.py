@@ -10,12 +10,9 @@
 `Analysis` and `Example` are re-exported here lazily, so `import headscope.analysis` costs
 nothing until one is used.
 """
-from importlib import import_module
+from .._lazy import lazy_exports
 
 __all__ = ["Analysis", "Example"]
 
 
-def __getattr__(name):
-    if name in __all__:
-        return getattr(import_module("headscope.analysis.result"), name)
-    raise AttributeError(f"module 'headscope.analysis' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, {"Analysis": "result", "Example": "result"})

@@ -38,7 +38,7 @@ from .result import Analysis, Example
 from ..loading.control import resolve_control
 from ..detectors.registry import defaults_for, get
 from ..checks import MAX_SEED, check_count, check_seed
-from ..errors import CannotScore, HeadscopeError, UsageError
+from ..errors import CannotScore, HeadscopeError
 from ..hf.adapters import adapter_for, config_value
 from ..hf.capture import capture
 from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
@@ -74,8 +74,7 @@ MODEL_WITH = {"causal": "a causal model", "bidirectional": "a bidirectional mode
 
 
 def _chosen(loaded, names, batch_size):
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise UsageError(f"batch_size must be at least 1, got {batch_size!r}")
+    check_count("batch_size", batch_size)
     kind = loaded.site_kind  # the analysed sites': a model's self-attention, or its decoder's or cross-attention
     chosen = defaults_for(kind) if names is None else list(dict.fromkeys(names))
     if not chosen:

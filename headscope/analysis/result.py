@@ -4,8 +4,9 @@
   control_max: the control model's score for the head and its best over heads; site: the module
   path of the head's attention), `.labels` (layer, head, label, score, labels, site), `.meta` (dict), `.examples` (list of `Example`), `.tables` (name ->
   DataFrame: every detector's `Finding.tables` and the OV circuit's `ov`, each saved as
-  `<name>.csv`; a table also reads as an attribute, `analysis.my_table`, and `.syntax`,
-  `.retrieval`, `.needles`, `.ov`, once fields, read as None when absent), `.validation` (what ablating each label's heads did, when
+  `<name>.csv`; `add_table(name, frame)` adds one; a table also reads as an attribute,
+  `analysis.my_table`, and `.syntax`, `.retrieval`, `.needles`, `.ov`, once fields, read as None
+  when absent; setting any other attribute is an AttributeError, so a typo cannot become a table), `.validation` (what ablating each label's heads did, when
   `headscope.validate` ran) and `.geometry` (a `GeometryResult`: subspaces, pattern similarity,
   importance, pruning curve, when `headscope.add_geometry` ran; `with_geometry(result)` attaches
   one; saved in the folder's `geometry/`).
@@ -118,8 +119,10 @@ class Analysis:
     """Scores, labels, tables and metadata of one model's heads; see the module docstring.
 
     `Analysis(scores, labels, meta, examples, tables={"syntax": frame})`; a table may also be
-    passed by name (`syntax=frame`) and set as an attribute (`analysis.syntax = frame`); None
-    leaves it out.
+    passed by name (`syntax=frame`), and None leaves it out. `add_table(name, frame)` adds or
+    replaces one later (`del analysis.tables[name]` removes it). A table reads as an attribute
+    (`analysis.syntax`), but only the fields below can be set: any other name raises
+    `AttributeError`, so `analysis.lables = frame` is an error, not a table saved as lables.csv.
 
     Attributes:
         scores: one row per head and detector: layer, head, detector, score, ci_low, ci_high, n,
@@ -158,10 +161,28 @@ class Analysis:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute or table {name!r}")
 
     def __setattr__(self, name: str, value) -> None:
-        if name.startswith("_") or name in self.__dataclass_fields__:
-            object.__setattr__(self, name, value)
-        else:
-            self._set_table(name, value)
+        if not (name.startswith("_") or name in self.__dataclass_fields__):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r} to set (its fields: "
+                                 f"{', '.join(self.__dataclass_fields__)}); add a table with "
+                                 f"analysis.add_table({name!r}, frame)")
+        object.__setattr__(self, name, value)
+
+    def add_table(self, name: str, table) -> None:
+        """Add a table (or replace the one of that name); it is saved as `<name>.csv` and reads as
+        `analysis.<name>`.
+
+        Args:
+            name: an identifier other than the analysis's own names (scores, labels, validation,
+                its fields and methods).
+            table: a pandas DataFrame.
+
+        Returns:
+            None; the table is in `analysis.tables[name]`.
+        """
+        if table is None:
+            raise HeadscopeError(f"add_table({name!r}, None): give a DataFrame (del analysis.tables[{name!r}] "
+                                 f"removes a table)")
+        self._set_table(name, table)
 
     def _set_table(self, name: str, value) -> None:
         if (not TABLE_NAME.match(name) or name in OWN_FILES or name in self.__dataclass_fields__

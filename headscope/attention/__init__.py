@@ -15,13 +15,7 @@
 The re-export is lazy (`__getattr__`), so importing one of the modules above does not import
 the module (and with it `headscope.hf`).
 """
-from importlib import import_module
+from .._lazy import lazy_exports
 
 __all__ = ["MultiHeadAttention", "LatentRanks"]
-_HOMES = {"MultiHeadAttention": "headscope.attention.module", "LatentRanks": "headscope.attention.latent"}
-
-
-def __getattr__(name):
-    if name in _HOMES:
-        return getattr(import_module(_HOMES[name]), name)
-    raise AttributeError(f"module 'headscope.attention' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, {"MultiHeadAttention": "module", "LatentRanks": "latent"})

@@ -42,7 +42,6 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..hf.from_hf import module_from_hf
 from .hook_points import HookPoint, hooks as _hooks
 from .config import AttentionConfig, resolved_config
 from .kernel import attention
@@ -318,6 +317,10 @@ class MultiHeadAttention(nn.Module):
         Returns:
             A `MultiHeadAttention` on the same device and dtype, in eval mode.
         """
+        # Reading a Hugging Face block is hf/'s job (`headscope.hf.from_hf.module_from_hf`); this is
+        # the name callers know. Imported on call: attention/ sits below hf/ and imports none of it.
+        from ..hf.from_hf import module_from_hf
+
         return module_from_hf(cls, attention_module, config, layer)
 
 

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from ..checks import check_count
 from .kernel import attention, causal_mask
 
 __all__ = ["KeyWindow", "restricted_mask", "windowed_attention"]
@@ -45,8 +46,8 @@ class KeyWindow:
     recent: int
 
     def __post_init__(self):
-        if self.sink < 0 or self.recent < 1:
-            raise ValueError(f"a key window needs sink >= 0 and recent >= 1, got {self.sink} and {self.recent}")
+        check_count("sink", self.sink, least=0)
+        check_count("recent", self.recent)
         object.__setattr__(self, "streaming", tuple(sorted(set(int(h) for h in self.streaming))))
 
     def kept(self, n_query: int, n_key: int, device=None) -> torch.Tensor:

@@ -26,7 +26,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from ..errors import HeadscopeError
-from ..checks import check_analysis, check_loaded
+from ..checks import check_analysis, check_count, check_loaded
 from ..hf.adapters import adapter_for
 from ..probes.copy import as_copy_eval
 from ..probes.kinds import PROBE_KINDS, TextProbe, decoder_start, probe_settings
@@ -238,8 +238,7 @@ def _at_analysed_sites(loaded, analysis):
 
 def _check_args(loaded, analysis, k, mode, n_random, n_examples, batch_size):
     for name, value in (("k", k), ("n_random", n_random), ("n_examples", n_examples), ("batch_size", batch_size)):
-        if value < 1:
-            raise HeadscopeError(f"{name} must be at least 1, got {value}")
+        check_count(name, value)
     if mode not in MODES:
         raise HeadscopeError(f"unknown ablation mode {mode!r}; use 'zero' or 'mean'")
     if (analysis.n_layers, analysis.n_heads) != (loaded.n_layers, loaded.n_heads):

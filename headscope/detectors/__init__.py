@@ -27,7 +27,7 @@ retrieval detector is `REGISTRY["retrieval"]` (`retrieval` here is its subpackag
 detectors live in `patterns/`, not here, so that importing one cannot replace the package's
 attribute of the same name with the module.
 """
-from importlib import import_module
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "REGISTRY": "registry", "BUILTINS": "registry", "register": "registry", "get": "registry", "names": "registry",
@@ -41,7 +41,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(import_module(f"headscope.detectors.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'headscope.detectors' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -8,5 +8,11 @@
 - `norm_gains`: norm weights folded into a head's circuits.
 - `tables`: `GeometryResult` and its CSV form (no torch).
 
-Named `head_geometry`, not `geometry`: `headscope.geometry` is the function.
+Named `head_geometry`, not `geometry`: `headscope.geometry` is the function. `geometry`,
+`plot_geometry` and `write_geometry` are re-exported lazily, so importing the package loads no torch.
 """
+from .._lazy import lazy_exports
+
+__all__ = ["geometry", "plot_geometry", "write_geometry"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {name: "run" for name in __all__})

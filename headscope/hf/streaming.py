@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 from torch import nn
 
 from ..attention.streaming import KeyWindow
+from ..checks import check_count
 from ..errors import HeadscopeError
 from .adapters import head_sizes
 from .route import Session, layer_map, routed
@@ -40,8 +41,8 @@ def stream_heads(model: nn.Module, heads: Sequence[tuple[int, int]], sink: int, 
             sharing a key/value head is restricted with it).
         sink: first keys kept (>= 0); recent: last keys kept, the query's own included (>= 1).
     """
-    if sink < 0 or recent < 1:
-        raise HeadscopeError(f"streaming heads need sink >= 0 and recent >= 1, got sink={sink}, recent={recent}")
+    check_count("sink", sink, least=0)
+    check_count("recent", recent)
     layer_of = layer_map(model)
     n_kv = head_sizes(model.config)[2]
     by_layer: dict[int, list[int]] = defaultdict(list)

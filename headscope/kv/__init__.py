@@ -9,7 +9,7 @@
   (`report.py`).
 The policy and the formats need no torch; `kv_evaluate` is imported on first use.
 """
-from importlib import import_module
+from .._lazy import lazy_exports
 
 from .formats import read_duo, read_headkv, read_policy, write_duo, write_headkv
 from .policy import KVPolicy, kv_policy
@@ -17,10 +17,4 @@ from .policy import KVPolicy, kv_policy
 __all__ = ["KVPolicy", "kv_policy", "kv_evaluate", "KVEvaluation", "read_duo", "read_headkv", "read_policy",
            "write_duo", "write_headkv"]
 
-_LAZY = {"kv_evaluate": "headscope.kv.evaluate", "KVEvaluation": "headscope.kv.evaluate"}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'headscope.kv' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, {"kv_evaluate": "evaluate", "KVEvaluation": "evaluate"})

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_dir, write_card
-from ..errors import HeadscopeError, UsageError
-from ..checks import check_loaded
+from ..errors import HeadscopeError
+from ..checks import check_count, check_loaded
 from ..hf.adapters import family_of, head_sizes
 from ..hf.streaming import stream_heads
 from ..probes.needle import NeedleExample, needle_probe
@@ -72,8 +72,7 @@ def conditions(policy: KVPolicy, keeps: Sequence[float] = KEEPS, n_random: int =
     kind is "full", "streaming", "headscope", "reverse" or "random" (draw 1..n_random; 0 for
     the others); keep is 1.0 for full and 0.0 for streaming.
     """
-    if n_random < 1:
-        raise UsageError(f"n_random must be at least 1, got {n_random}")
+    check_count("n_random", n_random)
     shape, size = policy.values.shape, policy.values.size
     order = ranking_order(policy.values)
     rng = np.random.default_rng(seed)

@@ -27,6 +27,7 @@ from typing import ClassVar, Iterable, Optional
 
 import torch
 
+from ..checks import check_count
 from ..errors import HeadscopeError, UsageError
 from . import conllu
 from .needle import NEEDLES, QUESTION, NeedleExample, needle_probe
@@ -53,7 +54,7 @@ class TextProbe:
     name: ClassVar[str] = "text"
 
     def build(self, loaded, seed: int) -> ProbeSet:
-        _at_least_one("n_examples", self.n_examples)
+        check_count("n_examples", self.n_examples)
         return text_probe(loaded.tokenizer, self.n_examples, self.seq_len, seed)
 
     def eval_probe(self, loaded, n_examples: int, seed: int, name: str = "text") -> EvalProbe:
@@ -85,11 +86,11 @@ class RepeatedProbe:
     name: ClassVar[str] = "repeated"
 
     def __post_init__(self):
-        if self.repeat_len < 2 or self.repeats < 2:
-            raise UsageError("the repeated probe needs repeat_len >= 2 and repeats >= 2")
+        check_count("repeat_len", self.repeat_len, least=2)
+        check_count("repeats", self.repeats, least=2)
 
     def build(self, loaded, seed: int) -> ProbeSet:
-        _at_least_one("n_examples", self.n_examples)
+        check_count("n_examples", self.n_examples)
         return repeated_probe(loaded.tokenizer, self.n_examples, self.repeat_len, self.repeats, seed,
                               vocab_size=loaded.text_config.vocab_size, vary_period=self.vary_period)
 
@@ -220,7 +221,7 @@ class CopyProbe:
     name: ClassVar[str] = "copy"
 
     def build(self, loaded, seed: int) -> CopySet:
-        _at_least_one("n_examples", self.n_examples)
+        check_count("n_examples", self.n_examples)
         return copy_probe(loaded.tokenizer, self.n_examples, self.seq_len, decoder_start(loaded), seed)
 
     def eval_probe(self, loaded, n_examples: int, seed: int) -> EvalProbe:
@@ -275,8 +276,7 @@ def command_line_probes(n_examples: int, seq_len: int, repeat_len: int, repeats:
     Raises:
         HeadscopeError: lengths that are not positive integers, or a bad treebank file.
     """
-    if isinstance(n_sentences, bool) or not isinstance(n_sentences, int) or n_sentences < 0:
-        raise UsageError(f"--n-sentences takes a whole number of treebank sentences (0: all), got {n_sentences!r}")
+    check_count("--n-sentences", n_sentences, least=0)
     try:
         lengths = tuple(int(part) for part in needle_lengths.split(",") if part.strip())
     except ValueError:
@@ -291,9 +291,3 @@ def command_line_probes(n_examples: int, seq_len: int, repeat_len: int, repeats:
         probes.append(TreebankProbe(sentences, n_sentences or None, source=None if treebank is None else str(treebank)))
     return probes
 
-
-def _at_least_one(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"{name} must be an integer, got {value!r}")
-    if value <= 0:
-        raise UsageError(f"{name} must be at least 1, got {value}")

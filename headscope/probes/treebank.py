@@ -19,7 +19,8 @@ from typing import ClassVar, Optional, Union
 
 import torch
 
-from ..errors import HeadscopeError, UsageError
+from ..checks import check_count
+from ..errors import HeadscopeError
 from .base import EvalProbe, ProbeBatch, WordContext, special_tokens
 from .conllu import bundled_treebank, read_conllu, validate_sentences
 from .align import Alignment, align_words
@@ -127,8 +128,7 @@ class TreebankProbe:
         if not sentences:
             raise HeadscopeError("no sentences to score: the treebank is empty")
         if self.n_sentences is not None:
-            if self.n_sentences < 1:
-                raise UsageError(f"max_sentences must be at least 1, got {self.n_sentences}")
+            check_count("max_sentences", self.n_sentences)
             if self.n_sentences < len(sentences):
                 chosen = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed))[:self.n_sentences]
                 sentences = [sentences[i] for i in sorted(chosen.tolist())]

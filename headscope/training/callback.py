@@ -24,7 +24,7 @@ from typing import Iterable, Optional
 
 from transformers import TrainerCallback
 
-from ..errors import HeadscopeError
+from ..checks import check_count
 from .timeline import Timeline
 
 __all__ = ["HeadscopeCallback", "DEFAULT_EVERY"]
@@ -47,8 +47,7 @@ class HeadscopeCallback(TrainerCallback):
 
     def __init__(self, every: int = DEFAULT_EVERY, out="headscope-timeline", detectors: Optional[Iterable[str]] = None,
                  probes: Optional[Iterable] = None, **timeline):
-        if every < 1:
-            raise HeadscopeError(f"every must be at least 1, got {every}")
+        check_count("every", every)
         self.every = every
         self.out = Path(out)
         self._settings = dict(detectors=detectors, probes=probes, **timeline)

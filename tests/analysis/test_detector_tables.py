@@ -75,16 +75,30 @@ def test_the_table_survives_save_load_and_report(previous_mass_analysis, tmp_pat
     assert (tmp_path / "b" / f"{TABLE}.csv").read_text() == written
 
 
-def test_tables_set_by_attribute_are_saved(previous_mass_analysis, tmp_path):
+def test_a_table_added_by_name_is_saved_and_reads_as_an_attribute(previous_mass_analysis, tmp_path):
     copy = Analysis(previous_mass_analysis.scores, previous_mass_analysis.labels, dict(previous_mass_analysis.meta), tables=dict(previous_mass_analysis.tables))
-    copy.extra = pd.DataFrame({"layer": [0], "note": ["set as an attribute"]})
+    copy.add_table("extra", pd.DataFrame({"layer": [0], "note": ["added by name"]}))
     assert "extra" in copy.tables
     pd.testing.assert_frame_equal(Analysis.load(copy.save(tmp_path / "c")).extra, copy.extra)
-    copy.extra = None
-    assert "extra" not in copy.tables
+    with pytest.raises(HeadscopeError, match="add_table"):
+        copy.add_table("extra", None)
+    del copy.tables["extra"]
+    assert not hasattr(copy, "extra")
+
+
+def test_setting_an_unknown_attribute_is_an_error_not_a_table(previous_mass_analysis, tmp_path):
+    copy = Analysis(previous_mass_analysis.scores, previous_mass_analysis.labels, dict(previous_mass_analysis.meta))
+    with pytest.raises(AttributeError, match=r"'lables'.*add_table\('lables', frame\)"):
+        copy.lables = copy.labels  # a typo of a field
+    assert "lables" not in copy.tables and not hasattr(copy, "lables")
+    assert not (copy.save(tmp_path / "d") / "lables.csv").exists()
+    copy.validation = pd.DataFrame({"label": ["induction"]})  # the fields are still set as attributes
+    assert copy.validation.label.tolist() == ["induction"] and "validation" not in copy.tables
 
 
 @pytest.mark.parametrize("name", ["scores", "labels", "validation", "meta", "save", "bad-name"])
 def test_a_table_may_not_take_the_analysis_own_names(previous_mass_analysis, name):
     with pytest.raises(HeadscopeError, match="cannot name a table"):
         Analysis(previous_mass_analysis.scores, previous_mass_analysis.labels, previous_mass_analysis.meta, tables={name: pd.DataFrame()})
+    with pytest.raises(HeadscopeError, match="cannot name a table"):
+        previous_mass_analysis.add_table(name, pd.DataFrame())

@@ -95,7 +95,7 @@ def test_report_data_carries_the_ov_column_and_qualifier(planted_ov_analysis, tm
 
 
 def test_cli_summary_shows_the_qualifier(planted_ov_analysis, capsys, tmp_path):
-    from headscope.cli import _summary
+    from headscope.cli.analysis import _summary
 
     _summary(planted_ov_analysis, tmp_path)
     lines = capsys.readouterr().out.splitlines()

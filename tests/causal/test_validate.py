@@ -253,9 +253,9 @@ def test_encoder_with_lm_head_reports_masked_token_loss(tmp_path):
 # --- bad input and saving -------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(k=0), "k must be at least 1, got 0"),
-    (dict(n_random=0), "n_random must be at least 1, got 0"),
-    (dict(n_examples=0), "n_examples must be at least 1"),
+    (dict(k=0), "k must be an integer of at least 1, got 0"),
+    (dict(n_random=0), "n_random must be an integer of at least 1, got 0"),
+    (dict(n_examples=0), "n_examples must be an integer of at least 1"),
     (dict(mode="half"), "unknown ablation mode 'half'"),
     (dict(labels=["copy_suppression"]), "no heads labelled 'copy_suppression' to check; labels with heads: "),
     (dict(labels=["none"]), "no heads labelled 'none'"),

@@ -49,7 +49,7 @@ def test_analyze_writes_analysis_and_report(analyzed):
 
 def test_summary_says_when_there_was_no_control_and_a_detector_was_skipped(capsys, tmp_path):
     from tests.support.fake_analysis import fake_analysis
-    from headscope.cli import _summary
+    from headscope.cli.analysis import _summary
     from headscope.report.data import top_heads
 
     skipped = "syntactic detector skipped: no relation has at least 30 scored arcs in each half of the sentences"
@@ -67,7 +67,7 @@ def test_summary_says_when_there_was_no_control_and_a_detector_was_skipped(capsy
 
 def test_summary_names_each_labels_quantity_and_the_control(capsys, tmp_path):
     from tests.support.fake_analysis import fake_analysis
-    from headscope.cli import _summary
+    from headscope.cli.analysis import _summary
 
     analysis = fake_analysis()
     _summary(analysis, tmp_path)
@@ -98,7 +98,7 @@ def test_force_replaces(analyzed, planted_path, tmp_path):
 
 @pytest.mark.parametrize("extra,message", [
     (["--detectors", "previous_token,copy_suppression"], "unknown detector 'copy_suppression'; detectors:"),
-    (["--n-examples", "0"], "n_examples must be at least 1"),
+    (["--n-examples", "0"], "n_examples must be an integer of at least 1"),
     (["--seq-len", "4000"], "takes at most 48"),
     (["--device", "tpu"], "unknown device"),
     (["--plotlyjs", "inline"], "--plotlyjs must be embed or cdn"),

@@ -142,11 +142,11 @@ def test_a_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, mo
 @pytest.mark.parametrize("spec,expected", [("m/sub/..", "m"), ("m/", "m"), ("smollm2-135m", "smollm2-135m"),
                                            ("org/name", "name"), ("..hidden", "hidden")])
 def test_the_default_output_folder_is_named_for_the_real_model(tmp_path, monkeypatch, spec, expected):
-    from headscope.cli import _default_out
+    from headscope.cli.shared import default_out
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m" / "sub").mkdir(parents=True)
-    assert _default_out(spec) == Path("reports") / expected
+    assert default_out(spec) == Path("reports") / expected
 
 
 def test_geometry_into_a_folder_that_cannot_be_written_fails_before_loading(planted_path, tmp_path, monkeypatch):

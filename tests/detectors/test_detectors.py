@@ -110,6 +110,29 @@ def test_uniform_and_sink_on_hand_worked_patterns():
     assert detectors.uniform(half, batch).item() == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("name", list(detectors.REGISTRY))
+def test_every_builtin_keeps_the_detector_contract(name):
+    headscope.check_detector(detectors.REGISTRY[name])
+
+
+def test_the_contract_check_catches_a_detector_that_mutates_or_misshapes():
+    def zeroes_its_input(pattern, batch):
+        pattern.tensor.zero_()  # the pattern arrives wrapped (attention.pattern.DensePattern)
+        return pattern.tensor.sum(dim=(-1, -2))
+
+    def per_query(pattern, batch):
+        return pattern.tensor.sum(-1)  # [batch, head, query]: one axis too many
+
+    made = [detectors.Detector(name, probe="text", threshold=0.5, formula="x", source="a test", fn=fn)
+            for name, fn in (("zeroes", zeroes_its_input), ("per_query", per_query))]
+    with pytest.raises(headscope.HeadscopeError, match="changed its input"):
+        headscope.check_detector(made[0])
+    with pytest.raises(headscope.HeadscopeError, match=r"returns \[batch, head\] scores"):
+        headscope.check_detector(made[1])
+    with pytest.raises(headscope.HeadscopeError, match="takes a Detector"):
+        headscope.check_detector("induction")
+
+
 def test_detectors_do_not_modify_their_input():
     torch.manual_seed(0)
     p = torch.softmax(torch.randn(2, 3, 12, 12), -1)
@@ -235,7 +258,7 @@ def test_seed_reproducible_and_progress_reported(planted):
 @pytest.mark.parametrize("kwargs,message", [
     (dict(detectors=["induction", "copy_suppression"]), "unknown detector 'copy_suppression'; detectors: .*induction"),
     (dict(detectors=["next_token"]), "needs a bidirectional model"),
-    (dict(probes=[TextProbe(0, 40), RepeatedProbe(0, 10, 4)]), "n_examples must be at least 1"),
+    (dict(probes=[TextProbe(0, 40), RepeatedProbe(0, 10, 4)]), "n_examples must be an integer of at least 1"),
     (dict(probes=[TextProbe(8, 100), RepeatedProbe(8, 10, 4)]), "the text probe needs 100 tokens but .* takes at most 48"),
     (dict(probes=[TextProbe(8, 40), RepeatedProbe(8, 20, 4)]), "the repeated probe needs 81 tokens"),
     (dict(probes=[TextProbe(100000, 40), RepeatedProbe(8, 10, 4)]), "at most .* examples"),

@@ -69,6 +69,9 @@ def test_bad_streaming_heads_are_one_line_errors():
     with pytest.raises(HeadscopeError, match="out of range"):
         with stream_heads(model, [(0, n_kv)], 1, 2):
             pass
-    with pytest.raises(HeadscopeError, match="sink >= 0"):
+    with pytest.raises(HeadscopeError, match="recent must be an integer of at least 1, got 0"):
         with stream_heads(model, [(0, 0)], 1, 0):
+            pass
+    with pytest.raises(HeadscopeError, match="sink must be an integer of at least 0, got -1"):
+        with stream_heads(model, [(0, 0)], -1, 2):
             pass

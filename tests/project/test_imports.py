@@ -103,7 +103,7 @@ def test_the_check_finds_a_cycle_hidden_in_a_function():
 
 def test_the_graph_sees_function_level_and_package_edges():
     graph = _graph()
-    assert "headscope.hf.verify" in graph["headscope.cli"]  # imported inside a command
+    assert "headscope.hf.verify" in graph["headscope.cli.models"]  # imported inside a command
     assert "headscope.detectors" not in graph["headscope.detectors.protocol"]  # its own package: not counted
     assert "headscope.detectors.runner" in graph["headscope.detectors.syntax.standalone"]
     assert "headscope.detectors.registry" in graph["headscope.detectors.protocol"]
@@ -196,3 +196,13 @@ def test_few_code_lines_outside_detectors_and_probes_name_a_builtin():
         found += [f"{path.relative_to(PACKAGE)}:{line}" for line in sorted(_lines_naming_builtins(path, names))]
     assert len(found) <= 20, "\n".join(found)
     assert _lines_naming_builtins(PACKAGE / "training" / "toy.py", names), "the check finds names where they are"
+
+
+def test_attention_imports_nothing_from_hf_at_module_level():
+    """attention/ is the floor: hf/ builds on it. `MultiHeadAttention.from_hf` is the one name of
+    attention/ that reads a Hugging Face block, and it imports `hf.from_hf` only when called."""
+    modules = _modules()
+    reaches = [(name, target, inside) for name, path in sorted(modules.items()) if name.startswith("headscope.attention")
+               for target, _, inside in _imports(name, path, modules) if target.startswith("headscope.hf")]
+    assert [(name, target) for name, target, inside in reaches if not inside] == []
+    assert reaches == [("headscope.attention.module", "headscope.hf.from_hf", True)]

@@ -19,7 +19,7 @@ from headscope.detectors.section import ReportSection, analysis_table, figure_st
 from headscope.errors import HeadscopeError
 from headscope.report import render_html, report_data
 from headscope.report.notebook import analysis_html
-from headscope.cli import _summary
+from headscope.cli.analysis import _summary
 from headscope.report.plotting import plot_section
 
 FIGURE_ID = "hs-rare-pairs"
@@ -78,7 +78,7 @@ def rare_pairs():
 
 
 def _with_pairs(analysis, note="few"):
-    analysis.pairs = pd.DataFrame({"layer": [0, 1], "head": [2, 0], "pair": ["<b>a&b", "cd"]})
+    analysis.add_table("pairs", pd.DataFrame({"layer": [0, 1], "head": [2, 0], "pair": ["<b>a&b", "cd"]}))
     analysis.meta["pairs_note"] = note
     analysis.meta["detectors"]["rare_pairs"] = dict(REGISTRY["rare_pairs"].describe(), colour=None)
     return analysis
@@ -128,7 +128,7 @@ def test_report_ov_rows_read_the_recorded_attribute():
     analysis = fake_analysis()
     rows = [{"layer": l, "head": h, "positive_eig_share": 0.95, "copy_top1": 0.5, "control_positive_eig_share": 0.3}
             for l in range(analysis.n_layers) for h in range(analysis.n_heads)]
-    analysis.ov = pd.DataFrame(rows)
+    analysis.add_table("ov", pd.DataFrame(rows))
     analysis.meta["ov"] = {"n_tokens": 512, "fold_norms": True, "copies_share": 0.9, "skipped": None}
     before = report_data(analysis)
     assert {r.label for r in before.ov} == {"induction", "duplicate_token"}

@@ -22,12 +22,10 @@ Method (Clark, Khandelwal, Levy, Manning 2019, "What Does BERT Look At?", sectio
     ``syntactic:<relation>`` needs the held-out margin's 95% CI lower bound >= 0.10 (Voita et
     al. 2019's 10 points), with sentences resampled within halves (1000 resamples).
 """
-from importlib import import_module
+from ..._lazy import lazy_exports
 
 __all__ = ["THRESHOLD", "MIN_ARCS"]
 
 
-def __getattr__(name):  # lazily: the report reads `report.py` here without torch
-    if name in ("THRESHOLD", "MIN_ARCS"):
-        return getattr(import_module(f"headscope.detectors.syntax.{'crossfit' if name == 'THRESHOLD' else 'scoring'}"), name)
-    raise AttributeError(f"module 'headscope.detectors.syntax' has no attribute {name!r}")
+# lazily: the report reads `report.py` here without torch
+__getattr__, __dir__ = lazy_exports(__name__, {"THRESHOLD": "crossfit", "MIN_ARCS": "scoring"})

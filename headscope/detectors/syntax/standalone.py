@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ...errors import HeadscopeError
-from ...checks import check_loaded
+from ...checks import check_count, check_loaded
 from ...probes.treebank import CAUSAL_NOTE, TreebankProbe
 from ..protocol import Progress
 from ..runner import Timings, collect_with_control
@@ -81,8 +81,8 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
     """
     check_loaded(loaded, "run_syntax")
     timings = Timings()
-    if batch_size < 1 or min_arcs < 1:
-        raise HeadscopeError(f"batch_size and min_arcs must be at least 1 (got {batch_size}, {min_arcs})")
+    check_count("batch_size", batch_size)
+    check_count("min_arcs", min_arcs)
     probe = TreebankProbe(sentences, max_sentences).build(loaded, seed)
     detector = dataclasses.replace(syntactic, min_arcs=min_arcs, threshold=threshold)
     passes, twin = collect_with_control(loaded, control, probe, [detector], batch_size, timings, progress,
