@@ -37,10 +37,10 @@ import torch
 
 import headscope
 from headscope.atomic import write_text_atomic
-from headscope.circuits.eap import area
+from headscope.circuits.faithfulness import area
 from headscope.circuits.edges import graph_of
-from headscope.circuits.patched import Patched
-from headscope.circuits.running import Target
+from headscope.circuits.edge_patching import Patched
+from headscope.circuits.target import Target
 
 HERE = Path(__file__).resolve().parent
 STEPS, N_RANDOM = 5, 5  # EAP-IG's points; random circuits per size

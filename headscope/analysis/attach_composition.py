@@ -1,7 +1,7 @@
 """Composition scores inside an analysis: attach `headscope.composition`'s tables and re-write the folder.
 
 - `add_composition(analysis_or_folder, loaded, kinds=("q", "k", "v"), ...)`: score every earlier ->
-  later pair of the analysed model's heads (`headscope.circuits.composition`) and attach the scores
+  later pair of the analysed model's heads (`headscope.circuits.composition_scores`) and attach the scores
   as the analysis's `composition` table (saved as composition.csv, its settings in
   `meta["composition"]`); the report then draws a heatmap per kind and the top pairs. Given an
   analysis, returns a copy holding them; given a folder, re-writes it (analysis files, manifest and
@@ -17,7 +17,7 @@ from typing import Sequence
 from .attach_geometry import check_model_matches, rewrite_folder
 from .result import Analysis
 from ..checks import check_analysis, check_loaded
-from ..circuits.composition import BASELINE_SAMPLES, KINDS, composition
+from ..circuits.composition_scores import BASELINE_SAMPLES, KINDS, composition
 from ..errors import UsageError
 from ..report.html import check_plotlyjs
 

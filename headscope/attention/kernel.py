@@ -105,7 +105,7 @@ def pattern_of(q: torch.Tensor, k: torch.Tensor, *, mask: Optional[torch.Tensor]
                sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The pattern `attention` computes for these queries and keys, out of place (autograd-safe):
     `[batch, head, query, key]` fp32. Arguments as `attention`'s; `k` may have fewer heads than `q`.
-    Attribution patching's QK fix (`headscope.circuits.attribute`) recomputes a layer's pattern
+    Attribution patching's QK fix (`headscope.circuits.attribution`) recomputes a layer's pattern
     with one head's queries or keys replaced through it, with the settings the layer's call used."""
     if scale is None:
         scale = q.shape[-1] ** -0.5

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..detectors.section import figure_style, plotly_text
 from ..report.figures import EXPLORER_ID, LABEL_MAP_ID, explorer_figure
-from ..report.html import _example_payload, figure_div, head_button, header_list, page, table
+from ..report.html import example_payload, figure_div, head_button, header_list, page, table
 from ..report.data import HeaderField
 from ..report.script import EXPLORER_JS
 
@@ -196,7 +196,7 @@ def render_attribution_html(run, plotlyjs: str = "embed") -> str:
     payload = {"explorer": EXPLORER_ID, "labelMap": EFFECT_ID, "clickable": [EFFECT_ID] + ([SCATTER_ID] if scatter else []),
                "n_layers": run.n_layers, "n_heads": run.n_heads, "initial": list(best), "labels": data.labels,
                "passing": [[""] * run.n_heads for _ in range(run.n_layers)],
-               "examples": [_example_payload(e) for e in run.examples]}
+               "examples": [example_payload(e) for e in run.examples]}
     return page(f"headscope attribute: {run.model}", body, figs, plotlyjs, json_blocks={"hs-explorer-data": payload},
                 scripts=[EXPLORER_JS])
 

@@ -27,10 +27,10 @@ from ..errors import HeadscopeError, UsageError
 from ..hf.capture import capture
 from ..probes.tokens import display_tokens
 from ..tables import read_table
-from .attribute import METHODS, attribute
+from .attribution import METHODS, attribute
 from .attribution_page import render_attribution_html
 from .dla import logit_attribution
-from .running import Target
+from .target import Target
 
 __all__ = ["AttributionRun", "Shown", "run_attribution", "read_attribution", "FILES"]
 

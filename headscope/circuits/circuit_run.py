@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..atomic import atomic_dir
 from ..folders import write_card, write_manifest
-from .circuit import Circuit
+from .edge_circuit import Circuit
 from .circuit_page import TOP_EDGES, render_circuit_html
 
 __all__ = ["PAGE", "write_circuit", "write_circuit_into", "read_circuit", "circuit_headline"]

@@ -32,7 +32,7 @@ from ..detectors.stats import bootstrap_mean_ci
 from ..hf.adapters import out_projection
 from ..hf.hooks import model_hooks
 from .residual import Decomposition, close, decompose, frozen_norm, layer_list, record
-from .running import Target, batches, output_logits
+from .target import Target, batches, output_logits
 
 __all__ = ["logit_attribution", "COLUMNS"]
 

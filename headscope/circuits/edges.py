@@ -17,7 +17,7 @@ the analysed attention block and the residual stream (Gemma 2 and 3's post-atten
 head sends its share of what reaches the stream with the norm's per-row scale frozen at the
 run's own value, g * P(result_h) / s (the rule direct logit attribution follows,
 `headscope.circuits.dla`): the shares add up to the norm's output, so a head's share is its own
-again (`headscope.circuits.split` records them; `graph.head_post` holds the norm).
+again (`headscope.circuits.stream_copies` records them; `graph.head_post` holds the norm).
 """
 from __future__ import annotations
 

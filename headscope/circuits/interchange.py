@@ -36,9 +36,9 @@ import numpy as np
 
 from ..atomic import write_text_atomic
 from ..errors import HeadscopeError, UsageError
-from .eap import toward_clean
+from .faithfulness import toward_clean
 from .edges import graph_of
-from .running import Target
+from .target import Target
 from .tasks import Task
 
 __all__ = ["write_eap_json", "read_eap_json", "to_eap_name", "from_eap_name"]

@@ -30,7 +30,7 @@ from .geometry_figures import GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID, geomet
 from .script import EXPLORER_JS, PLOT_JS
 
 __all__ = ["render_report", "axis_tokens", "page", "table", "Raw", "figure_div", "header_list", "head_button",
-           "script_json", "plotlyjs_tag", "check_plotlyjs", "PLOTLYJS_MODES"]
+           "script_json", "plotlyjs_tag", "check_plotlyjs", "PLOTLYJS_MODES", "example_payload"]
 
 PLOTLYJS_MODES = ("embed", "cdn")
 LABEL_RANK_HEADS = 6  # heads listed per label in the importance-rank table
@@ -124,7 +124,7 @@ def render_report(data, plotlyjs: str = "embed") -> str:
         "explorer": figures.EXPLORER_ID, "labelMap": figures.LABEL_MAP_ID, "clickable": clickable,
         "n_layers": data.n_layers, "n_heads": data.n_heads, "initial": list(initial),
         "labels": [list(row) for row in grid.labels], "passing": [list(row) for row in grid.passing],
-        "examples": [_example_payload(e) for e in data.examples],
+        "examples": [example_payload(e) for e in data.examples],
     }
     return page(f"headscope: {data.title}", "\n".join(body), figs, plotlyjs,
                 json_blocks={"hs-explorer-data": explorer_payload}, scripts=[EXPLORER_JS])
@@ -252,7 +252,7 @@ def _display_token(token: str) -> str:
     return html.escape(shown, quote=False)
 
 
-def _example_payload(example) -> dict:
+def example_payload(example) -> dict:
     """One example for the explorer: tokens (escaped for plotly) and zlib + base64 uint8 patterns;
     where the keys are other tokens (cross-attention's encoder), their count `m` and
     `keyTokens`, `keyTicks` too."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import headscope
-from headscope.circuits.attribute import attribute
+from headscope.circuits.attribution import attribute
 from headscope.circuits.tasks import Task
 from headscope.hf.hooks import model_hooks
 

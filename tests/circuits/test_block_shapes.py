@@ -7,7 +7,7 @@ reads and writes its rows flat, [batch * pos, d_model], as Llama 4's MoE writes 
 import pytest
 import torch
 
-from headscope.circuits.circuit import circuit
+from headscope.circuits.edge_circuit import circuit
 
 from tests.support.circuit_models import one_edge_nudged, random_task, scaled
 from tests.support.tiny import tiny_config, tiny_model

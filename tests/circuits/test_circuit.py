@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import headscope
-from headscope.circuits.circuit import Circuit, circuit
+from headscope.circuits.edge_circuit import Circuit, circuit
 from headscope.circuits.tasks import Task
 
 from tests.support.circuit_models import LENGTH, N, one_edge_nudged, random_task, scaled

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import headscope
-from headscope.circuits.circuit import Circuit, circuit
-from headscope.circuits.eap import area, check_sizes, toward_clean
+from headscope.circuits.edge_circuit import Circuit, circuit
+from headscope.circuits.faithfulness import area, check_sizes, toward_clean
 from headscope.circuits.edges import graph_of
 from headscope.circuits.interchange import from_eap_name, to_eap_name
-from headscope.circuits.patched import Patched
-from headscope.circuits.running import Target
+from headscope.circuits.edge_patching import Patched
+from headscope.circuits.target import Target
 from headscope.circuits.stability import stability
 
 from tests.support.circuit_models import one_edge_nudged, random_task, scaled

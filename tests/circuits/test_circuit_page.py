@@ -3,7 +3,7 @@ own numbers, text from labels and meta is escaped, the faithfulness section appe
 circuit was evaluated."""
 import pandas as pd
 
-from headscope.circuits.circuit import Circuit
+from headscope.circuits.edge_circuit import Circuit
 from headscope.circuits.circuit_page import (FAITHFULNESS_ID, GRAPH_ID, PARTS, faithfulness_figure, graph_figure,
                                              graph_layout, page_data, receiver_node, render_circuit_html)
 

@@ -18,7 +18,7 @@ to 4th and is the strongest edge into the keys every time (benchmarks/results-ci
 import pytest
 
 import headscope
-from headscope.circuits.circuit import circuit
+from headscope.circuits.edge_circuit import circuit
 from headscope.training.toy import toy_tokenizer
 from tests.support.phase_change import labelled_heads
 

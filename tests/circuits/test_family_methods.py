@@ -7,11 +7,11 @@ import re
 import pytest
 import torch
 
-from headscope.circuits.attribute import attribute
-from headscope.circuits.circuit import circuit
-from headscope.circuits.composition import composition
+from headscope.circuits.attribution import attribute
+from headscope.circuits.edge_circuit import circuit
+from headscope.circuits.composition_scores import composition
 from headscope.circuits.dla import logit_attribution
-from headscope.circuits.running import Target, output_logits
+from headscope.circuits.target import Target, output_logits
 from headscope.errors import HeadscopeError
 from headscope.hf.families import OTHER, family_table
 from headscope.hf.family_methods import METHODS, REASONS, REFUSED, methods_of

@@ -6,9 +6,9 @@ import torch
 
 from headscope import HeadscopeError
 from headscope.circuits.edges import graph_of
-from headscope.circuits.patched import Patched
-from headscope.circuits.running import Target
-from headscope.circuits.split import split_run
+from headscope.circuits.edge_patching import Patched
+from headscope.circuits.target import Target
+from headscope.circuits.stream_copies import split_run
 
 from tests.support.circuit_models import random_task as _task, scaled as _scaled
 from tests.support.tiny import tiny_model

@@ -124,7 +124,7 @@ def test_geometry_out_follows_the_same_rule(planted_path, tmp_path):
 @pytest.mark.parametrize("option", [["--examples", "0"], ["--steps", "0"], ["--seq-len", "1"]])
 def test_geometry_refuses_empty_settings_before_loading(planted_path, tmp_path, option):
     result = CliRunner().invoke(app, ["geometry", planted_path, "--out", str(tmp_path / "g"), "--device", "cpu", *option])
-    assert result.exit_code == 2 and "must be at least" in result.output and "loading" not in result.output
+    assert result.exit_code == 2 and "must be an integer of at least" in result.output and "loading" not in result.output
     assert not (tmp_path / "g").exists()
 
 

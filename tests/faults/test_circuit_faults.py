@@ -19,7 +19,7 @@ import headscope
 
 from headscope.analysis import Analysis
 from headscope.circuits.attribution_run import read_attribution, run_attribution
-from headscope.circuits.circuit import Circuit, circuit
+from headscope.circuits.edge_circuit import Circuit, circuit
 from headscope.circuits.circuit_run import read_circuit, write_circuit
 from headscope.circuits.tasks import Task
 from headscope.errors import HeadscopeError, HeadscopeWarning

@@ -5,8 +5,8 @@ again at a scale where heads attend sharply enough for edges to matter) and
 import torch
 
 from headscope.circuits.edges import graph_of
-from headscope.circuits.running import Target
-from headscope.circuits.split import split_run
+from headscope.circuits.target import Target
+from headscope.circuits.stream_copies import split_run
 from headscope.circuits.tasks import Task
 
 from tests.support.tiny import VOCAB

@@ -5,7 +5,7 @@ table of made-up numbers (for the page and the folder, not for faithfulness)."""
 import numpy as np
 import pandas as pd
 
-from headscope.circuits.circuit import Circuit
+from headscope.circuits.edge_circuit import Circuit
 
 
 def fake_circuit(n_layers: int = 30, n_heads: int = 9, seed: int = 0, evaluated: bool = False) -> Circuit:

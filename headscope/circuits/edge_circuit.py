@@ -14,12 +14,12 @@ An edge `src -> dst` is the part of dst's input that src wrote; its score estima
 the task's metric when that one edge carries the corrupted run's value instead of the clean one.
 
 - `circuit(loaded, task, method="eap-ig", steps=5)` -> `Circuit`: every edge scored
-  (`headscope.circuits.eap`, which documents the formulas).
+  (`headscope.circuits.faithfulness`, which documents the formulas).
 - `Circuit.edges` (DataFrame: src, dst, score), `Circuit.nodes` (name, kind, layer, head),
   `Circuit.meta`; `Circuit.top(n)`: the n edges of largest |score| (the ranking CMD uses; CPR
-  ranks by signed score, see `headscope.circuits.eap`).
+  ranks by signed score, see `headscope.circuits.faithfulness`).
 - `Circuit.evaluate(sizes, ...)`: faithfulness measured by running the model, CPR and CMD as MIB
-  defines them (`headscope.circuits.eap.evaluate`); `Circuit.evaluation` holds the last one.
+  defines them (`headscope.circuits.faithfulness.evaluate`); `Circuit.evaluation` holds the last one.
 - `Circuit.stability(n_boot, sizes)`: bootstrap Jaccard of the top edges over resampled prompts
   (`headscope.circuits.stability`), also kept in `meta["stability"]`.
 - `Circuit.to_eap_json(path)` / `Circuit.from_eap_json(path, loaded)`: the circuit in the EAP-IG
@@ -42,17 +42,16 @@ from ..checks import check_count, check_seed
 from ..errors import HeadscopeError, UsageError
 from ..folders import check_folder, write_manifest
 from .circuit_files import FILES, KINDS, check_scores, read_edges, read_evaluation, read_meta, read_nodes, read_random
-from .eap import METHODS, evaluate, score_edges
+from .eap import METHODS, score_edges
 from .edges import graph_of
+from .faithfulness import MIB_SIZES, evaluate
 from .interchange import read_eap_json, write_eap_json
-from .running import Target
 from .stability import STABILITY_SIZES, stability
+from .target import Target
 from .tasks import Task
 
-__all__ = ["Circuit", "circuit", "MIB_SIZES", "MAX_STEPS", "MAX_RANDOM", "FILES", "KINDS"]
+__all__ = ["Circuit", "circuit", "MAX_STEPS", "MAX_RANDOM", "FILES", "KINDS"]
 
-# Circuit sizes as percentages of all edges (Mueller et al. 2025, MIB).
-MIB_SIZES = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
 # Bounds on the work one call may ask for: EAP-IG's points (each a forward and backward pass of
 # every prompt; 5-20 converge on the models benchmarked, docs/circuits.md) and the random
 # circuits drawn per size (each a forward pass of every prompt).
@@ -102,7 +101,7 @@ class Circuit:
     def evaluate(self, sizes=MIB_SIZES, n_random: int = 5, seed: int = 0, loaded: Any = None,
                  batch_size: int = 16, progress=None):
         """Faithfulness at each size, measured by running the model with only the circuit's edges
-        clean (`headscope.circuits.eap.evaluate`, which documents the formulas).
+        clean (`headscope.circuits.faithfulness.evaluate`, which documents the formulas).
 
         Args:
             sizes: circuit sizes in percent of all edges, each in (0, 100].

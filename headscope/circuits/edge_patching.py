@@ -24,8 +24,8 @@ import torch
 
 from ..errors import HeadscopeError
 from .edges import Graph
-from .running import Target, batches, output_logits
-from .split import split_run
+from .target import Target, batches, output_logits
+from .stream_copies import split_run
 
 __all__ = ["Patched", "plain_senders", "CACHE_BYTES"]
 

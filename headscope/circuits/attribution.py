@@ -45,7 +45,7 @@ from ..errors import HeadscopeError, UsageError
 from ..attention.kernel import pattern_of
 from ..hf.route import Session, layer_map, routed
 from .residual import layer_list
-from .running import Target, batches, output_logits
+from .target import Target, batches, output_logits
 
 __all__ = ["attribute", "METHODS", "POINTS", "COLUMNS"]
 
