@@ -20,7 +20,7 @@ from typing import NamedTuple
 from .adapters import ADAPTERS, VISION_ADAPTERS
 from .family_methods import METHODS, TITLES, method_cell, methods_legend, methods_of
 
-__all__ = ["FamilyRow", "family_table", "family_markdown", "OUTSIDE_INTERFACE", "OTHER", "DISCOVERED", "VISION_TOWERS"]
+__all__ = ["FamilyRow", "family_table", "family_markdown", "method_counts", "OUTSIDE_INTERFACE", "OTHER", "DISCOVERED", "VISION_TOWERS"]
 
 OTHER = "any other"
 # Families whose attention never calls transformers' attention interface
@@ -156,6 +156,14 @@ def _method_cells(row: FamilyRow) -> str:
     return " | ".join(method_cell(methods[m]) for m in METHODS)
 
 
+def method_counts() -> str:
+    """One sentence: on how many of the families on the attention interface each circuit method runs."""
+    rows = [r for r in family_table() if r.capture and r.model_type != OTHER]
+    runs = {m: sum(methods_of(r.model_type)[m] is None for r in rows) for m in METHODS}
+    return (f"Of the {len(rows)} families on transformers' attention interface, DLA runs on {runs['dla']}, "
+            f"AtP on {runs['atp']}, EAP and EAP-IG on {runs['eap']} and composition on {runs['composition']}.")
+
+
 def family_markdown() -> str:
     """The table as Markdown, then what its circuit methods' refusals mean (`headscope.hf.family_methods`)."""
     yes = {True: "yes", False: "no"}
@@ -164,4 +172,4 @@ def family_markdown() -> str:
              "|---|---|---|---|---|" + "---|" * len(METHODS) + "---|"]
     lines += [f"| {r.model_type} | {yes[r.capture]} | {yes[r.verify]} | {r.analyze_sites or yes[r.analyze]} | "
               f"{r.sites or '-'} | {_method_cells(r)} | {r.notes} |" for r in family_table()]
-    return "\n".join(lines) + "\n\n" + methods_legend()
+    return "\n".join(lines) + "\n\n" + methods_legend() + "\n\n" + method_counts()

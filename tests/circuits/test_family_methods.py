@@ -95,6 +95,14 @@ def test_text_decoders_inside_a_vision_language_model_share_its_row():
         assert methods_of(text) == methods_of(whole), text
 
 
+def test_the_docs_state_the_tables_counts():
+    from pathlib import Path
+
+    from headscope.hf.families import method_counts
+
+    assert method_counts() in (Path(__file__).resolve().parents[2] / "docs" / "circuits.md").read_text()
+
+
 def test_refusals_name_families_of_the_table_and_known_reasons():
     assert set(REFUSED) <= set(ROWS)
     assert all(set(methods) <= set(METHODS) and set(methods.values()) <= set(REASONS) for methods in REFUSED.values())
