@@ -12,9 +12,9 @@ from headscope.atomic import atomic_dir
 from headscope.probes.kinds import TreebankProbe
 from headscope.report import write_compare, write_report, write_report_into
 from headscope.report.index import write_index
-from tests.detectors.test_small_treebank import small_conllu
 from tests.support.browser import open_page
 from tests.support.fake_analysis import fake_analysis
+from tests.support.treebanks import small_conllu
 
 WIDTHS = (1280, 1340, 1400)
 
