@@ -3,6 +3,7 @@
 place (`tests/support/browser.py`), which skips them when either is missing unless
 `HEADSCOPE_REQUIRE_BROWSER=1` says they must run."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,9 @@ def test_a_missing_browser_fails_where_it_is_required(monkeypatch):
 def test_ci_requires_the_browser():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert f"export {browser.REQUIRE}=1" in ci.splitlines()
+
+
+def test_the_support_modules_contributing_names_exist():
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    named = re.findall(r"^- `(\w+\.py)`: ", text.split("No test module imports another", 1)[1], re.M)
+    assert named and all((ROOT / "tests" / "support" / name).is_file() for name in named), named
