@@ -2,7 +2,8 @@
 planted models of `tests/support/` (each saved once by its factory, `save_planted` and
 `save_planted_positions`, and loaded once: `planted`, `planted_positions`), the trained
 phase-change model (`phase_change`, slow tests only), and `headscope analyze` of each bundled
-model with its defaults, run once (`golden_analyses`, slow tests only)."""
+model with its defaults, run once (`golden_analyses`, slow tests only), and Chromium for the
+browser tests (`browser`, one per module)."""
 import os
 from pathlib import Path
 
@@ -125,3 +126,13 @@ def phase_change(tmp_path_factory):
     callback = HeadscopeCallback(every=EVERY, out=root / "two", icl_data=held_out())
     losses, model = train_phase(2, STEPS, root / "run2", [callback])
     return SimpleNamespace(root=root, timeline=root / "two", losses=losses, model=model)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium driven by Playwright (`tests/support/browser.py`), one per test module: skipped
+    when either is missing, failed instead under `HEADSCOPE_REQUIRE_BROWSER=1`."""
+    from tests.support.browser import chromium
+
+    with chromium() as launched:
+        yield launched

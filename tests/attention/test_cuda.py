@@ -12,7 +12,7 @@ import torch
 import headscope
 from headscope.attention.kernel import attention
 from headscope.attention.lazy import lazy_attention, lse_kernel
-from tests.attention.test_lazy import EXTRAS, MASKS, _qkv, assert_lazy_is_the_pattern
+from tests.support.attention_cases import EXTRAS, MASKS, assert_lazy_is_the_pattern, qkv
 from tests.support.tiny import tiny_inputs, tiny_model, output_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -29,7 +29,7 @@ def test_cuda_takes_the_flex_kernel():
 @pytest.mark.parametrize("extra", ["none", *EXTRAS])
 @pytest.mark.parametrize("mask_kind", list(MASKS))
 def test_flex_entries_equal_the_full_pattern_in_fp32(mask_kind, extra):
-    q, k, v = _to_cuda(*_qkv())
+    q, k, v = _to_cuda(*qkv())
     b, h, t, _ = q.shape
     mask, is_causal, rows = MASKS[mask_kind](b, h, t)
     mask, rows = _to_cuda(mask, rows)
@@ -42,7 +42,7 @@ def test_flex_entries_equal_the_full_pattern_in_fp32(mask_kind, extra):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flex_entries_in_half_precision_stay_within_the_bound(dtype):
-    q, k, v = _to_cuda(*_qkv(), dtype=dtype)
+    q, k, v = _to_cuda(*qkv(), dtype=dtype)
     z, lazy = lazy_attention(q, k, v, is_causal=True)
     _, pattern = attention(q, k, v, is_causal=True, need_pattern=True)  # fp32 softmax of the same q, k
     assert lazy.lse.dtype == torch.float32

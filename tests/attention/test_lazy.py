@@ -12,11 +12,10 @@ from headscope.attention.lazy import lazy_attention
 from headscope.analysis.analyze import analyze
 from headscope.probes.base import ProbeBatch
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
+from tests.support.attention_cases import EXTRAS, FP32, MASKS, alibi, assert_lazy_is_the_pattern, qkv
 from tests.support.tiny import ODD_FAMILIES, tiny_inputs, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-FP32 = dict(atol=1e-5, rtol=0)  # fp32: the fused kernel and the explicit path round differently
 
 
 @pytest.fixture(params=["fused", "blockwise", "flex"])
@@ -24,68 +23,16 @@ def path(request):
     """`lazy_attention` keywords of each path: the fused CPU kernel, query blocks, or FlexAttention
     (CUDA's fused kernel; on the CPU torch runs the same score_mod and block mask uncompiled)."""
     if request.param == "blockwise":
-        return dict(fused=False, block_bytes=4 * 2 * 6 * 40 * 7)  # 7 query rows per block of _qkv()'s shape
+        return dict(fused=False, block_bytes=4 * 2 * 6 * 40 * 7)  # 7 query rows per block of qkv()'s shape
     if request.param == "flex":
         return dict(kernel="flex")
     assert lazy_module.fused_lse_available(torch.device("cpu"))
     return {}
 
 
-def _qkv(seed=0, batch=2, heads=6, kv_heads=2, length=40, d_head=16):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, heads, length, d_head, generator=g) * 2  # sharp enough to matter
-    k = torch.randn(batch, kv_heads, length, d_head, generator=g) * 2
-    v = torch.randn(batch, kv_heads, length, d_head, generator=g)
-    return q, k, v
-
-
-def _padded_causal(batch, length, n_pad=5):
-    real = torch.ones(batch, length, dtype=torch.bool)
-    real[1, :n_pad] = False  # left padding: the first rows of example 1 see no real key
-    mask = real[:, None, None, :] & torch.ones(length, length, dtype=torch.bool).tril()
-    return real, mask
-
-
-def _alibi(heads, length):
-    """An additive bias that is neither 0 nor hidden (slopes per head), plus the causal mask."""
-    distance = (torch.arange(length)[None, :] - torch.arange(length)[:, None]).float()
-    bias = distance[None] * torch.tensor([2.0 ** -(h + 1) for h in range(heads)])[:, None, None]
-    return bias.masked_fill(distance > 0, float("-inf"))[None]  # (1, H, T, T)
-
-
-MASKS = {
-    "causal": lambda b, h, t: (None, True, torch.ones(b, t, dtype=torch.bool)),
-    "padded bool": lambda b, h, t: (_padded_causal(b, t)[1], False, _padded_causal(b, t)[0]),
-    "padding and causal flag": lambda b, h, t: (_padded_causal(b, t)[0][:, None, None, :], True, _padded_causal(b, t)[0]),
-    "additive bias": lambda b, h, t: (_alibi(h, t), False, torch.ones(b, t, dtype=torch.bool)),
-    "bidirectional": lambda b, h, t: (None, False, torch.ones(b, t, dtype=torch.bool)),
-}
-
-
-def assert_lazy_is_the_pattern(z, lazy, z_ref, pattern, rows, offsets=(-1, 0), keys=(0,), tolerance=FP32):
-    """z, diagonals, key columns, masses of random targets and entropies of a `LazyPattern` equal
-    the full map's (`pattern`, explicit path) on the rows that see a real key; returns the targets."""
-    b, _, t, _ = pattern.shape
-    torch.testing.assert_close(z.transpose(1, 2)[rows], z_ref.transpose(1, 2)[rows], **tolerance)
-    for offset in offsets:
-        ours, ref = lazy.diagonal(offset), pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
-        first = max(0, -offset)
-        keep = rows[:, first:first + ref.shape[-1]]
-        torch.testing.assert_close(ours.transpose(1, 2)[keep], ref.transpose(1, 2)[keep], **tolerance)
-    for key in keys:
-        torch.testing.assert_close(lazy.column(key).transpose(1, 2)[rows], pattern[..., key].transpose(1, 2)[rows],
-                                   **tolerance)
-    g = torch.Generator().manual_seed(3)
-    targets = ((torch.rand(b, t, t, generator=g) < 0.15) & rows[:, :, None].cpu()).to(pattern.device)
-    torch.testing.assert_close(lazy.mass(targets), (pattern * targets[:, None]).sum(-1), **tolerance)
-    entropy = -torch.special.xlogy(pattern, pattern).sum(-1)
-    torch.testing.assert_close(lazy.entropy().transpose(1, 2)[rows], entropy.transpose(1, 2)[rows], **tolerance)
-    return targets
-
-
 @pytest.mark.parametrize("mask_kind", list(MASKS))
 def test_lazy_entries_equal_the_full_pattern(path, mask_kind):
-    q, k, v = _qkv()
+    q, k, v = qkv()
     b, h, t, _ = q.shape
     mask, is_causal, real = MASKS[mask_kind](b, h, t)
     z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **path)
@@ -96,19 +43,12 @@ def test_lazy_entries_equal_the_full_pattern(path, mask_kind):
     assert lazy.mass(targets).sum() > 1.0  # the targets hold real attention, not only zeros
 
 
-EXTRAS = {
-    "softcap": dict(softcap=1.5),
-    "sinks": dict(sinks=torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0])),
-    "softcap and sinks": dict(softcap=1.5, sinks=torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0])),
-}
-
-
 @pytest.mark.parametrize("extra", list(EXTRAS))
 @pytest.mark.parametrize("mask_kind", ["causal", "padded bool", "additive bias"])
 def test_lazy_entries_with_softcap_and_sinks(path, mask_kind, extra):
     """Soft-capped scores (computed in query blocks) and sink logits (in the row lse, dropped from
     the pattern): z, entries and entropy equal the explicit path's, rows sum to less than 1."""
-    q, k, v = _qkv()
+    q, k, v = qkv()
     b, h, t, _ = q.shape
     mask, is_causal, rows = MASKS[mask_kind](b, h, t)
     z, lazy = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, **EXTRAS[extra], **path)
@@ -127,7 +67,7 @@ def test_lazy_entries_with_softcap_and_sinks(path, mask_kind, extra):
 def test_keywords_choose_the_path_and_the_block_size(monkeypatch):
     """fused=False computes the row log-sum-exp in query blocks of `block_bytes`; the default
     takes the fused kernel and no block at all."""
-    q, k, v = _qkv()  # 40 queries
+    q, k, v = qkv()  # 40 queries
     blocks = []
     original = torch.logsumexp
     monkeypatch.setattr(torch, "logsumexp", lambda x, *a, **kw: blocks.append(x.shape[2]) or original(x, *a, **kw))
@@ -140,8 +80,8 @@ def test_keywords_choose_the_path_and_the_block_size(monkeypatch):
 
 def test_fused_entropy_falls_back_for_an_additive_bias(monkeypatch):
     """The keys-as-values identity needs a mask of 0 or hidden; a bias takes the exact blockwise path."""
-    q, k, v = _qkv()
-    mask = _alibi(q.shape[1], q.shape[2])
+    q, k, v = qkv()
+    mask = alibi(q.shape[1], q.shape[2])
     _, lazy = lazy_attention(q, k, v, mask=mask)
     calls = []
     original = lazy_module._blockwise_stats
@@ -215,7 +155,7 @@ def test_the_kernel_is_chosen_per_device(monkeypatch):
     assert lazy_module.lse_kernel("cuda", softcap=30.0) == "flex"
     assert lazy_module.lse_kernel("cuda", fused=False) == "blockwise"
     with pytest.raises(ValueError, match="unknown kernel"):
-        lazy_attention(*_qkv(), kernel="bogus")
+        lazy_attention(*qkv(), kernel="bogus")
 
 
 def test_analyze_on_the_flex_kernel_equals_maps_and_says_so(planted, monkeypatch):
@@ -235,7 +175,7 @@ def test_analyze_on_the_flex_kernel_equals_maps_and_says_so(planted, monkeypatch
 def test_bf16_entries_stay_within_bf16_rounding(path):
     """In bf16 the kernel's log-sum-exp comes from bf16 products; entries and entropy must still
     match the explicit path (fp32 softmax of the same bf16 q, k) to bf16's resolution."""
-    q, k, v = (x.to(torch.bfloat16) for x in _qkv())
+    q, k, v = (x.to(torch.bfloat16) for x in qkv())
     z, lazy = lazy_attention(q, k, v, is_causal=True, **path)
     _, pattern = attention(q, k, v, is_causal=True, need_pattern=True)
     # The kernel's fp32 lse from bf16 products differs from an fp32 softmax by accumulation order

@@ -1,10 +1,8 @@
 """`headscope analyze` end to end on the bundled SmolLM2-135M, and its report in Chromium (slow)."""
-import shutil
-from pathlib import Path
-
 import pytest
 
 from headscope.analysis import Analysis
+from tests.support.browser import ARTIFACTS, chromium
 
 pytestmark = pytest.mark.slow
 
@@ -19,16 +17,7 @@ def test_analyze_smollm2_end_to_end(golden_analyses):
     assert "smollm2-135m: 30 layers x 9 heads" in result.stdout
     page = out / "index.html"
     assert page.stat().st_size < 15 * 2**20
-    chromium = shutil.which("chromium")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    if chromium is None or sync_playwright is None:
-        pytest.skip("no Chromium/playwright for the browser half")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",
-                                                                    "--disable-background-networking"])
+    with chromium() as browser:  # the browser half: skipped without Playwright and Chromium
         tab = browser.new_page(viewport={"width": 1400, "height": 1000})
         errors = []
         tab.on("pageerror", lambda e: errors.append(str(e)))
@@ -36,9 +25,7 @@ def test_analyze_smollm2_end_to_end(golden_analyses):
         tab.goto(page.as_uri())
         tab.wait_for_function("document.documentElement.dataset.headscope === 'ready'", timeout=30_000)
         drawn = tab.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length")
-        artifacts = Path(__file__).resolve().parents[2] / "test-artifacts"
-        artifacts.mkdir(exist_ok=True)
-        tab.screenshot(path=str(artifacts / "smollm2-report.png"), full_page=True)
-        browser.close()
+        ARTIFACTS.mkdir(exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "smollm2-report.png"), full_page=True)
     assert errors == []
     assert drawn >= 8  # label map, 6 detector heatmaps, explorer

@@ -4,7 +4,7 @@ import pytest
 from headscope.loading.control import random_twin
 from headscope.analysis.analyze import analyze
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
-from tests.loading.test_control import learned_labels
+from tests.support.labels import learned_labels
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,8 @@
 """A small hand-annotated treebank degrades instead of failing: 30 sentences give no relation
 the 30 arcs per half the held-out significance rule needs, so no head is labelled syntactic,
 but every head's accuracies and baselines are in `Analysis.syntax`, survive save and load, and
-the report's syntax notes say why there is no label. The sentences are written here."""
+the report's syntax notes say why there is no label. The sentences are
+`tests/support/treebanks.py`'s `small_conllu`."""
 import math
 
 import pytest
@@ -10,26 +11,7 @@ import headscope
 from headscope.probes.kinds import TextProbe, TreebankProbe
 from headscope.report import render_html, report_data
 from headscope.report.method import report_warnings
-
-SUBJECTS = ["cat", "dog", "bird", "fox", "cow", "hen"]
-VERBS = ["sees", "likes", "hears", "finds", "eats"]
-OBJECTS = ["mice", "seeds", "grass", "fish", "bugs"]
-
-
-def small_conllu() -> str:
-    """30 sentences "the <subject> <verb> <object> ." (det, nsubj, root, obj, punct)."""
-    blocks = []
-    for i in range(30):
-        subject, verb, obj = SUBJECTS[i % 6], VERBS[i % 5], OBJECTS[(i * 7) % 5]
-        words = [("the", "DET", 2, "det"), (subject, "NOUN", 3, "nsubj"), (verb, "VERB", 0, "root"),
-                 (obj, "NOUN", 3, "obj"), (".", "PUNCT", 3, "punct")]
-        lines = [f"# sent_id = small-{i}", f"# text = the {subject} {verb} {obj}."]
-        for k, (form, upos, head, relation) in enumerate(words, start=1):
-            misc = "SpaceAfter=No" if k == 4 else "_"
-            lines.append("\t".join([str(k), form, form, upos, "_", "_", str(head), relation, "_", misc]))
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n\n"
-
+from tests.support.treebanks import small_conllu
 
 @pytest.fixture(scope="module")
 def small_analysis(planted, tmp_path_factory):

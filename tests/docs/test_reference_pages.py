@@ -113,10 +113,19 @@ def test_the_glossary_defines_the_terms_circuits_uses_and_circuits_links_it():
         assert f"(concepts.md#{anchor})" in circuits, f"docs/circuits.md does not link the glossary's {anchor}"
 
 
+def _example_notebooks() -> list[Path]:
+    """The notebooks in examples/, which must be those docs/notebooks.md's table lists, and not none."""
+    found = sorted((ROOT / "examples").glob("*.ipynb"))
+    listed = re.findall(r"^\| `examples/([\w.-]+\.ipynb)` \|", (ROOT / "docs" / "notebooks.md").read_text(encoding="utf-8"), re.M)
+    assert listed, "docs/notebooks.md lists no example notebook"
+    assert [path.name for path in found] == sorted(listed), "examples/ and docs/notebooks.md's table name different notebooks"
+    return found
+
+
 def test_the_example_notebooks_import_no_private_name():
     import json
 
-    for notebook in sorted((ROOT / "examples").glob("*.ipynb")):
+    for notebook in _example_notebooks():
         code = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"]
                          if cell["cell_type"] == "code")
         private = re.findall(r"from headscope[\w.]* import [^\n]*\b(_\w+)", code)

@@ -2,8 +2,9 @@
 name mkdocstrings cannot find fails it), and the built site opened from the file system in
 Chromium requests nothing outside itself, logs no error, and searches offline.
 
-Needs the docs packages (`pip install -e ".[docs]"`, also in the dev extra) and, for the browser
-part, Playwright with the system Chromium; skipped when missing, except under CI."""
+Needs the docs packages (`pip install -e ".[docs]"`, also in the dev extra; skipped when missing,
+except under CI) and, for the browser part, Playwright with the system Chromium (the `browser`
+fixture: skipped when missing, a failure under `HEADSCOPE_REQUIRE_BROWSER=1`)."""
 import os
 import subprocess
 import sys
@@ -47,24 +48,19 @@ def test_the_site_builds_strictly_with_every_page(site):
     assert (site / "search" / "search_index.js").is_file()  # the offline plugin's inlined index
 
 
-def test_the_site_opened_as_files_loads_nothing_from_outside(site):
-    # Playwright and Chromium as the report's browser tests find them (skipped, or failed under CI, when missing).
-    from tests.report.test_report_browser import ARGS, CHROMIUM, playwright_api
-
+def test_the_site_opened_as_files_loads_nothing_from_outside(browser, site):
     inside = site.resolve().as_uri() + "/"
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        requests, errors = [], []
-        page.on("request", lambda request: requests.append(request.url))
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.on("pageerror", lambda err: errors.append(str(err)))
-        for name in PAGES:
-            page.goto((site / name).as_uri())
-            page.wait_for_load_state("load")
-        page.click(".md-search__input")
-        page.keyboard.type("control twin")
-        page.wait_for_function("document.querySelectorAll('.md-search-result__item').length > 0", timeout=15_000)
-        browser.close()
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    requests, errors = [], []
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    for name in PAGES:
+        page.goto((site / name).as_uri())
+        page.wait_for_load_state("load")
+    page.click(".md-search__input")
+    page.keyboard.type("control twin")
+    page.wait_for_function("document.querySelectorAll('.md-search-result__item').length > 0", timeout=15_000)
+    page.close()
     outside = [url for url in requests if not url.startswith(inside) and not url.startswith("data:")]
     assert outside == [] and errors == []

@@ -24,7 +24,7 @@ from headscope.circuits.circuit_run import read_circuit, write_circuit
 from headscope.circuits.tasks import Task
 from headscope.errors import HeadscopeError, HeadscopeWarning
 from headscope.folders import MANIFEST, MARKER, write_manifest
-from tests.faults.test_cli_faults import snapshot
+from tests.support.file_tree import snapshot
 from tests.support.fake_analysis import fake_analysis
 from tests.support.fake_circuit import fake_circuit
 from tests.support.word_tokenizer import ioi_tokenizer, word_tokenizer

@@ -29,14 +29,10 @@ from headscope.atomic import MANIFEST, MARKER, atomic_dir
 from headscope.cli import app
 from headscope.errors import HeadscopeError
 from tests.support.fake_analysis import fake_analysis
+from tests.support.file_tree import snapshot
 
 FAST = ["--device", "cpu", "--detectors", "induction,duplicate_token", "--n-examples", "4", "--repeat-len", "8",
         "--repeats", "3", "--seq-len", "24", "--control", "none"]
-
-
-def snapshot(root: Path) -> dict:
-    """Every file under `root` (path -> bytes) and every folder (path -> None)."""
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
 
 # ---------------------------------------------------------------- the user's files, damaged

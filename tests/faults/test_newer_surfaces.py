@@ -33,7 +33,7 @@ from headscope.kv import read_duo, write_duo, write_headkv
 from headscope.kv.formats import DUO_CONFIG, DUO_TSV, written_by_headscope
 from headscope.kv.policy import policy_from_values
 from headscope.training.toy import tiny_llama
-from tests.faults.test_cli_faults import snapshot
+from tests.support.file_tree import snapshot
 from tests.support.fake_analysis import fake_analysis
 from tests.support.planted import N_HEADS
 

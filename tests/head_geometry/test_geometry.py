@@ -10,7 +10,7 @@ from headscope.head_geometry.run import geometry, plot_geometry, redundant_pairs
 from headscope.head_geometry.similarity import DivergenceAccumulator, average_linkage_clusters, classical_mds, row_js
 from headscope.head_geometry.subspaces import chance_overlap, subspace_tables
 from tests.support.planted import D_HEAD, PLANTED
-from tests.head_geometry.test_subspaces import shared_heads
+from tests.support.known_geometry import shared_heads
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

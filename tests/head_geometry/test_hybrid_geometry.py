@@ -19,7 +19,7 @@ from headscope.head_geometry.tables import read_geometry_tables
 from headscope.loading.loader import Loaded
 from headscope.probes.base import text_probe
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config, tiny_model
+from tests.support.tiny import HYBRID_ATTENTION, HYBRID_FAMILIES, tiny_config, tiny_model, zamba2_with_lora
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -146,12 +146,10 @@ def test_the_accumulator_numbers_heads_by_their_layers_position_and_needs_every_
 
 
 def test_zamba2s_layers_share_a_block_but_each_has_its_own_loras_subspaces():
-    """With per-layer LoRA on q, k, v (tests/hf/test_zamba2.py's model), each layer's overlaps and
-    ranks are those of its own module (the shared weights plus its LoRA), q, k, v bases live in the
+    """With per-layer LoRA on q, k, v (tests/support/tiny.py's `zamba2_with_lora`), each layer's
+    overlaps and ranks are those of its own module (the shared weights plus its LoRA), q, k, v bases live in the
     2 * hidden input, and the chance column is the mean over roles of d_head over their widths."""
-    from tests.hf.test_zamba2 import lora_model
-
-    loaded = Loaded.from_model(lora_model(), char_tokenizer(), "tiny-zamba2-lora")
+    loaded = Loaded.from_model(zamba2_with_lora(), char_tokenizer(), "tiny-zamba2-lora")
     result = headscope.geometry(loaded, batch_size=BATCH, pruning_steps=2, seeds=(0,), **PROBE)
     assert result.layers == (1, 3)
     modules = dict(attention_modules(loaded.model))

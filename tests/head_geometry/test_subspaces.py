@@ -8,22 +8,11 @@ import torch
 from headscope.attention import MultiHeadAttention
 from headscope.hf.adapters import adapter_for, attention_blocks
 from headscope.head_geometry.subspaces import chance_overlap, effective_rank, subspace_overlap, subspace_tables
+from tests.support.known_geometry import shared_heads
 from tests.support.tiny import INTERFACE_FAMILIES, tiny_config, tiny_model
 
 # Families whose adapter builds a MultiHeadAttention (MLA and t5 refuse from_hf by design).
 WITH_FROM_HF = [f for f in INTERFACE_FAMILIES if not adapter_for(tiny_config(f, kind="interface")).no_from_hf]
-
-
-def shared_heads(d_model=96, n_heads=3, seed=0):
-    """Every head holds the same W_Q, W_K, W_V and W_O slices."""
-    torch.manual_seed(seed)
-    module = MultiHeadAttention(d_model, n_heads)
-    d = module.config.d_head
-    with torch.no_grad():
-        for w in (module.W_q.weight, module.W_k.weight, module.W_v.weight):
-            w.copy_(w[:d].repeat(n_heads, 1))  # (H * D, d_model)
-        module.W_o.weight.copy_(module.W_o.weight[:, :d].repeat(1, n_heads))  # (d_model, H * D)
-    return module
 
 
 def test_shared_projections_give_overlap_one():

@@ -1,8 +1,9 @@
 """zamba2's adapter: one attention block shared by several layers, reading the hidden state joined
 to the embeddings (2 * hidden_size), each layer adding its own low-rank adapters (LoRA) to q, k, v.
 
-A tiny zamba2 with the adapters and rotary on (`lora_model`; tests/support/tiny.py's has neither)
-and its LoRA weights moved off their init, so a missing or misplaced adapter shows. The references
+A tiny zamba2 with the adapters and rotary on and its LoRA weights moved off their init
+(tests/support/tiny.py's `zamba2_with_lora`; its plain hybrid zamba2 has neither), so a missing or
+misplaced adapter shows. The references
 are the model's own: each attention module's eager weights (`eager_weights`), what it returned
 and what its o_proj produced on the inputs it received, and removing a head at o_proj's input
 (`head_zeroed_at`); the folded weights are checked against W + B A computed here from the
@@ -16,36 +17,13 @@ from headscope.hf.adapters import attention_blocks, core_modules
 from headscope.loading.loader import Loaded
 from tests.support.contracts import assert_hook_contract, assert_ov_refused, eager_weights, head_zeroed_at
 from tests.support.planted import char_tokenizer
-from tests.support.tiny import HYBRID_ATTENTION, tiny_config, tiny_inputs, tiny_model
+from tests.support.tiny import HYBRID_ATTENTION, tiny_inputs, tiny_model, zamba2_with_lora
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 LAYERS = HYBRID_ATTENTION["zamba2"]  # (1, 3): the hybrid layers, attention layers 0 and 1 of the block
 ADAPTERS = ("linear_q_adapter_list", "linear_k_adapter_list", "linear_v_adapter_list")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")
-
-
-def lora_model(num_mem_blocks: int = 1, seed: int = 0):
-    """Tiny zamba2 with per-layer LoRA on q, k, v and rotary. `num_mem_blocks` 1: layers 1 and 3
-    share one block (its adapter list holds both layers' LoRA); 2: each has its own block, whose
-    list holds only its own LoRA (an Identity in the other's slot). The model's own head size
-    (2 * hidden / heads) and as many key/value heads as heads, which its adapters (2 * hidden
-    rows) need; LoRA weights drawn at scale 0.3 from their own seed (their init is close to 0)."""
-    from transformers import AutoModelForCausalLM
-
-    config = tiny_config("zamba2", "hybrid")
-    config.use_shared_attention_adapter, config.use_mem_rope = True, True
-    config.attention_head_dim = 2 * config.hidden_size // config.num_attention_heads  # tiny.py sets 16
-    config.num_key_value_heads = config.num_attention_heads
-    config.adapter_rank, config.num_mem_blocks = 6, num_mem_blocks
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    generator = torch.Generator().manual_seed(seed + 5)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "_adapter_list" in name and "gate_up" not in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return model
 
 
 def core_of(model, layer):
@@ -88,7 +66,7 @@ def seen_by_the_model(model, x):
 
 
 def test_the_test_model_has_its_adapters_rotary_and_a_shared_block():
-    model = lora_model()
+    model = zamba2_with_lora()
     config = model.config
     assert config.use_shared_attention_adapter and config.use_mem_rope and config.hybrid_layer_ids == [1, 3]
     one, three = core_of(model, 1), core_of(model, 3)
@@ -96,13 +74,13 @@ def test_the_test_model_has_its_adapters_rotary_and_a_shared_block():
     assert one.layer_dic == {1: 0, 3: 1}
     deltas = [(up.weight @ down.weight).abs().max() for down, up in one.linear_q_adapter_list]
     assert min(deltas) > 0.5 * one.q_proj.weight.abs().max()  # off their near-zero init: a missing LoRA shows
-    assert [type(a).__name__ for a in core_of(lora_model(2), 3).linear_q_adapter_list] == ["Identity", "Sequential"]
+    assert [type(a).__name__ for a in core_of(zamba2_with_lora(2), 3).linear_q_adapter_list] == ["Identity", "Sequential"]
 
 
 @pytest.mark.parametrize("num_mem_blocks", [1, 2])
 @torch.no_grad()
 def test_each_layers_module_holds_its_own_folded_weights(num_mem_blocks):
-    model = lora_model(num_mem_blocks)
+    model = zamba2_with_lora(num_mem_blocks)
     assert [layer for layer, _ in attention_blocks(model)] == list(LAYERS)
     mine = {layer: headscope.MultiHeadAttention.from_hf(block, model.config, layer)
             for layer, block in attention_blocks(model)}
@@ -120,7 +98,7 @@ def test_each_layers_module_holds_its_own_folded_weights(num_mem_blocks):
 @pytest.mark.parametrize("num_mem_blocks", [1, 2])
 @torch.no_grad()
 def test_verify_agrees_with_each_cores_own_eager_weights(num_mem_blocks):
-    model = lora_model(num_mem_blocks)
+    model = zamba2_with_lora(num_mem_blocks)
     x = tiny_inputs()
     table = headscope.verify(model, x)
     assert tuple(table.layer) == LAYERS
@@ -136,7 +114,7 @@ def test_a_from_hf_module_fed_a_layers_inputs_gives_its_output_and_pattern():
     normed 2 * hidden input, the mask and the model's own rotary tables, passed as they are),
     reproduces o_proj's output and the eager weights; the other layer's LoRA on the same inputs
     does not (the shared block alone is not the layer's attention)."""
-    model = lora_model()
+    model = zamba2_with_lora()
     x = tiny_inputs()
     received, returned, produced = seen_by_the_model(model, x)
     valid = x["attention_mask"].bool()
@@ -155,7 +133,7 @@ def test_a_from_hf_module_fed_a_layers_inputs_gives_its_output_and_pattern():
 
 
 def test_from_hf_without_the_layer_is_refused_in_one_line():
-    model = lora_model()
+    model = zamba2_with_lora()
     block = core_of(model, 1)
     for layer in (None, 2):
         with pytest.raises(headscope.HeadscopeError, match=r"zamba2's attention block is shared by layers 1, 3.*"
@@ -168,7 +146,7 @@ def test_from_hf_without_the_layer_is_refused_in_one_line():
 
 @torch.no_grad()
 def test_ablation_still_equals_zeroing_the_heads_slice_of_o_proj_input():
-    model = lora_model()
+    model = zamba2_with_lora()
     x = tiny_inputs()
     before = model(**x).logits
     for layer in LAYERS:
@@ -188,7 +166,7 @@ def test_the_ov_table_is_refused_in_one_line_and_analyze_notes_it():
     and the next Mamba mixer: there is no W_O W_U path to score."""
     from headscope.probes.kinds import TextProbe
 
-    loaded = Loaded.from_model(lora_model(), char_tokenizer(), "tiny-zamba2-lora")
+    loaded = Loaded.from_model(zamba2_with_lora(), char_tokenizer(), "tiny-zamba2-lora")
     reason = assert_ov_refused(loaded, "OV copying is not available for zamba2: a head's output reaches the residual "
                                        "stream only through")
     analysis = headscope.analyze(loaded, detectors=["previous_token"], probes=[TextProbe(n_examples=2, seq_len=16)],

@@ -8,14 +8,15 @@ from typer.testing import CliRunner
 from headscope.cli import app
 from headscope.kv import read_duo, read_headkv
 from headscope.kv.formats import DUO_TSV
-from tests.kv.test_policy import N_HEADS, N_LAYERS, _with_retrieval
-from tests.support.fake_analysis import fake_analysis
+from tests.support.fake_analysis import fake_analysis, fake_analysis_with_retrieval
+
+N_LAYERS, N_HEADS = 4, 6  # fake_analysis: n_kv_heads = n_heads // 3 = 2
 
 
 @pytest.fixture(scope="module")
 def analysis_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kv-cli") / "analysis"
-    _with_retrieval(np.random.default_rng(0).random((N_LAYERS, N_HEADS))).save(folder)
+    fake_analysis_with_retrieval(np.random.default_rng(0).random((N_LAYERS, N_HEADS))).save(folder)
     return folder
 
 

@@ -10,19 +10,9 @@ from headscope.errors import HeadscopeError, HeadscopeWarning
 from headscope.kv import KVPolicy, kv_policy, read_duo, read_headkv, read_policy, write_duo, write_headkv
 from headscope.kv.formats import DUO_CONFIG, DUO_TSV
 from headscope.kv.policy import TIE_STEP, cache_bytes, default_window, policy_from_values
-from tests.support.fake_analysis import fake_analysis
+from tests.support.fake_analysis import fake_analysis, fake_analysis_with_retrieval
 
 N_LAYERS, N_HEADS = 4, 6  # fake_analysis: n_kv_heads = n_heads // 3 = 2, so 3 query heads per KV head
-
-
-def _with_retrieval(scores: np.ndarray):
-    """fake_analysis (no retrieval detector) with `scores` `[layer, head]` as retrieval rows."""
-    analysis = fake_analysis(N_LAYERS, N_HEADS, with_syntax=False)
-    layers, heads = np.meshgrid(range(N_LAYERS), range(N_HEADS), indexing="ij")
-    rows = pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "detector": "retrieval",
-                         "score": scores.ravel(), "ci_low": scores.ravel(), "ci_high": scores.ravel(), "n": 4,
-                         "control": 0.0, "control_max": 0.0})
-    return dataclasses.replace(analysis, scores=pd.concat([analysis.scores, rows], ignore_index=True))
 
 
 @pytest.fixture
@@ -36,7 +26,7 @@ def scores():
 
 
 def test_a_kv_head_scores_its_strongest_query_head_and_the_top_fraction_is_full(scores):
-    policy = kv_policy(_with_retrieval(scores), keep=0.375, sink=2, recent=5)  # round(0.375 * 8) = 3 of 8 KV heads
+    policy = kv_policy(fake_analysis_with_retrieval(scores), keep=0.375, sink=2, recent=5)  # round(0.375 * 8) = 3 of 8 KV heads
     assert policy.values.shape == (N_LAYERS, 2)
     close = dict(abs=TIE_STEP)  # the tie-breaking moves each value by at most TIE_STEP
     assert policy.values[2, 1] == pytest.approx(1.0, **close) and policy.values[1, 0] == pytest.approx(0.5 / 0.8, **close)
@@ -47,7 +37,7 @@ def test_a_kv_head_scores_its_strongest_query_head_and_the_top_fraction_is_full(
 
 
 def test_ties_are_broken_by_layer_then_head(scores):
-    policy = kv_policy(_with_retrieval(scores), keep=0.5)  # 4 full: the 3 scored heads, then the first zero
+    policy = kv_policy(fake_analysis_with_retrieval(scores), keep=0.5)  # 4 full: the 3 scored heads, then the first zero
     assert sorted(zip(*np.nonzero(policy.full))) == [(0, 0), (1, 0), (2, 1), (3, 0)]
 
 
@@ -55,7 +45,7 @@ def test_ties_are_broken_by_layer_then_head(scores):
 def test_a_loader_that_sorts_the_values_picks_the_same_heads_despite_tied_scores(tmp_path, scores, keep):
     # Five of eight KV heads score 0: ties straddle every cut. kvpress's DuoAttentionPress streams the
     # round(size * ratio) lowest values by np.argsort (not stable); DuoAttention thresholds at a quantile.
-    policy = kv_policy(_with_retrieval(scores), keep=keep)
+    policy = kv_policy(fake_analysis_with_retrieval(scores), keep=keep)
     write_duo(policy, tmp_path / "duo")
     values = np.clip(np.loadtxt(tmp_path / "duo" / DUO_TSV, delimiter="\t"), 0, 1)
     assert len(np.unique(values)) == values.size
@@ -83,12 +73,12 @@ def test_razor_ranks_by_the_larger_of_induction_and_duplicate_token():
 def test_default_window_is_duoattentions_for_large_models_and_smaller_below():
     assert default_window(7_000_000_000) == (128, 256)
     assert default_window(135_000_000) == (16, 64)
-    policy = kv_policy(_with_retrieval(np.random.default_rng(0).random((N_LAYERS, N_HEADS))))
+    policy = kv_policy(fake_analysis_with_retrieval(np.random.default_rng(0).random((N_LAYERS, N_HEADS))))
     assert (policy.sink, policy.recent) == (16, 64)  # the fake model has 5M parameters
 
 
 def test_duo_folder_has_layers_by_kv_heads_in_unit_range_and_reads_back(tmp_path, scores):
-    policy = kv_policy(_with_retrieval(scores), keep=0.25, sink=4, recent=32)
+    policy = kv_policy(fake_analysis_with_retrieval(scores), keep=0.25, sink=4, recent=32)
     write_duo(policy, tmp_path / "duo")
     table = np.loadtxt(tmp_path / "duo" / DUO_TSV, delimiter="\t")  # as DuoAttention reads it
     assert table.shape == (N_LAYERS, 2)
@@ -124,7 +114,7 @@ def test_duoattention_folder_without_headscope_keys(tmp_path):
 
 
 def test_headkv_json_has_layer_head_keys_and_reads_back(tmp_path, scores):
-    policy = kv_policy(_with_retrieval(scores), keep=0.25, sink=4, recent=32)
+    policy = kv_policy(fake_analysis_with_retrieval(scores), keep=0.25, sink=4, recent=32)
     path = write_headkv(policy, tmp_path / "heads.json")
     data = json.loads(path.read_text())
     assert sorted(data) == sorted(f"{l}-{h}" for l in range(N_LAYERS) for h in range(N_HEADS))
@@ -146,7 +136,7 @@ def test_kv_bytes_count_full_heads_for_every_token_and_streaming_heads_for_their
 @pytest.mark.parametrize("keep", [0.0, -0.1, 1.5])
 def test_keep_outside_the_unit_interval_is_a_one_line_error(keep, scores):
     with pytest.raises(HeadscopeError, match=r"in \(0, 1\]") as err:
-        kv_policy(_with_retrieval(scores), keep=keep)
+        kv_policy(fake_analysis_with_retrieval(scores), keep=keep)
     assert "\n" not in str(err.value)
 
 
@@ -184,7 +174,7 @@ def test_a_multi_head_latent_attention_model_gets_no_per_head_policy(scores):
     from tests.support.planted import char_tokenizer
     from tests.support.tiny import tiny_model
 
-    analysis = _with_retrieval(scores)
+    analysis = fake_analysis_with_retrieval(scores)
     deepseek = dataclasses.replace(analysis, meta={**analysis.meta, "family": "deepseek_v3"})
     with pytest.raises(HeadscopeError, match="per-head KV-cache policies do not apply to deepseek_v3") as err:
         kv_policy(deepseek)

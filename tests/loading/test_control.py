@@ -5,8 +5,6 @@ analysed as if it were a trained model: with the default control it must get no
 learned-behaviour label, from the default analysis and from each learned detector alone, on
 the bundled treebank and on real UD English (../shared/ud, see its README).
 """
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -18,20 +16,12 @@ from headscope.loading.loader import Loaded
 from headscope.analysis.analyze import analyze
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
 from tests.support.planted import char_tokenizer
+from tests.support.labels import LEARNED, learned_labels
 from tests.support.tiny import ODD_FAMILIES, tiny_model
+from tests.support.treebanks import UD, needs_ud
 
-UD = Path(__file__).resolve().parents[3] / "shared" / "ud" / "en_ewt-ud-dev-1000.conllu"
-# Real UD English lies in the team's shared folder beside the clone (CI has it); a clone alone skips these.
-needs_ud = pytest.mark.skipif(not UD.exists(), reason=f"real UD English not found at {UD} (../shared/ud beside the clone)")
-LEARNED = sorted(name for name, d in detectors.REGISTRY.items() if d.learned)
 SETTINGS = [TextProbe(n_examples=8, seq_len=48), RepeatedProbe(n_examples=8, repeat_len=12, repeats=4)]
 PROBES = dict(probes=SETTINGS)
-
-
-def learned_labels(analysis) -> set:
-    """Every learned-behaviour detector any head passes (the `labels` column lists them all)."""
-    passing = {name for cell in analysis.labels["labels"] for name in str(cell).split(";") if name}
-    return {name for name in passing if name.split(":")[0] in LEARNED}
 
 
 def _random(family: str) -> Loaded:

@@ -5,7 +5,8 @@ import pytest
 from headscope.loading.control import random_twin
 from headscope.analysis.analyze import analyze
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
-from tests.loading.test_control import UD, learned_labels, needs_ud
+from tests.support.labels import learned_labels
+from tests.support.treebanks import UD, needs_ud
 
 pytestmark = pytest.mark.slow
 

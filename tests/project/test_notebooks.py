@@ -24,6 +24,11 @@ def _require(module: str):
         pytest.skip(f"needs {module} (pip install nbclient nbformat ipykernel)")
 
 
+def test_every_example_notebook_is_here_and_run():
+    """Without nbformat too: a notebook that disappears fails, not skips; a new one joins NOTEBOOKS."""
+    assert sorted(path.name for path in EXAMPLES.glob("*.ipynb")) == sorted(NOTEBOOKS)
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_committed_notebook_has_no_outputs(name):
     nbformat = _require("nbformat")

@@ -1,14 +1,14 @@
 """The report's geometry section in Chromium (Playwright, file://, plotly.js embedded): every
 figure drawn without errors, and a real mouse click on a point of the MDS map, or on a cell of
 the importance heatmap, opens that head in the explorer. Skips like `test_report_browser.py`
-(a failure under CI) when Playwright or Chromium is missing."""
+(a failure under `HEADSCOPE_REQUIRE_BROWSER=1`) when Playwright or Chromium is missing."""
 import numpy as np
 import pytest
 
 from tests.support.geometry_fixture import fake_analysis_with_geometry
 from headscope.report import figures, write_report
 from headscope.report.geometry_figures import GEOMETRY_MAP_ID, IMPORTANCE_ID, PRUNING_ID
-from tests.report.test_report_browser import ARTIFACTS, _cell_position, _explorer_z, _open, browser  # noqa: F401 (fixture)
+from tests.support.browser import ARTIFACTS, cell_position, explorer_z, open_page
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -19,9 +19,9 @@ def geometry_browser_analysis(planted_geometry_result):
 
 
 @pytest.fixture(scope="module")
-def geometry_page(browser, geometry_browser_analysis, tmp_path_factory):  # noqa: F811
+def geometry_page(browser, geometry_browser_analysis, tmp_path_factory):
     path = write_report(geometry_browser_analysis, tmp_path_factory.mktemp("geometry-browser") / "report")
-    page, errors = _open(browser, path, "ready")
+    page, errors = open_page(browser, path, "ready")
     yield page, errors
     page.close()
 
@@ -69,18 +69,18 @@ def test_clicking_a_point_of_the_map_opens_the_head(geometry_page, geometry_brow
     page.mouse.click(x, y)
     _wait_for_head(page, *target)
     assert page.inner_text("#hs-explorer-title").startswith(f"layer {target[0]} head {target[1]} ")
-    np.testing.assert_allclose(_explorer_z(page), geometry_browser_analysis.examples[0].pattern(*target), atol=1e-6)
+    np.testing.assert_allclose(explorer_z(page), geometry_browser_analysis.examples[0].pattern(*target), atol=1e-6)
     assert errors == []
 
 
 def test_clicking_the_importance_heatmap_opens_the_head(geometry_page, geometry_browser_analysis):
     page, errors = geometry_page
     for layer, head in ((1, 2), (0, 3)):
-        position = _cell_position(page, IMPORTANCE_ID, layer, head)
+        position = cell_position(page, IMPORTANCE_ID, layer, head)
         page.mouse.move(position["x"], position["y"])
         page.mouse.click(position["x"], position["y"])
         _wait_for_head(page, layer, head)
-        np.testing.assert_allclose(_explorer_z(page), geometry_browser_analysis.examples[0].pattern(layer, head), atol=1e-6)
+        np.testing.assert_allclose(explorer_z(page), geometry_browser_analysis.examples[0].pattern(layer, head), atol=1e-6)
     page.locator(f"#{GEOMETRY_MAP_ID}").scroll_into_view_if_needed()
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator("#geometry").screenshot(path=str(ARTIFACTS / "report-geometry.png"))

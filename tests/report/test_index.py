@@ -17,7 +17,7 @@ from headscope.report import write_compare, write_report_into
 from headscope.report.index import BACK_SLOT, BACK_SLOT_END, index_entries, is_index, update_index_of, write_index
 from headscope.training.report import write_timeline_report
 from tests.support.fake_analysis import fake_analysis
-from tests.training.test_timeline_report import _tables
+from tests.support.fake_timeline import fake_timeline_tables
 
 
 def _analysis_folder(folder, analysis):
@@ -28,7 +28,7 @@ def _analysis_folder(folder, analysis):
 
 
 def _timeline_folder(folder):
-    scores, labels, steps = _tables()
+    scores, labels, steps = fake_timeline_tables()
     with atomic_dir(folder) as tmp:
         scores.to_csv(tmp / "timeline.csv", index=False)
         labels.to_csv(tmp / "labels.csv", index=False)

@@ -3,12 +3,9 @@ per session, and (in Chromium, when installed) every figure drawn offline, in an
 import base64
 import copy
 import json
-import os
 import re
-import shutil
 import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,33 +263,20 @@ def test_repr_is_one_line(plotting_analysis):
 
 # --- in a browser -------------------------------------------------------------------------------
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-
-
-def test_figures_draw_offline_in_any_output_order(plotting_analysis, tmp_path):
+def test_figures_draw_offline_in_any_output_order(browser, plotting_analysis, tmp_path):
     """Outputs as nbconvert lays them out, with the output that carries plotly.js last."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    if sync_playwright is None or CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("playwright and a system chromium are needed (.ci/run installs them)", pytrace=False)
-        pytest.skip("needs playwright and a system chromium")
     first, second = plotting_analysis._repr_html_(), plotting_analysis._repr_html_()  # first embeds plotly.js
     page_file = tmp_path / "outputs.html"
     page_file.write_text(f"<!DOCTYPE html><html><body><div>{second}</div><div>{first}</div></body></html>", encoding="utf-8")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page()
-        errors, requests = [], []
-        page.on("pageerror", lambda err: errors.append(str(err)))
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.on("request", lambda req: requests.append(req.url) if not req.url.startswith(("file:", "data:")) else None)
-        page.goto(page_file.as_uri())
-        page.wait_for_function("document.querySelectorAll('div.headscope-figure.js-plotly-plot').length === 2", timeout=20_000)
-        cells = page.evaluate("Array.from(document.querySelectorAll('div.headscope-figure')).map("
-                              "d => d._fullData[0].z.flat().filter(v => v !== null).length)")
-        browser.close()
+    page = browser.new_page()
+    errors, requests = [], []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("request", lambda req: requests.append(req.url) if not req.url.startswith(("file:", "data:")) else None)
+    page.goto(page_file.as_uri())
+    page.wait_for_function("document.querySelectorAll('div.headscope-figure.js-plotly-plot').length === 2", timeout=20_000)
+    cells = page.evaluate("Array.from(document.querySelectorAll('div.headscope-figure')).map("
+                          "d => d._fullData[0].z.flat().filter(v => v !== null).length)")
+    page.close()
     assert errors == [] and requests == []
     assert cells == [plotting_analysis.n_layers * plotting_analysis.n_heads] * 2

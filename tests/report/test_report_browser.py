@@ -3,38 +3,17 @@ embedded): no errors, every figure drawn, and real mouse clicks on heatmap cells
 explorer. Saves a screenshot to test-artifacts/report.png.
 
 Needs `pip install playwright` and the Debian package `chromium` (no `playwright install`);
-skipped when either is missing, except under CI (CI=true), where that is a failure.
+skipped when either is missing, a failure under `HEADSCOPE_REQUIRE_BROWSER=1` (tests/support/browser.py).
 """
-import os
-import shutil
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tests.support.browser import ARTIFACTS, cell_position, explorer_z, open_page
 from tests.support.fake_analysis import fake_analysis
 from headscope.report import write_report
 from headscope.report import figures
 from headscope.detectors.syntax.report import SYNTAX_ID
 
-
-def _missing(reason: str):
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason}: CI must install it (.ci/run)", pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
-
-
-try:
-    import playwright.sync_api as playwright_api
-except ImportError:
-    _missing("playwright is not installed (pip install playwright)")
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-if CHROMIUM is None:
-    _missing("no system Chromium (apt-get install -y chromium)")
-
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 N_LAYERS, N_HEADS = 6, 5
 
 
@@ -44,67 +23,20 @@ def browser_analysis():
 
 
 @pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
-
-
-def _open(browser, path: Path, ready: str):
-    """A page at `path` once `<html data-headscope>` is `ready`, and the list its errors go to."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors = []
-    page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
-    page.on("pageerror", lambda err: errors.append(f"page error: {err}"))
-    page.goto(path.as_uri())
-    page.wait_for_function("(ready) => document.documentElement.dataset.headscope === ready", arg=ready, timeout=20_000)
-    return page, errors
-
-
-@pytest.fixture(scope="module")
 def browser_page(browser, browser_analysis, tmp_path_factory):
     """The report page after the explorer's first draw, and its console/page errors."""
     path = write_report(browser_analysis, tmp_path_factory.mktemp("browser") / "report")
-    page, errors = _open(browser, path, "ready")
+    page, errors = open_page(browser, path, "ready")
     yield page, errors
     page.close()
 
 
-def _cell_position(page, fig_id: str, layer: int, head: int) -> dict:
-    """Viewport pixel centre of a heatmap cell, from the figure's own axis layout."""
-    page.locator(f"#{fig_id}").scroll_into_view_if_needed()
-    # Read the position once the figure has stopped moving: a click that opened a head may have
-    # started a smooth scroll, and a position read mid-scroll puts the next click elsewhere.
-    return page.evaluate(
-        """async ([id, layer, head]) => {
-            const gd = document.getElementById(id), fl = gd._fullLayout;
-            const frame = () => new Promise(done => requestAnimationFrame(done));
-            let top = NaN;
-            for (let still = 0; still < 3; ) {
-                await frame();
-                const now = gd.getBoundingClientRect().top;
-                still = now === top ? still + 1 : 0;
-                top = now;
-            }
-            const box = gd.getBoundingClientRect();
-            return {x: box.left + fl.xaxis._offset + fl.xaxis.l2p(head),
-                    y: box.top + fl.yaxis._offset + fl.yaxis.l2p(layer)};
-        }""",
-        [fig_id, layer, head],
-    )
-
-
 def _click_cell(page, fig_id: str, layer: int, head: int) -> None:
-    position = _cell_position(page, fig_id, layer, head)
+    position = cell_position(page, fig_id, layer, head)
     page.mouse.move(position["x"], position["y"])
     page.mouse.click(position["x"], position["y"])
     page.wait_for_function(
         "(want) => document.getElementById('hs-explorer').dataset.head === want", arg=f"{layer},{head}", timeout=5_000)
-
-
-def _explorer_z(page) -> np.ndarray:
-    return np.array(page.evaluate("document.getElementById('hs-explorer').data[0].z"), dtype=float)
 
 
 def _label(analysis, layer: int, head: int) -> str:
@@ -133,7 +65,7 @@ def test_clicking_the_label_map_opens_the_head(browser_page, browser_analysis):
     title = page.inner_text("#hs-explorer-title")
     assert title.startswith(f"layer {layer} head {head} — {_label(browser_analysis, layer, head)}")
     example = browser_analysis.examples[0]
-    z = _explorer_z(page)
+    z = explorer_z(page)
     assert z.shape == (len(example.tokens),) * 2
     np.testing.assert_allclose(z, example.pattern(layer, head), atol=1e-6)
     # The tokens reach the axis as text, not markup.
@@ -151,7 +83,7 @@ def test_detector_heatmap_click_and_example_select(browser_page, browser_analysi
     page.locator("#hs-explorer").scroll_into_view_if_needed()
     page.select_option("#hs-example", "2")
     page.wait_for_function("document.getElementById('hs-explorer').dataset.example === '2'", timeout=5_000)
-    np.testing.assert_allclose(_explorer_z(page), browser_analysis.examples[2].pattern(layer, head), atol=1e-6)
+    np.testing.assert_allclose(explorer_z(page), browser_analysis.examples[2].pattern(layer, head), atol=1e-6)
     assert errors == []
 
 
@@ -187,13 +119,13 @@ def test_screenshot(browser_page):
 def test_a_cross_attention_example_is_drawn_decoder_by_encoder(browser, tmp_path):
     """n decoder queries by m encoder keys, each axis labelled with its own tokens."""
     analysis = fake_analysis(N_LAYERS, N_HEADS, seed=1, n_examples=2, seq_len=10, key_len=40)
-    page, errors = _open(browser, write_report(analysis, tmp_path / "cross"), "ready")
+    page, errors = open_page(browser, write_report(analysis, tmp_path / "cross"), "ready")
     layer, head = 2, 3
     _click_cell(page, figures.LABEL_MAP_ID, layer, head)
     page.select_option("#hs-example", "1")
     page.wait_for_function("document.getElementById('hs-explorer').dataset.example === '1'", timeout=5_000)
     example = analysis.examples[1]
-    np.testing.assert_allclose(_explorer_z(page), example.pattern(layer, head), atol=1e-6)  # (10, 40)
+    np.testing.assert_allclose(explorer_z(page), example.pattern(layer, head), atol=1e-6)  # (10, 40)
     axes = page.evaluate("(() => { const l = document.getElementById('hs-explorer').layout;"
                          " return [l.xaxis.tickvals, l.xaxis.ticktext, l.yaxis.tickvals, l.yaxis.ticktext]; })()")
     assert axes[0] == list(range(0, 40, 2)) and axes[2] == list(range(10))  # at most ~32 labelled ticks per axis
@@ -208,7 +140,7 @@ def test_compare_page_draws_every_figure(browser, tmp_path):
 
     a = fake_analysis(N_LAYERS, N_HEADS, seed=1, n_examples=1)
     path = write_compare(a, fake_analysis(N_LAYERS, N_HEADS, seed=2, n_examples=1), tmp_path / "compare")
-    page, errors = _open(browser, path, "plotted")
+    page, errors = open_page(browser, path, "plotted")
     expected = 2 + len(a.detectors)  # two label maps, one difference map per detector
     drawn = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => d.querySelectorAll('svg.main-svg').length > 0)")
     page.close()

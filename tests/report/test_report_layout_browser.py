@@ -1,7 +1,8 @@
 """The report's layout in Chromium: plotly's toolbar never covers a figure's title, the page
 never scrolls sideways in a 1280 to 1400 pixel window, the header names no "None", and the list of
 reports (`headscope report --index`) opens offline with working links both ways. Skips like
-`test_report_browser.py` (a failure under CI) when Playwright or Chromium is missing."""
+`test_report_browser.py` (a failure under `HEADSCOPE_REQUIRE_BROWSER=1`) when Playwright or Chromium
+is missing."""
 from pathlib import Path
 
 import pytest
@@ -11,18 +12,18 @@ from headscope.atomic import atomic_dir
 from headscope.probes.kinds import TreebankProbe
 from headscope.report import write_compare, write_report, write_report_into
 from headscope.report.index import write_index
-from tests.detectors.test_small_treebank import small_conllu
-from tests.report.test_report_browser import _open, browser  # noqa: F401 (fixture)
+from tests.support.browser import open_page
 from tests.support.fake_analysis import fake_analysis
+from tests.support.treebanks import small_conllu
 
 WIDTHS = (1280, 1340, 1400)
 
 
 @pytest.fixture(scope="module")
-def wide_page(browser, tmp_path_factory):  # noqa: F811
+def wide_page(browser, tmp_path_factory):
     """A 12-layer, 16-head analysis's report (a label map wider than the left column at 1280 px)."""
     analysis = fake_analysis(12, 16, seed=3, n_examples=2, seq_len=20)
-    page, errors = _open(browser, write_report(analysis, tmp_path_factory.mktemp("layout") / "report"), "ready")
+    page, errors = open_page(browser, write_report(analysis, tmp_path_factory.mktemp("layout") / "report"), "ready")
     yield page, errors
     page.close()
 
@@ -59,12 +60,12 @@ def test_the_page_does_not_scroll_sideways(wide_page):
     assert errors == []
 
 
-def test_the_header_of_a_treebank_analysis_says_no_none(browser, planted, tmp_path):  # noqa: F811
+def test_the_header_of_a_treebank_analysis_says_no_none(browser, planted, tmp_path):
     conllu = tmp_path / "small.conllu"
     conllu.write_text(small_conllu())
     analysis = headscope.analyze(planted, detectors=["syntactic"], probes=[TreebankProbe(str(conllu))],
                                  control=None, ov=False, explorer_examples=0)
-    page, errors = _open(browser, write_report(analysis, tmp_path / "report"), "ready")
+    page, errors = open_page(browser, write_report(analysis, tmp_path / "report"), "ready")
     header = page.locator("header").inner_text()
     assert "None" not in header
     longest = analysis.meta["probes"]["treebank"]["max_tokens"]
@@ -73,7 +74,7 @@ def test_the_header_of_a_treebank_analysis_says_no_none(browser, planted, tmp_pa
     page.close()
 
 
-def test_the_list_of_reports_opens_offline_and_links_both_ways(browser, tmp_path):  # noqa: F811
+def test_the_list_of_reports_opens_offline_and_links_both_ways(browser, tmp_path):
     root = tmp_path / "reports"
     a, b = fake_analysis(3, 4, seed=1, n_examples=1, seq_len=10), fake_analysis(3, 4, seed=2, n_examples=1, seq_len=10)
     for name, analysis in (("a", a), ("b", b)):

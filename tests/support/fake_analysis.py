@@ -6,6 +6,8 @@
   (detector quantities, `control`, `treebank`), example patterns whose heads do what their label says, and tokens with
   HTML nasties (`<script>alert(1)</script>`, `&amp;`, `<b>&`, `</script>`); with `key_len`,
   cross-attention examples whose keys are other tokens (`Example.key_tokens`, nasties first).
+- `fake_analysis_with_retrieval(scores)`: `fake_analysis` without syntax, sized by `scores`
+  `[layer, head]`, with those scores added as the (opt-in) retrieval detector's rows.
 - `NASTY_TOKENS`: those tokens, for escaping tests; `KEY_WORDS`: the cross-attention keys' words.
 - `DETECTORS`: the detectors it scores (plus "syntactic" with syntax). What each one is (threshold,
   formula, source, probe, learned, gate, quantity, ...) is read from the registered `Detector`
@@ -14,14 +16,16 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
+import pandas as pd
 
 from headscope.analysis import Analysis, Example
 from headscope.detectors import REGISTRY
 
-__all__ = ["fake_analysis", "NASTY_TOKENS", "KEY_WORDS", "DETECTORS"]
+__all__ = ["fake_analysis", "fake_analysis_with_retrieval", "NASTY_TOKENS", "KEY_WORDS", "DETECTORS"]
 
 NASTY_TOKENS = ["<script>alert(1)</script>", "&amp;", "<b>&", "</script>"]
 DETECTORS = ("previous_token", "induction", "duplicate_token", "self", "next_token", "sink", "uniform")
@@ -101,6 +105,18 @@ def fake_analysis(n_layers: int = 4, n_heads: int = 3, seed: int = 0, with_synta
         syntax, meta["syntax_best"] = _syntax(rng, plan)
         meta["treebank"] = {"source": "bundled", "n_sentences": 445, "natural": 445}
     return Analysis(scores=scores_df, labels=labels_df, meta=meta, examples=examples, syntax=syntax)
+
+
+def fake_analysis_with_retrieval(scores: np.ndarray) -> Analysis:
+    """`fake_analysis` (no syntax, no retrieval detector) of `scores.shape` `[layer, head]`, with
+    `scores` as retrieval rows (`ci_low` = `ci_high` = the score, `n` 4, control 0)."""
+    n_layers, n_heads = scores.shape
+    analysis = fake_analysis(n_layers, n_heads, with_syntax=False)
+    layers, heads = np.meshgrid(range(n_layers), range(n_heads), indexing="ij")
+    rows = pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "detector": "retrieval",
+                         "score": scores.ravel(), "ci_low": scores.ravel(), "ci_high": scores.ravel(), "n": 4,
+                         "control": 0.0, "control_max": 0.0})
+    return dataclasses.replace(analysis, scores=pd.concat([analysis.scores, rows], ignore_index=True))
 
 
 def _example(rng, plan, index: int, seq_len: int) -> Example:

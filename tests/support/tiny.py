@@ -38,6 +38,9 @@ Two kinds, each a table of configs:
   `full`, the whole `MllamaForConditionalGeneration` around it (a vision tower of 2 local layers
   and 1 global one; its cross-attention gates open, as the composite kind's).
 
+- `zamba2_with_lora(num_mem_blocks, seed)`: the hybrid zamba2 with its per-layer LoRA adapters on
+  q, k, v (weights moved off their near-zero init) and rotary on, which the hybrid kind leaves off.
+
 - `tiny_image_inputs(family, seed)`: a vision-language model's inputs with one image per example
   (`COMPOSITE_FAMILIES` and "mllama", the model of `tiny_mllama(full=True)`): `tiny_inputs()`
   with the family's image tokens in the ids, `pixel_values` and what else the family needs
@@ -487,6 +490,29 @@ def tiny_mllama(full: bool = False, seed: int = 0):
                   supported_aspect_ratios=[[1, 1]])
     config = tf.AutoConfig.for_model("mllama", text_config=text, vision_config=vision, image_token_index=98)
     return _image_reaches_text(tf.AutoModelForImageTextToText.from_config(config).eval())
+
+
+def zamba2_with_lora(num_mem_blocks: int = 1, seed: int = 0):
+    """Tiny zamba2 with per-layer LoRA on q, k, v and rotary. `num_mem_blocks` 1: layers 1 and 3
+    share one block (its adapter list holds both layers' LoRA); 2: each has its own block, whose
+    list holds only its own LoRA (an Identity in the other's slot). The model's own head size
+    (2 * hidden / heads) and as many key/value heads as heads, which its adapters (2 * hidden
+    rows) need; LoRA weights drawn at scale 0.3 from their own seed (their init is close to 0)."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("zamba2", "hybrid")
+    config.use_shared_attention_adapter, config.use_mem_rope = True, True
+    config.attention_head_dim = 2 * config.hidden_size // config.num_attention_heads  # tiny.py sets 16
+    config.num_key_value_heads = config.num_attention_heads
+    config.adapter_rank, config.num_mem_blocks = 6, num_mem_blocks
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    generator = torch.Generator().manual_seed(seed + 5)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "_adapter_list" in name and "gate_up" not in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return model
 
 
 # Parameters that vision-language models initialise to zero or nearly, so that a fresh model's logits

@@ -14,8 +14,6 @@ from headscope.cli import app
 from headscope.training.report import FIGURE_IDS
 from headscope.training.toy import repeated_segments, tiny_llama, train_toy
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-
 
 @pytest.fixture(scope="module")
 def trainer_folder(tmp_path_factory):
@@ -105,35 +103,25 @@ def test_a_hub_revision_is_read_offline_or_refused_in_one_line(tmp_path, monkeyp
     assert "cannot tell the step of someone/model@main" in _bad(tmp_path, "someone/model@main")
 
 
-def test_the_timeline_page_draws_offline_in_chromium(trainer_folder, tmp_path):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    if sync_playwright is None or CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("playwright and a system chromium are needed (.ci/run installs them)", pytrace=False)
-        pytest.skip("needs playwright and a system chromium")
+def test_the_timeline_page_draws_offline_in_chromium(browser, trainer_folder, tmp_path):
     out = tmp_path / "tl"
     assert _invoke(trainer_folder / "run", "--out", out).exit_code == 0
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1100, "height": 900})
-        errors, requests = [], []
-        page.on("pageerror", lambda err: errors.append(str(err)))
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.on("request", lambda req: requests.append(req.url) if not req.url.startswith(("file:", "data:")) else None)
-        page.goto((out / "index.html").as_uri())
-        page.wait_for_function("document.documentElement.dataset.headscope === 'plotted'", timeout=20_000)
-        labels = FIGURE_IDS["labels"]
-        drawn = page.evaluate("Array.from(document.querySelectorAll('div.figure')).filter(d => d._fullData).length")
-        steps = page.evaluate(f"document.getElementById('{labels}')._fullLayout.sliders[0].steps.map(s => s.label)")
-        cells = page.evaluate(f"document.getElementById('{labels}')._fullData[0].z.flat().length")
-        rail = page.locator(f"#{labels} .slider-rail-rect").bounding_box()
-        page.mouse.click(rail["x"] + 2, rail["y"] + rail["height"] / 2)  # drag the slider to its first step
-        page.wait_for_function(f"document.getElementById('{labels}')._fullLayout.sliders[0].active === 0",
-                               timeout=5_000)
-        browser.close()
+    page = browser.new_page(viewport={"width": 1100, "height": 900})
+    errors, requests = [], []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("request", lambda req: requests.append(req.url) if not req.url.startswith(("file:", "data:")) else None)
+    page.goto((out / "index.html").as_uri())
+    page.wait_for_function("document.documentElement.dataset.headscope === 'plotted'", timeout=20_000)
+    labels = FIGURE_IDS["labels"]
+    drawn = page.evaluate("Array.from(document.querySelectorAll('div.figure')).filter(d => d._fullData).length")
+    steps = page.evaluate(f"document.getElementById('{labels}')._fullLayout.sliders[0].steps.map(s => s.label)")
+    cells = page.evaluate(f"document.getElementById('{labels}')._fullData[0].z.flat().length")
+    rail = page.locator(f"#{labels} .slider-rail-rect").bounding_box()
+    page.mouse.click(rail["x"] + 2, rail["y"] + rail["height"] / 2)  # drag the slider to its first step
+    page.wait_for_function(f"document.getElementById('{labels}')._fullLayout.sliders[0].active === 0",
+                           timeout=5_000)
+    page.close()
     assert errors == [] and requests == []
     assert drawn == 2 + 5  # ICL, label map, one per default detector
     assert steps == ["4", "8", "12"] and cells == 2 * 4

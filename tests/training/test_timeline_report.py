@@ -1,31 +1,11 @@
 """The timeline page's data (`timeline_data`) from hand-made tables, and its HTML: escaped text,
 plotly.js once, fixed div ids."""
-import pandas as pd
-
 from headscope.training.report import FIGURE_IDS, TOP_HEADS, render_timeline, timeline_data
-
-
-def _tables():
-    rows, labels = [], []
-    for step in (0, 10, 20):
-        for layer in (0, 1):
-            for head in range(3):
-                # head 1.2 climbs to induction at step 20; head 0.1 is previous-token from step 10
-                ind = 0.9 if (layer, head, step) == (1, 2, 20) else 0.05 + 0.01 * head
-                prev = 0.7 if (layer, head) == (0, 1) and step >= 10 else 0.1
-                for det, score in (("induction", ind), ("previous_token", prev)):
-                    rows.append({"step": step, "layer": layer, "head": head, "detector": det, "score": score,
-                                 "ci_low": score - 0.01, "ci_high": score + 0.02, "control": 0.06})
-                label = ("induction" if (layer, head, step) == (1, 2, 20) else
-                         "previous_token" if (layer, head) == (0, 1) and step >= 10 else "none")
-                labels.append({"step": step, "layer": layer, "head": head, "label": label})
-    steps = pd.DataFrame({"step": [20, 0, 10], "icl_score": [-1.0, 0.0, -0.1], "loss": [3.0, 4.0, 3.9],
-                          "train_loss": [3.1, float("nan"), 3.95]})
-    return pd.DataFrame(rows), pd.DataFrame(labels), steps
+from tests.support.fake_timeline import fake_timeline_tables
 
 
 def test_the_data_holds_top_heads_first_labels_and_the_label_map():
-    scores, labels, steps = _tables()
+    scores, labels, steps = fake_timeline_tables()
     data = timeline_data(scores, labels, steps, {"control": "<step 0>", "detectors": ["previous_token", "induction"]})
     assert data.steps == [0, 10, 20] and data.detectors == ["previous_token", "induction"]
     top = data.top["induction"]
@@ -42,7 +22,7 @@ def test_the_data_holds_top_heads_first_labels_and_the_label_map():
 
 
 def test_the_page_escapes_text_embeds_plotly_once_and_has_fixed_ids():
-    scores, labels, steps = _tables()
+    scores, labels, steps = fake_timeline_tables()
     data = timeline_data(scores, labels, steps, {"control": "<b>step 0</b>"})
     page = render_timeline(data, title="<script>alert(1)</script>")
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
