@@ -18,7 +18,7 @@
 - `Circuit.stability()` (`stability`): bootstrap Jaccard of a circuit's top edges;
   `Circuit.to_eap_json` / `Circuit.from_eap_json` (`interchange`): the EAP-IG code's JSON format.
 - `write_circuit(circuit, out, labels=None)`, `read_circuit(folder)` (`circuit_run`): what
-  `headscope circuit` writes, with its page (`render_circuit_html`, `graph_layout`: `circuit_page`).
+  `headscope circuit` writes, with its page (`render_circuit_html`: `circuit_page`).
 
 Underneath: `target` (a task run through a model), `edges` and `residual` (the graph, from what the
 modules wrote), `stream_copies` (forward passes in which each receiver reads its own copy of the
@@ -28,47 +28,37 @@ The package sits under the command line, beside `kv/`: it runs models through `h
 through `causal/` and draws its pages with `report/`'s HTML helpers; it never imports `analysis/`.
 Names are re-exported lazily, so importing the package (the command line does) loads no torch.
 """
-from importlib import import_module
+from .._lazy import lazy_exports
 
-_EXPORTS = {
-    "Task": "headscope.circuits.tasks",
-    "METRICS": "headscope.circuits.tasks",
-    "tokenizer_fingerprint": "headscope.circuits.tasks",
-    "task": "headscope.circuits.task_builders",
-    "BUILTINS": "headscope.circuits.task_builders",
-    "resolve_task": "headscope.circuits.task_builders",
-    "logit_attribution": "headscope.circuits.dla",
-    "attribute": "headscope.circuits.attribution",
-    "METHODS": "headscope.circuits.attribution",
-    "POINTS": "headscope.circuits.attribution",
-    "Circuit": "headscope.circuits.edge_circuit",
-    "circuit": "headscope.circuits.edge_circuit",
-    "MIB_SIZES": "headscope.circuits.faithfulness",
-    "MAX_STEPS": "headscope.circuits.edge_circuit",
-    "MAX_RANDOM": "headscope.circuits.edge_circuit",
-    "check_sizes": "headscope.circuits.faithfulness",
-    "CIRCUIT_METHODS": "headscope.circuits.eap",
-    "RIEMANN": "headscope.circuits.eap",
-    "stability_text": "headscope.circuits.circuit_page",
-    "composition": "headscope.circuits.composition_scores",
-    "run_attribution": "headscope.circuits.attribution_run",
-    "read_attribution": "headscope.circuits.attribution_run",
-    "write_circuit": "headscope.circuits.circuit_run",
-    "write_circuit_into": "headscope.circuits.circuit_run",
-    "read_circuit": "headscope.circuits.circuit_run",
-    "faithfulness_text": "headscope.circuits.circuit_page",
-    "render_circuit_html": "headscope.circuits.circuit_page",
-    "graph_layout": "headscope.circuits.circuit_page",
+_HOMES = {
+    "Task": "tasks",
+    "METRICS": "tasks",
+    "tokenizer_fingerprint": "tasks",
+    "task": "task_builders",
+    "BUILTINS": "task_builders",
+    "resolve_task": "task_builders",
+    "logit_attribution": "dla",
+    "attribute": "attribution",
+    "METHODS": "attribution",
+    "POINTS": "attribution",
+    "Circuit": "edge_circuit",
+    "circuit": "edge_circuit",
+    "MIB_SIZES": "faithfulness",
+    "MAX_STEPS": "edge_circuit",
+    "MAX_RANDOM": "edge_circuit",
+    "check_sizes": "faithfulness",
+    "CIRCUIT_METHODS": "eap",
+    "RIEMANN": "eap",
+    "stability_text": "circuit_page",
+    "composition": "composition_scores",
+    "run_attribution": "attribution_run",
+    "read_attribution": "attribution_run",
+    "write_circuit": "circuit_run",
+    "write_circuit_into": "circuit_run",
+    "read_circuit": "circuit_run",
+    "faithfulness_text": "circuit_page",
+    "render_circuit_html": "circuit_page",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'headscope.circuits' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__all__ = sorted(_HOMES)
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
