@@ -17,7 +17,8 @@ own copy of the residual stream (`headscope.circuits.stream_copies`):
   of Hanna et al.'s repository; MIB's "EAP-IG-inputs"); `riemann="right"` takes k = 1..S,
   ending at the clean run (so S = 1 is EAP). Two forward passes and S forward/backward pairs.
 The scores are means over prompts of per-prompt scores, which `score_edges` keeps as well
-(`Circuit.stability` resamples them).
+(`Circuit.stability` resamples them). After the first forward/backward pair the whole run is
+estimated from its time (`check_estimate`): over an hour is warned about, over a day refused.
 
 The KL metric (`-KL(p_clean || p)`) has a gradient of exactly 0 at the clean run, so EAP, and
 EAP-IG with S = 1 on the right rule, would score every edge 0: they are refused in one line.
@@ -27,17 +28,21 @@ Faithfulness, measured by running the model with only some edges clean, is
 """
 from __future__ import annotations
 
+import time
+import warnings
+
 import numpy as np
 import torch
 
 from ..checks import check_count
-from ..errors import UsageError
+from ..errors import HeadscopeError, HeadscopeWarning, UsageError
 from .edge_patching import plain_senders
 from .edges import Graph
 from .stream_copies import split_run
 from .target import Target, batches, output_logits
 
-__all__ = ["score_edges", "METHODS", "CIRCUIT_METHODS", "RIEMANN", "integration_points"]
+__all__ = ["score_edges", "METHODS", "CIRCUIT_METHODS", "RIEMANN", "integration_points", "check_estimate",
+           "WARN_SECONDS", "MAX_SECONDS"]
 
 METHODS = ("eap", "eap-ig")
 CIRCUIT_METHODS = METHODS  # the name the package exports (attribution has METHODS of its own)
@@ -97,6 +102,7 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
                 return leaves[id(receiver)]
 
             mixed = None if alpha == 1.0 else (lambda e, a=alpha: e_corrupted + a * (e_clean - e_corrupted))
+            started = time.monotonic()
             with torch.enable_grad(), split_run(target, graph, delta_for, embed=mixed):
                 logits = output_logits(model(**clean, use_cache=False))
                 metric = rows.score(target.aligned(logits).float(), reference=reference).sum()
@@ -104,6 +110,8 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
             for receiver, grad in zip(graph.receivers, found):
                 if grad is not None:
                     grads[id(receiver)] = grads[id(receiver)] + grad.detach()
+            if done == 0 and point == 0:
+                check_estimate(time.monotonic() - started, len(parts) * len(points))
             if progress is not None:  # one forward/backward pair: steps x batches of them in all
                 progress(stage, done * len(points) + point + 1, len(parts) * len(points))
         for receiver in graph.receivers:
@@ -120,6 +128,20 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
 
 
 RIEMANN = ("left", "right")
+WARN_SECONDS = 3600  # an estimate above this is warned about, naming it
+MAX_SECONDS = 86400  # and above this (a day on this machine) refused after the first pass
+
+
+def check_estimate(seconds_per_pass: float, passes: int) -> None:
+    """After the first forward/backward pair: HeadscopeError when `passes` of them would take over
+    `MAX_SECONDS`, a warning naming the estimate over `WARN_SECONDS`."""
+    total = seconds_per_pass * passes
+    what = (f"{passes} forward/backward passes at about {seconds_per_pass:.3g} s each: about "
+            f"{total / 3600:.1f} hours on this machine")
+    if total > MAX_SECONDS:
+        raise HeadscopeError(f"this circuit would take {what}; use fewer steps or prompts")
+    if total > WARN_SECONDS:
+        warnings.warn(f"this circuit will take {what}", HeadscopeWarning, stacklevel=3)
 
 
 def integration_points(method: str, steps, riemann: str = "left") -> tuple[int, list]:

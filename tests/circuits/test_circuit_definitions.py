@@ -361,3 +361,21 @@ def test_under_a_post_norm_a_heads_summed_outgoing_eap_is_its_frozen_shares_line
         for h, (a, b) in enumerate(zip(shares(clean, i), shares(corrupted, i))):
             expected = float(((b - a) * grad).sum()) / task.n
             assert summed[f"a{i}.h{h}"] == pytest.approx(expected, abs=1e-4 * scale), (i, h)
+
+
+def test_a_long_run_is_estimated_after_its_first_pass(llama, monkeypatch):
+    """The first forward/backward pair is timed: the whole run estimated over an hour is warned
+    about and over a day refused, naming the estimate (a clock that ticks 200 s per reading)."""
+    import itertools
+
+    from headscope.circuits import eap
+    from headscope.errors import HeadscopeWarning
+
+    ticks = itertools.count(0, 200.0)
+    monkeypatch.setattr(eap.time, "monotonic", lambda: next(ticks))
+    task = random_task(seed=1)  # 5 prompts in batches of 2 and 3
+    with pytest.warns(HeadscopeWarning, match=r"20 forward/backward passes at about 200 s each: about 1\.1 hours"):
+        circuit(llama, task, method="eap-ig", steps=10, batch_size=2)
+    with pytest.raises(headscope.HeadscopeError, match=r"about 55\.6 hours on this machine; use fewer steps"):
+        circuit(llama, task, method="eap-ig", steps=500, batch_size=2)
+    eap.check_estimate(1.0, 3600)  # exactly an hour: neither
