@@ -121,8 +121,10 @@ def read_tensor_table(path) -> TensorTable:
     return TensorTable(wanted["general.architecture"], tuple(tensors), data_start)
 
 
-def _raw_array(blob, table: TensorTable, entry: TensorEntry):
-    """The tensor's stored values as numpy, shaped as gguf's dequantize expects.
+def _raw_array(fh, table: TensorTable, entry: TensorEntry):
+    """The tensor's stored values as numpy, shaped as gguf's dequantize expects, read from the
+    open file `fh` into a buffer of their own (not a mapping of the file, whose pages would stay
+    in the resident set until it is closed: the whole file beside the weights).
 
     Plain float types come as their own dtype in torch order; block-quantised types as uint8
     rows of whole blocks (the last dimension in bytes).
@@ -133,15 +135,17 @@ def _raw_array(blob, table: TensorTable, entry: TensorEntry):
     shape = tuple(reversed(entry.dims))  # torch order: slowest-moving first
     plain = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
     qtype = GGMLQuantizationType(entry.ggml_type)
-    start = table.data_start + entry.offset
     if qtype in plain:
-        count = int(np.prod(shape, dtype=np.int64))
-        return np.frombuffer(blob, dtype=plain[qtype], count=count, offset=start).reshape(shape)
-    if qtype not in GGML_QUANT_SIZES:
+        dtype, stored_shape = np.dtype(plain[qtype]), shape
+    elif qtype in GGML_QUANT_SIZES:
+        dtype, stored_shape = np.dtype(np.uint8), quant_shape_to_byte_shape(shape, qtype)
+    else:
         raise ValueError(f"tensor {entry.name}: unsupported ggml type {qtype.name}")
-    byte_shape = quant_shape_to_byte_shape(shape, qtype)
-    count = int(np.prod(byte_shape, dtype=np.int64))
-    return np.frombuffer(blob, dtype=np.uint8, count=count, offset=start).reshape(byte_shape)
+    buffer = bytearray(int(np.prod(stored_shape, dtype=np.int64)) * dtype.itemsize)
+    fh.seek(table.data_start + entry.offset)
+    if fh.readinto(buffer) != len(buffer):
+        raise ValueError(f"tensor {entry.name} runs past the end of the file")
+    return np.frombuffer(buffer, dtype=dtype).reshape(stored_shape)
 
 
 def _name_map(architecture: str, model, processor) -> dict[str, str]:
@@ -200,18 +204,30 @@ def gguf_state_dict(path, model, dtype=None) -> dict:
     processor = TENSOR_PROCESSORS.get(table.architecture, TensorProcessor)(config=config)
     names = _name_map(table.architecture, model, processor)
     out = {"tensors": {}}  # the processors of MoE models write merged experts in here
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+    with open(path, "rb") as fh:
         for entry in table.tensors:
-            raw = _raw_array(blob, table, entry)
+            raw = _raw_array(fh, table, entry)
             weights = dequantize(raw, GGMLQuantizationType(entry.ggml_type))
             result = processor.process(weights=weights, name=entry.name, tensor_key_mapping=names,
                                        parsed_parameters=out)
             if result.name not in names:
                 continue
-            tensor = torch.from_numpy(np.array(result.weights, copy=True))  # off the mapping
-            out["tensors"][names[result.name]] = tensor if dtype is None else tensor.to(dtype)
+            out["tensors"][names[result.name]] = _owned_tensor(result.weights, dtype)
             del raw, weights, result
     return out["tensors"]
+
+
+def _owned_tensor(weights, dtype):
+    """A CPU tensor of `weights`, cast to `dtype` (None: as it is). The array's memory is taken
+    as it is (it was read into a buffer of its own, or decoded into a new array), so a large
+    tensor never exists twice; only a read-only or non-contiguous array is copied."""
+    import numpy as np
+    import torch
+
+    if not weights.flags.c_contiguous or not weights.flags.writeable:
+        weights = np.array(weights, copy=True, order="C")
+    tensor = torch.from_numpy(weights)
+    return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
 
 
 def model_from_gguf(path, config, model_class, dtype=None, **placement):
