@@ -94,7 +94,7 @@ class _Reducers:
         reduced = {det.name: det.reduce(layer, pattern, self.on[device]).cpu() for det in self.detectors}
         # The layer's temporaries are mostly below glibc's (self-raising) mmap threshold, so freed
         # they would stay in the heap, fragmented, and the process would grow layer over layer
-        # (+340 MiB over SmolLM2's forward at 1024 x 4): given back here, it peaks as a forward does.
+        # (+337 MiB over SmolLM2's forward at 1024 x 4): given back here, it peaks as a forward does.
         return_freed_heap()
         return reduced
 

@@ -7,8 +7,11 @@ tensor name table once per submodule. Here:
 - the config comes from transformers (`AutoConfig`, the one full decode of the metadata);
 - the tokenizer from its tokenizer class, which reads only the vocabulary and merges;
 - the weights from `gguf_state_dict`: a walk over the file that skips metadata values to find
-  the tensor table, gguf's own dequantisation, transformers' per-architecture tensor
-  processor (e.g. Llama's q/k row permutation), and one name table for the whole model.
+  the tensor table, each tensor read into a buffer of its own, gguf's own dequantisation (its
+  array becomes the tensor, uncopied), transformers' per-architecture tensor processor (e.g.
+  Llama's q/k row permutation), and one name table for the whole model;
+- the model from `from_pretrained(None, state_dict=...)`, which builds it on the meta device and
+  takes those tensors as its parameters: the weights exist once (tested).
 
 The result equals transformers' `from_pretrained(..., gguf_file=...)` tensor for tensor
 (tested); `headscope.loading.load_cache` stores it so later loads skip all of this.
@@ -194,8 +197,6 @@ def gguf_state_dict(path, model, dtype=None) -> dict:
     Returns:
         {state-dict key: CPU tensor}; GGUF tensors the model has no key for are left out.
     """
-    import numpy as np
-    import torch
     from gguf import GGMLQuantizationType, dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 

@@ -1,12 +1,17 @@
-"""Giving freed heap back to the operating system once a model is loaded.
+"""Giving freed heap back to the operating system: after a load, after each layer of an analysis.
 
 - `return_freed_heap()`: glibc's `malloc_trim(0)`; False (and nothing done) where there is no glibc.
 
-Loading allocates and frees many mid-sized buffers (tokenizer tables, a GGUF file's tensors while
-they are decoded, transformers' bookkeeping). glibc keeps freed blocks below its mmap threshold in
-the process's heap for reuse, so they stay in the resident set after the load; `malloc_trim(0)`
-returns the free pages of every arena. It frees only memory nobody holds, so it changes no result;
-it walks the heap once (milliseconds), which is why `headscope.load` calls it once, at its end.
+glibc serves an allocation above its mmap threshold with a mapping of its own, returned when
+freed, and smaller ones from the heap, where freed blocks stay resident for reuse. The threshold
+starts at 128 KiB and rises to the size of each mapped block freed (up to 32 MiB), so after the
+first large tensor is freed, a layer's activations and a detector's temporaries all come from the
+heap; freed, fragmented, they keep the process's resident set above what it holds.
+`malloc_trim(0)` returns the free pages of every arena. It frees only memory nobody holds, so it
+changes no result, and needs no environment variable (MALLOC_MMAP_THRESHOLD_) from the user.
+`headscope.load` calls it once at its end (tokenizer tables, a GGUF file's tensors while they
+are decoded); `analyze`'s passes after each layer's reductions (`headscope.detectors.runner`)
+and once at the end (one walk over the heap's free blocks per call).
 """
 from __future__ import annotations
 
