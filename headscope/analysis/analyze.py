@@ -51,6 +51,7 @@ from ..detectors.protocol import SCORE_COLUMNS
 from ..detectors.protocol import Progress
 from ..detectors.runner import MAP_BUDGET, Timings, collect_with_control
 from ..loading.distributed import rank_and_size
+from ..loading.heap import return_freed_heap
 from ..loading.integrity import check_weights
 from ..loading.loader import Loaded
 from ..tables import with_sites
@@ -175,6 +176,7 @@ def analyze(
     scored = _score(loaded, plan, run, seed, ov, timings)
     with timings.step("explorer"):
         examples = shown_examples(loaded, plan.built, explorer_examples, explorer_len) if explorer_examples else []
+    return_freed_heap()  # the statistics' and the explorer's temporaries: the caller keeps only the tables
     timings.total()
     meta = _meta(loaded, plan, run, scored, seed, batch_size, ov, timings)
     analysis = Analysis(scores=scored.scores, labels=scored.labels, meta=meta.to_json(), examples=examples,

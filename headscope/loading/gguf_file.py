@@ -7,8 +7,11 @@ tensor name table once per submodule. Here:
 - the config comes from transformers (`AutoConfig`, the one full decode of the metadata);
 - the tokenizer from its tokenizer class, which reads only the vocabulary and merges;
 - the weights from `gguf_state_dict`: a walk over the file that skips metadata values to find
-  the tensor table, gguf's own dequantisation, transformers' per-architecture tensor
-  processor (e.g. Llama's q/k row permutation), and one name table for the whole model.
+  the tensor table, each tensor read into a buffer of its own, gguf's own dequantisation (its
+  array becomes the tensor, uncopied), transformers' per-architecture tensor processor (e.g.
+  Llama's q/k row permutation), and one name table for the whole model;
+- the model from `from_pretrained(None, state_dict=...)`, which builds it on the meta device and
+  takes those tensors as its parameters: the weights exist once (tested).
 
 The result equals transformers' `from_pretrained(..., gguf_file=...)` tensor for tensor
 (tested); `headscope.loading.load_cache` stores it so later loads skip all of this.
@@ -121,8 +124,10 @@ def read_tensor_table(path) -> TensorTable:
     return TensorTable(wanted["general.architecture"], tuple(tensors), data_start)
 
 
-def _raw_array(blob, table: TensorTable, entry: TensorEntry):
-    """The tensor's stored values as numpy, shaped as gguf's dequantize expects.
+def _raw_array(fh, table: TensorTable, entry: TensorEntry):
+    """The tensor's stored values as numpy, shaped as gguf's dequantize expects, read from the
+    open file `fh` into a buffer of their own (not a mapping of the file, whose pages would stay
+    in the resident set until it is closed: the whole file beside the weights).
 
     Plain float types come as their own dtype in torch order; block-quantised types as uint8
     rows of whole blocks (the last dimension in bytes).
@@ -133,15 +138,17 @@ def _raw_array(blob, table: TensorTable, entry: TensorEntry):
     shape = tuple(reversed(entry.dims))  # torch order: slowest-moving first
     plain = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
     qtype = GGMLQuantizationType(entry.ggml_type)
-    start = table.data_start + entry.offset
     if qtype in plain:
-        count = int(np.prod(shape, dtype=np.int64))
-        return np.frombuffer(blob, dtype=plain[qtype], count=count, offset=start).reshape(shape)
-    if qtype not in GGML_QUANT_SIZES:
+        dtype, stored_shape = np.dtype(plain[qtype]), shape
+    elif qtype in GGML_QUANT_SIZES:
+        dtype, stored_shape = np.dtype(np.uint8), quant_shape_to_byte_shape(shape, qtype)
+    else:
         raise ValueError(f"tensor {entry.name}: unsupported ggml type {qtype.name}")
-    byte_shape = quant_shape_to_byte_shape(shape, qtype)
-    count = int(np.prod(byte_shape, dtype=np.int64))
-    return np.frombuffer(blob, dtype=np.uint8, count=count, offset=start).reshape(byte_shape)
+    buffer = bytearray(int(np.prod(stored_shape, dtype=np.int64)) * dtype.itemsize)
+    fh.seek(table.data_start + entry.offset)
+    if fh.readinto(buffer) != len(buffer):
+        raise ValueError(f"tensor {entry.name} runs past the end of the file")
+    return np.frombuffer(buffer, dtype=dtype).reshape(stored_shape)
 
 
 def _name_map(architecture: str, model, processor) -> dict[str, str]:
@@ -190,8 +197,6 @@ def gguf_state_dict(path, model, dtype=None) -> dict:
     Returns:
         {state-dict key: CPU tensor}; GGUF tensors the model has no key for are left out.
     """
-    import numpy as np
-    import torch
     from gguf import GGMLQuantizationType, dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
@@ -200,18 +205,30 @@ def gguf_state_dict(path, model, dtype=None) -> dict:
     processor = TENSOR_PROCESSORS.get(table.architecture, TensorProcessor)(config=config)
     names = _name_map(table.architecture, model, processor)
     out = {"tensors": {}}  # the processors of MoE models write merged experts in here
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+    with open(path, "rb") as fh:
         for entry in table.tensors:
-            raw = _raw_array(blob, table, entry)
+            raw = _raw_array(fh, table, entry)
             weights = dequantize(raw, GGMLQuantizationType(entry.ggml_type))
             result = processor.process(weights=weights, name=entry.name, tensor_key_mapping=names,
                                        parsed_parameters=out)
             if result.name not in names:
                 continue
-            tensor = torch.from_numpy(np.array(result.weights, copy=True))  # off the mapping
-            out["tensors"][names[result.name]] = tensor if dtype is None else tensor.to(dtype)
+            out["tensors"][names[result.name]] = _owned_tensor(result.weights, dtype)
             del raw, weights, result
     return out["tensors"]
+
+
+def _owned_tensor(weights, dtype):
+    """A CPU tensor of `weights`, cast to `dtype` (None: as it is). The array's memory is taken
+    as it is (it was read into a buffer of its own, or decoded into a new array), so a large
+    tensor never exists twice; only a read-only or non-contiguous array is copied."""
+    import numpy as np
+    import torch
+
+    if not weights.flags.c_contiguous or not weights.flags.writeable:
+        weights = np.array(weights, copy=True, order="C")
+    tensor = torch.from_numpy(weights)
+    return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
 
 
 def model_from_gguf(path, config, model_class, dtype=None, **placement):

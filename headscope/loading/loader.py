@@ -25,6 +25,7 @@ from typing import Any, Optional
 from . import load_cache
 from ..errors import HeadscopeError, UsageError
 from .gguf_file import config_and_tokenizer, model_from_gguf
+from .heap import return_freed_heap
 from .integrity import check_loading_info
 from ..hf.adapters import (adapter_for, analysed_body, check_on_interface, core_modules, family_of, stack_counts,
                            text_config)
@@ -333,6 +334,7 @@ def load(spec: str = DEFAULT_MODEL, device: str = "auto", dtype=None, *, cache: 
         config, model, tokenizer = _load_pretrained(spec, where, torch_dtype, placement)
     family = family_of(config)
     model = (model if placement else model.to(device)).eval()
+    return_freed_heap()  # what loading freed leaves the resident set (glibc keeps it otherwise)
     return Loaded(model=model, tokenizer=tokenizer, name=spec, family=family, causal=_is_causal_config(config))
 
 
@@ -424,6 +426,7 @@ def load_model_only(folder, device: str = "cpu") -> Loaded:
         raise
     except Exception as err:  # transformers, safetensors and huggingface_hub raise OSError, ValueError, ...
         raise HeadscopeError(_load_error(folder, folder, {}, True, err)) from None
+    return_freed_heap()
     return Loaded.from_model(model.to(resolve_device(device)), None, name=folder)
 
 

@@ -1,0 +1,21 @@
+"""An analysis's passes give freed heap back after every layer of every batch (what keeps the
+process's resident set at a plain forward's with glibc's default allocator;
+`headscope.loading.heap`)."""
+import torch
+
+from headscope.detectors import get, runner
+from headscope.detectors.registry import defaults
+from headscope.loading.loader import Loaded
+from headscope.probes.base import ProbeSet
+from tests.support.tiny import tiny_model
+
+
+def test_every_layer_of_every_batch_returns_freed_heap(monkeypatch):
+    loaded = Loaded.from_model(tiny_model("llama"), tokenizer=None)
+    calls = []
+    monkeypatch.setattr(runner, "return_freed_heap", lambda: calls.append(1) or True)
+    ids = torch.randint(4, loaded.model.config.vocab_size, (6, 17), generator=torch.Generator().manual_seed(0))
+    probe = ProbeSet("text", ids, 1, "random tokens")
+    chosen = [get(name) for name in defaults(loaded.causal) if get(name).probe == "text"]
+    runner.collect(loaded, probe, chosen, batch_size=4)  # two batches: 4 and 2 examples
+    assert len(calls) == 2 * len(loaded.attention_layers) > 0
