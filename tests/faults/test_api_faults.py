@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -18,6 +17,7 @@ from headscope.analysis import Analysis
 from headscope.atomic import MANIFEST, MARKER
 from headscope.errors import HeadscopeError
 from tests.support.fake_analysis import fake_analysis
+from tests.support.file_tree import snapshot
 
 IDS = torch.tensor([[1, 2, 3, 4, 5, 6]])
 
@@ -211,21 +211,17 @@ API_FAULTS = [
 ]
 
 
-def _files(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.parametrize("fault", API_FAULTS, ids=[f.id for f in API_FAULTS])
 def test_a_bad_argument_is_one_headscope_error(fault, planted, tmp_path):
     prepare = getattr(fault.call, "prepare", None)
     if prepare is not None:
         prepare(tmp_path)
-    before = _files(tmp_path)
+    before = snapshot(tmp_path)
     with pytest.raises(HeadscopeError) as err:
         fault.call(planted, tmp_path)
     message = str(err.value)
     assert fault.message in message and "\n" not in message, message
-    assert _files(tmp_path) == before
+    assert snapshot(tmp_path) == before
     assert "api_fault" not in headscope.detectors.REGISTRY.so_far()
     assert headscope.detectors.REGISTRY["induction"].source.startswith("Olsson")  # the built-in is still there
 
