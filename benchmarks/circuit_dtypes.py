@@ -23,17 +23,12 @@ from pathlib import Path
 import numpy as np
 
 import headscope
+from circuit_ioi import spearman  # the benchmarks' folder is on the path when one runs as a script
 from headscope.atomic import write_text_atomic
 
 HERE = Path(__file__).resolve().parent
 DTYPES = ("float32", "bfloat16", "float16")
 STEPS, TOP = 5, 100
-
-
-def spearman(a, b) -> float:
-    ra = np.argsort(np.argsort(a)).astype(float)
-    rb = np.argsort(np.argsort(b)).astype(float)
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def agreement(reference: np.ndarray, other: np.ndarray, top: int = 0) -> dict:
