@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import HeadscopeError
-from .residual import close, decompose, is_norm, layer_list, norm_form, record
+from .residual import decompose, is_norm, layer_list, mismatch, norm_form, record
 
 __all__ = ["Graph", "Receiver", "graph_of"]
 
@@ -159,11 +159,9 @@ def _upstream(graph: Graph, layer: int, writer, start, reads, ran: list, rec) ->
     found, best = None, None  # the closest run within the tolerance (bfloat16's is loose), then the longest
     for count in range(len(ran), -1, -1):
         contributions = [rec.outputs[w.post_path or w.path] for w, _ in ran[:count]]
-        summed = start + sum(contributions)
-        if close(reads, summed, reads, *contributions):
-            error = float((reads.float() - summed.float()).abs().max())
-            if best is None or error < best:
-                found, best = count, error
+        error = mismatch(reads, start + sum(contributions), reads, *contributions)
+        if error is not None and (best is None or error < best):
+            found, best = count, error
     if found is not None:
         return earlier + [i for _, indices in ran[:found] for i in indices]
     raise HeadscopeError(f"layer {layer}'s {writer.path} reads a residual state that is neither its layer's input nor "

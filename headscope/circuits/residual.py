@@ -33,7 +33,7 @@ from ..head_geometry.norm_gains import centres, measured_gain
 from ..hf.adapters import family_of
 from ..hf.sites import sites as all_sites
 
-__all__ = ["close", "tolerance",
+__all__ = ["close", "mismatch", "tolerance",
            "Frozen", "NormForm", "norm_form", "Writer", "Decomposition", "frozen_norm", "record", "decompose", "layer_list", "is_norm"]
 
 RTOL = 1e-5  # equalities checked within this share of the largest term (fp32 sums of a few dozen terms)
@@ -55,15 +55,22 @@ def close(a: torch.Tensor, b: torch.Tensor, *terms: torch.Tensor, like: Optional
     Raises:
         HeadscopeError: a tensor holds NaN or infinite values (then no sum can be checked).
     """
+    return mismatch(a, b, *terms, like=like) is not None
+
+
+def mismatch(a: torch.Tensor, b: torch.Tensor, *terms: torch.Tensor, like: Optional[torch.dtype] = None):
+    """The largest |a - b| where `close(a, b, *terms, like=like)` holds, else None: of several
+    candidate sums within the tolerance, the caller keeps the closest."""
     tensors = (a, b) + terms
     if not all(bool(torch.isfinite(t).all()) for t in tensors):
         raise HeadscopeError("the model's activations are not finite (NaN or inf), so its residual stream cannot be "
                              "taken apart: check its weights for non-finite values (headscope verify) and its dtype")
     scale = max(float(t.abs().max()) for t in tensors)
     if a.shape != b.shape:
-        return False
+        return None
     rtol = tolerance(*tensors, *([torch.empty(0, dtype=like)] if like is not None else []))
-    return float((a.float() - b.float()).abs().max()) <= rtol * scale + 1e-12
+    error = float((a.float() - b.float()).abs().max())
+    return error if error <= rtol * scale + 1e-12 else None
 
 
 def is_norm(module: nn.Module, d_model: int) -> bool:
@@ -320,12 +327,12 @@ def _writers(layer, layer_path, rec, modules, block_paths, attention_paths, d_mo
     for size in range(0, min(4, len(rest)) + 1):
         for combo in itertools.combinations(rest, size):
             chosen = ours + list(combo)
-            total = sum(contribution[p] for p in chosen) if chosen else None
-            if chosen and close(total, added, rec.inputs[layer_path], rec.outputs[layer_path],
-                                *(contribution[p] for p in chosen)):
-                error = float((total.float() - added.float()).abs().max())
-                if best is None or error < best:
-                    match, best = chosen, error
+            if not chosen:
+                continue
+            error = mismatch(sum(contribution[p] for p in chosen), added, rec.inputs[layer_path],
+                             rec.outputs[layer_path], *(contribution[p] for p in chosen))
+            if error is not None and (best is None or error < best):
+                match, best = chosen, error
     if match is None:
         raise HeadscopeError(f"{family}: layer {layer} does not add its sublayers' outputs to the residual stream "
                              f"as they are (post-norm layers, or a residual multiplier), so attribution cannot take "
