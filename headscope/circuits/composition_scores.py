@@ -72,6 +72,7 @@ from ..head_geometry.ov_circuit import head_ov_weights
 from ..head_geometry.run import attention_modules
 from ..hf.adapters import analysed_body, attention_blocks, text_stack
 from ..hf.from_hf import rotary_tables
+from .target import check_token_inputs
 
 __all__ = ["composition", "head_factors", "composition_scores", "HeadFactors", "KINDS", "COLUMNS",
            "BASELINE_SAMPLES"]
@@ -181,9 +182,7 @@ def head_factors(loaded, offsets: Optional[list] = None) -> list:
         raise HeadscopeError(f"composition scores the model's default attention stack, not {loaded.sites}: "
                              f"use the loaded model itself")
     model = loaded.model
-    if getattr(model, "main_input_name", "input_ids") != "input_ids":  # its norms are measured on token ids
-        raise HeadscopeError(f"{type(model).__name__} reads {model.main_input_name}, not token ids, so composition "
-                             f"cannot measure its norms")
+    check_token_inputs(model, "composition cannot measure its norms")  # they are measured on token ids
     if any(p.device.type == "meta" for p in model.parameters()):
         raise HeadscopeError("some weights are offloaded (device_map with disk or CPU offload): composition reads "
                              "them from memory")

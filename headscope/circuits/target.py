@@ -22,7 +22,7 @@ from ..hf.adapters import head_sizes
 from ..hf.route import selection
 from ..probes.copy import decoder_start_token
 
-__all__ = ["Target", "batches", "output_logits"]
+__all__ = ["Target", "batches", "output_logits", "check_token_inputs"]
 
 
 def batches(n: int, batch_size: int) -> list[slice]:
@@ -44,6 +44,14 @@ def output_logits(out) -> torch.Tensor:
     return logits
 
 
+def check_token_inputs(model, otherwise: str) -> None:
+    """HeadscopeError unless the model reads token ids (Whisper's encoder reads audio features);
+    `otherwise` says what cannot be done."""
+    read = getattr(model, "main_input_name", "input_ids")
+    if read != "input_ids":
+        raise HeadscopeError(f"{type(model).__name__} reads {read}, not token ids, so {otherwise}")
+
+
 class Target:
     """A model and the group of attention sites a task is attributed to (module docstring)."""
 
@@ -60,9 +68,7 @@ class Target:
         self.sites = sites if sites is not None else getattr(loaded, "sites", None)
         self.selection = selection(self.model, self.sites)
         if getattr(self.model.config, "is_encoder_decoder", False):
-            if getattr(self.model, "main_input_name", "input_ids") != "input_ids":
-                raise HeadscopeError(f"{type(self.model).__name__}'s encoder reads {self.model.main_input_name}, "
-                                     f"not token ids, so a task's prompts cannot feed it")
+            check_token_inputs(self.model, "a task's prompts cannot feed it")
             if self.sites is None and not self.selection.group.startswith("decoder"):
                 self.sites = "decoder.self"  # the logits come from the decoder: its heads are the components
                 self.selection = selection(self.model, self.sites)
