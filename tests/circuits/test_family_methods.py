@@ -19,7 +19,8 @@ from headscope.loading.loader import Loaded
 
 from tests.support.circuit_models import random_task
 from tests.support.tiny import (COMPOSITE_FAMILIES, ENCODER_DECODER_FAMILIES, ENCODERS, HYBRID_FAMILIES,
-                                INTERFACE_FAMILIES, TEXT_DECODERS, tiny_config, tiny_mllama, tiny_model)
+                                INTERFACE_FAMILIES, TEXT_DECODERS, tiny_config, tiny_decoder_alone, tiny_mllama,
+                                tiny_model)
 
 ROWS = [r.model_type for r in family_table() if r.capture and r.model_type != OTHER]
 # Text decoders that only exist inside a vision-language model are measured through it.
@@ -37,12 +38,9 @@ def _model(family: str):
         return tiny_model(family, kind="composite")
     if family in ("mllama", "mllama_text_model"):
         return tiny_mllama(full=family == "mllama")
-    torch.manual_seed(0)
     if family == "bart_causal_lm":
-        config = tf.AutoConfig.for_model("bart", vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2,
-                                         encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=37,
-                                         decoder_ffn_dim=37, max_position_embeddings=64, use_cache=False)
-        return tf.AutoModelForCausalLM.from_config(config).eval()
+        return tiny_decoder_alone()
+    torch.manual_seed(0)
     assert family in INTERFACE_FAMILIES, family
     config = tiny_config(family, "interface")
     cls = tf.AutoModelForMaskedLM if family in ENCODERS else tf.AutoModelForCausalLM

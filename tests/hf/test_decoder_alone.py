@@ -9,7 +9,6 @@ built with different depths and head counts, so a count read from the encoder's 
 config shows."""
 import pytest
 import torch
-import transformers as tf
 
 import headscope
 from headscope.detectors.registry import get
@@ -22,24 +21,14 @@ from headscope.probes.kinds import RepeatedProbe, TextProbe
 from headscope.report import render_html
 from tests.support.contracts import head_zeroed_at
 from tests.support.planted import char_tokenizer
+from tests.support.tiny import DECODER_HEADS, DECODER_LAYERS, tiny_decoder_alone
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-DECODER_LAYERS, DECODER_HEADS = 3, 2
 
 
 # Every family whose ForCausalLM is bart's decoder alone (m2m_100 has none).
 FAMILIES = ("bart", "marian", "pegasus", "blenderbot", "blenderbot-small", "mbart", "plbart")
-
-
-def _model(seed: int = 0, family: str = "bart"):
-    config = tf.AutoConfig.for_model(
-        family, vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=DECODER_LAYERS,
-        encoder_attention_heads=4, decoder_attention_heads=DECODER_HEADS, encoder_ffn_dim=37, decoder_ffn_dim=37,
-        max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
-        use_cache=False)  # transformers sizes the KV cache by num_hidden_layers, the encoder's depth
-    torch.manual_seed(seed)
-    return tf.AutoModelForCausalLM.from_config(config).eval()
 
 
 def _inputs():
@@ -62,7 +51,7 @@ def _eager(model, x):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_its_sites_are_the_decoders_self_and_cross_attention(family):
-    model = _model(family=family)
+    model = tiny_decoder_alone(family)
     assert type(model).__name__.endswith("ForCausalLM") and family_of(model.config) == "bart_causal_lm"
     found = sites(model)
     assert [(s.name, s.kind, s.stack, s.layer) for s in found[:2]] == [
@@ -82,7 +71,7 @@ def test_its_sites_are_the_decoders_self_and_cross_attention(family):
 @pytest.mark.parametrize("family", FAMILIES)
 @torch.no_grad()
 def test_capture_keeps_the_output_and_gives_the_eager_maps_and_cross_attention_did_not_run(family):
-    model = _model(family=family)
+    model = tiny_decoder_alone(family)
     x = _inputs()
     before = model(**x).logits
     with headscope.capture(model) as cap:
@@ -105,7 +94,7 @@ def test_capture_keeps_the_output_and_gives_the_eager_maps_and_cross_attention_d
 @pytest.mark.parametrize("family", FAMILIES)
 @torch.no_grad()
 def test_ablation_is_zeroing_the_heads_slice_of_the_output_projections_input_and_restores_the_model(family):
-    model = _model(family=family)
+    model = tiny_decoder_alone(family)
     x = _inputs()
     layer, head = 1, 1
     before = model(**x).logits
@@ -120,13 +109,13 @@ def test_ablation_is_zeroing_the_heads_slice_of_the_output_projections_input_and
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_verify_agrees_with_the_models_own_attention(family):
-    rows = headscope.verify(_model(family=family), _inputs())
+    rows = headscope.verify(tiny_decoder_alone(family), _inputs())
     assert rows.layer.tolist() == list(range(DECODER_LAYERS))
     assert rows.max_abs_diff_output.max() <= 1e-4 and rows.max_abs_diff_pattern.max() <= 1e-5
 
 
 def test_analyze_scores_are_the_detectors_formulas_on_the_eager_maps_and_the_report_renders(tmp_path):
-    model = _model()
+    model = tiny_decoder_alone()
     loaded = Loaded.from_model(model, char_tokenizer(), "tiny-bart-lm")
     probes = [TextProbe(n_examples=4, seq_len=24), RepeatedProbe(n_examples=4, repeat_len=6, repeats=3)]
     analysis = headscope.analyze(loaded, detectors=["previous_token", "induction"], probes=probes, explorer_examples=1)

@@ -33,6 +33,9 @@ Two kinds, each a table of configs:
   with right padding on the second example; whisper: log-mel `input_features`) and 7
   `decoder_input_ids`.
 
+- `tiny_decoder_alone(family, seed)`: a bart-like family's ForCausalLM, its decoder alone
+  (`DECODER_LAYERS` layers of `DECODER_HEADS` heads, each with self- and cross-attention).
+
 - `tiny_mllama(full, seed)`: mllama's text model (`MllamaForCausalLM`), 3 layers with a
   cross-attention layer at 1 that runs only with an image (never, for token ids alone); with
   `full`, the whole `MllamaForConditionalGeneration` around it (a vision tower of 2 local layers
@@ -59,7 +62,7 @@ import torch
 
 __all__ = ["VOCAB", "ODD_FAMILIES", "INTERFACE_FAMILIES", "ENCODERS", "HYBRID_FAMILIES", "HYBRID_ATTENTION",
            "COMPOSITE_FAMILIES", "COMPOSITE_ATTENTION", "VERIFIED_COMPOSITES", "TEXT_DECODERS", "ENCODER_DECODER_FAMILIES", "tiny_config", "tiny_model",
-           "tiny_mllama", "tiny_inputs", "tiny_seq2seq_inputs", "tiny_image_inputs", "output_of"]
+           "tiny_mllama", "tiny_decoder_alone", "DECODER_LAYERS", "DECODER_HEADS", "tiny_inputs", "tiny_seq2seq_inputs", "tiny_image_inputs", "output_of"]
 
 VOCAB = 99
 ODD_FAMILIES = ("gpt2", "bert", "llama", "qwen2", "gpt_neox")
@@ -476,6 +479,23 @@ def tiny_model(family: str, seed: int = 0, kind: str = "odd", positions: int = 6
     cls = tf.BertModel if family == "bert" else tf.AutoModelForCausalLM
     model = cls.from_config(config) if cls is tf.AutoModelForCausalLM else cls(config)
     return model.eval()
+
+
+DECODER_LAYERS, DECODER_HEADS = 3, 2  # tiny_decoder_alone's, unlike its encoder's 2 layers of 4 heads
+
+
+def tiny_decoder_alone(family: str = "bart", seed: int = 0):
+    """A bart-like family's ForCausalLM: its decoder without the encoder (self-attention and
+    cross-attention in every layer), with depth and head count unlike the encoder's config side."""
+    import transformers as tf
+
+    config = tf.AutoConfig.for_model(
+        family, vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=DECODER_LAYERS,
+        encoder_attention_heads=4, decoder_attention_heads=DECODER_HEADS, encoder_ffn_dim=37, decoder_ffn_dim=37,
+        max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+        use_cache=False)  # transformers sizes the KV cache by num_hidden_layers, the encoder's depth
+    torch.manual_seed(seed)
+    return tf.AutoModelForCausalLM.from_config(config).eval()
 
 
 def tiny_mllama(full: bool = False, seed: int = 0):
