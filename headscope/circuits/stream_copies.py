@@ -26,6 +26,7 @@ A pass must be run with `use_cache=False` (a cache would see the copies' keys).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from typing import Callable, Optional
 
 import torch
@@ -38,24 +39,45 @@ from .residual import close
 __all__ = ["SplitRun", "split_run"]
 
 
-class _Stop(Exception):
-    """Ends the block's call on the copies once their q, k and v are known."""
+class _Harvested(Exception):
+    """Carries the copies' q, k and v out of the attention block's call on them (see `_Splitter`)."""
+
+    def __init__(self, qkv):
+        super().__init__()
+        self.qkv = qkv
 
 
 class _Splitter(Session):
-    """Harvests the copies' q, k, v in the block's first call; replaces them in its real call."""
+    """The routing session of a split run: the attention kernel hands it every block's q, k and v.
+
+    In a block's call on the copies (`harvest` set to its layer) it takes their q, k and v and
+    leaves the call there, before any attention is computed: a module's forward can only be left
+    early by raising, so it raises `_Harvested`, which `harvest_qkv` catches at once. In the
+    block's real call it hands the kernel the per-head q, k and v picked from the copies.
+    """
 
     def __init__(self, layer_of: dict):
         self.layer_of = layer_of
         self.harvest: Optional[int] = None  # the layer whose copies are being run
-        self.harvested = None
         self.pending: dict = {}  # layer -> (q, k, v) for its real call
 
     def edit_qkv(self, layer, q, k, v):
         if self.harvest == layer:
-            self.harvested = (q, k, v)
-            raise _Stop
+            raise _Harvested((q, k, v))
         return self.pending.pop(layer, (q, k, v))
+
+    def harvest_qkv(self, layer: int, module, args, kwargs):
+        """The q, k and v `[batch', heads, pos, d_head]` of `module(*args, **kwargs)`, the block
+        of `layer` called on the copies, with nothing after them computed."""
+        self.harvest = layer
+        try:
+            module(*args, **kwargs)
+        except _Harvested as harvested:
+            return harvested.qkv
+        finally:
+            self.harvest = None
+        raise HeadscopeError(f"layer {layer}'s attention block did not pass its q, k and v to the attention "
+                             f"function, so its heads cannot read copies of the stream")
 
 
 def _tiled(value, batch: int, copies: int):
@@ -69,14 +91,6 @@ def _tiled(value, batch: int, copies: int):
     return value
 
 
-class SplitRun:
-    """What `split_run` keeps: `senders` `{index: [batch, pos, d_model]}` of the last pass."""
-
-    def __init__(self):
-        self.senders: dict = {}
-        self.read: dict = {}  # id(norm or module) -> the residual state it read in this pass
-
-
 def _first(args, kwargs):
     return args[0] if args else kwargs["hidden_states"]
 
@@ -87,125 +101,147 @@ def _with_first(args, kwargs, value):
     return args, dict(kwargs, hidden_states=value)
 
 
-@contextmanager
-def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None):
-    """See the module docstring."""
-    model = target.model
-    run = SplitRun()
-    splitter = _Splitter(layer_map(model, target.sites))
-    modules = dict(model.named_modules())
-    parts = graph.parts
-    handles = []
+class SplitRun:
+    """One split run's hooks and what they keep.
 
-    def keep_first_input(module, args, kwargs):
-        run.senders[0] = _first(args, kwargs)
+    Attributes:
+        senders: `{index: [batch, pos, d_model]}`, every sender's output in the last pass.
+        read: `{id(norm or module): [batch, pos, d_model]}`, the residual state each receiver's
+            norm (or the module itself) read in the last pass.
 
-    def keep_results(value, hook):  # (B, T, H, D)
+    The hooks, in the order a pass meets them: the first layer's input is sender 0
+    (`keep_first_input`); each norm records the stream it reads (`keep_read`); each receiver
+    swaps its input for its copy (`read_module`, `read_heads`); each writer records its output
+    (`keep_output`, `keep_results` for the heads); a norm after the heads turns their outputs into
+    shares of its output (`keep_head_shares`).
+    """
+
+    def __init__(self, target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None):
+        self.target, self.graph = target, graph
+        self.delta_for, self.embed = delta_for, embed
+        self.splitter = _Splitter(layer_map(target.model, target.sites))
+        self.senders: dict = {}
+        self.read: dict = {}
+
+    def _delta(self, receiver):
+        return self.delta_for(receiver) if self.delta_for is not None else None
+
+    # -- what the senders wrote ------------------------------------------------------------------
+
+    def keep_first_input(self, module, args, kwargs):
+        self.senders[0] = _first(args, kwargs)
+
+    def keep_results(self, value, hook):  # (B, T, H, D)
         layer = int(hook.name.split(".")[1])
         for h in range(value.shape[2]):
-            run.senders[graph.head_sender[(layer, h)]] = value[:, :, h]
+            self.senders[self.graph.head_sender[(layer, h)]] = value[:, :, h]
 
-    def keep_output(index):
-        def hook(module, args, output):
-            value = output if isinstance(output, torch.Tensor) else output[0]
-            run.senders[index] = value.view(run.senders[0].shape) if value.dim() == 2 else value  # flat rows
-        return hook
+    def keep_output(self, index: int, module, args, output):
+        value = output if isinstance(output, torch.Tensor) else output[0]
+        self.senders[index] = value.view(self.senders[0].shape) if value.dim() == 2 else value  # flat rows
 
-    def keep_read(module, args, kwargs):
-        run.read[id(module)] = _first(args, kwargs)
+    @torch.no_grad()  # recorded values only: no gradient runs through a sender's record
+    def keep_head_shares(self, layer: int, form, module, args, output):
+        """A norm after the heads: each head's output becomes its share of the norm's output at the
+        run's frozen scale."""
+        x = args[0].detach() if args else None
+        y = (output if isinstance(output, torch.Tensor) else output[0]).detach()
+        heads = [self.graph.head_sender[(layer, h)] for h in range(self.graph.n_heads)]
+        results = torch.stack([self.senders[i].detach() for i in heads])  # (H, B, T, D)
+        if x is None or not close(results.sum(0), x, results):
+            raise HeadscopeError(f"layer {layer}'s attention output is not the sum of its heads' outputs (a bias "
+                                 f"after W_O?), so their shares of its norm ({type(module).__name__}) are not "
+                                 f"theirs alone")
+        d = x.shape[-1]
+        frozen = form.freeze(x.reshape(-1, d).float(), y.reshape(-1, d).float())
+        for i, result in zip(heads, results):
+            self.senders[i] = frozen.apply(result.reshape(-1, d).float()).reshape(result.shape).to(result.dtype)
 
-    def shares_after(layer, form):  # a post-attention norm: each head's share at the run's frozen scale
-        @torch.no_grad()  # recorded values only: no gradient runs through a sender's record
-        def hook(module, args, output):
-            x = args[0].detach() if args else None
-            y = (output if isinstance(output, torch.Tensor) else output[0]).detach()
-            heads = [graph.head_sender[(layer, h)] for h in range(graph.n_heads)]
-            results = torch.stack([run.senders[i].detach() for i in heads])  # (H, B, T, D)
-            if x is None or not close(results.sum(0), x, results):
-                raise HeadscopeError(f"layer {layer}'s attention output is not the sum of its heads' outputs (a bias "
-                                     f"after W_O?), so their shares of its norm ({type(module).__name__}) are not "
-                                     f"theirs alone")
-            d = x.shape[-1]
-            frozen = form.freeze(x.reshape(-1, d).float(), y.reshape(-1, d).float())
-            for i, result in zip(heads, results):
-                run.senders[i] = frozen.apply(result.reshape(-1, d).float()).reshape(result.shape).to(result.dtype)
-        return hook
+    # -- what the receivers read ------------------------------------------------------------------
 
-    def module_reader(receiver):
-        def hook(module, args, kwargs):
-            delta = delta_for(receiver) if delta_for is not None else None
-            if delta is None:
-                return None
-            if receiver.norm is None:
-                stream = _first(args, kwargs)
-                return _with_first(args, kwargs, stream + delta[0].to(stream.dtype).reshape(stream.shape))
-            stream = run.read[id(receiver.norm)]  # OPT's MLP reads its rows flat: [batch * pos, d_model]
-            normed = receiver.norm(stream + delta[0].to(stream.dtype).reshape(stream.shape))
-            run.read[id(receiver.norm)] = stream  # the record stays the stream itself for the norm's other readers
-            return _with_first(args, kwargs, normed)
-        return hook
+    def keep_read(self, module, args, kwargs):
+        self.read[id(module)] = _first(args, kwargs)
 
-    def head_reader(receiver):
-        n_heads = graph.n_heads
-
-        def hook(module, args, kwargs):
-            if splitter.harvest is not None:  # the call on the copies, from below
-                return None
-            delta = delta_for(receiver) if delta_for is not None else None
-            if delta is None:
-                return None
-            rows, which = delta if isinstance(delta, tuple) else (delta, range(len(delta)))
-            stream = run.read[id(receiver.norm)] if receiver.norm is not None else _first(args, kwargs)
-            copies = stream.unsqueeze(0) + rows.to(stream.dtype)  # (C, B, T, D), C = 3H or the distinct rows
-            batch = stream.shape[0]
-            flat = copies.reshape(-1, *stream.shape[1:])
-            if receiver.norm is not None:
-                flat = receiver.norm(flat)
-                run.read[id(receiver.norm)] = stream  # a parallel block's MLP reads the same norm's record
-            call_args, call_kwargs = _with_first(tuple(_tiled(a, batch, len(rows)) for a in args),
-                                                 _tiled(kwargs, batch, len(rows)), flat)
-            splitter.harvest = receiver.layer
-            try:
-                module(*call_args, **call_kwargs)
-                raise HeadscopeError(f"layer {receiver.layer}'s attention block did not pass its q, k and v to "
-                                     f"the attention function, so its heads cannot read copies of the stream")
-            except _Stop:
-                pass
-            finally:
-                splitter.harvest = None
-            q, k, v = splitter.harvested
-            splitter.harvested = None
-            group = n_heads // k.shape[1]
-            pick = lambda x, copy, head: x[copy * batch:(copy + 1) * batch, head]  # noqa: E731
-            splitter.pending[receiver.layer] = (
-                torch.stack([pick(q, which[3 * h], h) for h in range(n_heads)], dim=1),
-                torch.stack([pick(k, which[3 * h + 1], h // group) for h in range(n_heads)], dim=1),
-                torch.stack([pick(v, which[3 * h + 2], h // group) for h in range(n_heads)], dim=1))
+    def read_module(self, receiver, module, args, kwargs):
+        """A whole module (an MLP, the logits) reads `norm(stream + delta)`."""
+        delta = self._delta(receiver)
+        if delta is None:
             return None
-        return hook
+        if receiver.norm is None:
+            stream = _first(args, kwargs)
+            return _with_first(args, kwargs, stream + delta[0].to(stream.dtype).reshape(stream.shape))
+        stream = self.read[id(receiver.norm)]  # OPT's MLP reads its rows flat: [batch * pos, d_model]
+        normed = receiver.norm(stream + delta[0].to(stream.dtype).reshape(stream.shape))
+        self.read[id(receiver.norm)] = stream  # the record stays the stream itself for the norm's other readers
+        return _with_first(args, kwargs, normed)
 
-    def replace_embedding(module, args, output):
-        return embed(output)
+    def read_heads(self, receiver, module, args, kwargs):
+        """An attention block's heads: the block runs on the copies up to their q, k and v, and its
+        real call then takes each head's q, k and v from that head's copies."""
+        if self.splitter.harvest is not None:  # the call on the copies, from below
+            return None
+        delta = self._delta(receiver)
+        if delta is None:
+            return None
+        rows, which = delta if isinstance(delta, tuple) else (delta, range(len(delta)))
+        stream = self.read[id(receiver.norm)] if receiver.norm is not None else _first(args, kwargs)
+        copies = stream.unsqueeze(0) + rows.to(stream.dtype)  # (C, B, T, D), C = 3H or the distinct rows
+        batch = stream.shape[0]
+        flat = copies.reshape(-1, *stream.shape[1:])
+        if receiver.norm is not None:
+            flat = receiver.norm(flat)
+            self.read[id(receiver.norm)] = stream  # a parallel block's MLP reads the same norm's record
+        call_args, call_kwargs = _with_first(tuple(_tiled(a, batch, len(rows)) for a in args),
+                                             _tiled(kwargs, batch, len(rows)), flat)
+        q, k, v = self.splitter.harvest_qkv(receiver.layer, module, call_args, call_kwargs)
+        n_heads = self.graph.n_heads
+        group = n_heads // k.shape[1]
 
-    try:
-        first = modules[parts.layers[0][1]]
-        handles.append(first.register_forward_pre_hook(keep_first_input, with_kwargs=True))
+        def pick(x, copy, head):
+            return x[copy * batch:(copy + 1) * batch, head]
+
+        self.splitter.pending[receiver.layer] = (
+            torch.stack([pick(q, which[3 * h], h) for h in range(n_heads)], dim=1),
+            torch.stack([pick(k, which[3 * h + 1], h // group) for h in range(n_heads)], dim=1),
+            torch.stack([pick(v, which[3 * h + 2], h // group) for h in range(n_heads)], dim=1))
+        return None
+
+    def replace_embedding(self, module, args, output):
+        return self.embed(output)
+
+    # -- putting the hooks on the model --------------------------------------------------------------
+
+    def install(self, handles: list) -> None:
+        """Registers every hook, appending each handle to `handles` as it is made."""
+        graph, parts = self.graph, self.graph.parts
+        modules = dict(self.target.model.named_modules())
+        handles.append(modules[parts.layers[0][1]].register_forward_pre_hook(self.keep_first_input, with_kwargs=True))
         for layer, writers in parts.writers.items():
             for writer in writers:
                 if writer.kind != "heads":
                     source = writer.post_norm if writer.post_norm is not None else writer.module
-                    handles.append(source.register_forward_hook(keep_output(graph.writer_sender[writer.path])))
+                    handles.append(source.register_forward_hook(
+                        partial(self.keep_output, graph.writer_sender[writer.path])))
         for receiver in graph.receivers:
             if receiver.norm is not None:
-                handles.append(receiver.norm.register_forward_pre_hook(keep_read, with_kwargs=True))
-            reader = head_reader(receiver) if receiver.kind == "heads" else module_reader(receiver)
-            handles.append(receiver.module.register_forward_pre_hook(reader, with_kwargs=True))
+                handles.append(receiver.norm.register_forward_pre_hook(self.keep_read, with_kwargs=True))
+            reader = self.read_heads if receiver.kind == "heads" else self.read_module
+            handles.append(receiver.module.register_forward_pre_hook(partial(reader, receiver), with_kwargs=True))
         for layer, (post, form) in graph.head_post.items():
-            handles.append(post.register_forward_hook(shares_after(layer, form)))
-        if embed is not None:
-            handles.append(model.get_input_embeddings().register_forward_hook(replace_embedding))
-        with routed(model, splitter), model_hooks(model, {"layers.*.attn.hook_result": keep_results},
-                                                  sites=target.sites):
+            handles.append(post.register_forward_hook(partial(self.keep_head_shares, layer, form)))
+        if self.embed is not None:
+            handles.append(self.target.model.get_input_embeddings().register_forward_hook(self.replace_embedding))
+
+
+@contextmanager
+def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None):
+    """See the module docstring; yields the `SplitRun`."""
+    run = SplitRun(target, graph, delta_for, embed)
+    handles: list = []
+    results = {"layers.*.attn.hook_result": run.keep_results}
+    try:
+        run.install(handles)
+        with routed(target.model, run.splitter), model_hooks(target.model, results, sites=target.sites):
             yield run
     finally:
         for handle in handles:
