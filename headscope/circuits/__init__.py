@@ -5,8 +5,9 @@
   metric; `tokenizer_fingerprint(tokenizer)`; `resolve_task(name_or_path, metric)`: a task's
   name or file checked without a tokenizer.
 - `logit_attribution(loaded, task)` (`dla`): each component's direct effect on the logit difference.
-- `attribute(loaded, task, method="atp" | "atp*" | "exact", point="z")` (`attribution`): each head's
-  effect when patched, estimated by attribution patching or measured exactly.
+- `attribute(loaded, task, method="atp" | "atp*" | "exact", point="z", direction="denoising")`
+  (`attribution`; the choices in `METHODS`, `POINTS`, `DIRECTIONS`): each head's effect when
+  patched, estimated by attribution patching or measured exactly.
 - `composition(loaded, kind="q" | "k" | "v", rotary_offsets=None)` (`composition_scores`): how strongly
   each later head reads what each earlier head writes, from the weights (Elhage et al. 2021),
   against a random baseline. It reads head_geometry/'s weight factors, not runs, and stays here
@@ -41,6 +42,7 @@ _HOMES = {
     "attribute": "attribution",
     "METHODS": "attribution",
     "POINTS": "attribution",
+    "DIRECTIONS": "attribution",
     "Circuit": "edge_circuit",
     "circuit": "edge_circuit",
     "MIB_SIZES": "faithfulness",

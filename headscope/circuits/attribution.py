@@ -47,7 +47,7 @@ from ..hf.route import Session, layer_map, routed
 from .residual import layer_list
 from .target import Target, batches, output_logits
 
-__all__ = ["attribute", "METHODS", "POINTS", "COLUMNS"]
+__all__ = ["attribute", "METHODS", "POINTS", "DIRECTIONS", "COLUMNS"]
 
 METHODS = ("atp", "atp*", "exact")
 POINTS = ("z", "q", "k", "v", "pattern")

@@ -121,8 +121,8 @@ def attribute_command(
                          f"got {methods!r}")
     if point not in circuits.POINTS:
         raise UsageError(f"--point must be one of {', '.join(circuits.POINTS)}, got {point!r}")
-    if direction not in ("denoising", "noising"):
-        raise UsageError(f"--direction must be denoising or noising, got {direction!r}")
+    if direction not in circuits.DIRECTIONS:
+        raise UsageError(f"--direction must be {' or '.join(circuits.DIRECTIONS)}, got {direction!r}")
     started = _start_task(model, task, out=out, suffix="", analysis_dir=analysis_dir, force=force, n=n, seed=seed,
                           metric=metric, device=device, dtype=dtype, no_cache=no_cache)
     built = started.task
