@@ -5,16 +5,16 @@
   from the same layers; a DataFrame (see `validate`'s docstring and docs/validation.md).
 - `write_csv(frame, path)`, `read_csv(path)`: save and load that frame without mangling it
   (defined in `headscope.tables`, which needs no torch).
-- `ProbeRunner`, `EvalProbe`, `Measurement` (`headscope.causal.measure`; each probe kind builds its
-  own `EvalProbe`, `headscope.probes.kinds`):
-  one probe's metric with any heads ablated.
+- `ProbeRunner`, `EvalProbe`, `Measurement` (`headscope.detectors.measure`, where the retrieval
+  detector's needle accuracy also reads them; each probe kind builds its own `EvalProbe`,
+  `headscope.probes.kinds`): one probe's metric with any heads ablated.
 - `metric_for(loaded)`, `METRICS`; `icl_score`, `icl_positions` (Olsson et al. 2022).
 
 The top-level name is `headscope.validate` (the function). The package is not called
 `headscope.validate`: importing a submodule of that name would make the package attribute the
 module, shadowing the function.
 """
-from .measure import (
+from ..detectors.measure import (
     METRICS, EvalProbe, Measurement, ProbeRunner, icl_positions, icl_score, metric_for,
 )
 from .validate import COLUMNS, ICL_LABEL, MODES, probe_for, read_csv, validate, write_csv

@@ -34,7 +34,7 @@ from ..detectors.protocol import Progress
 from ..detectors.registry import REGISTRY, detector_spec
 from ..detectors.stats import random_head_draws
 from ..tables import VALIDATION_COLUMNS, read_csv, write_csv
-from .measure import METRICS, ProbeRunner, icl_positions, icl_score, masked_for_lm, metric_for
+from ..detectors.measure import METRICS, ProbeRunner, icl_positions, icl_score, masked_for_lm, metric_for
 
 __all__ = ["validate", "read_csv", "write_csv", "COLUMNS", "MODES", "ICL_LABEL", "SKIPPED", "probe_for",
            "NO_VALIDATE_AUDIO"]

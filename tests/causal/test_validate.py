@@ -17,7 +17,7 @@ from headscope.analysis.analyze import analyze
 from headscope.causal import (
     COLUMNS, EvalProbe, ProbeRunner, icl_positions, icl_score, read_csv, validate, write_csv,
 )
-from headscope.causal.measure import masked_for_lm
+from headscope.detectors.measure import masked_for_lm
 from headscope.causal.validate import _random_draws, _row
 from headscope.probes.base import repeat_periods
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe

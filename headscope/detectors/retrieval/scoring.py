@@ -57,7 +57,7 @@ from ...probes.needle import NEEDLES, QUESTION, NeedleExample, needle_probe
 from ...probes.kinds import NeedleProbe
 from ..protocol import Detector, Finding, Progress
 from ..stats import bootstrap_mean_ci, random_head_draws
-from ...causal.measure import ProbeRunner
+from ..measure import ProbeRunner
 
 __all__ = ["RETRIEVAL", "THRESHOLD", "SUCCESS", "RetrievalResult", "retrieval_scores", "score_needles", "run_retrieval",
            "answer_rows", "copy_scores", "run_needle", "needle_copy_accuracy", "validate_retrieval"]

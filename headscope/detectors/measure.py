@@ -1,5 +1,8 @@
 """Probes and measurements for causal checks: what a model's output loses when heads are removed.
 
+The causal checks (`headscope.causal`) and the retrieval detector's needle accuracy both measure
+with it, so it sits in detectors/, below both.
+
 - `EvalProbe` (`headscope.probes.base`): token ids, targets, padding mask and which tokens are scored;
   each probe kind builds its own (`headscope.probes.kinds`, `eval_probe`).
 - `masked_for_lm`: the masked-LM version of a probe.
