@@ -11,7 +11,7 @@ import sys
 import time
 
 import headscope
-from headscope.head_geometry.tables import removable_heads
+from headscope.head_geometry.geometry_result import removable_heads
 
 normalize = "--normalize" in sys.argv
 args = [a for a in sys.argv[1:] if a != "--normalize"]

@@ -18,7 +18,7 @@ from .result import Analysis
 from ..atomic import atomic_dir
 from ..errors import HeadscopeError
 from ..checks import check_analysis, check_loaded
-from ..head_geometry.tables import GEOMETRY_FOLDER, GeometryResult
+from ..head_geometry.geometry_result import GEOMETRY_FOLDER, GeometryResult
 from ..head_geometry.run import geometry
 from ..report import write_report_into
 

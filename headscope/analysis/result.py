@@ -40,7 +40,7 @@ from ..errors import HeadscopeError
 from .meta import check_saved
 from ..report.notebook import analysis_html, analysis_text
 from ..report.plotting import plot_head, plot_labels, plot_scores, plot_syntax
-from ..head_geometry.tables import GEOMETRY_FOLDER, read_geometry_tables, write_geometry_tables
+from ..head_geometry.geometry_result import GEOMETRY_FOLDER, read_geometry_tables, write_geometry_tables
 
 __all__ = ["Analysis", "Example", "atomic_dir"]
 
@@ -141,7 +141,7 @@ class Analysis:
     examples: list[Example] = field(default_factory=list)
     tables: dict = field(default_factory=dict)  # name -> pandas.DataFrame, saved as <name>.csv
     validation: Optional[Any] = None  # pandas.DataFrame from headscope.validate, or None
-    geometry: Optional[Any] = None  # headscope.head_geometry.tables.GeometryResult, or None
+    geometry: Optional[Any] = None  # headscope.head_geometry.geometry_result.GeometryResult, or None
 
     def __init__(self, scores, labels, meta, examples=None, tables=None, validation=None, geometry=None, **named):
         self.scores, self.labels, self.meta = scores, labels, meta

@@ -21,7 +21,7 @@ from ..loading.control import CONTROL_KINDS
 from ..report import index as report_index
 from ..report.data import report_warnings, top_heads
 from ..report.method import control_text
-from ..report.sections import section_data, section_summary
+from ..report.detector_sections import section_data, section_summary
 from .shared import (
     DeviceOpt, DtypeOpt, ForceOpt, ModelArg, NoCacheOpt, OpenOpt, PlotlyOpt, SeedOpt, UnverifiedOpt, Bars,
     check_plotlyjs, default_out, detector_names, friendly, index_above,

@@ -6,7 +6,7 @@
 - `importance`: loss rise per ablated head and the pruning curve.
 - `ov_circuit`: OV copying (eigenvalue share, top-1 copying).
 - `norm_gains`: norm weights folded into a head's circuits.
-- `tables`: `GeometryResult` and its CSV form (no torch).
+- `geometry_result`: `GeometryResult` and its CSV form (no torch).
 
 Named `head_geometry`, not `geometry`: `headscope.geometry` is the function. `geometry`,
 `plot_geometry` and `write_geometry` are re-exported lazily, so importing the package loads no torch.

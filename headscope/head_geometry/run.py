@@ -8,11 +8,11 @@
   pairs with their JS, flagged redundant when JS <= js_max bits AND overlap >= overlap_min.
 - `attention_modules(model)`: `[(layer, MultiHeadAttention)]` of the attention layers.
 - `plot_geometry(result)`: the MDS map coloured by cluster, sized by importance (plotly).
-- `write_geometry(result, out)`: the tables (`headscope.head_geometry.tables`) and geometry.html in `out`.
+- `write_geometry(result, out)`: the tables (`headscope.head_geometry.geometry_result`) and geometry.html in `out`.
 
 Hybrids (attention in some layers only, `Loaded.attention_layers`): every table holds the
 attention layers under the model's own numbers, the divergence matrix is over their heads in
-order (`headscope.head_geometry.tables`), importance and the pruning curve cover attention
+order (`headscope.head_geometry.geometry_result`), importance and the pruning curve cover attention
 heads only.
 
 Redundancy thresholds (defaults): JS <= 0.05 bits (max 1) means the two heads' rows are nearly
@@ -34,7 +34,7 @@ from ..errors import HeadscopeError
 from ..attention.module import MultiHeadAttention
 from ..hf.adapters import attention_blocks
 from ..tables import with_sites
-from .tables import GeometryResult, write_geometry_tables
+from .geometry_result import GeometryResult, write_geometry_tables
 from .importance import head_importance, normalize_per_layer, pruning_curve
 from ..probes.base import text_probe
 from .similarity import average_linkage_clusters, classical_mds, pattern_divergence

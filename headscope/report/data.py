@@ -5,10 +5,10 @@
 - `detector_grids(analysis)`: one `DetectorGrid` (scores, 95% CI, n, control, hover) per detector.
 - `top_heads(analysis, k)`: each label's strongest heads with the quantity their score is and the
   control's score for the same head.
-- From `sections.py`: `section_data(analysis)`, each detector's own section (`Detector.report`:
+- From `detector_sections.py`: `section_data(analysis)`, each detector's own section (`Detector.report`:
   its tables, e.g. the syntactic detector's best head per relation), whose fields read as
   `ReportData` attributes (`data.syntax_best`).
-- From `tables.py`: `validation_rows(analysis)`, `ov_rows(analysis)` (OV copying of the heads
+- From `general_tables.py`: `validation_rows(analysis)`, `ov_rows(analysis)` (OV copying of the heads
   whose label the OV qualifier reads, with their qualifier, which the label map's hover and the
   top heads carry too).
 - `label_detector(label, passing, meta)`: the detector whose score a label shows.
@@ -39,8 +39,8 @@ from .method import (
     HeaderField, MethodNote, MethodRow, detector_spec, header_fields, label_rules, method_rows, outranks_resting,
     ov_labels_text, quantity, report_warnings,
 )
-from .sections import SectionData, section_data
-from .tables import OvRow, ValidationRow, ov_lookup, ov_rows, validation_rows
+from .detector_sections import SectionData, section_data
+from .general_tables import OvRow, ValidationRow, ov_lookup, ov_rows, validation_rows
 
 __all__ = [
     "ReportData", "LabelGrid", "DetectorGrid", "TopHead", "SectionData", "MethodRow", "MethodNote",

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..head_geometry.tables import removable_heads
+from ..head_geometry.geometry_result import removable_heads
 
 __all__ = ["GeometryData", "MapPoint", "ImportanceRow", "LabelRanks", "PruningLine", "RedundantPair", "geometry_data",
            "LOSS_RISE", "TOP_IMPORTANT"]

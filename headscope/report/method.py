@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 
 from ..detectors.labels import MIXED_MARGIN, ov_qualified_labels
 from ..detectors.registry import detector_spec
-from .sections import section_header, section_warnings
+from .detector_sections import section_header, section_warnings
 
 __all__ = ["MethodRow", "MethodNote", "HeaderField", "method_rows", "label_rules", "report_warnings",
            "header_fields", "detector_spec", "quantity", "has_control", "control_text", "control_reason",

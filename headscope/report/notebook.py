@@ -23,7 +23,7 @@ import uuid
 
 from .plotting import plot_labels
 from .data import header_fields, label_grid, report_warnings, top_heads
-from .sections import section_data, section_summary
+from .detector_sections import section_data, section_summary
 from .html import Raw, plotlyjs_tag, script_json, table
 
 __all__ = ["analysis_html", "analysis_text", "figure_html", "reset", "TOP_HEADS"]

@@ -5,7 +5,7 @@
 - `callback`: `HeadscopeCallback`, the `transformers.TrainerCallback` that records a `Timeline`
   every few optimizer steps, logs its summary and writes it at every save.
 - `icl`: Olsson et al.'s in-context-learning score at positions scaled to the sequence length.
-- `probes`: the small probes of a timeline, from token ids when there is no text tokenizer.
+- `timeline_probes`: the small probes of a timeline, from token ids when there is no text tokenizer.
 - `checkpoints`: the steps of a Trainer output folder, model folders or hub revisions.
 - `report`: a timeline folder's HTML page (data -> figures -> html).
 - `toy`: the reproduction's task (a random segment repeated at a varying distance) and tiny Llamas.

@@ -1,7 +1,7 @@
 """Heads over training: `Timeline.record(model, step)` scores a model as it trains.
 
 Each record runs `headscope.analyze` (lazy detectors, no OV table, no explorer maps) on small
-probes built once (`headscope.training.probes.timeline_probes`: the same examples at every step,
+probes built once (`headscope.training.timeline_probes.timeline_probes`: the same examples at every step,
 so steps compare), against one control for the whole timeline, and Olsson et al.'s
 in-context-learning score (`headscope.training.icl`). Training is left untouched: the model's
 train/eval mode of every module, the grad mode and the random states (torch CPU, CUDA when
@@ -41,7 +41,7 @@ from ..errors import HeadscopeError
 from ..loading.control import random_twin, CONTROL_SEED_OFFSET
 from ..loading.loader import Loaded
 from .icl import icl_score
-from .probes import IdTokenizer, has_text_tokenizer, timeline_probes
+from .timeline_probes import IdTokenizer, has_text_tokenizer, timeline_probes
 
 __all__ = ["Timeline", "TIMELINE_COLUMNS", "LABEL_COLUMNS", "STEP_COLUMNS", "DEFAULT_DETECTORS", "untouched",
            "unwrap"]

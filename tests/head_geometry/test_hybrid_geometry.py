@@ -15,7 +15,7 @@ from headscope.head_geometry.importance import head_importance, probe_loss
 from headscope.head_geometry.run import attention_modules, write_geometry
 from headscope.head_geometry.similarity import DivergenceAccumulator, row_js
 from headscope.head_geometry.subspaces import head_bases, subspace_tables
-from headscope.head_geometry.tables import read_geometry_tables
+from headscope.head_geometry.geometry_result import read_geometry_tables
 from headscope.loading.loader import Loaded
 from headscope.probes.base import text_probe
 from tests.support.planted import char_tokenizer

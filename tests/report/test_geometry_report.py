@@ -17,7 +17,7 @@ from headscope.errors import HeadscopeError
 from headscope.loading.loader import Loaded
 from headscope.probes.kinds import TextProbe
 from headscope.head_geometry.importance import normalize_per_layer, probe_loss, pruning_curve
-from headscope.head_geometry.tables import removable_heads
+from headscope.head_geometry.geometry_result import removable_heads
 from headscope.probes.base import text_probe
 from headscope.report import render_html, report_data
 from headscope.report.geometry_data import LOSS_RISE, TOP_IMPORTANT
@@ -142,7 +142,7 @@ def test_no_geometry_no_section_and_no_importance_no_figures(planted_geometry_re
     assert report_data(fake_analysis(2, 4, seed=1)).geometry is None
     result = planted_geometry_result[1]
     silent = result.heads.assign(importance=np.nan, importance_normalized=np.nan)
-    from headscope.head_geometry.tables import GeometryResult
+    from headscope.head_geometry.geometry_result import GeometryResult
 
     bare = GeometryResult(silent, result.pairs, result.divergence, result.approximation_error, None, result.settings)
     data = report_data(fake_analysis_with_geometry(bare))

@@ -9,7 +9,7 @@ import torch
 import headscope
 from headscope.errors import HeadscopeError
 from headscope.training.icl import icl_positions, icl_score, token_losses
-from headscope.training.probes import IdTokenizer, timeline_probes
+from headscope.training.timeline_probes import IdTokenizer, timeline_probes
 from headscope.training.timeline import DEFAULT_DETECTORS, TIMELINE_COLUMNS, Timeline, unwrap, untouched
 from tests.support.planted import PLANTED
 

@@ -5,7 +5,7 @@
   with `ov_qualified`), with its qualifier (`OvRow`); `ov_lookup(analysis)`: every head's OV
   numbers by (layer, head).
 
-A detector's own tables are its report section's (`Detector.report`, `report/sections.py`).
+A detector's own tables are its report section's (`Detector.report`, `report/detector_sections.py`).
 Frames may come back from CSV (`Analysis.load`): booleans as text, missing cells as NaN.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from ..detectors.labels import ov_control_best, ov_qualified_labels, ov_qualifiers
 from ..detectors.section import cell_flag as _flag, cell_number as _number, cell_text as _text
-from .sections import table as _table
+from .detector_sections import table as _table
 
 __all__ = ["ValidationRow", "OvRow", "validation_rows", "ov_rows", "ov_lookup"]
 
