@@ -23,7 +23,8 @@
 
 Underneath: `target` (a task run through a model), `edges` and `residual` (the graph, from what the
 modules wrote), `stream_copies` (forward passes in which each receiver reads its own copy of the
-stream), `edge_patching` (runs with only some edges clean).
+stream), `receiver_grads` (every receiver's gradient from one ordinary backward pass, what EAP
+scores with), `edge_patching` (runs with only some edges clean).
 
 The package sits under the command line, beside `kv/`: it runs models through `hf/`, patches
 through `causal/` and draws its pages with `report/`'s HTML helpers; it never imports `analysis/`.

@@ -7,7 +7,9 @@ number) when that one edge carries the corrupted run's value instead of the clea
     score(u -> r) = (1 / n) sum_b (a_u^corrupted - a_u^clean) . g_r
 
 with a_u the sender's output at every position and g_r the gradient of M with respect to r's
-own copy of the residual stream (`headscope.circuits.stream_copies`):
+own copy of the residual stream (`headscope.circuits.stream_copies` runs the copies literally;
+the scores take the same gradients from one ordinary backward pass,
+`headscope.circuits.receiver_grads`):
 - "eap" (Syed et al. 2023, arXiv 2310.10348): g_r on the clean run. Two forward passes (clean and
   corrupted activations) and one forward/backward pair.
 - "eap-ig" (Hanna et al. 2024, arXiv 2403.17806): integrated gradients along the straight path
@@ -17,7 +19,8 @@ own copy of the residual stream (`headscope.circuits.stream_copies`):
   of Hanna et al.'s repository; MIB's "EAP-IG-inputs"); `riemann="right"` takes k = 1..S,
   ending at the clean run (so S = 1 is EAP). Two forward passes and S forward/backward pairs.
 The scores are means over prompts of per-prompt scores, which `score_edges` keeps as well
-(`Circuit.stability` resamples them). After the first forward/backward pair the whole run is
+(`Circuit.stability` resamples them); the prompts go through in micro-batches sized to a memory
+budget (`micro_batch`, `scoring_bytes`), each pass's scores added as it ends. After the first forward/backward pair the whole run is
 estimated from its time (`check_estimate`): over an hour is warned about, over a day refused.
 
 The KL metric (`-KL(p_clean || p)`) has a gradient of exactly 0 at the clean run, so EAP, and
@@ -31,18 +34,20 @@ from __future__ import annotations
 import time
 import warnings
 
+from typing import Optional
+
 import numpy as np
 import torch
 
 from ..checks import check_count
 from ..errors import HeadscopeError, HeadscopeWarning, UsageError
-from .edge_patching import plain_senders
+from .edge_patching import sender_change
 from .edges import Graph
-from .stream_copies import split_run
+from .receiver_grads import receiver_gradients
 from .target import Target, batches, output_logits
 
 __all__ = ["score_edges", "METHODS", "CIRCUIT_METHODS", "RIEMANN", "integration_points", "check_estimate",
-           "WARN_SECONDS", "MAX_SECONDS"]
+           "WARN_SECONDS", "MAX_SECONDS", "scoring_bytes", "memory_budget", "micro_batch", "GRAPH_FLOATS"]
 
 METHODS = ("eap", "eap-ig")
 CIRCUIT_METHODS = METHODS  # the name the package exports (attribution has METHODS of its own)
@@ -61,10 +66,14 @@ def _embedding_of(model, inputs: dict) -> torch.Tensor:
 
 
 def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", steps: int = 5, batch_size: int = 8,
-                progress=None, riemann: str = "left") -> tuple[np.ndarray, dict, dict, np.ndarray]:
+                progress=None, riemann: str = "left", max_memory: Optional[int] = None
+                ) -> tuple[np.ndarray, dict, dict, np.ndarray]:
     """`(scores, passes, metrics, per_prompt)`: every edge's score (module docstring) in
     `graph.edges()` order, the passes spent (over all prompts), the clean and corrupted runs' mean
-    metrics, and the per-prompt scores `[n, edges]` (float32) whose mean is `scores`."""
+    metrics, and the per-prompt scores `[n, edges]` (float32) whose mean is `scores`.
+
+    Prompts go through in micro-batches of at most `batch_size`, fewer where `scoring_bytes`
+    says they would not fit in `max_memory` bytes (default: `memory_budget`)."""
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     steps, points = integration_points(method, steps, riemann)
@@ -77,54 +86,101 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
     per_prompt = {id(r): torch.zeros(task.n, len(r.names), len(r.upstream), dtype=torch.float64)
                   for r in graph.receivers}
     metrics = {"clean": 0.0, "corrupted": 0.0}
-    parts = batches(task.n, batch_size)
+    parts = batches(task.n, micro_batch(target, graph, task, batch_size, max_memory))
+    plans: dict = {}  # each head block's way through its projections, found in the first pass
     stage = f"circuit ({method}: {len(points)} gradient{'s' if len(points) > 1 else ''} x {len(parts)} batches)"
     for done, part in enumerate(parts):
         rows = task.subset(part)
         clean, _ = target.inputs(rows, "clean")
         corrupted, _ = target.inputs(rows, "corrupted")
-        clean_senders, clean_logits = plain_senders(target, graph, clean)
-        corrupted_senders, corrupted_logits = plain_senders(target, graph, corrupted)
-        change = corrupted_senders - clean_senders  # (S, B, T, D)
-        del corrupted_senders
+        change, clean_logits, corrupted_logits = sender_change(target, graph, clean, corrupted)  # (S, B, T, D)
         reference = target.aligned(clean_logits).float() if task.metric == "kl" else None
         for name, logits in (("clean", clean_logits), ("corrupted", corrupted_logits)):
             metrics[name] += float(rows.score(target.aligned(logits).float(), reference=reference).double().sum())
+        del clean_logits, corrupted_logits
+        flat = change.flatten(2)  # (S, B, T * D)
         e_clean, e_corrupted = _embedding_of(model, clean), _embedding_of(model, corrupted)
-        grads = {id(r): 0.0 for r in graph.receivers}
         for point, alpha in enumerate(points):
-            leaves = {}
-
-            def delta_for(receiver):
-                shape = (len(receiver.names), *clean_senders.shape[1:])
-                leaves[id(receiver)] = torch.zeros(shape, dtype=clean_senders.dtype, device=clean_senders.device,
-                                                   requires_grad=True)
-                return leaves[id(receiver)]
-
             mixed = None if alpha == 1.0 else (lambda e, a=alpha: e_corrupted + a * (e_clean - e_corrupted))
             started = time.monotonic()
-            with torch.enable_grad(), split_run(target, graph, delta_for, embed=mixed):
-                logits = output_logits(model(**clean, use_cache=False))
-                metric = rows.score(target.aligned(logits).float(), reference=reference).sum()
-                found = torch.autograd.grad(metric, [leaves[id(r)] for r in graph.receivers], allow_unused=True)
-            for receiver, grad in zip(graph.receivers, found):
-                if grad is not None:
-                    grads[id(receiver)] = grads[id(receiver)] + grad.detach()
+            measured = lambda logits: rows.score(target.aligned(logits).float(), reference=reference).sum()  # noqa: E731
+            for receiver, names, grad in receiver_gradients(target, graph, clean, measured, embed=mixed, plans=plans):
+                upstream = _senders(flat, receiver.upstream).transpose(0, 1)  # (B, U, T * D)
+                found = torch.bmm(upstream, grad.flatten(2).permute(1, 2, 0))  # (B, U, names)
+                per_prompt[id(receiver)][part, names] += found.transpose(1, 2).double().cpu() / steps
             if done == 0 and point == 0:
                 check_estimate(time.monotonic() - started, len(parts) * len(points))
             if progress is not None:  # one forward/backward pair: steps x batches of them in all
                 progress(stage, done * len(points) + point + 1, len(parts) * len(points))
-        for receiver in graph.receivers:
-            grad = grads[id(receiver)]
-            if isinstance(grad, float):
-                continue
-            upstream = change[receiver.upstream].double()  # (U, B, T, D)
-            per_prompt[id(receiver)][part] += torch.einsum("ubtd,rbtd->bru", upstream,
-                                                            grad.double() / steps).cpu()
     prompts = torch.cat([per_prompt[id(r)].reshape(task.n, -1) for r in graph.receivers], dim=1)  # (n, edges)
     scores = prompts.mean(0).numpy()
     means = {name: value / task.n for name, value in metrics.items()}
     return scores, {"forward": 2 + steps, "backward": steps}, means, prompts.float().numpy()
+
+
+def _senders(flat: torch.Tensor, indices: list) -> torch.Tensor:
+    """`flat[indices]`, a view when the indices run consecutively (as a receiver's upstream does)."""
+    if indices and indices == list(range(indices[0], indices[0] + len(indices))):
+        return flat[indices[0]:indices[0] + len(indices)]
+    return flat[indices]
+
+
+# Floats a prompt's token holds while a circuit is scored, per layer and d_model, beyond the senders'
+# change: the forward graph a backward pass keeps (a plain forward/backward of SmolLM2-135M in
+# float32 holds about 17 x layers x d_model per token; 24 leaves room for wider MLPs).
+GRAPH_FLOATS = 24
+
+
+def scoring_bytes(target: Target, graph: Graph, length: int) -> int:
+    """An estimate of the memory one prompt of `length` tokens needs while its edges are scored:
+    per token, the senders' change (senders x d_model float32), the forward graph kept for the
+    backward pass (`GRAPH_FLOATS` x layers x d_model in the model's dtype), the logits three
+    times (the run's, their float32 copy and its log-softmax) and one head block's gradient rows
+    (2 x 3 x heads x d_model float32)."""
+    model = target.model
+    weight = next(model.parameters())
+    vocab = int(model.get_output_embeddings().weight.shape[0]) if model.get_output_embeddings() is not None else 0
+    layers = len(graph.parts.layers)
+    d = int(target.d_model)
+    floats = len(graph.senders) * d + 6 * graph.n_heads * d + 3 * vocab
+    return length * (4 * floats + weight.element_size() * GRAPH_FLOATS * layers * d)
+
+
+def memory_budget(device) -> int:
+    """The default memory a circuit's scoring may take, in bytes: half of what the device has
+    free (a GPU's free memory, `torch.cuda.mem_get_info`; the CPU's MemAvailable)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return 8 << 30  # no way to ask: 8 GiB
+
+
+def micro_batch(target: Target, graph: Graph, task, batch_size: int, max_memory: Optional[int] = None) -> int:
+    """Prompts per pass: `batch_size`, or fewer where `scoring_bytes` of them exceed
+    `max_memory` (default `memory_budget`); HeadscopeError when not even one prompt fits."""
+    check_count("batch_size", batch_size)
+    if max_memory is not None:
+        check_count("max_memory", max_memory)
+    budget = memory_budget(next(target.model.parameters()).device) if max_memory is None else max_memory
+    length = int(task.clean.shape[1]) + (1 if target.two_inputs else 0)
+    each = scoring_bytes(target, graph, length)
+    if each > budget:
+        raise HeadscopeError(f"one prompt of {length} tokens needs about {_size(each)} to score this model's edges, "
+                             f"over the {_size(budget)} allowed (max_memory): allow more or use shorter prompts")
+    return max(1, min(batch_size, budget // each))
+
+
+def _size(count: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift:
+            return f"{count / (1 << shift):.3g} {unit}"
+    return f"{count} bytes"
 
 
 RIEMANN = ("left", "right")

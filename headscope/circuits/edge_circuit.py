@@ -230,7 +230,7 @@ class Circuit:
 
 
 def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, sites: Optional[str] = None,
-            batch_size: int = 8, progress=None, riemann: str = "left") -> Circuit:
+            batch_size: int = 8, progress=None, riemann: str = "left", max_memory: Optional[int] = None) -> Circuit:
     """Score every edge of the model's graph for `task` (module docstring; formulas in
     `headscope.circuits.eap`).
 
@@ -243,7 +243,9 @@ def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, site
         riemann: EAP-IG's points: "left" (k = 0..S-1 over S, from the corrupted run, as the
             EAP-IG code and MIB compute it) or "right" (k = 1..S, ending at the clean run).
         sites: the group of attention sites whose heads are nodes; default: the analysed stack.
-        batch_size: prompts per pass.
+        batch_size: prompts per pass, at most.
+        max_memory: bytes the scoring may take; prompts go through in micro-batches small enough
+            to fit (`headscope.circuits.eap.micro_batch`; default: half of the device's free memory).
         progress: `progress(stage, done, total)`.
     Returns:
         A `Circuit`; `meta["passes"]` counts forward and backward passes over all prompts.
@@ -257,7 +259,7 @@ def circuit(loaded: Any, task: Any, method: str = "eap-ig", steps: int = 5, site
     target = Target(loaded, task, sites, "circuit")
     graph = graph_of(target, task)
     scores, passes, metrics, per_prompt = score_edges(target, graph, task, method, steps, batch_size, progress,
-                                                      riemann=riemann)
+                                                      riemann=riemann, max_memory=max_memory)
     edges = graph.edges()
     table = pd.DataFrame({"src": [graph.senders[u][0] for u, _, _ in edges], "dst": [name for _, _, name in edges],
                           "score": scores})

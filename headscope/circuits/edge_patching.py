@@ -27,7 +27,7 @@ from .edges import Graph
 from .target import Target, batches, output_logits
 from .stream_copies import split_run
 
-__all__ = ["Patched", "plain_senders", "CACHE_BYTES"]
+__all__ = ["Patched", "plain_senders", "sender_change", "CACHE_BYTES"]
 
 CACHE_BYTES = 1 << 30  # the corrupted runs' senders kept between calls up to this size
 
@@ -37,6 +37,32 @@ def plain_senders(target: Target, graph: Graph, inputs: dict) -> tuple[torch.Ten
     with torch.no_grad(), split_run(target, graph) as run:
         logits = output_logits(target.model(**inputs, use_cache=False))
     return torch.stack([run.senders[i].detach().float() for i in range(len(graph.senders))]), logits
+
+
+def sender_change(target: Target, graph: Graph, clean: dict, corrupted: dict) -> tuple:
+    """`(change [S, batch, pos, d_model] float32, clean logits, corrupted logits)`: every sender's
+    corrupted output minus its clean one, added into one buffer as the two passes record them (no
+    sender's output is kept beyond its own layer)."""
+    buffer: list = []
+    seen: set = set()
+
+    def add(sign: float):
+        def store(index: int, value: torch.Tensor) -> None:
+            if not buffer:
+                buffer.append(torch.zeros(len(graph.senders), *value.shape, dtype=torch.float32, device=value.device))
+            buffer[0][index].add_(value.detach(), alpha=sign)
+            seen.add((sign, index))
+        return store
+
+    logits = []
+    with torch.no_grad():
+        for inputs, sign in ((corrupted, 1.0), (clean, -1.0)):
+            with split_run(target, graph, store=add(sign)):
+                logits.append(output_logits(target.model(**inputs, use_cache=False)))
+    missing = [graph.senders[i][0] for i in range(len(graph.senders)) if (1.0, i) not in seen or (-1.0, i) not in seen]
+    if missing:
+        raise HeadscopeError(f"the model ran without writing {', '.join(missing[:3])}: its graph does not fit this run")
+    return buffer[0], logits[1], logits[0]
 
 
 class Patched:

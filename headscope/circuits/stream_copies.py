@@ -4,7 +4,8 @@
 forward pass of the model
 - records every sender's output at every position, `run.senders[i]` `[batch, pos, d_model]`: the
   embedding (the first layer's input), each head's output after W_O (`hook_result`), each other
-  writer's output;
+  writer's output; with `store=`, hands each to `store(i, output)` as soon as it is final instead
+  of keeping it (so a caller can add it into one buffer while the pass goes on);
 - hands each receiver `r` of `graph` (`headscope.circuits.edges`) the copy `s_r + delta_for(r)` of
   the residual state `s_r` it reads, where `delta_for(r)` returns `[len(r.names), batch, pos,
   d_model]` or None (the stream as it is). A whole module (an MLP, the logits) reads
@@ -116,12 +117,20 @@ class SplitRun:
     shares of its output (`keep_head_shares`).
     """
 
-    def __init__(self, target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None):
+    def __init__(self, target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None,
+                 store: Optional[Callable] = None):
         self.target, self.graph = target, graph
-        self.delta_for, self.embed = delta_for, embed
+        self.delta_for, self.embed, self.store = delta_for, embed, store
         self.splitter = _Splitter(layer_map(target.model, target.sites))
         self.senders: dict = {}
         self.read: dict = {}
+        self.shape: Optional[torch.Size] = None  # the stream's [batch, pos, d_model]
+
+    def _keep(self, index: int, value: torch.Tensor) -> None:
+        if self.store is None:
+            self.senders[index] = value
+        else:
+            self.store(index, value)
 
     def _delta(self, receiver):
         return self.delta_for(receiver) if self.delta_for is not None else None
@@ -129,16 +138,23 @@ class SplitRun:
     # -- what the senders wrote ------------------------------------------------------------------
 
     def keep_first_input(self, module, args, kwargs):
-        self.senders[0] = _first(args, kwargs)
+        first = _first(args, kwargs)
+        self.shape = first.shape
+        self._keep(0, first)
 
     def keep_results(self, value, hook):  # (B, T, H, D)
         layer = int(hook.name.split(".")[1])
+        later = layer in self.graph.head_post  # kept until its norm turns them into shares
         for h in range(value.shape[2]):
-            self.senders[self.graph.head_sender[(layer, h)]] = value[:, :, h]
+            index = self.graph.head_sender[(layer, h)]
+            if later:
+                self.senders[index] = value[:, :, h]
+            else:
+                self._keep(index, value[:, :, h])
 
     def keep_output(self, index: int, module, args, output):
         value = output if isinstance(output, torch.Tensor) else output[0]
-        self.senders[index] = value.view(self.senders[0].shape) if value.dim() == 2 else value  # flat rows
+        self._keep(index, value.view(self.shape) if value.dim() == 2 else value)  # flat rows
 
     @torch.no_grad()  # recorded values only: no gradient runs through a sender's record
     def keep_head_shares(self, layer: int, form, module, args, output):
@@ -155,7 +171,9 @@ class SplitRun:
         d = x.shape[-1]
         frozen = form.freeze(x.reshape(-1, d).float(), y.reshape(-1, d).float())
         for i, result in zip(heads, results):
-            self.senders[i] = frozen.apply(result.reshape(-1, d).float()).reshape(result.shape).to(result.dtype)
+            if self.store is not None:
+                del self.senders[i]
+            self._keep(i, frozen.apply(result.reshape(-1, d).float()).reshape(result.shape).to(result.dtype))
 
     # -- what the receivers read ------------------------------------------------------------------
 
@@ -234,9 +252,10 @@ class SplitRun:
 
 
 @contextmanager
-def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None):
+def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None,
+              store: Optional[Callable] = None):
     """See the module docstring; yields the `SplitRun`."""
-    run = SplitRun(target, graph, delta_for, embed)
+    run = SplitRun(target, graph, delta_for, embed, store)
     handles: list = []
     results = {"layers.*.attn.hook_result": run.keep_results}
     try:

@@ -156,6 +156,7 @@ def circuit_command(
     top: Annotated[int, typer.Option("--top", help="Edges drawn in the page's graph (largest |score| first).")] = 300,
     analysis_dir: CircuitAnalysisOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per pass.")] = 8,
+    max_memory: Annotated[Optional[float], typer.Option("--max-memory", help="GiB the scoring may take; fewer prompts per pass where they would not fit (default: half of the free memory).")] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     no_cache: NoCacheOpt = False,
@@ -171,6 +172,8 @@ def circuit_command(
     check_count("--steps", steps, most=circuits.MAX_STEPS)
     check_count("--random", random_draws, least=0, most=circuits.MAX_RANDOM)
     check_count("--top", top)
+    if max_memory is not None and not max_memory > 0:
+        raise UsageError(f"--max-memory must be a positive number of GiB, got {max_memory}")
     chosen_sizes = circuits.check_sizes(numbers(sizes, float, "--sizes")) if sizes is not None else circuits.MIB_SIZES
     started = _start_task(model, task, out=out, suffix="-circuit", analysis_dir=analysis_dir, force=force, n=n,
                           seed=seed, metric=metric, device=device, dtype=dtype, no_cache=no_cache)
@@ -178,7 +181,7 @@ def circuit_command(
     typer.echo(f"task: {built.name}, {built.n} prompt pairs, metric {built.metric}")
     bars = Bars()
     found = headscope.circuit(started.loaded, built, method=method, steps=steps, batch_size=batch_size, progress=bars,
-                              riemann=riemann)
+                              riemann=riemann, max_memory=None if max_memory is None else int(max_memory * 2**30))
     meta = found.meta
     rule = f" ({steps} steps, {riemann} rule)" if method == "eap-ig" else ""
     typer.echo(f"scored {meta['n_edges']} edges with {method}{rule}: "

@@ -71,6 +71,7 @@ def test_without_evaluation(planted_path, tmp_path):
     (["--sizes", "ten"], "--sizes takes comma-separated numbers"),
     (["--random", "-1"], "--random must be an integer from 0 to 1000, got -1"),
     (["--top", "0"], "--top must be an integer of at least 1"),
+    (["--max-memory", "0"], "--max-memory must be a positive number of GiB, got 0.0"),
     (["--task", "iox"], "unknown task 'iox'"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(planted_path, tmp_path, args, message):
@@ -81,6 +82,15 @@ def test_bad_input_is_one_line_and_writes_nothing(planted_path, tmp_path, args, 
     assert len(errors) == 1 and message in errors[0]
     assert "Traceback" not in result.output
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_memory_budget_no_prompt_fits_is_one_line(planted_path, tmp_path):
+    out = tmp_path / "never"
+    result = CliRunner().invoke(app, ["circuit", planted_path, *ARGS, "--out", str(out), "--max-memory", "1e-6"])
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "needs about" in errors[0] and "(max_memory)" in errors[0]
+    assert "Traceback" not in result.output and not out.exists()
 
 
 @pytest.mark.parametrize("force", [False, True])
