@@ -188,16 +188,17 @@ WARN_SECONDS = 3600  # an estimate above this is warned about, naming it
 MAX_SECONDS = 86400  # and above this (a day on this machine) refused after the first pass
 
 
-def check_estimate(seconds_per_pass: float, passes: int) -> None:
-    """After the first forward/backward pair: HeadscopeError when `passes` of them would take over
-    `MAX_SECONDS`, a warning naming the estimate over `WARN_SECONDS`."""
+def check_estimate(seconds_per_pass: float, passes: int, kind: str = "forward/backward passes",
+                   instead: str = "use fewer steps or prompts", doing: str = "this circuit") -> None:
+    """After the first pass (a forward/backward pair, or a patched run: `kind`): HeadscopeError
+    when `passes` of them would take over `MAX_SECONDS` (saying what to do `instead`), a warning
+    naming the estimate over `WARN_SECONDS`."""
     total = seconds_per_pass * passes
-    what = (f"{passes} forward/backward passes at about {seconds_per_pass:.3g} s each: about "
-            f"{total / 3600:.1f} hours on this machine")
+    what = f"{passes} {kind} at about {seconds_per_pass:.3g} s each: about {total / 3600:.1f} hours on this machine"
     if total > MAX_SECONDS:
-        raise HeadscopeError(f"this circuit would take {what}; use fewer steps or prompts")
+        raise HeadscopeError(f"{doing} would take {what}; {instead}")
     if total > WARN_SECONDS:
-        warnings.warn(f"this circuit will take {what}", HeadscopeWarning, stacklevel=3)
+        warnings.warn(f"{doing} will take {what}", HeadscopeWarning, stacklevel=3)
 
 
 def integration_points(method: str, steps, riemann: str = "left") -> tuple[int, list]:

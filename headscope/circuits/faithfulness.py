@@ -19,16 +19,22 @@ both by the trapezoid rule over the sizes x (fractions of all edges) from the sm
 (uniform draws of edges) give the baseline; their CPR and CMD use the same curves.
 
 `MIB_SIZES`: the sizes MIB's circuit track evaluates at, in percent of all edges.
+
+Progress counts patched runs; after the empty circuit's run the whole evaluation is estimated
+from its time (`headscope.circuits.eap.check_estimate`): over an hour is warned about, over a
+day refused.
 """
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
 
 from ..checks import check_count
 from ..errors import HeadscopeError, UsageError
+from .eap import check_estimate
 from .edge_patching import Patched
 from .edges import graph_of
 from .target import Target
@@ -122,7 +128,14 @@ def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batc
     n_edges = len(scores)
     everything = np.ones(n_edges, dtype=bool)
     patched = Patched(target, graph, task, batch_size)
-    clean, empty = patched.metric(everything), patched.metric(~everything)
+    total = 2 + len(sizes) * (2 + n_random)  # patched runs, at most (a size both rankings share runs once)
+    clean = patched.metric(everything)
+    started = time.monotonic()
+    empty = patched.metric(~everything)  # the corrupted senders now cached: a run as the others will be
+    check_estimate(time.monotonic() - started, total - 2, kind="patched runs", doing="this evaluation",
+                   instead="use fewer sizes, random circuits or prompts")
+    if progress is not None:
+        progress("evaluate", 2, total)
     if clean == empty:
         raise HeadscopeError("the metric is the same with every edge clean and every edge corrupted; faithfulness "
                              "is undefined")
@@ -131,14 +144,18 @@ def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batc
     rng = np.random.default_rng(seed)
     measured: dict = {}
 
+    done = [2]
+
     def faithfulness(kept) -> tuple:
         key = np.packbits(kept).tobytes()
         if key not in measured:  # a size at which both rankings keep the same edges runs once
             measured[key] = patched.metric(kept)
+        done[0] += 1
+        if progress is not None:  # a run at a time
+            progress("evaluate", done[0], total)
         return (measured[key] - empty) / (clean - empty), measured[key]
 
     rows, random_rows = [], []
-    total = len(sizes) * (2 + n_random)
     for i, size in enumerate(sizes):
         count = max(1, int(round(n_edges * size / 100)))
         row = dict(size=size, n_edges=count)
@@ -152,8 +169,6 @@ def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batc
             chosen[rng.choice(n_edges, size=count, replace=False)] = True
             f, value = faithfulness(chosen)
             random_rows.append(dict(draw=draw, size=size, n_edges=count, faithfulness=f, metric=value))
-        if progress is not None:
-            progress("evaluate", (i + 1) * (2 + n_random), total)
     evaluation = pd.DataFrame(rows, columns=["size", "n_edges", "faithfulness", "metric", "faithfulness_abs",
                                              "metric_abs"])
     random = pd.DataFrame(random_rows, columns=["draw", "size", "n_edges", "faithfulness", "metric"])

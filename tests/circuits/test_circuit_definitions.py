@@ -379,3 +379,27 @@ def test_a_long_run_is_estimated_after_its_first_pass(llama, monkeypatch):
     with pytest.raises(headscope.HeadscopeError, match=r"about 55\.6 hours on this machine; use fewer steps"):
         circuit(llama, task, method="eap-ig", steps=500, batch_size=2)
     eap.check_estimate(1.0, 3600)  # exactly an hour: neither
+
+
+def test_an_evaluation_counts_its_runs_and_is_estimated_after_the_empty_circuit(llama, monkeypatch):
+    """Progress moves a patched run at a time up to every run; an evaluation estimated over a day
+    from the empty circuit's run is refused before the other runs."""
+    import itertools
+
+    from headscope.circuits import faithfulness
+
+    task = random_task(seed=1)
+    found = circuit(llama, task, method="eap")
+    seen = []
+    found.evaluate(sizes=[1, 50], n_random=2, progress=lambda stage, done, total: seen.append((stage, done, total)))
+    # 1%, 50% and the 100% always added: 2 + 3 x (2 rankings + 2 random) runs
+    assert [done for _, done, _ in seen] == list(range(2, 15)) and {total for *_, total in seen} == {14}
+    ticks = itertools.count(0, 20000.0)
+    monkeypatch.setattr(faithfulness.time, "monotonic", lambda: next(ticks))
+    runs = []
+    real = faithfulness.Patched.metric
+    monkeypatch.setattr(faithfulness.Patched, "metric", lambda self, kept: runs.append(1) or real(self, kept))
+    with pytest.raises(headscope.HeadscopeError, match=r"this evaluation would take 12 patched runs at about 2e\+04 s "
+                                                       r"each: about 66\.7 hours .* fewer sizes, random circuits"):
+        found.evaluate(sizes=[1, 50], n_random=2)
+    assert len(runs) == 2  # the clean and empty circuits only
