@@ -187,7 +187,7 @@ def receiver_gradients(target, graph, inputs: dict, metric_of: Callable, embed: 
                        heads_at_once: Optional[int] = None, plans: Optional[dict] = None) -> Iterator[tuple]:
     """See the module docstring. `metric_of(logits)` is the scalar to differentiate; `embed(e)`
     replaces the input embedding's output (EAP-IG's interpolation); `heads_at_once` heads' rows
-    (3 each) share one vector-Jacobian product (default: a third of a block's heads, at least one);
+    (3 each) cross the norm together (default: one head's at a time, the least memory);
     `plans` keeps each block's `_Plan` between passes of the same graph (default: found again)."""
     plans = {} if plans is None else plans
     model = target.model
@@ -282,7 +282,7 @@ def _head_gradients(receiver, kept: _Inputs, ys, dy, shape, heads_at_once: Optio
     direct = bool(projections) and all(w is not None for w in weights) and \
         _only_through(ys, {output.grad_fn for output in outputs}, given, kept.root)
     n_heads = ys[0].shape[1]
-    step = heads_at_once or max(1, -(-n_heads // 3))
+    step = heads_at_once or 1
     if direct:
         plan = plans.get(id(block))
         if plan is None:
@@ -298,7 +298,10 @@ def _head_gradients(receiver, kept: _Inputs, ys, dy, shape, heads_at_once: Optio
                     for grad, weight, columns in zip(found, weights, plan.support[part][h]):
                         if grad is not None and columns is not None:
                             flat[3 * h + part] += grad.reshape(flat.shape[1], -1)[:, columns] @ weight[columns]
-    out = None  # (3 x H, batch, pos, d_model): every row, so that the scores take them in one product
+    # (3 x H, batch, pos, d_model): every row, so that the scores take them in one product; a float32
+    # block's rows at its input take their own values at the stream in place
+    out = at_input if direct and at_input.dtype == torch.float32 and tuple(at_input.shape[1:]) == tuple(shape) \
+        else None
     for first in range(0, n_heads, step):
         heads = range(first, min(n_heads, first + step))
         if direct:
@@ -312,6 +315,8 @@ def _head_gradients(receiver, kept: _Inputs, ys, dy, shape, heads_at_once: Optio
             if out is None:
                 out = torch.zeros((3 * n_heads, *shape), dtype=torch.float32, device=g.device)
             out[3 * heads.start:3 * heads.stop] = g.detach().reshape(3 * len(heads), *shape)
+        elif out is not None:  # the stream does not reach these rows
+            out[3 * heads.start:3 * heads.stop] = 0.0
     if out is not None:
         yield receiver, slice(0, 3 * n_heads), out
 
