@@ -113,9 +113,9 @@ def _weight_rows(module, output: torch.Tensor, given: torch.Tensor) -> Optional[
         return None
     shape = (output.shape[-1], given.shape[-1])
     if isinstance(module, torch.nn.Linear) and tuple(weight.shape) == shape:
-        return weight
+        return weight.detach()
     if type(module).__name__ == "Conv1D" and tuple(weight.shape) == shape[::-1]:  # GPT-2's: given @ W + b
-        return weight.t()
+        return weight.detach().t()
     return None
 
 
@@ -318,7 +318,7 @@ def _head_gradients(receiver, kept: _Inputs, ys, dy, shape, heads_at_once: Optio
         elif out is not None:  # the stream does not reach these rows
             out[3 * heads.start:3 * heads.stop] = 0.0
     if out is not None:
-        yield receiver, slice(0, 3 * n_heads), out
+        yield receiver, slice(0, 3 * n_heads), out.detach()
 
 
 def _only_head(grad: torch.Tensor, head: int) -> torch.Tensor:

@@ -96,6 +96,7 @@ def test_the_weights_stay_as_they_were():
     inputs, _ = target.inputs(task, "clean")
     found = list(receiver_gradients(target, graph, inputs, lambda logits: task.score(target.aligned(logits)).sum()))
     assert found and all(p.grad is None for p in model.parameters())
+    assert not any(g.requires_grad for _, _, g in found)  # no weight's graph reaches a gradient
     assert {name: p.requires_grad for name, p in model.named_parameters()} == flags
 
 
