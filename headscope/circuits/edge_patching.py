@@ -14,16 +14,25 @@ stays fast on a model of a few hundred senders:
 - a receiver's delta is one matrix product of its mask's rows with a run of that buffer (a view,
   no copy: the senders from the first to the last it drops from), and identical rows of its mask (a head whose q, k and v all drop the same edges, every row of an empty circuit) are
   computed, and run through the attention block, once (`split_run` takes `(rows, which)`);
+- a head block whose q, k and v come from its input through linear projections only
+  (`receiver_grads.head_plans`, found once on the first batch) does not run on its copies: it
+  runs on the stream once per round of heads whose projection columns do not overlap, each
+  projection's output columns of the round's heads replaced by their copy times those weight
+  rows (`split_run`'s `head_plans`); with grouped-query attention, a round per query head
+  sharing a key/value head;
 - a receiver that drops nothing reads the stream as it is;
 - the corrupted run's senders are kept between calls while they fit in `cache_bytes`.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 import torch
 
 from ..errors import HeadscopeError
 from .edges import Graph
+from .receiver_grads import head_plans
 from .target import Target, batches, output_logits
 from .stream_copies import split_run
 
@@ -80,6 +89,7 @@ class Patched:
             self.spans.append(slice(start, start + width))
             start += width
         self.n_edges = start
+        self.head_plans: Optional[dict] = None  # found on the first batch, when a run first needs it
 
     def _batch(self, index: int, need_corrupted: bool):
         if index in self.cached:
@@ -144,7 +154,9 @@ class Patched:
                 delta = delta.reshape(len(weights), *shape).to(state.senders[int(senders[0])].dtype)
                 return (delta, which) if receiver.kind == "heads" else delta
 
-            with split_run(self.target, self.graph, delta_for) as state:
+            if plans and self.head_plans is None:
+                self.head_plans = head_plans(self.target, self.graph, clean)
+            with split_run(self.target, self.graph, delta_for, head_plans=self.head_plans) as state:
                 logits = output_logits(self.target.model(**clean, use_cache=False))
             rows = self.task.subset(part)
             total += float(rows.score(self.target.aligned(logits).float(), reference=reference).double().sum())

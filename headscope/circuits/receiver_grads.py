@@ -35,7 +35,7 @@ d_model]` float32, each gradient once; a receiver the metric does not reach is s
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 
@@ -43,7 +43,7 @@ from ..attention.kernel import expand_kv
 from ..hf.route import Session, layer_map, routed
 from .target import output_logits
 
-__all__ = ["receiver_gradients"]
+__all__ = ["receiver_gradients", "head_plans", "HeadPlan"]
 
 
 def _first(args, kwargs):
@@ -183,13 +183,9 @@ class _Plan:
                     taken.append(marks)
 
 
-def receiver_gradients(target, graph, inputs: dict, metric_of: Callable, embed: Optional[Callable] = None,
-                       heads_at_once: Optional[int] = None, plans: Optional[dict] = None) -> Iterator[tuple]:
-    """See the module docstring. `metric_of(logits)` is the scalar to differentiate; `embed(e)`
-    replaces the input embedding's output (EAP-IG's interpolation); `heads_at_once` heads' rows
-    (3 each) cross the norm together (default: one head's at a time, the least memory);
-    `plans` keeps each block's `_Plan` between passes of the same graph (default: found again)."""
-    plans = {} if plans is None else plans
+def _graph_pass(target, graph, inputs: dict, metric_of: Optional[Callable], embed: Optional[Callable] = None):
+    """`(kept, metric)`: one forward pass with a graph from the first layer's input (weights held
+    out of it), keeping what every receiver reads (`_Inputs`); `metric_of(logits)` or None."""
     model = target.model
     kept = _Inputs(layer_map(model, target.sites))
 
@@ -227,7 +223,49 @@ def receiver_gradients(target, graph, inputs: dict, metric_of: Callable, embed: 
             hook(model.get_input_embeddings().register_forward_hook(mixed_embedding))
         hooks.enter_context(torch.enable_grad())
         hooks.enter_context(routed(model, kept))
-        metric = metric_of(output_logits(model(**inputs, use_cache=False)))
+        logits = output_logits(model(**inputs, use_cache=False))
+        return kept, (metric_of(logits) if metric_of is not None else None)
+
+
+class HeadPlan(NamedTuple):
+    """A head block's way through its projections (`head_plans`): `plan` (`_Plan`, every part
+    found) and `projections` `[(module, weight [out, in], bias or None)]`."""
+
+    plan: "_Plan"
+    projections: list
+
+
+def head_plans(target, graph, inputs: dict) -> dict:
+    """`{id(block): HeadPlan}` of every head block whose q, k and v come from its input through
+    linear projections only (checked on the autograd graph of one pass on `inputs`), each head's
+    columns found; blocks where they do not are left out."""
+    kept, _ = _graph_pass(target, graph, inputs, None)
+    found = {}
+    for receiver in graph.receivers:
+        if receiver.kind != "heads" or receiver.layer not in kept.qkv:
+            continue
+        block, ys = receiver.module, kept.qkv[receiver.layer]
+        given = kept.block_input[id(block)]
+        projections = kept.projections.get(id(block), [])
+        weights = [_weight_rows(module, output, given) for module, output in projections]
+        outputs = [output for _, output in projections]
+        if not projections or any(w is None for w in weights) or not all(y.requires_grad for y in ys) or \
+                not _only_through(ys, {output.grad_fn for output in outputs}, given, kept.root):
+            continue
+        plan = _Plan(ys, outputs, ys[0].shape[1])
+        biases = [None if getattr(m, "bias", None) is None else m.bias.detach() for m, _ in projections]
+        found[id(block)] = HeadPlan(plan, [(m, w, b) for (m, _), w, b in zip(projections, weights, biases)])
+    return found
+
+
+def receiver_gradients(target, graph, inputs: dict, metric_of: Callable, embed: Optional[Callable] = None,
+                       heads_at_once: Optional[int] = None, plans: Optional[dict] = None) -> Iterator[tuple]:
+    """See the module docstring. `metric_of(logits)` is the scalar to differentiate; `embed(e)`
+    replaces the input embedding's output (EAP-IG's interpolation); `heads_at_once` heads' rows
+    (3 each) cross the norm together (default: one head's at a time, the least memory);
+    `plans` keeps each block's `_Plan` between passes of the same graph (default: found again)."""
+    plans = {} if plans is None else plans
+    kept, metric = _graph_pass(target, graph, inputs, metric_of, embed)
 
     wanted, where = [], {}
     for receiver in graph.receivers:

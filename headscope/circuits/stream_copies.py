@@ -92,6 +92,29 @@ def _tiled(value, batch: int, copies: int):
     return value
 
 
+def _overlap(edits: list, shape) -> bool:
+    """Whether two of `edits` `[(columns, copy)]` set the same output column."""
+    seen = torch.zeros(max(shape), dtype=torch.bool)
+    for cols, _ in edits:
+        if seen[cols].any():
+            return True
+        seen[cols] = True
+    return False
+
+
+def _replaced(copies, weight, bias, edits, module, args, output):
+    """A projection's output with the columns of `edits` `[(columns, copy)]` computed from
+    `copies[copy]` (its input had the stream been that copy) and those weight rows."""
+    output = output.clone()
+    for cols, copy in edits:
+        given = copies[copy].reshape(*output.shape[:-1], -1)
+        value = given @ weight[cols].to(given.dtype).t()
+        if bias is not None:
+            value = value + bias[cols].to(value.dtype)
+        output[..., cols] = value
+    return output
+
+
 def _first(args, kwargs):
     return args[0] if args else kwargs["hidden_states"]
 
@@ -118,9 +141,10 @@ class SplitRun:
     """
 
     def __init__(self, target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None,
-                 store: Optional[Callable] = None):
+                 store: Optional[Callable] = None, head_plans: Optional[dict] = None):
         self.target, self.graph = target, graph
         self.delta_for, self.embed, self.store = delta_for, embed, store
+        self.head_plans = head_plans or {}
         self.splitter = _Splitter(layer_map(target.model, target.sites))
         self.senders: dict = {}
         self.read: dict = {}
@@ -209,6 +233,12 @@ class SplitRun:
         if receiver.norm is not None:
             flat = receiver.norm(flat)
             self.read[id(receiver.norm)] = stream  # a parallel block's MLP reads the same norm's record
+        plan = self.head_plans.get(id(module))
+        if plan is not None:
+            picked = self._by_columns(receiver, module, args, kwargs, flat.view(len(rows), *stream.shape), which, plan)
+            if picked is not None:
+                self.splitter.pending[receiver.layer] = picked
+                return None
         call_args, call_kwargs = _with_first(tuple(_tiled(a, batch, len(rows)) for a in args),
                                              _tiled(kwargs, batch, len(rows)), flat)
         q, k, v = self.splitter.harvest_qkv(receiver.layer, module, call_args, call_kwargs)
@@ -223,6 +253,45 @@ class SplitRun:
             torch.stack([pick(k, which[3 * h + 1], h // group) for h in range(n_heads)], dim=1),
             torch.stack([pick(v, which[3 * h + 2], h // group) for h in range(n_heads)], dim=1))
         return None
+
+    def _by_columns(self, receiver, module, args, kwargs, copies, which, plan):
+        """Each head's q, k and v from its own copy without running the block on the copies: the
+        block runs on the stream itself, once per round of `plan` (`headscope.circuits.receiver_grads.HeadPlan`:
+        heads whose projection columns do not overlap), with each projection's output columns of
+        the round's heads replaced by their copy times those weight rows. None where a round's
+        parts overlap in a projection (the caller then runs the copies)."""
+        columns, rounds = plan.plan.support, plan.plan.rounds
+        n_heads = self.graph.n_heads
+        results = []
+        for r in range(max(len(parts) for parts in rounds)):
+            assigned = [(h, part) for part in range(3) if r < len(rounds[part]) for h in rounds[part][r]]
+            edits = [[] for _ in plan.projections]
+            for h, part in assigned:
+                for j, cols in enumerate(columns[part][h]):
+                    if cols is not None:
+                        edits[j].append((cols, which[3 * h + part]))
+            if any(_overlap(e, projection[0].weight.shape) for e, (projection) in zip(edits, plan.projections)):
+                return None
+            handles = [projection.register_forward_hook(partial(_replaced, copies, weight, bias, e))
+                       for e, (projection, weight, bias) in zip(edits, plan.projections) if e]
+            try:
+                q, k, v = self.splitter.harvest_qkv(receiver.layer, module, args, kwargs)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            results.append((assigned, q, k, v))
+        group = n_heads // results[0][2].shape[1]
+        source = {}  # (head, part) -> the round whose value it takes
+        for r, (assigned, *_) in enumerate(results):
+            source.update({key: r for key in assigned})
+        picked = []
+        for part in range(3):
+            rows = []
+            for h in range(n_heads):
+                value = results[source.get((h, part), 0)][1 + part]
+                rows.append(value[:, h] if part == 0 else value[:, h // group])
+            picked.append(torch.stack(rows, dim=1))
+        return tuple(picked)
 
     def replace_embedding(self, module, args, output):
         return self.embed(output)
@@ -253,9 +322,9 @@ class SplitRun:
 
 @contextmanager
 def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None,
-              store: Optional[Callable] = None):
+              store: Optional[Callable] = None, head_plans: Optional[dict] = None):
     """See the module docstring; yields the `SplitRun`."""
-    run = SplitRun(target, graph, delta_for, embed, store)
+    run = SplitRun(target, graph, delta_for, embed, store, head_plans)
     handles: list = []
     results = {"layers.*.attn.hook_result": run.keep_results}
     try:

@@ -10,7 +10,7 @@ from headscope.circuits.edge_patching import Patched
 from headscope.circuits.target import Target
 from headscope.circuits.stream_copies import split_run
 
-from tests.support.circuit_models import random_task as _task, scaled as _scaled
+from tests.support.circuit_models import BLOCK_FAMILIES, random_task as _task, scaled as _scaled, scaled_family
 from tests.support.tiny import tiny_model
 
 
@@ -58,3 +58,21 @@ def test_patched_runs_equal_the_edge_by_edge_sum(cache_bytes):
     assert len(patched.cached) == (len(patched.parts) if cache_bytes else 0)
     with pytest.raises(HeadscopeError, match="edges"):
         patched.metric(np.ones(n - 1, dtype=bool))
+
+
+@pytest.mark.parametrize("family", BLOCK_FAMILIES)
+def test_heads_read_their_copies_through_projection_columns_as_the_copies_give(family):
+    """Heads' q, k and v computed from their copies by projection columns (the block run on the
+    stream once per round) equal the block run on every copy, on random masks."""
+    model = scaled_family(family).requires_grad_(False)
+    task = _task(seed=4)
+    target = Target(model, task)
+    graph = graph_of(target, task)
+    columns, copies = Patched(target, graph, task, batch_size=3), Patched(target, graph, task, batch_size=3)
+    copies.head_plans = {}  # every head block runs on its copies
+    rng = np.random.default_rng(0)
+    for share in (0.05, 0.5, 0.95):
+        kept = rng.random(columns.n_edges) < share
+        assert columns.metric(kept) == pytest.approx(copies.metric(kept), rel=1e-5, abs=1e-6)
+    blocks = {id(r.module) for r in graph.receivers if r.kind == "heads"}
+    assert set(columns.head_plans) == blocks  # every block took the projection columns

@@ -15,22 +15,7 @@ from headscope.circuits.stream_copies import split_run
 from headscope.circuits.target import Target, output_logits
 from headscope.errors import HeadscopeError
 
-from tests.support.circuit_models import random_task, scaled
-from tests.support.tiny import tiny_config, tiny_model
-
-FAMILIES = ["qwen2", "llama", "gemma2", "phi", "gptj", "opt", "deepseek_v3", "mixtral", "t5"]
-
-
-def _model(family):
-    import transformers as tf
-
-    if family == "t5":
-        model = tiny_model(family, kind="encoder_decoder")
-    else:
-        torch.manual_seed(0)
-        model = tf.AutoModelForCausalLM.from_config(tiny_config(family, "interface")).eval()
-    return scaled(model, 0.2)
-
+from tests.support.circuit_models import BLOCK_FAMILIES, random_task, scaled_family
 
 def _copies(target, graph, inputs, metric_of, embed):
     """`{(receiver index, name index): g}` with every receiver on its own copy of the stream."""
@@ -47,9 +32,9 @@ def _copies(target, graph, inputs, metric_of, embed):
     return {(i, j): g[j] for i, g in enumerate(found) if g is not None for j in range(len(g))}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", BLOCK_FAMILIES)
 def test_receiver_gradients_equal_the_copies(family, monkeypatch):
-    model = _model(family).requires_grad_(False)
+    model = scaled_family(family).requires_grad_(False)
     direct = []
     checked = receiver_grads._only_through
     monkeypatch.setattr(receiver_grads, "_only_through", lambda *a, **k: direct.append(checked(*a, **k)) or direct[-1])
@@ -87,7 +72,7 @@ def test_receiver_gradients_equal_the_copies(family, monkeypatch):
 
 def test_the_weights_stay_as_they_were():
     """The pass holds the weights out of its graph and gives them back their flags."""
-    model = _model("llama")
+    model = scaled_family("llama")
     model.lm_head.requires_grad_(False)
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     task = random_task(seed=1)
@@ -103,7 +88,7 @@ def test_the_weights_stay_as_they_were():
 def test_micro_batches_fitted_to_the_memory_budget_give_the_same_scores():
     """A budget that fits two prompts splits the task into passes of two; the per-prompt scores
     are those of one pass over all of them."""
-    model = _model("qwen2").requires_grad_(False)
+    model = scaled_family("qwen2").requires_grad_(False)
     task = random_task(seed=2, n=6)
     target = Target(model, task)
     graph = graph_of(target, task)
@@ -126,7 +111,7 @@ def test_micro_batches_fitted_to_the_memory_budget_give_the_same_scores():
 def test_the_scoring_estimate_covers_a_measured_pass():
     """`scoring_bytes` is at least what the scoring's tensors hold: the senders' change, the
     logits and the gradient rows of one block, measured on the tiny model."""
-    model = _model("llama").requires_grad_(False)
+    model = scaled_family("llama").requires_grad_(False)
     task = random_task(seed=2, n=4)
     target = Target(model, task)
     graph = graph_of(target, task)

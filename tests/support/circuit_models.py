@@ -9,9 +9,14 @@ from headscope.circuits.target import Target
 from headscope.circuits.stream_copies import split_run
 from headscope.circuits.tasks import Task
 
-from tests.support.tiny import VOCAB
+from tests.support.tiny import VOCAB, tiny_config, tiny_model
 
-__all__ = ["N", "LENGTH", "random_task", "scaled", "one_edge_nudged"]
+__all__ = ["N", "LENGTH", "random_task", "scaled", "one_edge_nudged", "scaled_family", "BLOCK_FAMILIES"]
+
+# Block shapes the circuit code must read alike: GQA with q/k/v biases (Qwen2), a GQA Llama, Gemma
+# 2's post-norms, parallel attention and MLP on one norm (Phi, GPT-J), OPT's flat MLP rows,
+# multi-head latent attention (DeepSeek-V3), an MoE (Mixtral), an encoder-decoder's decoder (T5).
+BLOCK_FAMILIES = ["qwen2", "llama", "gemma2", "phi", "gptj", "opt", "deepseek_v3", "mixtral", "t5"]
 
 N, LENGTH = 5, 8
 
@@ -59,3 +64,15 @@ def one_edge_nudged(model, task, src: str, dst: str, t: float) -> float:
     with torch.no_grad(), split_run(target, graph, delta_for):
         logits = model(**clean_inputs, use_cache=False).logits
     return float(task.score(target.aligned(logits)).double().sum())
+
+
+def scaled_family(family: str):
+    """The family's tiny interface model (T5: its encoder-decoder) at weights scaled to 0.2."""
+    import transformers as tf
+
+    if family == "t5":
+        model = tiny_model(family, kind="encoder_decoder")
+    else:
+        torch.manual_seed(0)
+        model = tf.AutoModelForCausalLM.from_config(tiny_config(family, "interface")).eval()
+    return scaled(model, 0.2)
