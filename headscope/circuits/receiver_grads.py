@@ -41,19 +41,10 @@ import torch
 
 from ..attention.kernel import expand_kv
 from ..hf.route import Session, layer_map, routed
+from .stream_copies import _first, _with_first
 from .target import output_logits
 
 __all__ = ["receiver_gradients", "head_plans", "HeadPlan"]
-
-
-def _first(args, kwargs):
-    return args[0] if args else kwargs["hidden_states"]
-
-
-def _with_first(args, kwargs, value):
-    if args:
-        return (value, *args[1:]), kwargs
-    return args, dict(kwargs, hidden_states=value)
 
 
 class _Inputs(Session):
