@@ -9,24 +9,12 @@ import torch
 
 from headscope.circuits.edge_circuit import circuit
 
-from tests.support.circuit_models import one_edge_nudged, random_task, scaled
-from tests.support.tiny import tiny_config, tiny_model
+from tests.support.circuit_models import one_edge_nudged, random_task, scaled_family
 
 FAMILIES = ["phi", "gptj", "gpt_neox", "stablelm", "granitemoeshared", "biogpt", "opt", "llama4_text", "t5"]
 # Central differences of a smaller step where the metric bends within 1e-2: top-2 routing switches
 # experts (GraniteMoeShared), and T5's unscaled attention logits are sharp at these weights.
 STEP = {"granitemoeshared": 1e-3, "t5": 1e-3}
-
-
-def _model(family):
-    import transformers as tf
-
-    if family == "t5":
-        model = tiny_model(family, kind="encoder_decoder")
-    else:
-        torch.manual_seed(0)
-        model = tf.AutoModelForCausalLM.from_config(tiny_config(family, "interface")).eval()
-    return scaled(model, 0.2)
 
 
 def _picks(edges):
@@ -44,7 +32,7 @@ def _picks(edges):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_edge_scores_are_the_metrics_derivative(family):
-    model = _model(family)
+    model = scaled_family(family)
     task = random_task(seed=1)
     found = circuit(model, task, method="eap")
     if family == "t5":
