@@ -20,8 +20,9 @@ the scores take the same gradients from one ordinary backward pass,
   ending at the clean run (so S = 1 is EAP). Two forward passes and S forward/backward pairs.
 The scores are means over prompts of per-prompt scores, which `score_edges` keeps as well
 (`Circuit.stability` resamples them); the prompts go through in micro-batches sized to a memory
-budget (`micro_batch`, `scoring_bytes`), each pass's scores added as it ends. After the first forward/backward pair the whole run is
-estimated from its time (`check_estimate`): over an hour is warned about, over a day refused.
+budget (`micro_batch`, `scoring_bytes`), each pass's scores added as it ends. After the first
+forward/backward pair the whole run is estimated from its time (`check_estimate`): over an hour
+is warned about, over a day refused.
 
 The KL metric (`-KL(p_clean || p)`) has a gradient of exactly 0 at the clean run, so EAP, and
 EAP-IG with S = 1 on the right rule, would score every edge 0: they are refused in one line.
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import time
 import warnings
-
 from typing import Optional
 
 import numpy as np
@@ -100,10 +100,13 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
         del clean_logits, corrupted_logits
         flat = change.flatten(2)  # (S, B, T * D)
         e_clean, e_corrupted = _embedding_of(model, clean), _embedding_of(model, corrupted)
+
+        def measured(logits, rows=rows, reference=reference):
+            return rows.score(target.aligned(logits).float(), reference=reference).sum()
+
         for point, alpha in enumerate(points):
             mixed = None if alpha == 1.0 else (lambda e, a=alpha: e_corrupted + a * (e_clean - e_corrupted))
             started = time.monotonic()
-            measured = lambda logits: rows.score(target.aligned(logits).float(), reference=reference).sum()  # noqa: E731
             for receiver, names, grad in receiver_gradients(target, graph, clean, measured, embed=mixed, plans=plans):
                 upstream = _senders(flat, receiver.upstream).transpose(0, 1)  # (B, U, T * D)
                 found = torch.bmm(upstream, grad.flatten(2).permute(1, 2, 0))  # (B, U, names)

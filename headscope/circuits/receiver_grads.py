@@ -13,13 +13,14 @@ with y_r what r makes of its copy and J_r the Jacobian of s -> y_r:
   one per query head before the attention function) where the attention function receives it,
   after the norm, the projection, rotary and any q/k norm. dM/dy_r is the ordinary backward
   pass's gradient there, restricted to head h and to q (k, v); its product with J_r is a
-  vector-Jacobian product through the block's own s -> (q, k, v), the rows of a few heads taken
-  together (`torch.autograd.grad(..., is_grads_batched=True)`). Where every path from the
+  vector-Jacobian product through the block's own s -> (q, k, v), head by head
+  (`torch.autograd.grad(..., is_grads_batched=True)`). Where every path from the
   block's input x to its q, k and v starts with a linear projection of x (`nn.Linear`, GPT-2's
   `Conv1D`: checked on the autograd graph, per block and pass), the product stops at the
   projections' outputs and crosses each projection as a product with only the weight rows a
-  row's gradient is non-zero on (a head's own columns): the same sum without the other
-  heads' zero terms, so a block costs about one projection's backward instead of 3 x H;
+  row's gradient is non-zero on (a head's own columns), heads whose columns do not overlap
+  pulled back together (`_Plan`): the same sum without the other heads' zero terms, so a block
+  costs about one projection's backward instead of 3 x H;
 - a whole module (an MLP, the logits): y_r is its input, norm(s) or s itself, made a node of its
   own so that its gradient is this reader's alone (a parallel block's attention and MLP read
   the same norm output); the product goes back through the norm.
@@ -28,9 +29,12 @@ The forward pass keeps what a plain forward/backward pass keeps with the gradien
 first layer's input and no weight's gradient (weights are held out of the graph while it runs);
 what is added at any time is one head group's products.
 
-`receiver_gradients(target, graph, inputs, metric_of, embed=None, heads_at_once=None)` yields
-`(receiver, names, g)`: `names` a slice of `receiver.names`, `g` `[len(names), batch, pos,
-d_model]` float32, each gradient once; a receiver the metric does not reach is skipped.
+`receiver_gradients(target, graph, inputs, metric_of, embed=None, heads_at_once=None, plans=None)`
+yields `(receiver, names, g)`: `names` a slice of `receiver.names`, `g` `[len(names), batch,
+pos, d_model]` float32, each gradient once; a receiver the metric does not reach is skipped.
+`head_plans(target, graph, inputs)` gives the blocks' projection columns to patched runs
+(`headscope.circuits.stream_copies`), which compute each head's q, k and v from its own copy
+with them.
 """
 from __future__ import annotations
 
@@ -139,6 +143,19 @@ def _columns(mask: torch.Tensor):
     return slice(first, last) if last - first == len(columns) else columns
 
 
+def _direct_path(kept: "_Inputs", block, ys) -> Optional[tuple]:
+    """`(outputs, weights)` of the block's projections (`_weight_rows`) when every path from its
+    input to `ys` starts with one of them (`_only_through`), else None."""
+    given = kept.block_input[id(block)]
+    projections = kept.projections.get(id(block), [])
+    weights = [_weight_rows(module, output, given) for module, output in projections]
+    outputs = [output for _, output in projections]
+    if not projections or any(w is None for w in weights) or not all(y.requires_grad for y in ys) or \
+            not _only_through(ys, {output.grad_fn for output in outputs}, given, kept.root):
+        return None
+    return outputs, weights
+
+
 class _Plan:
     """How a head block's q, k and v gradients cross its projections, found once per block.
 
@@ -236,16 +253,13 @@ def head_plans(target, graph, inputs: dict) -> dict:
         if receiver.kind != "heads" or receiver.layer not in kept.qkv:
             continue
         block, ys = receiver.module, kept.qkv[receiver.layer]
-        given = kept.block_input[id(block)]
-        projections = kept.projections.get(id(block), [])
-        weights = [_weight_rows(module, output, given) for module, output in projections]
-        outputs = [output for _, output in projections]
-        if not projections or any(w is None for w in weights) or not all(y.requires_grad for y in ys) or \
-                not _only_through(ys, {output.grad_fn for output in outputs}, given, kept.root):
+        direct = _direct_path(kept, block, ys)
+        if direct is None:
             continue
-        plan = _Plan(ys, outputs, ys[0].shape[1])
-        biases = [None if getattr(m, "bias", None) is None else m.bias.detach() for m, _ in projections]
-        found[id(block)] = HeadPlan(plan, [(m, w, b) for (m, _), w, b in zip(projections, weights, biases)])
+        outputs, weights = direct
+        modules = [module for module, _ in kept.projections[id(block)]]
+        biases = [None if getattr(m, "bias", None) is None else m.bias.detach() for m in modules]
+        found[id(block)] = HeadPlan(_Plan(ys, outputs, ys[0].shape[1]), list(zip(modules, weights, biases)))
     return found
 
 
@@ -267,6 +281,7 @@ def receiver_gradients(target, graph, inputs: dict, metric_of: Callable, embed: 
         wanted.extend(ys)
     grads = list(torch.autograd.grad(metric, wanted, retain_graph=True, allow_unused=True)) if wanted else []
     del metric
+    shape = _shape(inputs, target)
     for receiver in graph.receivers:
         if id(receiver) not in where:
             continue
@@ -276,7 +291,6 @@ def receiver_gradients(target, graph, inputs: dict, metric_of: Callable, embed: 
         if all(d is None for d in dy):
             continue
         dy = [torch.zeros_like(y) if d is None else d for y, d in zip(ys, dy)]
-        shape = _shape(inputs, target)
         if receiver.kind != "heads":
             stream = kept.read[id(receiver.norm)] if receiver.norm is not None else None
             g = dy[0] if stream is None else torch.autograd.grad(ys[0], stream, dy[0], retain_graph=True,
@@ -305,14 +319,11 @@ def _head_gradients(receiver, kept: _Inputs, ys, dy, shape, heads_at_once: Optio
     block = receiver.module
     given = kept.block_input[id(block)]
     stream = kept.read[id(receiver.norm)] if receiver.norm is not None else given
-    projections = kept.projections.get(id(block), [])
-    outputs = [output for _, output in projections]
-    weights = [_weight_rows(module, output, given) for module, output in projections]
-    direct = bool(projections) and all(w is not None for w in weights) and \
-        _only_through(ys, {output.grad_fn for output in outputs}, given, kept.root)
+    direct = _direct_path(kept, block, ys)
     n_heads = ys[0].shape[1]
     step = heads_at_once or 1
     if direct:
+        outputs, weights = direct
         plan = plans.get(id(block))
         if plan is None:
             plan = plans[id(block)] = _Plan(ys, outputs, n_heads)

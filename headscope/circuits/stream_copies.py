@@ -92,9 +92,9 @@ def _tiled(value, batch: int, copies: int):
     return value
 
 
-def _overlap(edits: list, shape) -> bool:
-    """Whether two of `edits` `[(columns, copy)]` set the same output column."""
-    seen = torch.zeros(max(shape), dtype=torch.bool)
+def _overlap(edits: list, width: int) -> bool:
+    """Whether two of `edits` `[(columns, copy)]` set the same one of `width` output columns."""
+    seen = torch.zeros(width, dtype=torch.bool)
     for cols, _ in edits:
         if seen[cols].any():
             return True
@@ -270,7 +270,7 @@ class SplitRun:
                 for j, cols in enumerate(columns[part][h]):
                     if cols is not None:
                         edits[j].append((cols, which[3 * h + part]))
-            if any(_overlap(e, projection[0].weight.shape) for e, (projection) in zip(edits, plan.projections)):
+            if any(_overlap(e, weight.shape[0]) for e, (_, weight, _) in zip(edits, plan.projections)):
                 return None
             handles = [projection.register_forward_hook(partial(_replaced, copies, weight, bias, e))
                        for e, (projection, weight, bias) in zip(edits, plan.projections) if e]
