@@ -172,10 +172,12 @@ def analyze(
     timings = Timings()
     check_weights(loaded.model, loaded.name)  # a NaN in the weights would score as n=0, silently
     plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings, audio)
-    run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings)
+    shown = (explorer_examples, explorer_len) if explorer_examples else None
+    run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings, shown)
     scored = _score(loaded, plan, run, seed, ov, timings)
     with timings.step("explorer"):
-        examples = shown_examples(loaded, plan.built, explorer_examples, explorer_len) if explorer_examples else []
+        examples = (shown_examples(loaded, plan.built, explorer_examples, explorer_len, run.explorer)
+                    if explorer_examples else [])
     return_freed_heap()  # the statistics' and the explorer's temporaries: the caller keeps only the tables
     timings.total()
     meta = _meta(loaded, plan, run, scored, seed, batch_size, ov, timings)
@@ -217,6 +219,7 @@ class _Run:
     sink_layers: set = field(default_factory=set)
     not_run: dict = field(default_factory=dict)  # probe name -> attention layers that never ran on it
     kernels: dict = field(default_factory=dict)  # probe name -> lse kernels of the lazy path (meta["probes"][name]["lse"])
+    explorer: dict = field(default_factory=dict)  # probe name -> its explorer maps, kept by its pass
     skipped: dict = field(default_factory=dict)  # detector name -> why it could not score the model
 
     def used(self, plan: _Plan) -> dict:
@@ -258,8 +261,9 @@ def _plan(loaded, detectors, probes, batch_size, control, seed, timings, audio=N
     return _Plan(dets, groups, built, given, detectors is not None, twin, control_meta, skipped, audio, unheard)
 
 
-def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings) -> _Run:
-    """Each probe's batches through the model and the twin, then every detector's `Finding`."""
+def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings, shown=None) -> _Run:
+    """Each probe's batches through the model and the twin, then every detector's `Finding`;
+    `shown` `(n, length)`: the explorer examples' maps kept where a pass holds them."""
     run = _Run(skipped=dict(plan.skipped))
     for name, probe_dets in plan.groups.items():
         patterned = [d for d in probe_dets if d.run is None]  # the others run their own passes
@@ -267,8 +271,10 @@ def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings) ->
         if patterned:
             passes, twin_values = collect_with_control(
                 loaded, plan.twin, plan.built[name], patterned, batch_size, timings, progress, lazy,
-                map_budget=map_budget)
+                map_budget=map_budget, explorer=shown)
             model, run.how[name] = passes.values, passes.how
+            if passes.explorer is not None:
+                run.explorer[name] = passes.explorer
             run.sink_layers.update(passes.sink_layers)
             if passes.not_run:
                 run.not_run[name] = passes.not_run

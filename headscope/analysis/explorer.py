@@ -1,13 +1,16 @@
 """The report's head explorer: the first examples of each probe with every analysed head's full map.
 
-- `shown_examples(loaded, built, n_show, length)`: `Example`s (`headscope.analysis.result`) of
-  each built probe's first `n_show` examples cut to `length` tokens, for `analyze`.
+- `shown_examples(loaded, built, n_show, length, maps)`: `Example`s (`headscope.analysis.result`)
+  of each built probe's first `n_show` examples cut to `length` tokens, for `analyze`, with the
+  maps its passes kept (`headscope.detectors.runner.collect(explorer=...)`) or from a short pass.
 - `explorer_inputs(loaded, probe, n_show, length)`: the model's keyword inputs for them and the
   token ids of the query and key axes (at a decoder's sites: the decoder's tokens as queries,
   the encoder's as cross-attention's keys).
 - `explorer_maps(loaded, inputs)`: `[example, layer, head, query, key]` the analysed sites' maps.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -19,21 +22,23 @@ __all__ = ["shown_examples", "explorer_inputs", "explorer_maps"]
 
 
 @torch.no_grad()
-def shown_examples(loaded, built, n_show, length) -> list[Example]:
+def shown_examples(loaded, built, n_show, length, maps: Optional[dict] = None) -> list[Example]:
     """The first examples of each probe with every analysed head's map, for the report's explorer.
     At a decoder's sites the queries are the decoder's tokens, and cross-attention's keys the
-    encoder's (`Example.key_tokens`)."""
-    examples = []
+    encoder's (`Example.key_tokens`). `maps`: probe name -> `[example, layer, head, query, key]`
+    maps of those examples already computed (by the probe's pass); the other probes run a pass
+    of their examples alone."""
+    examples, maps = [], maps or {}
     for name, probe in built.items():
         shown = explorer_inputs(loaded, probe, n_show, length)
         if shown is None:
             continue
         inputs, queries, keys = shown
-        maps = explorer_maps(loaded, inputs)
+        probe_maps = maps[name] if name in maps else explorer_maps(loaded, inputs)
         for i in range(queries.shape[0]):
             tokens = display_tokens(loaded.tokenizer, queries[i].tolist())  # " word", not "Ġword"; bad bytes as <0xNN>
             key_tokens = _key_tokens(loaded, probe, keys, i)
-            examples.append(Example.from_float(name, i, tokens, maps[i].numpy(), key_tokens))
+            examples.append(Example.from_float(name, i, tokens, probe_maps[i].numpy(), key_tokens))
     return examples
 
 

@@ -27,6 +27,7 @@ blocks.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -131,8 +132,8 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
     if kernel == "flex":
         z, lse = flex_stats(q, k, v, additive, is_causal, scale, softcap, compiled=flex_available(q.device))
     elif kernel == "cpu-flash":
-        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        z, lse = op(q, lazy.k, expand_kv(v, n_heads), 0.0, is_causal, attn_mask=additive, scale=scale)
+        keys, values = (k, v) if cpu_flash_groups_heads() else (lazy.keys(), expand_kv(v, n_heads))
+        z, lse = _cpu_flash(q, keys, values, is_causal, additive, scale)
         lse = lse.float()
     else:
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=is_causal, scale=scale,
@@ -145,12 +146,35 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
     return z, lazy
 
 
+def _cpu_flash(q, k, v, is_causal, additive, scale):
+    """(out, lse) of aten's fused CPU kernel."""
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    return op(q, k, v, 0.0, is_causal, attn_mask=additive, scale=scale)
+
+
+@lru_cache(maxsize=1)
+def cpu_flash_groups_heads() -> bool:
+    """True when aten's fused CPU kernel reads grouped keys and values itself (fewer key/value
+    heads than query heads, query head h reading kv head h // group) and gives what it gives on
+    keys and values repeated per query head: then neither is copied per query head. Checked once
+    on a tiny input."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 5, 8, generator=generator)
+    k, v = (torch.randn(1, 2, 5, 8, generator=generator) for _ in range(2))
+    try:
+        grouped = _cpu_flash(q, k, v, True, None, 8 ** -0.5)
+    except RuntimeError:
+        return False
+    repeated = _cpu_flash(q, expand_kv(k, 4), expand_kv(v, 4), True, None, 8 ** -0.5)
+    return all(torch.equal(a, b) for a, b in zip(grouped, repeated))
+
+
 def _blockwise_stats(lazy: "LazyPattern", entropy: bool, values: Optional[torch.Tensor] = None):
     """(lse, entropy or None, z or None), lse and entropy `[batch, head, query]` in fp32, z
     `[batch, head, query, d_v]` (with `values` `[batch, head, key, d_v]`), a block of queries
     at a time (as many rows as fit in `lazy.block_bytes` of fp32 scores)."""
     b, h, n_query, n_key = lazy.shape
-    keys = lazy.k.float()
+    keys = lazy.keys().float()
     rows = max(1, lazy.block_bytes // (4 * b * h * n_key))
     lse, ent, out = [], [], []
     for start in range(0, n_query, rows):
@@ -186,7 +210,10 @@ class LazyPattern:
     def __init__(self, q, k, lse, additive=None, is_causal=False, scale=None, softcap=None, sinks=None, *,
                  kernel="blockwise", block_bytes=BLOCK_BYTES):
         self.q = q
-        self.k = expand_kv(k, q.shape[1])  # (B, H, Tk, D); already expanded: no copy
+        self.k = k  # (B, KV, Tk, D): query head h reads kv head h // groups
+        if q.shape[1] % k.shape[1]:
+            raise ValueError(f"{q.shape[1]} query heads cannot share {k.shape[1]} key heads evenly")
+        self.groups = q.shape[1] // k.shape[1]
         self.lse = lse  # (B, H, Tq) fp32
         self.additive = additive  # (B or 1, H or 1, Tq, Tk) additive floats, or None
         self.is_causal = is_causal
@@ -201,6 +228,16 @@ class LazyPattern:
         """Scores from fp32 dot products q . k: scaled, then soft-capped when the model caps."""
         scores = products * self.scale
         return scores if self.softcap is None else torch.tanh(scores / self.softcap) * self.softcap
+
+    def keys(self) -> torch.Tensor:
+        """`[batch, head, key, d_head]` the keys, one per query head (a copy when heads share keys)."""
+        return expand_kv(self.k, self.q.shape[1])
+
+    def _grouped(self, queries: torch.Tensor) -> torch.Tensor:
+        """Queries with heads on axis 1 (`[batch, head, ...]` or gathered rows `[n, head, d_head]`),
+        that axis split into (kv head, group): keys `[., kv_head, 1, ...]` then match them by
+        broadcasting, with no key copied per query head. A view."""
+        return queries.unflatten(1, (self.k.shape[1], self.groups))
 
     def sink_logits(self) -> torch.Tensor:
         """`[1, head, 1]` fp32 sink logits, broadcasting against `[batch, head, query]`."""
@@ -220,13 +257,27 @@ class LazyPattern:
 
     def dense(self) -> torch.Tensor:
         """`[batch, head, query, key]` the whole map, exp(s_ij - lse_i) (computed: costs what the map costs)."""
-        scores = self.capped(torch.matmul(self.q.float(), self.k.float().transpose(-1, -2)))  # (B, H, Tq, Tk)
+        scores = self.capped(torch.matmul(self.q.float(), self.keys().float().transpose(-1, -2)))  # (B, H, Tq, Tk)
         if self.additive is not None:
             scores = scores + self.additive.float()
         if self.is_causal:
             i, j = torch.arange(self.shape[2], device=self.device), torch.arange(self.shape[3], device=self.device)
             scores = scores.masked_fill(self.causally_hidden(i[:, None], j[None, :]), float("-inf"))
         return (scores - self.lse[..., None]).exp()
+
+    def corner(self, rows: torch.Tensor, length: int) -> torch.Tensor:
+        """`[len(rows), head, length, length]` the map of examples `rows` (indices into the batch)
+        on their first `length` queries and keys, computed for that corner only (self-attention:
+        as many queries as keys)."""
+        if self.shape[2] != self.shape[3]:
+            raise ValueError(f"corner needs as many queries as keys, not {self.shape[2]} and {self.shape[3]}")
+        rows = rows.to(self.device)
+        additive = self.additive
+        if additive is not None:
+            additive = (additive[rows] if additive.shape[0] > 1 else additive)[..., :length, :length]
+        part = LazyPattern(self.q[rows, :, :length], self.k[rows, :, :length], self.lse[rows, :, :length], additive,
+                           self.is_causal, self.scale, self.softcap, self.sinks, kernel=self.kernel)
+        return part.dense()
 
     def argmax(self) -> torch.Tensor:
         """`[batch, head, query]` the key of each row's maximum (computes the map)."""
@@ -258,15 +309,16 @@ class LazyPattern:
         n_query, n_key = self.shape[2], self.shape[3]
         first_query = max(0, -offset)
         n = min(n_query - first_query, n_key - (first_query + offset))
-        queries = self.q[:, :, first_query:first_query + n].float()  # (B, H, n, D), a view in fp32
-        keys = self.k[:, :, first_query + offset:first_query + offset + n].float()
-        logits = self.capped((queries * keys).sum(-1))  # (B, H, n)
+        queries = self._grouped(self.q[:, :, first_query:first_query + n].float())  # (B, KV, G, n, D), a view
+        keys = self.k[:, :, None, first_query + offset:first_query + offset + n].float()  # (B, KV, 1, n, D)
+        logits = self.capped((queries * keys).sum(-1).flatten(1, 2))  # (B, H, n)
         i = torch.arange(first_query, first_query + n, device=self.device)
         return self._probs(logits, None, i, i + offset)
 
     def column(self, key: int) -> torch.Tensor:
         """`[batch, head, query]` A[:, key]."""
-        logits = self.capped(torch.matmul(self.q.float(), self.k[:, :, key].float()[..., None])[..., 0])  # (B, H, Tq)
+        keys = self.k[:, :, None, key].float()[..., None]  # (B, KV, 1, D, 1)
+        logits = self.capped(torch.matmul(self._grouped(self.q.float()), keys)[..., 0].flatten(1, 2))  # (B, H, Tq)
         i = torch.arange(self.shape[2], device=self.device)
         return self._probs(logits, None, i, torch.full_like(i, key))
 
@@ -279,9 +331,9 @@ class LazyPattern:
         """
         targets = Targets.of(targets)
         b, i, j = targets.b, targets.i, targets.j
-        q = self.q.permute(0, 2, 1, 3)[b, i].float()  # (n, H, D)
-        k = self.k.permute(0, 2, 1, 3)[b, j].float()
-        logits = self.capped((q * k).sum(-1))  # (n, H)
+        q = self._grouped(self.q.permute(0, 2, 1, 3)[b, i].float())  # (n, KV, G, D)
+        k = self.k.permute(0, 2, 1, 3)[b, j].float()[:, :, None]  # (n, KV, 1, D)
+        logits = self.capped((q * k).sum(-1).flatten(1, 2))  # (n, H)
         return targets.sum_over(self._probs(logits, b, i, j))  # (B, H, Tq)
 
     def entropy(self) -> torch.Tensor:
@@ -303,8 +355,8 @@ class LazyPattern:
             # H_i = W_i (lse_i - sum_j A'[i, j] s_ij), sum_j A'[i, j] s_ij = scale * q_i . (sum_j A'[i, j] k_j)
             # when the mask only adds 0 or hides (hidden keys have A = 0): one fused pass, keys as
             # values; A' is the pattern without the sink, W_i = exp(lse'_i - lse_i) its share.
-            op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-            mean_key, keys_lse = op(q, k, k, 0.0, self.is_causal, attn_mask=self.additive, scale=self.scale)
+            keys = k if cpu_flash_groups_heads() else self.keys()
+            mean_key, keys_lse = _cpu_flash(q, keys, keys, self.is_causal, self.additive, self.scale)
             return self._entropy_from(mean_key, keys_lse)
         return _blockwise_stats(self, entropy=True)[1]
 

@@ -10,6 +10,9 @@
 - `collect_with_control(loaded, twin, probe, detectors, batch_size, timings, ...)`: the model's
   `Passes` and the control twin's values (None: no twin), each pass timed; what `analyze` and
   `run_syntax` run.
+- `collect(..., explorer=(n, length))` also keeps, from the same pass, the maps of the probe's
+  first n examples cut to `length` tokens (the report's head explorer) where a causal model's
+  pass holds them (`Passes.explorer`); `analyze` otherwise runs a short pass for them.
 - `Timings`: seconds per named step, `with timings.step("ov"): ...`, one place for the clock.
 - Under torchrun the batches are dealt across processes and the results gathered in order
   (`headscope.loading.distributed`).
@@ -43,6 +46,7 @@ class Passes(NamedTuple):
     sink_layers: list  # layers whose heads have learned sink logits
     kernels: list  # what computed the lazy path's row log-sum-exp (`lse_kernel`); [] for maps
     not_run: tuple = ()  # attention layers that never ran on the probe (mllama's cross-attention without an image)
+    explorer: Optional[torch.Tensor] = None  # [example, layer, head, query, key] the first examples' maps, or None
 
 
 
@@ -68,6 +72,10 @@ class Timings:
     def rounded(self) -> dict[str, float]:
         return {name: round(value, 3) for name, value in self.seconds.items()}
 
+EXPLORER = "explorer maps"  # the reducers' key for the explorer examples' maps (no detector's name)
+TRIM_EVERY = 3  # layer reductions between two returns of the freed heap (`return_freed_heap`)
+
+
 def _head_chunk(batch: int, length: int, n_heads: int, budget: int = MAP_BUDGET) -> Optional[int]:
     """Heads per group so one group's map stays under `budget` bytes (None: all heads at once)."""
     per_head = batch * length * length * 4
@@ -83,25 +91,73 @@ class _Reducers:
         self.detectors = detectors
         self.batch = None
         self.on: dict = {}
+        self.calls = 0
 
-    def start(self, batch) -> None:
+    def start(self, batch, explorer_rows=None, explorer_len: int = 0) -> None:
+        """The batch the next layers run on; `explorer_rows` (indices into it) are the examples
+        whose maps, cut to `explorer_len` tokens, each layer also keeps."""
         self.batch, self.on = batch, {}
+        self.explorer_rows, self.explorer_len = explorer_rows, explorer_len
 
     def __call__(self, layer, pattern, attention_mask) -> dict:
         device = pattern.device
         if device not in self.on:
             self.on[device] = self.batch.to(device)
         reduced = {det.name: det.reduce(layer, pattern, self.on[device]).cpu() for det in self.detectors}
-        # The layer's temporaries are mostly below glibc's (self-raising) mmap threshold, so freed
-        # they would stay in the heap, fragmented, and the process would grow layer over layer
-        # (+337 MiB over SmolLM2's forward at 1024 x 4): given back here, it peaks as a forward does.
-        return_freed_heap()
+        if self.explorer_rows is not None:
+            reduced[EXPLORER] = _corner(pattern, self.explorer_rows, self.explorer_len).cpu()
+        # The layers' temporaries are mostly below glibc's (self-raising) mmap threshold, so freed
+        # they stay in the heap; fragmented, they can make the process grow layer over layer (up to
+        # +337 MiB over SmolLM2's forward at 1024 x 4). Given back every TRIM_EVERY layers, the
+        # growth stays within a few layers' temporaries, and the pages the next layers fault in
+        # again (what a trim costs in time) are a third of trimming after every layer.
+        self.calls += 1
+        if self.calls % TRIM_EVERY == 0:
+            return_freed_heap()
         return reduced
+
+
+def _corner(pattern, rows: torch.Tensor, length: int) -> torch.Tensor:
+    """`[len(rows), head, length, length]` fp32: the map of examples `rows` on their first
+    `length` queries and keys (a `LazyPattern` computes only that corner)."""
+    if isinstance(pattern, torch.Tensor):
+        return pattern[rows.to(pattern.device), :, :length, :length].float()
+    return pattern.corner(rows, length)
+
+
+def _explorer_rows(loaded, probe, batches, explorer) -> Optional[dict]:
+    """`{batch index: rows}` holding the explorer's examples (`probe.explorer_ids(n, length)`),
+    when this pass's maps are theirs: a causal model with one input, so the map of an example's
+    first `length` tokens does not depend on the tokens after them, and the batches hold each
+    example's tokens unpadded at its start, in order. None otherwise (or nothing asked)."""
+    if not explorer or not explorer[0] or not loaded.causal or loaded.two_inputs:
+        return None
+    ids = probe.explorer_ids(*explorer)
+    if ids is None or not len(ids):
+        return None
+    length, wanted, found, seen = ids.shape[1], {}, 0, 0
+    for index, batch in enumerate(batches):
+        if found == len(ids):
+            break
+        if isinstance(batch, Seq2SeqBatch) or batch.input_ids.shape[1] < length:
+            return None
+        rows = []
+        for row in range(batch.input_ids.shape[0]):
+            if seen + row >= len(ids):
+                break
+            if not (torch.equal(batch.input_ids[row, :length].cpu(), ids[seen + row].cpu())
+                    and bool(batch.attention_mask[row, :length].all())):
+                return None
+            rows.append(row)
+        wanted[index] = torch.tensor(rows)
+        found += len(rows)
+        seen += batch.input_ids.shape[0]
+    return wanted if found == len(ids) else None
 
 
 @torch.no_grad()
 def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progress] = None, lazy: bool = True,
-            stage: Optional[str] = None, map_budget: int = MAP_BUDGET):
+            stage: Optional[str] = None, map_budget: int = MAP_BUDGET, explorer: Optional[tuple] = None):
     """Every detector's reduced values over a built probe's batches.
 
     Args:
@@ -114,6 +170,8 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
         stage: the progress stage (default "probe NAME").
         map_budget: on the maps path, the bytes of fp32 pattern one layer may compute at once;
             a layer whose map is larger runs in head groups.
+        explorer: `(n, length)`: also keep the maps of the probe's first n examples cut to
+            `length` tokens, where this pass holds them (`Passes.explorer`; None when not).
     Returns:
         `Passes`.
     """
@@ -130,13 +188,15 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
         raise HeadscopeError(f"the {probe.name} probe gives one input, but {loaded.sites} sites read an encoder's and a "
                              f"decoder's: build it through headscope.probes.copy")
     reducers = _Reducers(detectors)
+    shown = _explorer_rows(loaded, probe, batches, explorer)
+    shown_len = probe.explorer_ids(*explorer).shape[1] if shown else 0
     done = []
     kind = loaded.site_kind
     with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy, sites=loaded.sites) as cap:
         for n, i in enumerate(todo):
             batch = batches[i]
             two = isinstance(batch, Seq2SeqBatch)  # an encoder-decoder's batch: both inputs, the site's view
-            reducers.start(batch.for_site(kind) if two else batch)
+            reducers.start(batch.for_site(kind) if two else batch, shown.get(i) if shown else None, shown_len)
             inputs = batch.model_inputs(loaded.device) if two else {
                 "input_ids": batch.input_ids.to(loaded.device),
                 "attention_mask": batch.attention_mask.long().to(loaded.device)}
@@ -146,13 +206,30 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
             if report:
                 report(stage, n + 1, len(todo))
     per_batch = gather(done)  # [{layer: {detector: values}}] in batch order
+    maps = _explorer_maps(loaded, per_batch) if shown else None
     how = "lazy" if lazy else ("maps" if chunk is None else f"maps, {chunk} heads at a time")
     sink_layers = sorted(layer for layer, extras in cap.extras.items() if "sinks" in extras)
     kernels = sorted({e.split(":", 1)[1] for extras in cap.extras.values() for e in extras if e.startswith("lse:")})
     ran = tuple(layer for layer in loaded.attention_layers if all(layer in b for b in per_batch))
     collected = {det.name: Collected(batches, [{layer: b[layer][det.name] for layer in ran} for b in per_batch],
                                      loaded.n_layers, loaded.n_heads, ran) for det in detectors}
-    return Passes(collected, how, sink_layers, kernels, tuple(sorted(set(loaded.attention_layers) - set(ran))))
+    return Passes(collected, how, sink_layers, kernels, tuple(sorted(set(loaded.attention_layers) - set(ran))), maps)
+
+
+def _explorer_maps(loaded, per_batch: list) -> Optional[torch.Tensor]:
+    """`[example, layer, head, query, key]` the explorer maps the reducers kept (taken out of
+    `per_batch`), in batch order; a layer without them (a hybrid's layer without attention) is
+    zeros, as `headscope.analysis.explorer.explorer_maps` leaves it."""
+    pieces: dict = {}
+    for results in per_batch:
+        for layer, values in results.items():
+            if EXPLORER in values:
+                pieces.setdefault(layer, []).append(values.pop(EXPLORER))
+    if not pieces:
+        return None
+    by_layer = {layer: torch.cat(maps) for layer, maps in pieces.items()}
+    empty = torch.zeros_like(next(iter(by_layer.values())))
+    return torch.stack([by_layer.get(layer, empty) for layer in range(loaded.n_layers)], dim=1)
 
 
 def _check_finite(loaded, out, inputs: dict, where: str) -> None:
@@ -169,11 +246,13 @@ def _check_finite(loaded, out, inputs: dict, where: str) -> None:
 
 
 def collect_with_control(loaded, twin, probe, detectors, batch_size: int, timings, progress: Optional[Progress] = None,
-                         lazy: bool = True, stage: Optional[str] = None, map_budget: int = MAP_BUDGET):
+                         lazy: bool = True, stage: Optional[str] = None, map_budget: int = MAP_BUDGET,
+                         explorer: Optional[tuple] = None):
     """`collect` on the model, then on the control twin.
 
     Args:
-        loaded, probe, detectors, batch_size, progress, lazy, map_budget: as for `collect`.
+        loaded, probe, detectors, batch_size, progress, lazy, map_budget, explorer: as for
+            `collect` (the explorer's maps are the model's, not the twin's).
         twin: the control `Loaded`, or None.
         timings: a `Timings`; the passes count as "probe_NAME" and
             "probe_NAME_control".
@@ -183,7 +262,8 @@ def collect_with_control(loaded, twin, probe, detectors, batch_size: int, timing
     """
     stage = stage or f"probe {probe.name}"
     with timings.step(f"probe_{probe.name}"):
-        passes = collect(loaded, probe, detectors, batch_size, progress, lazy, stage=stage, map_budget=map_budget)
+        passes = collect(loaded, probe, detectors, batch_size, progress, lazy, stage=stage, map_budget=map_budget,
+                         explorer=explorer)
     twin_values = {}
     if twin is not None:
         with timings.step(f"probe_{probe.name}_control"):

@@ -1,4 +1,4 @@
-"""Giving freed heap back to the operating system: after a load, after each layer of an analysis.
+"""Giving freed heap back to the operating system: after a load, every few layers of an analysis.
 
 - `return_freed_heap()`: glibc's `malloc_trim(0)`; False (and nothing done) where there is no glibc.
 
@@ -10,8 +10,10 @@ heap; freed, fragmented, they keep the process's resident set above what it hold
 `malloc_trim(0)` returns the free pages of every arena. It frees only memory nobody holds, so it
 changes no result, and needs no environment variable (MALLOC_MMAP_THRESHOLD_) from the user.
 `headscope.load` calls it once at its end (tokenizer tables, a GGUF file's tensors while they
-are decoded); `analyze`'s passes after each layer's reductions (`headscope.detectors.runner`)
-and once at the end (one walk over the heap's free blocks per call).
+are decoded); `analyze`'s passes after every third layer's reductions
+(`headscope.detectors.runner.TRIM_EVERY`) and once at the end (one walk over the heap's free
+blocks per call; the pages returned are faulted in again when the next layers allocate, which is
+what trimming after every layer would cost in time).
 """
 from __future__ import annotations
 

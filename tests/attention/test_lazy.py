@@ -43,6 +43,21 @@ def test_lazy_entries_equal_the_full_pattern(path, mask_kind):
     assert lazy.mass(targets).sum() > 1.0  # the targets hold real attention, not only zeros
 
 
+def test_grouped_keys_go_to_the_fused_kernel_uncopied_or_repeated_with_the_same_numbers(monkeypatch):
+    """aten's CPU kernel reads grouped keys and values itself on this torch; where it could not,
+    they are repeated per query head, and every number is the same either way."""
+    assert lazy_module.cpu_flash_groups_heads()
+    q, k, v = qkv()  # 6 query heads, 2 key/value heads
+    assert k.shape[1] < q.shape[1]
+    grouped_z, grouped = lazy_attention(q, k, v, is_causal=True)
+    grouped_entropy = grouped.entropy()  # its fused pass, keys as values, grouped too
+    monkeypatch.setattr(lazy_module, "cpu_flash_groups_heads", lambda: False)
+    repeated_z, repeated = lazy_attention(q, k, v, is_causal=True)
+    assert grouped.kernel == repeated.kernel == "cpu-flash"
+    assert torch.equal(grouped_z, repeated_z) and torch.equal(grouped.lse, repeated.lse)
+    assert torch.equal(grouped_entropy, repeated.entropy())
+
+
 @pytest.mark.parametrize("extra", list(EXTRAS))
 @pytest.mark.parametrize("mask_kind", ["causal", "padded bool", "additive bias"])
 def test_lazy_entries_with_softcap_and_sinks(path, mask_kind, extra):
