@@ -68,6 +68,30 @@ def _probes(loaded, seq_len: int, batch: int) -> dict:
     return {"text": text, "repeated": repeated}
 
 
+def entropy_pass(loaded, seq_len: int, batch: int):
+    """`run()`: the fused kernel call per layer that `uniform`'s row entropy adds to a forward
+    (`LazyPattern.entropy`: aten's CPU flash kernel with the keys as values, grouped keys as the
+    model has them), on random q and k of the text probe's shape."""
+    import torch
+
+    from headscope.attention.lazy import cpu_flash_groups_heads
+
+    config = loaded.model.config
+    n_heads, n_kv = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, n_heads, seq_len, d_head, generator=generator)
+    k = torch.randn(batch, n_kv, seq_len, d_head, generator=generator)
+    if not cpu_flash_groups_heads():
+        k = k.repeat_interleave(n_heads // n_kv, dim=1)
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+    def run():
+        for _ in range(len(loaded.attention_layers)):
+            op(q, k, k, 0.0, True, scale=d_head ** -0.5)
+    return run
+
+
 def child(contender: str, seq_len: int, batch: int, model: str) -> None:
     """Run one contender in this process; print its JSON line."""
     import torch
@@ -84,17 +108,7 @@ def child(contender: str, seq_len: int, batch: int, model: str) -> None:
         return
     probes = _probes(loaded, seq_len, batch)
     if contender == "entropy pass":
-        config = loaded.model.config
-        n_heads, n_kv = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
-        d_head = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-        generator = torch.Generator().manual_seed(0)
-        q = torch.randn(batch, n_heads, seq_len, d_head, generator=generator)
-        k = torch.randn(batch, n_kv, seq_len, d_head, generator=generator).repeat_interleave(n_heads // n_kv, dim=1)
-        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-
-        def run():
-            for _ in range(len(loaded.attention_layers)):
-                op(q, k, k, 0.0, True, scale=d_head ** -0.5)
+        run = entropy_pass(loaded, seq_len, batch)
     elif contender.startswith("plain"):
         times = 2 if contender == "plain x2" else 1
 

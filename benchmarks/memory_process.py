@@ -27,10 +27,16 @@ safetensors file keeps its weights in the file's mapping, resident only once the
 of T tokens each, built once by `memory_by_detector._probes` and saved for both contenders):
 - `transformers forward`: transformers loads the load cache's SmolLM2 entry (the weights headscope
   reads) and its tokenizer and runs the model body's SDPA forward over both probes;
+- `headscope forward`: `headscope.load("smollm2-135m")` and the same forward (the model as
+  headscope loads it: its process and allocator state, the same weights);
+- `headscope entropy pass`: `headscope.load` and only the fused kernel call per layer that
+  `uniform`'s exact row entropy adds (`memory_by_detector.entropy_pass`), the time no plain
+  forward spends and an exact analysis must;
 - `headscope analyze`: `headscope.load("smollm2-135m")` and `analyze` with the default pattern
   detectors, `control=None`, `ov=False`, over the same tokens.
-Fields: `peak_mib` (the process's VmHWM at the end), `end_mib` (VmRSS), `seconds` (the forward or
-the analysis alone).
+Fields: `peak_mib` (the process's VmHWM at the end), `end_mib` (VmRSS), `seconds` (the forward,
+the entropy pass or the analysis alone). The time floor of an analysis is a forward plus the
+entropy pass: the ratios give analyze's time over it, with either forward.
 
 The control twin (`--only twin`): `headscope.load`, one forward, then `random_twin`; `twin_peak_mib`
 is VmHWM minus the resident set just before the twin (reset through /proc/self/clear_refs),
@@ -55,7 +61,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 LOADS = ["transformers gguf", "headscope gguf converting", "headscope gguf cached", "transformers bf16 folder",
          "headscope bf16 folder", "transformers minilm", "headscope minilm"]
-ANALYZE = ["transformers forward", "headscope analyze"]
+ANALYZE = ["transformers forward", "headscope forward", "headscope entropy pass", "headscope analyze"]
 PAIRS = [("headscope gguf converting", "transformers gguf"), ("headscope gguf cached", "transformers gguf"),
          ("headscope bf16 folder", "transformers bf16 folder"), ("headscope minilm", "transformers minilm")]
 
@@ -120,9 +126,15 @@ def child(name: str, size: str, paths: dict) -> dict:
                 "twin_weights_mib": weights}
     probes = torch.load(paths["probes"][size], weights_only=False)
     start = time.perf_counter()
-    if name == "transformers forward":
+    if name in ("transformers forward", "headscope forward"):
         for probe in probes["probes"]:
             body(input_ids=probe.input_ids, attention_mask=torch.ones_like(probe.input_ids))
+    elif name == "headscope entropy pass":
+        sys.path.insert(0, str(HERE))
+        from memory_by_detector import entropy_pass
+
+        seq_len, batch = (int(x) for x in size.split("x"))
+        entropy_pass(model, seq_len, batch)()
     else:
         import headscope
 
@@ -205,6 +217,12 @@ def _ratios(results: dict) -> dict:
         if ours and theirs:
             ratios[f"analyze / forward @{size}"] = {key: ours[key] / theirs[key]
                                                     for key in ("peak_mib", "end_mib", "seconds")}
+        entropy = results.get(f"headscope entropy pass@{size}")
+        for who in ("transformers", "headscope"):
+            forward = results.get(f"{who} forward@{size}")
+            if ours and forward and entropy:  # the time floor: a plain forward plus the entropy pass
+                floor = forward["seconds"] + entropy["seconds"]
+                ratios[f"analyze / ({who} forward + entropy pass) @{size}"] = {"seconds": ours["seconds"] / floor}
     return ratios
 
 

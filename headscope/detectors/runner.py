@@ -73,7 +73,7 @@ class Timings:
         return {name: round(value, 3) for name, value in self.seconds.items()}
 
 EXPLORER = "explorer maps"  # the reducers' key for the explorer examples' maps (no detector's name)
-TRIM_EVERY = 3  # layer reductions between two returns of the freed heap (`return_freed_heap`)
+TRIM_EVERY = 6  # layer reductions between two returns of the freed heap (`return_freed_heap`)
 
 
 def _head_chunk(batch: int, length: int, n_heads: int, budget: int = MAP_BUDGET) -> Optional[int]:
@@ -107,10 +107,11 @@ class _Reducers:
         if self.explorer_rows is not None:
             reduced[EXPLORER] = _corner(pattern, self.explorer_rows, self.explorer_len).cpu()
         # The layers' temporaries are mostly below glibc's (self-raising) mmap threshold, so freed
-        # they stay in the heap; fragmented, they can make the process grow layer over layer (up to
-        # +337 MiB over SmolLM2's forward at 1024 x 4). Given back every TRIM_EVERY layers, the
-        # growth stays within a few layers' temporaries, and the pages the next layers fault in
-        # again (what a trim costs in time) are a third of trimming after every layer.
+        # they stay in the heap; fragmented, they can make the process grow layer over layer (as
+        # a plain forward's does: up to +300 MiB over SmolLM2's at 1024 x 4, depending on the
+        # order the threads allocate in). Given back every TRIM_EVERY layers, the growth stays
+        # within a few layers' temporaries; each trim costs the pages the next layers fault in
+        # again (after every layer: +0.7 s on that forward's 8 s).
         self.calls += 1
         if self.calls % TRIM_EVERY == 0:
             return_freed_heap()

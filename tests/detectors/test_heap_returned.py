@@ -17,7 +17,7 @@ def test_freed_heap_is_returned_every_few_layers_across_batches(monkeypatch):
     ids = torch.randint(4, loaded.model.config.vocab_size, (6, 17), generator=torch.Generator().manual_seed(0))
     probe = ProbeSet("text", ids, 1, "random tokens")
     chosen = [get(name) for name in defaults(loaded.causal) if get(name).probe == "text"]
-    runner.collect(loaded, probe, chosen, batch_size=4)  # two batches: 4 and 2 examples
-    reductions = 2 * len(loaded.attention_layers)
+    runner.collect(loaded, probe, chosen, batch_size=1)  # six batches of one example
+    reductions = 6 * len(loaded.attention_layers)
     assert runner.TRIM_EVERY > 1 and reductions >= runner.TRIM_EVERY
     assert len(calls) == reductions // runner.TRIM_EVERY
