@@ -14,6 +14,11 @@ stays fast on a model of a few hundred senders:
 - a receiver's delta is one matrix product of its mask's rows with a run of that buffer (a view,
   no copy: the senders from the first to the last it drops from), and identical rows of its mask (a head whose q, k and v all drop the same edges, every row of an empty circuit) are
   computed, and run through the attention block, once (`split_run` takes `(rows, which)`);
+- where its distinct rows drop, or keep, only a few of its upstream senders (an MLP or the
+  logits, one row; any receiver of a circuit that keeps almost everything or almost nothing),
+  each row is summed from those senders alone instead: the dropped ones, or the running total
+  of every upstream sender's `moved` (kept once per pass as the senders run) minus the kept
+  ones, for a receiver whose upstream is every sender before it;
 - a head block whose q, k and v come from its input through linear projections only
   (`receiver_grads.head_plans`, found once on the first batch) does not run on its copies: it
   runs on the stream once per round of heads whose projection columns do not overlap, each
@@ -74,6 +79,25 @@ def sender_change(target: Target, graph: Graph, clean: dict, corrupted: dict) ->
     return buffer[0], logits[1], logits[0]
 
 
+SUM_MARGIN = 2  # a row sum reads a sender per call: chosen when it reads this many times fewer than the product
+
+
+def _row_sums(rows: np.ndarray, upstream: np.ndarray, product: int) -> Optional[tuple]:
+    """`(prefix, [(from_total, senders)])` per distinct row of a dropped mask `rows` `[C, upstream]`:
+    the dropped senders, or (when `upstream` is the first senders, 0..prefix - 1) the kept ones
+    to take from the running total, whichever is fewer; None when that reads more senders in
+    all than `product` (the matrix product's run) / SUM_MARGIN."""
+    prefix = len(upstream) if np.array_equal(upstream, np.arange(len(upstream))) else 0
+    plan, reads = [], 0
+    for row in rows:
+        dropped, kept = upstream[row], upstream[~row]
+        from_total = bool(prefix) and len(kept) < len(dropped)
+        indices = kept if from_total else dropped
+        plan.append((from_total, indices.tolist()))
+        reads += len(indices)
+    return (prefix if any(f for f, _ in plan) else 0, plan) if reads * SUM_MARGIN <= product else None
+
+
 class Patched:
     """Measures the metric with some edges corrupted (module docstring)."""
 
@@ -110,9 +134,13 @@ class Patched:
 
     def _plans(self, kept: np.ndarray) -> dict:
         """Per receiver that drops an edge: `(weights [C, hi - lo + 1] float, which [names], senders,
-        lo)`: the distinct rows of its dropped mask as weights over the senders lo..hi (a run of
-        the `moved` buffer, so the product reads a view of it), `which` the row each name reads,
-        `senders` the ones some row drops (the only ones with a nonzero weight)."""
+        lo, sums)`: the distinct rows of its dropped mask as weights over the senders lo..hi (a run
+        of the `moved` buffer, so the product reads a view of it), `which` the row each name reads,
+        `senders` the ones some row drops (the only ones with a nonzero weight); `sums`, where
+        adding a few senders per row reads fewer of them than the product, `(prefix, rows)`: each
+        row as `(from_total, indices)`, minus the sum of `moved` over the dropped `indices`
+        (from_total False), or the running total of the first `prefix` senders' `moved` (the
+        receiver's whole upstream) minus the sum over the kept `indices` (True); else None."""
         plans = {}
         for receiver, span in zip(self.graph.receivers, self.spans):
             dropped = ~kept[span].reshape(len(receiver.names), len(receiver.upstream))
@@ -120,11 +148,12 @@ class Patched:
                 continue
             rows, which = np.unique(dropped, axis=0, return_inverse=True)
             used = rows.any(axis=0)
-            senders = np.asarray(receiver.upstream)[used]
+            upstream = np.asarray(receiver.upstream)
+            senders = upstream[used]
             lo, hi = int(senders.min()), int(senders.max())
             weights = torch.zeros(len(rows), hi - lo + 1)
             weights[:, torch.as_tensor(senders - lo)] = torch.as_tensor(rows[:, used], dtype=torch.float32)
-            plans[id(receiver)] = (weights, which.reshape(-1).tolist(), senders, lo)
+            plans[id(receiver)] = (weights, which.reshape(-1).tolist(), senders, lo, _row_sums(rows, upstream, hi - lo + 1))
         return plans
 
     @torch.no_grad()
@@ -140,17 +169,45 @@ class Patched:
             shape = corrupted.shape[1:] if corrupted is not None else None  # (B, T, D)
             moved = torch.zeros_like(corrupted) if corrupted is not None else None  # (S, B, T, D); 0 until run
             ready = np.zeros(len(self.graph.senders), dtype=bool)
+            running = [torch.zeros_like(moved[0]) if moved is not None else None, 0]  # sum of moved[:count], count
+
+            def move(us):
+                for u in us:
+                    if not ready[u]:
+                        torch.sub(state.senders[u].float(), corrupted[u], out=moved[u])
+                        ready[u] = True
+
+            def summed(prefix, rows):
+                """`[C, B, T, D]`: each row's -sum of moved over its dropped senders."""
+                if prefix:
+                    move(range(running[1], prefix))
+                    for u in range(running[1], prefix):
+                        running[0].add_(moved[u])
+                    running[1] = prefix
+                out = torch.empty(len(rows), *shape, device=moved.device)
+                for row, (from_total, indices) in zip(out, rows):
+                    move(indices)
+                    if from_total:  # -(running total - kept) = kept - total
+                        torch.neg(running[0], out=row)
+                        for u in indices:
+                            row.add_(moved[u])
+                    else:
+                        row.zero_()
+                        for u in indices:
+                            row.sub_(moved[u])
+                return out
 
             def delta_for(receiver):
                 plan = plans.get(id(receiver))
                 if plan is None:
                     return None
-                weights, which, senders, lo = plan
-                for u in senders[~ready[senders]]:
-                    torch.sub(state.senders[u].float(), corrupted[u], out=moved[u])
-                    ready[u] = True
-                sources = moved[lo:lo + weights.shape[1]].reshape(weights.shape[1], -1)  # a view
-                delta = -(weights.to(moved.device) @ sources)  # (C, B*T*D)
+                weights, which, senders, lo, sums = plan
+                if sums is not None:
+                    delta = summed(*sums)
+                else:
+                    move(senders)
+                    sources = moved[lo:lo + weights.shape[1]].reshape(weights.shape[1], -1)  # a view
+                    delta = -(weights.to(moved.device) @ sources)  # (C, B*T*D)
                 delta = delta.reshape(len(weights), *shape).to(state.senders[int(senders[0])].dtype)
                 return (delta, which) if receiver.kind == "heads" else delta
 

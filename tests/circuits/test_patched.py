@@ -76,3 +76,26 @@ def test_heads_read_their_copies_through_projection_columns_as_the_copies_give(f
         assert columns.metric(kept) == pytest.approx(copies.metric(kept), rel=1e-5, abs=1e-6)
     blocks = {id(r.module) for r in graph.receivers if r.kind == "heads"}
     assert set(columns.head_plans) == blocks  # every block took the projection columns
+
+
+def test_row_sums_from_few_senders_equal_the_product(monkeypatch):
+    """A receiver whose rows drop (or keep) few of its upstream senders sums just those, the kept
+    ones from the running total of its upstream: the metric is the matrix product's."""
+    import headscope.circuits.edge_patching as edge_patching
+
+    model = _scaled(tiny_model("llama"), 0.2)
+    task = _task(seed=7)
+    target = Target(model, task)
+    graph = graph_of(target, task)
+    patched = Patched(target, graph, task, batch_size=3)
+    rng = np.random.default_rng(1)
+    masks = [rng.random(patched.n_edges) < p for p in (0.01, 0.5, 0.99)]
+    ways = set()
+    for kept in masks:
+        for *_, sums in patched._plans(kept).values():
+            ways.update({"product"} if sums is None else {"total" if f else "dropped" for f, _ in sums[1]})
+    assert ways == {"product", "total", "dropped"}  # every way a delta is summed is exercised
+    summed = [patched.metric(kept) for kept in masks]
+    monkeypatch.setattr(edge_patching, "_row_sums", lambda *args: None)  # the product everywhere
+    assert all(sums is None for kept in masks for *_, sums in patched._plans(kept).values())
+    assert summed == pytest.approx([patched.metric(kept) for kept in masks], abs=1e-6)
