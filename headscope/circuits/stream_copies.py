@@ -102,9 +102,12 @@ def _overlap(edits: list, width: int) -> bool:
     return False
 
 
-def _replaced(copies, weight, bias, edits, module, args, output):
+def _replaced(copies, weight, bias, edits, base: list, module, args, output):
     """A projection's output with the columns of `edits` `[(columns, copy)]` computed from
-    `copies[copy]` (its input had the stream been that copy) and those weight rows."""
+    `copies[copy]` (its input had the stream been that copy) and those weight rows. `base` keeps
+    the projection's own output (its first call in a block's rounds) for `_reuse`."""
+    if not base:
+        base.append(output)
     output = output.clone()
     for cols, copy in edits:
         given = copies[copy].reshape(*output.shape[:-1], -1)
@@ -113,6 +116,12 @@ def _replaced(copies, weight, bias, edits, module, args, output):
             value = value + bias[cols].to(value.dtype)
         output[..., cols] = value
     return output
+
+
+def _reuse(base: list, *args, **kwargs):
+    """A projection's forward in a block's later rounds: its output on the stream, kept from the
+    first round (the input is the same stream in every round), a copy of its own."""
+    return base[0].clone()
 
 
 def _first(args, kwargs):
@@ -263,6 +272,7 @@ class SplitRun:
         columns, rounds = plan.plan.support, plan.plan.rounds
         n_heads = self.graph.n_heads
         results = []
+        bases = [[] for _ in plan.projections]  # each projection's output on the stream, from the first round
         for r in range(max(len(parts) for parts in rounds)):
             assigned = [(h, part) for part in range(3) if r < len(rounds[part]) for h in rounds[part][r]]
             edits = [[] for _ in plan.projections]
@@ -272,13 +282,18 @@ class SplitRun:
                         edits[j].append((cols, which[3 * h + part]))
             if any(_overlap(e, weight.shape[0]) for e, (_, weight, _) in zip(edits, plan.projections)):
                 return None
-            handles = [projection.register_forward_hook(partial(_replaced, copies, weight, bias, e))
-                       for e, (projection, weight, bias) in zip(edits, plan.projections) if e]
+            handles = [projection.register_forward_hook(partial(_replaced, copies, weight, bias, e, base))
+                       for e, (projection, weight, bias), base in zip(edits, plan.projections, bases) if e]
+            reused = [projection for (projection, _, _), base in zip(plan.projections, bases) if base]
+            for projection in reused:  # later rounds: the same stream in, so the same output
+                projection.forward = partial(_reuse, bases[[p for p, _, _ in plan.projections].index(projection)])
             try:
                 q, k, v = self.splitter.harvest_qkv(receiver.layer, module, args, kwargs)
             finally:
                 for handle in handles:
                     handle.remove()
+                for projection in reused:
+                    del projection.forward
             results.append((assigned, q, k, v))
         group = n_heads // results[0][2].shape[1]
         source = {}  # (head, part) -> the round whose value it takes
