@@ -284,16 +284,20 @@ class SplitRun:
                 return None
             handles = [projection.register_forward_hook(partial(_replaced, copies, weight, bias, e, base))
                        for e, (projection, weight, bias), base in zip(edits, plan.projections, bases) if e]
-            reused = [projection for (projection, _, _), base in zip(plan.projections, bases) if base]
-            for projection in reused:  # later rounds: the same stream in, so the same output
-                projection.forward = partial(_reuse, bases[[p for p, _, _ in plan.projections].index(projection)])
+            reused = [(projection, base, projection.__dict__.get("forward"))  # an instance's own forward
+                      for (projection, _, _), base in zip(plan.projections, bases) if base]  # (accelerate's) kept
+            for projection, base, _ in reused:  # later rounds: the same stream in, so the same output
+                projection.forward = partial(_reuse, base)
             try:
                 q, k, v = self.splitter.harvest_qkv(receiver.layer, module, args, kwargs)
             finally:
                 for handle in handles:
                     handle.remove()
-                for projection in reused:
-                    del projection.forward
+                for projection, _, own in reused:
+                    if own is None:
+                        del projection.forward
+                    else:
+                        projection.forward = own
             results.append((assigned, q, k, v))
         group = n_heads // results[0][2].shape[1]
         source = {}  # (head, part) -> the round whose value it takes

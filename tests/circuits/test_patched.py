@@ -99,3 +99,21 @@ def test_row_sums_from_few_senders_equal_the_product(monkeypatch):
     monkeypatch.setattr(edge_patching, "_row_sums", lambda *args: None)  # the product everywhere
     assert all(sums is None for kept in masks for *_, sums in patched._plans(kept).values())
     assert summed == pytest.approx([patched.metric(kept) for kept in masks], abs=1e-6)
+
+
+def test_a_projections_own_forward_is_back_after_the_rounds():
+    """The rounds lend a head block's projections a forward that returns their first output; a
+    forward the instance had of its own (accelerate's hooks put one there) is restored after."""
+    model = _scaled(tiny_model("llama"), 0.2)
+    task = _task(seed=7)
+    target = Target(model, task)
+    graph = graph_of(target, task)
+    attention = model.model.layers[1].self_attn
+    own = attention.k_proj.forward  # a bound method, set on the instance as a wrapper would be
+    attention.k_proj.forward = own
+    patched = Patched(target, graph, task, batch_size=3)
+    kept = np.random.default_rng(2).random(patched.n_edges) < 0.5
+    patched.metric(kept)
+    assert attention.k_proj.__dict__["forward"] is own
+    assert "forward" not in attention.q_proj.__dict__ and "forward" not in attention.v_proj.__dict__
+    assert patched.metric(kept) == pytest.approx(_edge_by_edge(model, task, kept), abs=1e-5)
