@@ -9,8 +9,8 @@ edge u -> r carries the corrupted run's value: receiver r reads
 with `dropped_r` `[names, upstream]` r's mask of dropped edges and `moved[u] = a_u - a_u^corrupted`
 `[batch * pos * d_model]` (the sender's output in this pass minus the corrupted run's). How it
 stays fast on a model of a few hundred senders:
-- `moved[u]` is computed once per pass, when the first receiver that drops an edge from u runs,
-  into one preallocated `[senders, batch, pos, d_model]` buffer (zero where not computed);
+- `moved[u]` is computed once per pass, when the first receiver that reads it runs, into one
+  preallocated `[senders, batch, pos, d_model]` buffer (left unset where no receiver reads it);
 - a receiver's delta is one matrix product of its mask's rows with a run of that buffer (a view,
   no copy: the senders from the first to the last it drops from), and identical rows of its mask (a head whose q, k and v all drop the same edges, every row of an empty circuit) are
   computed, and run through the attention block, once (`split_run` takes `(rows, which)`);
@@ -167,7 +167,7 @@ class Patched:
         for index, part in enumerate(self.parts):
             clean, reference, corrupted = self._batch(index, need_corrupted=bool(plans))
             shape = corrupted.shape[1:] if corrupted is not None else None  # (B, T, D)
-            moved = torch.zeros_like(corrupted) if corrupted is not None else None  # (S, B, T, D); 0 until run
+            moved = torch.empty_like(corrupted) if corrupted is not None else None  # (S, B, T, D); set as read
             ready = np.zeros(len(self.graph.senders), dtype=bool)
             running = [torch.zeros_like(moved[0]) if moved is not None else None, 0]  # sum of moved[:count], count
 
@@ -204,8 +204,11 @@ class Patched:
                 weights, which, senders, lo, sums = plan
                 if sums is not None:
                     delta = summed(*sums)
-                else:
-                    move(senders)
+                else:  # every sender of the run is set (a weight 0 times an unset value could be NaN)
+                    move(u for u in range(lo, lo + weights.shape[1]) if u in state.senders)
+                    for u in range(lo, lo + weights.shape[1]):
+                        if not ready[u]:  # not written yet in this pass (and not dropped here)
+                            moved[u].zero_()
                     sources = moved[lo:lo + weights.shape[1]].reshape(weights.shape[1], -1)  # a view
                     delta = -(weights.to(moved.device) @ sources)  # (C, B*T*D)
                 delta = delta.reshape(len(weights), *shape).to(state.senders[int(senders[0])].dtype)

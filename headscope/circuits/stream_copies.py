@@ -81,6 +81,9 @@ class _Splitter(Session):
                              f"function, so its heads cannot read copies of the stream")
 
 
+COPIES_AT_MOST = 2  # distinct input rows up to which a head block runs on them rather than by columns
+
+
 def _tiled(value, batch: int, copies: int):
     """`value` with every tensor of `batch` rows repeated `copies` times along its first axis."""
     if isinstance(value, torch.Tensor):
@@ -243,7 +246,7 @@ class SplitRun:
             flat = receiver.norm(flat)
             self.read[id(receiver.norm)] = stream  # a parallel block's MLP reads the same norm's record
         plan = self.head_plans.get(id(module))
-        if plan is not None:
+        if plan is not None and len(rows) > COPIES_AT_MOST:  # fewer distinct rows: the block on them is cheaper
             picked = self._by_columns(receiver, module, args, kwargs, flat.view(len(rows), *stream.shape), which, plan)
             if picked is not None:
                 self.splitter.pending[receiver.layer] = picked

@@ -61,9 +61,16 @@ def test_patched_runs_equal_the_edge_by_edge_sum(cache_bytes):
 
 
 @pytest.mark.parametrize("family", BLOCK_FAMILIES)
-def test_heads_read_their_copies_through_projection_columns_as_the_copies_give(family):
+def test_heads_read_their_copies_through_projection_columns_as_the_copies_give(family, monkeypatch):
     """Heads' q, k and v computed from their copies by projection columns (the block run on the
-    stream once per round) equal the block run on every copy, on random masks."""
+    stream once per round) equal the block run on every copy, on random masks; a block whose
+    heads read at most `COPIES_AT_MOST` distinct copies (the empty circuit: one) runs on them."""
+    import headscope.circuits.stream_copies as stream_copies
+
+    calls = []
+    by_columns = stream_copies.SplitRun._by_columns
+    monkeypatch.setattr(stream_copies.SplitRun, "_by_columns",
+                        lambda self, *args: calls.append(1) or by_columns(self, *args))
     model = scaled_family(family).requires_grad_(False)
     task = _task(seed=4)
     target = Target(model, task)
@@ -75,7 +82,11 @@ def test_heads_read_their_copies_through_projection_columns_as_the_copies_give(f
         kept = rng.random(columns.n_edges) < share
         assert columns.metric(kept) == pytest.approx(copies.metric(kept), rel=1e-5, abs=1e-6)
     blocks = {id(r.module) for r in graph.receivers if r.kind == "heads"}
-    assert set(columns.head_plans) == blocks  # every block took the projection columns
+    assert set(columns.head_plans) == blocks and calls  # every block has its columns, and they ran
+    calls.clear()
+    nothing = np.zeros(columns.n_edges, dtype=bool)
+    assert columns.metric(nothing) == pytest.approx(copies.metric(nothing), rel=1e-5, abs=1e-6)
+    assert stream_copies.COPIES_AT_MOST >= 1 and not calls  # one copy per block: run on it
 
 
 def test_row_sums_from_few_senders_equal_the_product(monkeypatch):
