@@ -40,6 +40,11 @@ q and k, come before the clock), `import_seconds` (analyze's first import of the
 modules, pandas among them, which a process pays once). The time floor of an analysis is a forward plus the
 entropy pass: the ratios give analyze's time over it, with either forward.
 
+With the control twin (`--only control`, with `--only analyze` for the ratios against the time
+floor): `transformers forward x2` runs the forward twice (the twin's pass is a second forward, of
+a second model); `headscope analyze+control` runs `analyze` with its default random-init twin,
+whose weights the process then holds beside the model's.
+
 The control twin (`--only twin`): `headscope.load`, one forward, then `random_twin`; `twin_peak_mib`
 is VmHWM minus the resident set just before the twin (reset through /proc/self/clear_refs),
 `twin_mib` the resident set it adds, `twin_weights_mib` its parameters' bytes.
@@ -64,6 +69,7 @@ HERE = Path(__file__).resolve().parent
 LOADS = ["transformers gguf", "headscope gguf converting", "headscope gguf cached", "transformers bf16 folder",
          "headscope bf16 folder", "transformers minilm", "headscope minilm"]
 ANALYZE = ["transformers forward", "headscope forward", "headscope entropy pass", "headscope analyze"]
+CONTROL = ["transformers forward x2", "headscope analyze+control"]
 PAIRS = [("headscope gguf converting", "transformers gguf"), ("headscope gguf cached", "transformers gguf"),
          ("headscope bf16 folder", "transformers bf16 folder"), ("headscope minilm", "transformers minilm")]
 
@@ -134,22 +140,24 @@ def child(name: str, size: str, paths: dict) -> dict:
 
         seq_len, batch = (int(x) for x in size.split("x"))
         run_entropy = entropy_pass(model, seq_len, batch)  # its random q and k made before the clock
-    elif name == "headscope analyze":  # what analyze imports (pandas among them), before the clock as
+    elif name.startswith("headscope analyze"):  # what analyze imports (pandas among them), before the clock as
         start = time.perf_counter()    # the forward's own imports are; its time is recorded apart
         import headscope.analysis.analyze  # noqa: F401
 
         imports = time.perf_counter() - start
     start = time.perf_counter()
-    if name in ("transformers forward", "headscope forward"):
-        for probe in probes["probes"]:
-            body(input_ids=probe.input_ids, attention_mask=torch.ones_like(probe.input_ids))
+    if name in ("transformers forward", "headscope forward", "transformers forward x2"):
+        for _ in range(2 if name.endswith("x2") else 1):
+            for probe in probes["probes"]:
+                body(input_ids=probe.input_ids, attention_mask=torch.ones_like(probe.input_ids))
     elif name == "headscope entropy pass":
         run_entropy()
     else:
         import headscope
 
+        control = "random-init" if name.endswith("+control") else None
         headscope.analyze(model, detectors=probes["detectors"], probes=probes["probes"],
-                          batch_size=len(probes["probes"][0].input_ids), control=None, ov=False)
+                          batch_size=len(probes["probes"][0].input_ids), control=control, ov=False)
     seconds = time.perf_counter() - start
     gc.collect()
     return {"seconds": seconds, "peak_mib": _mib("VmHWM"), "end_mib": _mib("VmRSS"), "import_seconds": imports}
@@ -233,12 +241,20 @@ def _ratios(results: dict) -> dict:
             if ours and forward and entropy:  # the time floor: a plain forward plus the entropy pass
                 floor = forward["seconds"] + entropy["seconds"]
                 ratios[f"analyze / ({who} forward + entropy pass) @{size}"] = {"seconds": ours["seconds"] / floor}
+        with_twin, twice = results.get(f"headscope analyze+control@{size}"), results.get(f"transformers forward x2@{size}")
+        if with_twin and twice:
+            ratios[f"analyze+control / forward x2 @{size}"] = {key: with_twin[key] / twice[key]
+                                                               for key in ("peak_mib", "end_mib", "seconds")}
+            if entropy:  # the twin's pass needs its entropy pass too
+                ratios[f"analyze+control / (forward x2 + 2 entropy passes) @{size}"] = {
+                    "seconds": with_twin["seconds"] / (twice["seconds"] + 2 * entropy["seconds"])}
     return ratios
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=["load", "analyze", "twin"], default=["load", "analyze", "twin"])
+    parser.add_argument("--only", nargs="+", choices=["load", "analyze", "control", "twin"],
+                        default=["load", "analyze", "twin"])
     parser.add_argument("--sizes", nargs="+", default=["1024x4", "4096x1"], help="SEQ_LENxBATCH for analyze")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--headscope", type=Path, default=HERE.parent, help="the checkout whose headscope runs")
@@ -254,6 +270,7 @@ def main() -> None:
 
     jobs = ([(name, "") for name in LOADS] if "load" in args.only else []) + \
         ([(name, size) for size in args.sizes for name in ANALYZE] if "analyze" in args.only else []) + \
+        ([(name, size) for size in args.sizes for name in CONTROL] if "control" in args.only else []) + \
         ([("headscope twin", "")] if "twin" in args.only else [])
     checkout = args.headscope.resolve()
     commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,

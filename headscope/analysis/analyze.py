@@ -26,6 +26,7 @@ model's and the control twin's) the log-mel features of silence (`headscope.prob
 from __future__ import annotations
 
 import datetime
+import gc
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional
 
@@ -178,6 +179,9 @@ def analyze(
     with timings.step("explorer"):
         examples = (shown_examples(loaded, plan.built, explorer_examples, explorer_len, run.explorer)
                     if explorer_examples else [])
+    if plan.twin is not None:  # a twin built here is freed now, its weights with the heap below (not kept)
+        plan.twin = None
+        gc.collect()
     return_freed_heap()  # the statistics' and the explorer's temporaries: the caller keeps only the tables
     timings.total()
     meta = _meta(loaded, plan, run, scored, seed, batch_size, ov, timings)

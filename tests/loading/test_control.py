@@ -75,6 +75,34 @@ def test_control_columns_are_the_twins_scores():
     assert analysis.meta["control"]["kind"] == "random-init"
 
 
+def test_the_twin_analyze_built_is_freed_before_its_last_heap_return(monkeypatch):
+    """The twin's weights are freed before `analyze` gives the freed heap back at its end, so they
+    leave the process with the analysis; a control the caller passed stays the caller's."""
+    import weakref
+
+    import headscope.analysis.analyze as analyze_module
+    import headscope.loading.control as control
+
+    twins, alive_at_return = [], []
+    real = control.random_twin
+
+    def built(*args):
+        twin = real(*args)
+        twins.append(weakref.ref(twin.model))
+        return twin
+
+    monkeypatch.setattr(control, "random_twin", built)
+    monkeypatch.setattr(analyze_module, "return_freed_heap",
+                        lambda: alive_at_return.append(any(ref() is not None for ref in twins)) or True)
+    loaded = _random("gpt2")
+    analysis = analyze(loaded, detectors=["previous_token"], explorer_examples=0, **PROBES)
+    assert analysis.meta["control"]["kind"] == "random-init" and len(twins) == 1
+    assert alive_at_return == [False]  # the twin was gone when the heap went back
+    given = random_twin(loaded, CONTROL_SEED_OFFSET)
+    analyze(loaded, detectors=["previous_token"], explorer_examples=0, control=given, **PROBES)
+    assert next(given.model.parameters()).abs().sum() > 0  # the caller's control is untouched
+
+
 # gpt2 in the quick loop; each other family takes 20-200 s on 2 shared cores (slow, CI runs them).
 @pytest.mark.parametrize("family", [f if f == "gpt2" else pytest.param(f, marks=pytest.mark.slow) for f in ODD_FAMILIES])
 def test_random_model_earns_no_learned_label(family):
