@@ -179,7 +179,7 @@ def analyze(
     with timings.step("explorer"):
         examples = (shown_examples(loaded, plan.built, explorer_examples, explorer_len, run.explorer)
                     if explorer_examples else [])
-    if plan.twin is not None:  # a twin built here is freed now, its weights with the heap below (not kept)
+    if plan.control["kind"] == "random-init":  # the twin built here is freed now, its weights with the heap below
         plan.twin = None
         gc.collect()
     return_freed_heap()  # the statistics' and the explorer's temporaries: the caller keeps only the tables

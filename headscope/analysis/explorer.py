@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ..hf.capture import capture
+from ..hf.capture import capture, stack_layers
 from ..probes.tokens import display_tokens
 from .result import Example
 
@@ -72,5 +72,4 @@ def explorer_maps(loaded, inputs) -> torch.Tensor:
     """`[example, layer, head, query, key]` the analysed sites' maps on `inputs` (on the CPU)."""
     with capture(loaded.model, to="cpu", sites=loaded.sites) as cap:
         loaded.body(**inputs)
-    empty = torch.zeros_like(next(iter(cap.patterns.values())))  # a hybrid's layer without attention
-    return torch.stack([cap.patterns.get(l, empty) for l in range(loaded.n_layers)], dim=1)  # (N, L, H, Tq, Tk)
+    return stack_layers(cap.patterns, loaded.n_layers)  # (N, L, H, Tq, Tk)

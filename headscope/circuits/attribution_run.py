@@ -24,7 +24,7 @@ import torch
 from ..atomic import atomic_dir
 from ..folders import check_folder, write_manifest
 from ..errors import HeadscopeError, UsageError
-from ..hf.capture import capture
+from ..hf.capture import capture, stack_layers
 from ..probes.tokens import display_tokens
 from ..tables import read_table
 from .attribution import METHODS, attribute
@@ -143,8 +143,7 @@ def _shown(loaded, target: Target, task, n_show: int, n_layers: int) -> list:
     inputs, _ = target.inputs(rows, "clean")
     with capture(target.model, to="cpu", sites=target.sites) as cap:
         target.model(**inputs)
-    empty = torch.zeros_like(next(iter(cap.patterns.values())))  # a hybrid's layer without attention
-    maps = torch.stack([cap.patterns.get(layer, empty) for layer in range(n_layers)], dim=1)  # (N, L, H, Tq, Tk)
+    maps = stack_layers(cap.patterns, n_layers)  # (N, L, H, Tq, Tk)
     tokenizer = getattr(loaded, "tokenizer", None)
     shown = []
     for i in range(rows.n):

@@ -205,9 +205,10 @@ class Patched:
                 if sums is not None:
                     delta = summed(*sums)
                 else:  # every sender of the run is set (a weight 0 times an unset value could be NaN)
-                    move(u for u in range(lo, lo + weights.shape[1]) if u in state.senders)
                     for u in range(lo, lo + weights.shape[1]):
-                        if not ready[u]:  # not written yet in this pass (and not dropped here)
+                        if u in state.senders:
+                            move((u,))
+                        elif not ready[u]:  # not written yet in this pass (and not dropped here)
                             moved[u].zero_()
                     sources = moved[lo:lo + weights.shape[1]].reshape(weights.shape[1], -1)  # a view
                     delta = -(weights.to(moved.device) @ sources)  # (C, B*T*D)

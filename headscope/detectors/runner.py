@@ -28,7 +28,7 @@ import torch
 from ..loading.distributed import gather, mine, rank_and_size
 from ..loading.heap import return_freed_heap
 from ..loading.integrity import check_hidden_states
-from ..hf.capture import capture
+from ..hf.capture import capture, stack_layers
 from ..errors import HeadscopeError
 from ..probes.copy import Seq2SeqBatch
 from .protocol import Collected, Progress
@@ -126,34 +126,31 @@ def _corner(pattern, rows: torch.Tensor, length: int) -> torch.Tensor:
     return pattern.corner(rows, length)
 
 
-def _explorer_rows(loaded, probe, batches, explorer) -> Optional[dict]:
-    """`{batch index: rows}` holding the explorer's examples (`probe.explorer_ids(n, length)`),
-    when this pass's maps are theirs: a causal model with one input, so the map of an example's
-    first `length` tokens does not depend on the tokens after them, and the batches hold each
-    example's tokens unpadded at its start, in order. None otherwise (or nothing asked)."""
+def _explorer_rows(loaded, probe, batches, explorer) -> tuple[Optional[dict], int]:
+    """`({batch index: rows}, length)`: the rows of the batches holding the explorer's examples
+    (`probe.explorer_ids(n, length)`) and their length, when this pass's maps are theirs: a
+    causal model with one input, so the map of an example's first `length` tokens does not depend
+    on the tokens after them, and the batches hold each example's tokens unpadded at its start,
+    in order. `(None, 0)` otherwise (or nothing asked)."""
     if not explorer or not explorer[0] or not loaded.causal or loaded.two_inputs:
-        return None
+        return None, 0
     ids = probe.explorer_ids(*explorer)
     if ids is None or not len(ids):
-        return None
-    length, wanted, found, seen = ids.shape[1], {}, 0, 0
+        return None, 0
+    length, wanted, seen = ids.shape[1], {}, 0  # seen: examples in the batches before this one
     for index, batch in enumerate(batches):
-        if found == len(ids):
+        if seen >= len(ids):
             break
         if isinstance(batch, Seq2SeqBatch) or batch.input_ids.shape[1] < length:
-            return None
-        rows = []
-        for row in range(batch.input_ids.shape[0]):
-            if seen + row >= len(ids):
-                break
+            return None, 0
+        rows = range(min(batch.input_ids.shape[0], len(ids) - seen))
+        for row in rows:
             if not (torch.equal(batch.input_ids[row, :length].cpu(), ids[seen + row].cpu())
                     and bool(batch.attention_mask[row, :length].all())):
-                return None
-            rows.append(row)
-        wanted[index] = torch.tensor(rows)
-        found += len(rows)
+                return None, 0
+        wanted[index] = torch.tensor(list(rows))
         seen += batch.input_ids.shape[0]
-    return wanted if found == len(ids) else None
+    return (wanted, length) if seen >= len(ids) else (None, 0)
 
 
 @torch.no_grad()
@@ -189,8 +186,7 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
         raise HeadscopeError(f"the {probe.name} probe gives one input, but {loaded.sites} sites read an encoder's and a "
                              f"decoder's: build it through headscope.probes.copy")
     reducers = _Reducers(detectors)
-    shown = _explorer_rows(loaded, probe, batches, explorer)
-    shown_len = probe.explorer_ids(*explorer).shape[1] if shown else 0
+    shown, shown_len = _explorer_rows(loaded, probe, batches, explorer)
     done = []
     kind = loaded.site_kind
     with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy, sites=loaded.sites) as cap:
@@ -219,8 +215,8 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
 
 def _explorer_maps(loaded, per_batch: list) -> Optional[torch.Tensor]:
     """`[example, layer, head, query, key]` the explorer maps the reducers kept (taken out of
-    `per_batch`), in batch order; a layer without them (a hybrid's layer without attention) is
-    zeros, as `headscope.analysis.explorer.explorer_maps` leaves it."""
+    `per_batch`), in batch order, stacked over layers as `headscope.analysis.explorer.explorer_maps`
+    stacks its own (`stack_layers`)."""
     pieces: dict = {}
     for results in per_batch:
         for layer, values in results.items():
@@ -228,9 +224,7 @@ def _explorer_maps(loaded, per_batch: list) -> Optional[torch.Tensor]:
                 pieces.setdefault(layer, []).append(values.pop(EXPLORER))
     if not pieces:
         return None
-    by_layer = {layer: torch.cat(maps) for layer, maps in pieces.items()}
-    empty = torch.zeros_like(next(iter(by_layer.values())))
-    return torch.stack([by_layer.get(layer, empty) for layer in range(loaded.n_layers)], dim=1)
+    return stack_layers({layer: torch.cat(maps) for layer, maps in pieces.items()}, loaded.n_layers)
 
 
 def _check_finite(loaded, out, inputs: dict, where: str) -> None:

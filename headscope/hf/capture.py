@@ -30,7 +30,7 @@ from ..attention.lazy import LazyPattern
 from .route import Session, routed, selection
 from .sites import Selection
 
-__all__ = ["capture", "ablate", "Capture", "check_ran", "check_device", "head_pairs"]
+__all__ = ["capture", "ablate", "Capture", "check_ran", "check_device", "head_pairs", "stack_layers"]
 
 # (layer, pattern, attention_mask) -> stat; the pattern is the map `[batch, head, query, key]`,
 # or with lazy=True a LazyPattern (`headscope.attention.pattern.as_pattern` gives both one interface).
@@ -173,6 +173,13 @@ class Capture(Session):
                 )
             out[layer] = maps[0] if len(maps) == 1 else torch.cat(maps, dim=0)
         return out
+
+
+def stack_layers(maps: dict, n_layers: int) -> torch.Tensor:
+    """`[example, layer, ...]`: `maps` `{layer: [example, ...]}` stacked over layers 0..n_layers - 1,
+    a layer without a map (a hybrid's layer without attention) as zeros."""
+    empty = torch.zeros_like(next(iter(maps.values())))
+    return torch.stack([maps.get(layer, empty) for layer in range(n_layers)], dim=1)
 
 
 def _join_heads(pieces: list):
