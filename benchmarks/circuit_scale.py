@@ -1,7 +1,7 @@
 """EAP-IG scoring's peak memory and time against plain forward/backward passes of the same batches.
 
     python benchmarks/circuit_scale.py [--models smollm2,qwen2-shaped] [--n 32] [--batch 32]
-        [--before DIR] [--out benchmarks/results-circuit-scale.json]
+        [--runs R] [--before DIR] [--out benchmarks/results-circuit-scale.json]
 
 For each model, on `headscope.task("ioi", SmolLM2's tokenizer, n=N)` in micro-batches of
 `--batch` prompts, each contender in a fresh process:
@@ -13,8 +13,13 @@ For each model, on `headscope.task("ioi", SmolLM2's tokenizer, n=N)` in micro-ba
   checkout of an earlier commit), for before/after numbers.
 Recorded per contender: the peak resident set of the whole process (VmHWM, model included),
 the resident set once the model and task are loaded, their difference (the growth: what the
-contender itself needed), and the seconds it ran. The ratios compare EAP-IG's growth with the
+contender itself needed), and the seconds it ran. Before the contender starts, the heap that
+setting up freed is returned (`malloc_trim`) and the peak reset (/proc/self/clear_refs): freed
+heap left from building the graph would otherwise be reused by whichever contender fits in it,
+and the growth would measure the leftover instead of the contender (the single plain pass moved
+between 752 and 1,012 MiB that way). The ratios compare EAP-IG's growth with the
 plain pass's growth on the same micro-batches, and its time with the plain contender's (S + 2) passes.
+With `--runs R` every contender runs in R processes, and the medians are recorded beside each run.
 
 Models: "smollm2" (SmolLM2-135M, the bundled GGUF) and "qwen2-shaped", a Qwen2-0.5B-shaped model
 with random weights (24 layers x 14 heads, 2 key/value heads, d_model 896, q/k/v biases, its
@@ -24,8 +29,10 @@ The load average is recorded at the start and the end: a time taken under load i
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -69,6 +76,7 @@ def contender(mode: str, model_name: str, n: int, batch: int) -> None:
     from headscope.circuits.eap import score_edges
     from headscope.circuits.edges import graph_of
     from headscope.circuits.target import Target
+    from headscope.loading.heap import return_freed_heap
 
     torch.manual_seed(0)
     model, tokenizer = _model(model_name)
@@ -77,6 +85,9 @@ def contender(mode: str, model_name: str, n: int, batch: int) -> None:
     task = headscope.task("ioi", tokenizer, n=n, seed=0)
     target = Target(model, task)
     graph = graph_of(target, task)
+    gc.collect()
+    return_freed_heap()  # what setting up freed goes back, so that no contender starts with free heap to reuse
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     loaded = resident_mib()
     started = time.perf_counter()
     if mode.startswith("plain"):  # the S + 2 passes EAP-IG makes, each with a gradient (plain-once: one)
@@ -100,6 +111,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--batch", type=int, default=32, help="prompts per micro-batch")
     parser.add_argument("--before", type=Path, help="a checkout of an earlier headscope to compare with")
+    parser.add_argument("--runs", type=int, default=1, help="processes per contender (medians recorded)")
     parser.add_argument("--modes", help="only these contenders, comma-separated (into the results already there)")
     parser.add_argument("--out", type=Path, default=HERE / "results-circuit-scale.json")
     parser.add_argument("--contender", nargs=2, help=argparse.SUPPRESS)
@@ -117,17 +129,24 @@ def main() -> None:
             env = dict(os.environ)
             if mode == "eap-ig-before":
                 env["PYTHONPATH"] = str(args.before.resolve())
-            out = subprocess.run([sys.executable, __file__, "--contender", mode.replace("-before", ""), name,
-                                  "--n", str(args.n), "--batch", str(args.batch)],
-                                 capture_output=True, text=True, env=env, cwd=args.before or None)
-            if out.returncode:
-                lines = out.stderr.strip().splitlines()
-                result[mode] = {"error": lines[-1] if lines else f"exit status {out.returncode} (killed: out of memory?)"}
-                print(name, mode, result[mode], flush=True)
-                continue
-            result[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-            result[mode]["growth"] = result[mode]["peak"] - result[mode]["loaded"]
-            print(name, mode, json.dumps(result[mode]), flush=True)
+            runs = []
+            for _ in range(args.runs):
+                out = subprocess.run([sys.executable, __file__, "--contender", mode.replace("-before", ""), name,
+                                      "--n", str(args.n), "--batch", str(args.batch)],
+                                     capture_output=True, text=True, env=env, cwd=args.before or None)
+                if out.returncode:
+                    lines = out.stderr.strip().splitlines()
+                    runs = [{"error": lines[-1] if lines else f"exit status {out.returncode} (killed: out of memory?)"}]
+                    break
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+                runs[-1]["growth"] = runs[-1]["peak"] - runs[-1]["loaded"]
+            if "error" in runs[0]:
+                result[mode] = runs[0]
+            else:  # medians over the processes, each run kept
+                result[mode] = {key: statistics.median(run[key] for run in runs)
+                                for key in ("peak", "loaded", "growth", "seconds")}
+                result[mode].update(edges=runs[0]["edges"], headscope=runs[0]["headscope"], runs=runs)
+            print(name, mode, json.dumps({k: v for k, v in result[mode].items() if k != "runs"}), flush=True)
         plain, once = result["plain"], result["plain-once"]
         for mode in [m for m in ("eap-ig", "eap-ig-before") if m in result]:
             if "growth" in result[mode]:

@@ -97,7 +97,7 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
         reference = target.aligned(clean_logits).float() if task.metric == "kl" else None
         for name, logits in (("clean", clean_logits), ("corrupted", corrupted_logits)):
             metrics[name] += float(rows.score(target.aligned(logits).float(), reference=reference).double().sum())
-        del clean_logits, corrupted_logits
+        del clean_logits, corrupted_logits, logits  # (the loop's name held the corrupted run's logits)
         flat = change.flatten(2)  # (S, B, T * D)
         e_clean, e_corrupted = _embedding_of(model, clean), _embedding_of(model, corrupted)
 
