@@ -91,9 +91,9 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
     stage = f"circuit ({method}: {len(points)} gradient{'s' if len(points) > 1 else ''} x {len(parts)} batches)"
     for done, part in enumerate(parts):
         rows = task.subset(part)
-        clean, _ = target.inputs(rows, "clean")
+        clean, positions = target.inputs(rows, "clean")  # (the metric reads the logits at these only)
         corrupted, _ = target.inputs(rows, "corrupted")
-        change, clean_logits, corrupted_logits = sender_change(target, graph, clean, corrupted)  # (S, B, T, D)
+        change, clean_logits, corrupted_logits = sender_change(target, graph, clean, corrupted, positions)  # (S, B, T, D)
         reference = target.aligned(clean_logits).float() if task.metric == "kl" else None
         for name, logits in (("clean", clean_logits), ("corrupted", corrupted_logits)):
             metrics[name] += float(rows.score(target.aligned(logits).float(), reference=reference).double().sum())
@@ -107,7 +107,8 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
         for point, alpha in enumerate(points):
             mixed = None if alpha == 1.0 else (lambda e, a=alpha: e_corrupted + a * (e_clean - e_corrupted))
             started = time.monotonic()
-            for receiver, names, grad in receiver_gradients(target, graph, clean, measured, embed=mixed, plans=plans):
+            for receiver, names, grad in receiver_gradients(target, graph, clean, measured, embed=mixed, plans=plans,
+                                                            positions=positions):
                 upstream = _senders(flat, receiver.upstream).transpose(0, 1)  # (B, U, T * D)
                 found = torch.bmm(upstream, grad.flatten(2).permute(1, 2, 0))  # (B, U, names)
                 per_prompt[id(receiver)][part, names] += found.transpose(1, 2).double().cpu() / steps

@@ -38,7 +38,7 @@ import torch
 from ..errors import HeadscopeError
 from .edges import Graph
 from .receiver_grads import head_plans
-from .target import Target, batches, output_logits
+from .target import Target, batches, output_logits, reading
 from .stream_copies import split_run
 
 __all__ = ["Patched", "plain_senders", "sender_change", "CACHE_BYTES"]
@@ -53,10 +53,12 @@ def plain_senders(target: Target, graph: Graph, inputs: dict) -> tuple[torch.Ten
     return torch.stack([run.senders[i].detach().float() for i in range(len(graph.senders))]), logits
 
 
-def sender_change(target: Target, graph: Graph, clean: dict, corrupted: dict) -> tuple:
+def sender_change(target: Target, graph: Graph, clean: dict, corrupted: dict,
+                  positions: Optional[torch.Tensor] = None) -> tuple:
     """`(change [S, batch, pos, d_model] float32, clean logits, corrupted logits)`: every sender's
     corrupted output minus its clean one, added into one buffer as the two passes record them (no
-    sender's output is kept beyond its own layer)."""
+    sender's output is kept beyond its own layer). With `positions` (`Target.inputs`'), the
+    logits are computed there only (`read_positions`)."""
     buffer: list = []
     seen: set = set()
 
@@ -71,8 +73,8 @@ def sender_change(target: Target, graph: Graph, clean: dict, corrupted: dict) ->
     logits = []
     with torch.no_grad():
         for inputs, sign in ((corrupted, 1.0), (clean, -1.0)):
-            with split_run(target, graph, store=add(sign)):
-                logits.append(output_logits(target.model(**inputs, use_cache=False)))
+            with split_run(target, graph, store=add(sign)), reading(target.model, positions) as head:
+                logits.append(head.logits(target.model(**inputs, use_cache=False)))
     missing = [graph.senders[i][0] for i in range(len(graph.senders)) if (1.0, i) not in seen or (-1.0, i) not in seen]
     if missing:
         raise HeadscopeError(f"the model ran without writing {', '.join(missing[:3])}: its graph does not fit this run")
@@ -98,6 +100,35 @@ def _row_sums(rows: np.ndarray, upstream: np.ndarray, product: int) -> Optional[
     return (prefix if any(f for f, _ in plan) else 0, plan) if reads * SUM_MARGIN <= product else None
 
 
+ROWS_TOGETHER = 64  # receivers' mask rows multiplied with the senders in one product, read once for all
+
+
+def _product_groups(graph: Graph, plans: dict) -> dict:
+    """`{id(receiver): group}`: the receivers whose deltas are products (no row sums), in the graph's
+    order, in runs of consecutive ones of at most `ROWS_TOGETHER` rows in all (a lone receiver is in
+    no group). One product then gives every receiver of a run its share over the senders written
+    when the run's first receiver reads (`moved`'s rows read once instead of once per receiver:
+    a product of a few dozen rows is bound by reading them)."""
+    found, run, rows = {}, [], 0
+
+    def close():
+        if len(run) > 1:
+            group = tuple(run)
+            found.update({id(r): group for r in group})
+
+    for receiver in graph.receivers:
+        plan = plans.get(id(receiver))
+        if plan is None or plan[4] is not None:
+            continue
+        if run and rows + len(plan[0]) > ROWS_TOGETHER:
+            close()
+            run, rows = [], 0
+        run.append(receiver)
+        rows += len(plan[0])
+    close()
+    return found
+
+
 class Patched:
     """Measures the metric with some edges corrupted (module docstring)."""
 
@@ -105,7 +136,7 @@ class Patched:
         self.target, self.graph, self.task = target, graph, task
         self.parts = batches(task.n, batch_size)
         self.cache_bytes = cache_bytes
-        self.cached: dict = {}  # batch index -> (clean inputs, reference logits or None, corrupted senders)
+        self.cached: dict = {}  # batch index -> (clean inputs, positions, reference logits or None, corrupted senders)
         self.spans = []  # per receiver: its slice of the edge mask
         start = 0
         for receiver in graph.receivers:
@@ -119,23 +150,23 @@ class Patched:
         if index in self.cached:
             return self.cached[index]
         rows = self.task.subset(self.parts[index])
-        clean, _ = self.target.inputs(rows, "clean")
+        clean, positions = self.target.inputs(rows, "clean")
         reference = None
         if self.task.metric == "kl":
             with torch.no_grad():
                 reference = self.target.aligned(output_logits(self.target.model(**clean, use_cache=False))).float()
         if not need_corrupted:
-            return clean, reference, None
+            return clean, positions, reference, None
         corrupted = plain_senders(self.target, self.graph, self.target.inputs(rows, "corrupted")[0])[0]
-        held = sum(c[2].numel() * c[2].element_size() for c in self.cached.values())
+        held = sum(c[3].numel() * c[3].element_size() for c in self.cached.values())
         if held + corrupted.numel() * corrupted.element_size() <= self.cache_bytes:
-            self.cached[index] = (clean, reference, corrupted)
-        return clean, reference, corrupted
+            self.cached[index] = (clean, positions, reference, corrupted)
+        return clean, positions, reference, corrupted
 
     def _plans(self, kept: np.ndarray) -> dict:
         """Per receiver that drops an edge: `(weights [C, hi - lo + 1] float, which [names], senders,
-        lo, sums)`: the distinct rows of its dropped mask as weights over the senders lo..hi (a run
-        of the `moved` buffer, so the product reads a view of it), `which` the row each name reads,
+        lo, sums)`: the distinct rows of its dropped mask, negated, as weights over the senders
+        lo..hi (a run of the `moved` buffer, so the product reads a view of it and is the delta), `which` the row each name reads,
         `senders` the ones some row drops (the only ones with a nonzero weight); `sums`, where
         adding a few senders per row reads fewer of them than the product, `(prefix, rows)`: each
         row as `(from_total, indices)`, minus the sum of `moved` over the dropped `indices`
@@ -152,7 +183,7 @@ class Patched:
             senders = upstream[used]
             lo, hi = int(senders.min()), int(senders.max())
             weights = torch.zeros(len(rows), hi - lo + 1)
-            weights[:, torch.as_tensor(senders - lo)] = torch.as_tensor(rows[:, used], dtype=torch.float32)
+            weights[:, torch.as_tensor(senders - lo)] = -torch.as_tensor(rows[:, used], dtype=torch.float32)
             plans[id(receiver)] = (weights, which.reshape(-1).tolist(), senders, lo, _row_sums(rows, upstream, hi - lo + 1))
         return plans
 
@@ -165,11 +196,20 @@ class Patched:
         plans = self._plans(kept)
         total = 0.0
         for index, part in enumerate(self.parts):
-            clean, reference, corrupted = self._batch(index, need_corrupted=bool(plans))
+            clean, positions, reference, corrupted = self._batch(index, need_corrupted=bool(plans))
             shape = corrupted.shape[1:] if corrupted is not None else None  # (B, T, D)
             moved = torch.empty_like(corrupted) if corrupted is not None else None  # (S, B, T, D); set as read
             ready = np.zeros(len(self.graph.senders), dtype=bool)
             running = [torch.zeros_like(moved[0]) if moved is not None else None, 0]  # sum of moved[:count], count
+            most = max((len(plan[0]) for plan in plans.values()), default=0)
+            # every delta is made here: a receiver's is used up (its copies made) before the next one's
+            scratch = moved.new_empty((most, *shape)) if moved is not None else None
+            groups = _product_groups(self.graph, plans)  # id(receiver) -> its group, receivers in pass order
+            widest = max((sum(len(plans[id(r)][0]) for r in g) for g in groups.values()), default=0)
+            buffers = [moved.new_empty((widest, shape.numel())) for _ in range(2)] if groups else []
+            group_of_buffer, group_counter, written_upto = [0, 0], [0], [0]
+            partial: dict = {}  # id(receiver) -> (its share of its group's product, senders then written,
+            #                      the buffer holding it, the group number that wrote the buffer)
 
             def move(us):
                 for u in us:
@@ -184,7 +224,7 @@ class Patched:
                     for u in range(running[1], prefix):
                         running[0].add_(moved[u])
                     running[1] = prefix
-                out = torch.empty(len(rows), *shape, device=moved.device)
+                out = scratch[:len(rows)]
                 for row, (from_total, indices) in zip(out, rows):
                     move(indices)
                     if from_total:  # -(running total - kept) = kept - total
@@ -197,28 +237,74 @@ class Patched:
                             row.sub_(moved[u])
                 return out
 
+            def set_run(first: int, stop: int) -> None:
+                """Every sender first..stop - 1 of `moved` set (a weight 0 times an unset value could be
+                NaN): moved where written, else 0 (not written yet in this pass, and so not dropped)."""
+                for u in range(first, stop):
+                    if u in state.senders:
+                        move((u,))
+                    elif not ready[u]:
+                        moved[u].zero_()
+
+            def product(receiver, weights, lo):
+                """The receiver's delta by the product: its share of its group's product over the senders
+                written when the group's first receiver ran, plus its own over the rest."""
+                group = groups.get(id(receiver))
+                if group is not None and group[0] is receiver:
+                    start_group(group)
+                held = partial.pop(id(receiver), None)
+                if held is None or group_of_buffer[held[2]] != held[3]:  # alone (or its share overwritten)
+                    set_run(lo, lo + weights.shape[1])
+                    sources = moved[lo:lo + weights.shape[1]].reshape(weights.shape[1], -1)  # a view
+                    return torch.mm(weights.to(moved.device), sources, out=scratch[:len(weights)].view(len(weights), -1))
+                out, written, _, _ = held
+                first = max(written, lo)
+                if first < lo + weights.shape[1]:  # the senders written since the group's product
+                    set_run(first, lo + weights.shape[1])
+                    out.addmm_(weights[:, first - lo:].to(moved.device), moved[first:lo + weights.shape[1]].reshape(
+                        lo + weights.shape[1] - first, -1))
+                return out
+
+            def start_group(group):
+                """One product for every receiver of `group` over the senders written so far (read once
+                for all of them), each receiver's share kept for its own call."""
+                while written_upto[0] < len(self.graph.senders) and written_upto[0] in state.senders:
+                    written_upto[0] += 1
+                written = written_upto[0]
+                first = min(plans[id(r)][3] for r in group)
+                if written <= first:
+                    return
+                stacked = torch.zeros(sum(len(plans[id(r)][0]) for r in group), written - first)
+                offsets, at = [], 0
+                for r in group:
+                    weights, lo = plans[id(r)][0], plans[id(r)][3]
+                    width = max(0, min(lo + weights.shape[1], written) - lo)
+                    stacked[at:at + len(weights), lo - first:lo - first + width] = weights[:, :width]
+                    offsets.append(at)
+                    at += len(weights)
+                set_run(first, written)
+                which = group_counter[0] % 2  # two buffers: a group's shares last until its receivers ran
+                group_counter[0] += 1
+                group_of_buffer[which] = group_counter[0]
+                out = buffers[which][:len(stacked)]
+                torch.mm(stacked.to(moved.device), moved[first:written].reshape(written - first, -1), out=out)
+                for r, offset in zip(group, offsets):
+                    partial[id(r)] = (out[offset:offset + len(plans[id(r)][0])], written, which, group_counter[0])
+
             def delta_for(receiver):
                 plan = plans.get(id(receiver))
                 if plan is None:
                     return None
                 weights, which, senders, lo, sums = plan
-                if sums is not None:
-                    delta = summed(*sums)
-                else:  # every sender of the run is set (a weight 0 times an unset value could be NaN)
-                    for u in range(lo, lo + weights.shape[1]):
-                        if u in state.senders:
-                            move((u,))
-                        elif not ready[u]:  # not written yet in this pass (and not dropped here)
-                            moved[u].zero_()
-                    sources = moved[lo:lo + weights.shape[1]].reshape(weights.shape[1], -1)  # a view
-                    delta = -(weights.to(moved.device) @ sources)  # (C, B*T*D)
+                delta = summed(*sums) if sums is not None else product(receiver, weights, lo)
                 delta = delta.reshape(len(weights), *shape).to(state.senders[int(senders[0])].dtype)
                 return (delta, which) if receiver.kind == "heads" else delta
 
             if plans and self.head_plans is None:
                 self.head_plans = head_plans(self.target, self.graph, clean)
-            with split_run(self.target, self.graph, delta_for, head_plans=self.head_plans) as state:
-                logits = output_logits(self.target.model(**clean, use_cache=False))
+            with split_run(self.target, self.graph, delta_for, head_plans=self.head_plans) as state, \
+                    reading(self.target.model, positions) as head:  # (the metric reads no other logits)
+                logits = head.logits(self.target.model(**clean, use_cache=False))
             rows = self.task.subset(part)
             total += float(rows.score(self.target.aligned(logits).float(), reference=reference).double().sum())
         return total / self.task.n

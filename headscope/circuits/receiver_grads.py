@@ -46,7 +46,7 @@ import torch
 from ..attention.kernel import expand_kv
 from ..hf.route import Session, layer_map, routed
 from .stream_copies import _first, _with_first
-from .target import output_logits
+from .target import reading
 
 __all__ = ["receiver_gradients", "head_plans", "HeadPlan"]
 
@@ -191,9 +191,11 @@ class _Plan:
                     taken.append(marks)
 
 
-def _graph_pass(target, graph, inputs: dict, metric_of: Optional[Callable], embed: Optional[Callable] = None):
+def _graph_pass(target, graph, inputs: dict, metric_of: Optional[Callable], embed: Optional[Callable] = None,
+                positions: Optional[torch.Tensor] = None):
     """`(kept, metric)`: one forward pass with a graph from the first layer's input (weights held
-    out of it), keeping what every receiver reads (`_Inputs`); `metric_of(logits)` or None."""
+    out of it), keeping what every receiver reads (`_Inputs`); `metric_of(logits)` or None. With
+    `positions`, the logits are computed there only (`read_positions`)."""
     model = target.model
     kept = _Inputs(layer_map(model, target.sites))
 
@@ -231,7 +233,8 @@ def _graph_pass(target, graph, inputs: dict, metric_of: Optional[Callable], embe
             hook(model.get_input_embeddings().register_forward_hook(mixed_embedding))
         hooks.enter_context(torch.enable_grad())
         hooks.enter_context(routed(model, kept))
-        logits = output_logits(model(**inputs, use_cache=False))
+        head = hooks.enter_context(reading(model, positions if metric_of is not None else None))
+        logits = head.logits(model(**inputs, use_cache=False))
         return kept, (metric_of(logits) if metric_of is not None else None)
 
 
@@ -264,13 +267,16 @@ def head_plans(target, graph, inputs: dict) -> dict:
 
 
 def receiver_gradients(target, graph, inputs: dict, metric_of: Callable, embed: Optional[Callable] = None,
-                       heads_at_once: Optional[int] = None, plans: Optional[dict] = None) -> Iterator[tuple]:
+                       heads_at_once: Optional[int] = None, plans: Optional[dict] = None,
+                       positions: Optional[torch.Tensor] = None) -> Iterator[tuple]:
     """See the module docstring. `metric_of(logits)` is the scalar to differentiate; `embed(e)`
     replaces the input embedding's output (EAP-IG's interpolation); `heads_at_once` heads' rows
     (3 each) cross the norm together (default: one head's at a time, the least memory);
-    `plans` keeps each block's `_Plan` between passes of the same graph (default: found again)."""
+    `plans` keeps each block's `_Plan` between passes of the same graph (default: found again);
+    `positions` (`Target.inputs`'), where the metric reads the logits: the LM head computes
+    them there only (`headscope.circuits.target.read_positions`)."""
     plans = {} if plans is None else plans
-    kept, metric = _graph_pass(target, graph, inputs, metric_of, embed)
+    kept, metric = _graph_pass(target, graph, inputs, metric_of, embed, positions)
 
     wanted, where = [], {}
     for receiver in graph.receivers:

@@ -61,11 +61,20 @@ class _Splitter(Session):
         self.layer_of = layer_of
         self.harvest: Optional[int] = None  # the layer whose copies are being run
         self.pending: dict = {}  # layer -> (q, k, v) for its real call
+        self.after: dict = {}  # layer -> what to undo once its real call has its q, k and v
 
     def edit_qkv(self, layer, q, k, v):
         if self.harvest == layer:
             raise _Harvested((q, k, v))
+        undo = self.after.pop(layer, None)
+        if undo is not None:
+            undo()
         return self.pending.pop(layer, (q, k, v))
+
+    def undo_all(self) -> None:
+        """Undoes what a real call left pending (a pass that stopped before reaching it)."""
+        while self.after:
+            self.after.popitem()[1]()
 
     def harvest_qkv(self, layer: int, module, args, kwargs):
         """The q, k and v `[batch', heads, pos, d_head]` of `module(*args, **kwargs)`, the block
@@ -96,28 +105,24 @@ def _tiled(value, batch: int, copies: int):
 
 
 def _overlap(edits: list, width: int) -> bool:
-    """Whether two of `edits` `[(columns, copy)]` set the same one of `width` output columns."""
+    """Whether two of `edits` `[(columns, ...)]` set the same one of `width` output columns."""
     seen = torch.zeros(width, dtype=torch.bool)
-    for cols, _ in edits:
+    for cols, *_ in edits:
         if seen[cols].any():
             return True
         seen[cols] = True
     return False
 
 
-def _replaced(copies, weight, bias, edits, base: list, module, args, output):
-    """A projection's output with the columns of `edits` `[(columns, copy)]` computed from
-    `copies[copy]` (its input had the stream been that copy) and those weight rows. `base` keeps
-    the projection's own output (its first call in a block's rounds) for `_reuse`."""
+def _replaced(edits, base: list, module, args, output):
+    """A projection's output with the columns of `edits` `[(columns, value)]` set to `value`
+    (computed from a head's copy of the stream with those weight rows). `base` keeps the
+    projection's own output (its first call in a block's rounds) for `_reuse`."""
     if not base:
         base.append(output)
     output = output.clone()
-    for cols, copy in edits:
-        given = copies[copy].reshape(*output.shape[:-1], -1)
-        value = given @ weight[cols].to(given.dtype).t()
-        if bias is not None:
-            value = value + bias[cols].to(value.dtype)
-        output[..., cols] = value
+    for cols, value in edits:
+        output[..., cols] = value.reshape(*output.shape[:-1], -1)
     return output
 
 
@@ -239,18 +244,18 @@ class SplitRun:
             return None
         rows, which = delta if isinstance(delta, tuple) else (delta, range(len(delta)))
         stream = self.read[id(receiver.norm)] if receiver.norm is not None else _first(args, kwargs)
+        plan = self.head_plans.get(id(module))
+        if plan is not None and len(rows) > COPIES_AT_MOST:  # fewer distinct rows: the block on them is cheaper
+            picked = self._by_columns(receiver, module, args, kwargs, stream, rows, which, plan)
+            if picked is not None:
+                self.splitter.pending[receiver.layer] = picked
+                return None
         copies = stream.unsqueeze(0) + rows.to(stream.dtype)  # (C, B, T, D), C = 3H or the distinct rows
         batch = stream.shape[0]
         flat = copies.reshape(-1, *stream.shape[1:])
         if receiver.norm is not None:
             flat = receiver.norm(flat)
             self.read[id(receiver.norm)] = stream  # a parallel block's MLP reads the same norm's record
-        plan = self.head_plans.get(id(module))
-        if plan is not None and len(rows) > COPIES_AT_MOST:  # fewer distinct rows: the block on them is cheaper
-            picked = self._by_columns(receiver, module, args, kwargs, flat.view(len(rows), *stream.shape), which, plan)
-            if picked is not None:
-                self.splitter.pending[receiver.layer] = picked
-                return None
         call_args, call_kwargs = _with_first(tuple(_tiled(a, batch, len(rows)) for a in args),
                                              _tiled(kwargs, batch, len(rows)), flat)
         q, k, v = self.splitter.harvest_qkv(receiver.layer, module, call_args, call_kwargs)
@@ -266,42 +271,83 @@ class SplitRun:
             torch.stack([pick(v, which[3 * h + 2], h // group) for h in range(n_heads)], dim=1))
         return None
 
-    def _by_columns(self, receiver, module, args, kwargs, copies, which, plan):
+    def _by_columns(self, receiver, module, args, kwargs, stream, rows, which, plan):
         """Each head's q, k and v from its own copy without running the block on the copies: the
         block runs on the stream itself, once per round of `plan` (`headscope.circuits.receiver_grads.HeadPlan`:
         heads whose projection columns do not overlap), with each projection's output columns of
-        the round's heads replaced by their copy times those weight rows. None where a round's
-        parts overlap in a projection (the caller then runs the copies)."""
+        the round's heads replaced by their copy (`stream + rows[which[name]]`, through the norm)
+        times those weight rows. The copies are made and multiplied one at a time, each while it
+        is in cache. None where a round's parts overlap in a projection (the caller then runs the
+        copies)."""
         columns, rounds = plan.plan.support, plan.plan.rounds
         n_heads = self.graph.n_heads
-        results = []
-        bases = [[] for _ in plan.projections]  # each projection's output on the stream, from the first round
+        schedule = []  # per round: its (head, part)s and, per projection, [(columns, head, part)]
         for r in range(max(len(parts) for parts in rounds)):
             assigned = [(h, part) for part in range(3) if r < len(rounds[part]) for h in rounds[part][r]]
             edits = [[] for _ in plan.projections]
             for h, part in assigned:
                 for j, cols in enumerate(columns[part][h]):
                     if cols is not None:
-                        edits[j].append((cols, which[3 * h + part]))
+                        edits[j].append((cols, h, part))
             if any(_overlap(e, weight.shape[0]) for e, (_, weight, _) in zip(edits, plan.projections)):
                 return None
-            handles = [projection.register_forward_hook(partial(_replaced, copies, weight, bias, e, base))
-                       for e, (projection, weight, bias), base in zip(edits, plan.projections, bases) if e]
-            reused = [(projection, base, projection.__dict__.get("forward"))  # an instance's own forward
-                      for (projection, _, _), base in zip(plan.projections, bases) if base]  # (accelerate's) kept
-            for projection, base, _ in reused:  # later rounds: the same stream in, so the same output
-                projection.forward = partial(_reuse, base)
-            try:
-                q, k, v = self.splitter.harvest_qkv(receiver.layer, module, args, kwargs)
-            finally:
-                for handle in handles:
-                    handle.remove()
-                for projection, _, own in reused:
-                    if own is None:
-                        del projection.forward
-                    else:
-                        projection.forward = own
-            results.append((assigned, q, k, v))
+            schedule.append((assigned, edits))
+        reads: dict = {}  # copy -> [(projection index, columns, head, part)]
+        for _, edits in schedule:
+            for j, edit in enumerate(edits):
+                for cols, h, part in edit:
+                    reads.setdefault(which[3 * h + part], []).append((j, cols, h, part))
+        values = {}  # (projection index, head, part) -> the copy's value on those columns
+        for copy, wanted in reads.items():
+            given = stream + rows[copy].to(stream.dtype)
+            if receiver.norm is not None:
+                given = receiver.norm(given)
+            given = given.reshape(-1, given.shape[-1])
+            for j, cols, h, part in wanted:
+                _, weight, bias = plan.projections[j]
+                value = given @ weight[cols].to(given.dtype).t()
+                values[(j, h, part)] = value if bias is None else value + bias[cols].to(value.dtype)
+        if receiver.norm is not None:
+            self.read[id(receiver.norm)] = stream  # the norm's record stays the stream (its hook saw the copies)
+        results = []
+        bases = [[] for _ in plan.projections]  # each projection's output on the stream, from the first round
+        reused: list = []  # (projection, its instance's own forward or None) while it gives its base
+
+        def restore():
+            for projection, own in reused:
+                if own is None:
+                    del projection.forward
+                else:
+                    projection.forward = own
+            reused.clear()
+
+        def reuse_bases():  # later calls on the same stream: the first round's outputs
+            for (projection, _, _), base in zip(plan.projections, bases):
+                if base and all(p is not projection for p, _ in reused):
+                    reused.append((projection, projection.__dict__.get("forward")))  # (accelerate's own kept)
+                    projection.forward = partial(_reuse, base)
+
+        try:
+            for assigned, edits in schedule:
+                reuse_bases()
+                handles = [projection.register_forward_hook(
+                               partial(_replaced, [(cols, values[(j, h, part)]) for cols, h, part in edit], base))
+                           for j, (edit, (projection, _, _), base) in enumerate(zip(edits, plan.projections, bases))
+                           if edit]
+                try:
+                    q, k, v = self.splitter.harvest_qkv(receiver.layer, module, args, kwargs)
+                finally:
+                    for handle in handles:
+                        handle.remove()
+                results.append((assigned, q, k, v))
+        except BaseException:
+            restore()
+            raise
+        # the block's real call, on the same stream, takes the projections' outputs from the first round
+        # too (its q, k and v are replaced by the picks); they are restored when it hands them over
+        reuse_bases()
+        if reused:
+            self.splitter.after[receiver.layer] = restore
         group = n_heads // results[0][2].shape[1]
         source = {}  # (head, part) -> the round whose value it takes
         for r, (assigned, *_) in enumerate(results):
@@ -354,5 +400,6 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
         with routed(target.model, run.splitter), model_hooks(target.model, results, sites=target.sites):
             yield run
     finally:
+        run.splitter.undo_all()
         for handle in handles:
             handle.remove()

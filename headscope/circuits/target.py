@@ -9,10 +9,14 @@
   encoder-decoder is attributed at its decoder's self-attention ("decoder.self") unless told
   otherwise; one whose encoder reads something other than token ids (Whisper's audio) is refused.
 - `batches(n, batch_size)`: row slices of a task.
+- `read_positions(model, positions)`: inside it, the LM head of a run reads each example's answer
+  position only (a task's metric reads nothing else), and `.logits(out)` gives logits a task
+  scores as it would the whole run's.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -22,7 +26,7 @@ from ..hf.adapters import head_sizes
 from ..hf.route import selection
 from ..probes.copy import decoder_start_token
 
-__all__ = ["Target", "batches", "output_logits", "check_token_inputs"]
+__all__ = ["Target", "batches", "output_logits", "check_token_inputs", "read_positions", "reading"]
 
 
 def batches(n: int, batch_size: int) -> list[slice]:
@@ -42,6 +46,64 @@ def output_logits(out) -> torch.Tensor:
         raise HeadscopeError("attribution needs a model that predicts tokens (a language-model head); this one "
                              "returns hidden states only")
     return logits
+
+
+class _Positions:
+    """What `read_positions` yields: the LM head's input cut to one position per example."""
+
+    def __init__(self, positions: torch.Tensor):
+        self.positions = positions
+        self.length: Optional[int] = None  # the positions the run had, where the head read only one
+
+    def cut(self, module, args):
+        if not args or not isinstance(args[0], torch.Tensor):
+            return None
+        hidden = args[0]
+        if hidden.dim() != 3 or hidden.shape[0] != len(self.positions) or hidden.shape[1] <= int(self.positions.max()):
+            return None  # not the rows and positions expected: the head reads them all
+        self.length = hidden.shape[1]
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return (hidden[rows, self.positions.to(hidden.device)].unsqueeze(1), *args[1:])
+
+    def logits(self, out) -> torch.Tensor:
+        """The run's logits `[n, pos, vocab]`: where the head read one position per example, that
+        row seen at every position (a view; a task's metric reads only its own position)."""
+        logits = output_logits(out)
+        if self.length is None or logits.dim() != 3 or logits.shape[1] != 1:
+            return logits
+        return logits.expand(logits.shape[0], self.length, logits.shape[2])
+
+
+@contextmanager
+def read_positions(model, positions: torch.Tensor) -> Iterator[_Positions]:
+    """Inside it, `model`'s output embeddings (its LM head) read only `positions[i]` of row i
+    (the positions `Target.inputs` gives): a run's logits cost one position per example instead
+    of every position. Anything the model does after its head (a soft cap, a scale) is
+    elementwise and stays as it is. A model without output embeddings runs as it is."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    kept = _Positions(positions)
+    handle = head.register_forward_pre_hook(kept.cut) if isinstance(head, torch.nn.Module) else None
+    try:
+        yield kept
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+class _Everything:
+    @staticmethod
+    def logits(out) -> torch.Tensor:
+        return output_logits(out)
+
+
+@contextmanager
+def reading(model, positions: Optional[torch.Tensor]) -> Iterator:
+    """`read_positions(model, positions)`, or the whole run's logits where `positions` is None."""
+    if positions is None:
+        yield _Everything()
+        return
+    with read_positions(model, positions) as head:
+        yield head
 
 
 def check_token_inputs(model, otherwise: str) -> None:

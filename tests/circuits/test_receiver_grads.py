@@ -41,7 +41,7 @@ def test_receiver_gradients_equal_the_copies(family, monkeypatch):
     task = random_task(seed=1)
     target = Target(model, task)
     graph = graph_of(target, task)
-    inputs, _ = target.inputs(task, "clean")
+    inputs, positions = target.inputs(task, "clean")
     corrupted, _ = target.inputs(task, "corrupted")
     ids = inputs["decoder_input_ids" if target.two_inputs else "input_ids"]
     e_clean = model.get_input_embeddings()(ids).detach()
@@ -54,17 +54,19 @@ def test_receiver_gradients_equal_the_copies(family, monkeypatch):
 
     expected = _copies(target, graph, (inputs, (*ids.shape, target.d_model)), metric_of, embed)
     index = {id(r): i for i, r in enumerate(graph.receivers)}
-    found = {}
-    for receiver, names, g in receiver_gradients(target, graph, inputs, metric_of, embed=embed, heads_at_once=2):
-        for j, row in zip(range(names.start, names.stop), g):
-            assert (index[id(receiver)], j) not in found
-            found[(index[id(receiver)], j)] = row
     scale = max(float(g.abs().max()) for g in expected.values())
     assert scale > 0
-    for key in expected.keys() | found.keys():
-        want = expected.get(key, torch.zeros(()))
-        got = found.get(key, torch.zeros(()))
-        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * scale), (family, graph.receivers[key[0]].names[key[1]])
+    for at in (None, positions):  # the LM head on every position, or on the metric's own only
+        found = {}
+        for receiver, names, g in receiver_gradients(target, graph, inputs, metric_of, embed=embed, heads_at_once=2,
+                                                     positions=at):
+            for j, row in zip(range(names.start, names.stop), g):
+                assert (index[id(receiver)], j) not in found
+                found[(index[id(receiver)], j)] = row
+        for key in expected.keys() | found.keys():
+            want = expected.get(key, torch.zeros(()))
+            got = found.get(key, torch.zeros(()))
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * scale), (family, graph.receivers[key[0]].names[key[1]])
     heads = [r for r in graph.receivers if r.kind == "heads"]
     assert any((index[id(r)], 1) in found for r in heads)  # a key's gradient reached
     assert direct and all(direct)  # every block crossed its projections by their weight rows
@@ -102,7 +104,9 @@ def test_micro_batches_fitted_to_the_memory_budget_give_the_same_scores():
     assert seen[-1] == (9, 9)  # 3 steps x 3 micro-batches
     scale = float(np.abs(whole[3]).max())
     assert np.allclose(split[3], whole[3], rtol=1e-4, atol=1e-5 * scale)
-    assert split[2] == pytest.approx(whole[2])
+    # float32 logits from the head's product over 2 rows against 6 (one position per prompt): the
+    # metrics agree to float32 rounding, a few parts in 1e6
+    assert split[2] == pytest.approx(whole[2], rel=1e-5)
     too_long = r"one prompt of 8 tokens needs about [0-9.]+ KiB .* the [0-9.]+ KiB allowed \(max_memory\)"
     with pytest.raises(HeadscopeError, match=too_long):
         eap.micro_batch(target, graph, task, 8, max_memory=each - 1)
@@ -119,3 +123,26 @@ def test_the_scoring_estimate_covers_a_measured_pass():
     change = len(graph.senders) * target.d_model * 4
     logits = 3 * model.config.vocab_size * 4
     assert per_token > change + logits
+
+
+@pytest.mark.parametrize("family", ["gemma2", "t5", "gpt2"])
+def test_the_head_read_at_the_metric_positions_gives_those_logits(family):
+    """`read_positions`: the LM head reads one position per example (soft-capped logits, an
+    encoder-decoder's decoder, GPT-2's tied head); the logits a task reads are the whole run's."""
+    from headscope.circuits.target import read_positions
+    model = scaled_family(family).requires_grad_(False)
+    task = random_task(seed=3)
+    target = Target(model, task)
+    inputs, positions = target.inputs(task, "clean")
+    positions = positions.clone()
+    positions[0] = 1  # not every example's last position
+    whole = output_logits(model(**inputs, use_cache=False))
+    with read_positions(model, positions) as head:
+        cut = head.logits(model(**inputs, use_cache=False))
+    assert head.length == whole.shape[1] and cut.shape == whole.shape
+    rows = torch.arange(len(positions))
+    torch.testing.assert_close(cut[rows, positions], whole[rows, positions], rtol=1e-5, atol=1e-5)
+    assert cut.stride(1) == 0  # one row per example, seen at every position
+    with read_positions(model, positions[:2]) as head:  # not the run's rows: the head reads them all
+        kept = head.logits(model(**inputs, use_cache=False))
+    assert head.length is None and torch.equal(kept, whole)
