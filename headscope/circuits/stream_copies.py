@@ -167,6 +167,14 @@ class SplitRun:
         self.read: dict = {}
         self.shape: Optional[torch.Size] = None  # the stream's [batch, pos, d_model]
 
+    def release(self) -> None:
+        """Drops the callbacks and the pass's tensors. A caller's `delta_for` usually reads the run
+        it was given (`with split_run(...) as state`), a reference cycle that would otherwise hold
+        every buffer the callback reaches until the garbage collector runs."""
+        self.delta_for = self.embed = self.store = None
+        self.read.clear()
+        self.splitter.pending.clear()
+
     def _keep(self, index: int, value: torch.Tensor) -> None:
         if self.store is None:
             self.senders[index] = value
@@ -403,3 +411,4 @@ def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Option
         run.splitter.undo_all()
         for handle in handles:
             handle.remove()
+        run.release()

@@ -128,3 +128,62 @@ def test_a_projections_own_forward_is_back_after_the_rounds():
     assert attention.k_proj.__dict__["forward"] is own
     assert "forward" not in attention.q_proj.__dict__ and "forward" not in attention.v_proj.__dict__
     assert patched.metric(kept) == pytest.approx(_edge_by_edge(model, task, kept), abs=1e-5)
+
+
+def test_products_of_several_receivers_at_once_equal_each_alone(monkeypatch):
+    """Consecutive receivers' products run as one over the senders written when the first reads,
+    each adding its own over the senders written since: the metric is that of a product per
+    receiver, and the groups ran (over several batches, where a batch's buffers are reused)."""
+    import transformers as tf
+
+    import headscope.circuits.edge_patching as edge_patching
+    from tests.support.tiny import tiny_config
+
+    config = tiny_config("llama")
+    config.num_hidden_layers = 5  # consecutive head blocks whose products can run together
+    torch.manual_seed(0)
+    model = _scaled(tf.AutoModelForCausalLM.from_config(config).eval(), 0.2)
+    task = _task(seed=7)
+    target = Target(model, task)
+    graph = graph_of(target, task)
+    patched = Patched(target, graph, task, batch_size=3)
+    masks = [np.random.default_rng(3).random(patched.n_edges) < p for p in (0.3, 0.7)]
+    for kept in masks:
+        groups = edge_patching._product_groups(graph, patched._plans(kept))
+        assert any(len(group) > 1 for group in groups.values())
+        assert all(sum(len(patched._plans(kept)[id(r)][0]) for r in g) <= edge_patching.ROWS_TOGETHER
+                   for g in groups.values())
+    grouped = [patched.metric(kept) for kept in masks]
+    monkeypatch.setattr(edge_patching, "_product_groups", lambda graph, plans: {})  # every product alone
+    alone = [patched.metric(kept) for kept in masks]
+    assert grouped == pytest.approx(alone, rel=1e-6, abs=1e-7)
+    assert grouped == pytest.approx([_edge_by_edge(model, task, kept) for kept in masks], abs=1e-5)
+
+
+def test_a_patched_run_leaves_no_buffer_in_a_reference_cycle():
+    """The run's callbacks read the run they were given; it drops them at its end, so that its
+    buffers go when the run does, not when the garbage collector next runs (their memory piled up
+    over an evaluation's runs and slowed them)."""
+    import gc
+
+    model = _scaled(tiny_model("llama"), 0.2)
+    task = _task(seed=7)
+    target = Target(model, task)
+    graph = graph_of(target, task)
+    patched = Patched(target, graph, task, batch_size=3)
+    kept = np.random.default_rng(4).random(patched.n_edges) < 0.3
+    patched.metric(kept)
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        patched.metric(kept)
+        gc.collect()
+        cycled = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was:
+            gc.enable()
+    assert cycled == []
