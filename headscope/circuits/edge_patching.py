@@ -101,25 +101,31 @@ def _row_sums(rows: np.ndarray, upstream: np.ndarray, product: int) -> Optional[
 
 
 ROWS_TOGETHER = 64  # receivers' mask rows multiplied with the senders in one product, read once for all
+JOIN_RATIO = 20  # a sender summed on its own costs about this many rows' share of a product's read of it
 
 
 def _product_groups(graph: Graph, plans: dict) -> dict:
-    """`{id(receiver): group}`: the receivers whose deltas are products (no row sums), in the graph's
-    order, in runs of consecutive ones of at most `ROWS_TOGETHER` rows in all (a lone receiver is in
-    no group). One product then gives every receiver of a run its share over the senders written
-    when the run's first receiver reads (`moved`'s rows read once instead of once per receiver:
-    a product of a few dozen rows is bound by reading them)."""
+    """`{id(receiver): group}`: runs of consecutive receivers (the graph's order, the pass's) whose
+    deltas come from one product, of at most `ROWS_TOGETHER` mask rows in all (a lone receiver is
+    in no group). One product then gives every receiver of a run its share over the senders
+    written when the run's first receiver reads: `moved`'s rows are read once instead of once per
+    receiver, and a product of a few dozen rows is bound by reading them. A receiver whose rows
+    would be summed from a few senders (an MLP's one row) joins a run where its sums would read
+    more than 1 / `JOIN_RATIO` of its upstream: its row adds little to the run's product."""
     found, run, rows = {}, [], 0
 
     def close():
-        if len(run) > 1:
+        if len([r for r in run if plans[id(r)][4] is None]) > 0 and len(run) > 1:
             group = tuple(run)
             found.update({id(r): group for r in group})
 
     for receiver in graph.receivers:
         plan = plans.get(id(receiver))
-        if plan is None or plan[4] is not None:
+        if plan is None:
             continue
+        sums = plan[4]
+        if sums is not None and sum(len(indices) for _, indices in sums[1]) * JOIN_RATIO <= len(receiver.upstream):
+            continue  # summed: cheaper than its share of a product
         if run and rows + len(plan[0]) > ROWS_TOGETHER:
             close()
             run, rows = [], 0
@@ -296,7 +302,7 @@ class Patched:
                 if plan is None:
                     return None
                 weights, which, senders, lo, sums = plan
-                delta = summed(*sums) if sums is not None else product(receiver, weights, lo)
+                delta = summed(*sums) if sums is not None and id(receiver) not in groups else product(receiver, weights, lo)
                 delta = delta.reshape(len(weights), *shape).to(state.senders[int(senders[0])].dtype)
                 return (delta, which) if receiver.kind == "heads" else delta
 
