@@ -94,15 +94,17 @@ def score_edges(target: Target, graph: Graph, task, method: str = "eap-ig", step
         clean, positions = target.inputs(rows, "clean")  # (the metric reads the logits at these only)
         corrupted, _ = target.inputs(rows, "corrupted")
         change, clean_logits, corrupted_logits = sender_change(target, graph, clean, corrupted, positions)  # (S, B, T, D)
-        reference = target.aligned(clean_logits).float() if task.metric == "kl" else None
+        # (no float32 copy here: the logits are one position per prompt seen at every position, and
+        # Task.score reads its own position in float32)
+        reference = target.aligned(clean_logits) if task.metric == "kl" else None
         for name, logits in (("clean", clean_logits), ("corrupted", corrupted_logits)):
-            metrics[name] += float(rows.score(target.aligned(logits).float(), reference=reference).double().sum())
+            metrics[name] += float(rows.score(target.aligned(logits), reference=reference).double().sum())
         del clean_logits, corrupted_logits, logits  # (the loop's name held the corrupted run's logits)
         flat = change.flatten(2)  # (S, B, T * D)
         e_clean, e_corrupted = _embedding_of(model, clean), _embedding_of(model, corrupted)
 
         def measured(logits, rows=rows, reference=reference):
-            return rows.score(target.aligned(logits).float(), reference=reference).sum()
+            return rows.score(target.aligned(logits), reference=reference).sum()
 
         for point, alpha in enumerate(points):
             mixed = None if alpha == 1.0 else (lambda e, a=alpha: e_corrupted + a * (e_clean - e_corrupted))
@@ -138,16 +140,17 @@ GRAPH_FLOATS = 24
 def scoring_bytes(target: Target, graph: Graph, length: int) -> int:
     """An estimate of the memory one prompt of `length` tokens needs while its edges are scored:
     per token, the senders' change (senders x d_model float32), the forward graph kept for the
-    backward pass (`GRAPH_FLOATS` x layers x d_model in the model's dtype), the logits three
-    times (the run's, their float32 copy and its log-softmax) and one head block's gradient rows
-    (2 x 3 x heads x d_model float32)."""
+    backward pass (`GRAPH_FLOATS` x layers x d_model in the model's dtype) and one head block's
+    gradient rows (2 x 3 x heads x d_model float32); per prompt, the logits at its answer position
+    three times (the run's, their float32 copy and its log-softmax: the LM head reads that
+    position only, `headscope.circuits.target.read_positions`)."""
     model = target.model
     weight = next(model.parameters())
     vocab = int(model.get_output_embeddings().weight.shape[0]) if model.get_output_embeddings() is not None else 0
     layers = len(graph.parts.layers)
     d = int(target.d_model)
-    floats = len(graph.senders) * d + 6 * graph.n_heads * d + 3 * vocab
-    return length * (4 * floats + weight.element_size() * GRAPH_FLOATS * layers * d)
+    floats = len(graph.senders) * d + 6 * graph.n_heads * d
+    return length * (4 * floats + weight.element_size() * GRAPH_FLOATS * layers * d) + 4 * 3 * vocab
 
 
 def memory_budget(device) -> int:

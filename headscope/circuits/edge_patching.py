@@ -158,9 +158,10 @@ class Patched:
         rows = self.task.subset(self.parts[index])
         clean, positions = self.target.inputs(rows, "clean")
         reference = None
-        if self.task.metric == "kl":
-            with torch.no_grad():
-                reference = self.target.aligned(output_logits(self.target.model(**clean, use_cache=False))).float()
+        if self.task.metric == "kl":  # kept with the batch: the clean run's logits at the metric's positions only,
+            # run as the patched runs are (a half-precision model's plain forward rounds differently)
+            with torch.no_grad(), split_run(self.target, self.graph), reading(self.target.model, positions) as head:
+                reference = self.target.aligned(head.logits(self.target.model(**clean, use_cache=False)))
         if not need_corrupted:
             return clean, positions, reference, None
         corrupted = plain_senders(self.target, self.graph, self.target.inputs(rows, "corrupted")[0])[0]
@@ -312,5 +313,5 @@ class Patched:
                     reading(self.target.model, positions) as head:  # (the metric reads no other logits)
                 logits = head.logits(self.target.model(**clean, use_cache=False))
             rows = self.task.subset(part)
-            total += float(rows.score(self.target.aligned(logits).float(), reference=reference).double().sum())
+            total += float(rows.score(self.target.aligned(logits), reference=reference).double().sum())
         return total / self.task.n

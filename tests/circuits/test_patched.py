@@ -187,3 +187,24 @@ def test_a_patched_run_leaves_no_buffer_in_a_reference_cycle():
         if was:
             gc.enable()
     assert cycled == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kl_metric_reads_the_clean_run_at_the_answer_positions(dtype):
+    """Under the kl metric each batch keeps the clean run's logits at the answer positions only:
+    the full circuit's run is the clean run (KL 0) and the empty circuit's the corrupted one."""
+    model = _scaled(tiny_model("llama"), 0.2).to(dtype)
+    task = _task(seed=7).with_metric("kl")
+    target = Target(model, task)
+    graph = graph_of(target, task)
+    patched = Patched(target, graph, task, batch_size=3)
+    assert patched.metric(np.ones(patched.n_edges, dtype=bool)) == pytest.approx(0.0, abs=1e-6)
+    if dtype == torch.float32:
+        with torch.no_grad():
+            clean = model(**task.inputs("clean"), use_cache=False).logits
+            corrupted = model(**task.inputs("corrupted"), use_cache=False).logits
+        expected = float(task.score(corrupted, reference=clean).double().mean())
+        assert expected < -1e-4
+        assert patched.metric(np.zeros(patched.n_edges, dtype=bool)) == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    for cached in patched.cached.values():  # the reference: one position per prompt
+        assert cached[2].stride(1) == 0
