@@ -11,14 +11,22 @@ with `dropped_r` `[names, upstream]` r's mask of dropped edges and `moved[u] = a
 stays fast on a model of a few hundred senders:
 - `moved[u]` is computed once per pass, when the first receiver that reads it runs, into one
   preallocated `[senders, batch, pos, d_model]` buffer (left unset where no receiver reads it);
-- a receiver's delta is one matrix product of its mask's rows with a run of that buffer (a view,
-  no copy: the senders from the first to the last it drops from), and identical rows of its mask (a head whose q, k and v all drop the same edges, every row of an empty circuit) are
-  computed, and run through the attention block, once (`split_run` takes `(rows, which)`);
+- a receiver's delta is one matrix product of its mask's distinct rows, negated, with a run of
+  that buffer (a view, no copy: the senders from the first to the last it drops from), written
+  into a buffer reused by every receiver; identical rows of its mask (a head whose q, k and v
+  all drop the same edges, every row of an empty circuit) are computed, and run through the
+  attention block, once (`split_run` takes `(rows, which)`);
+- consecutive receivers' products run as one (`_product_groups`, up to `ROWS_TOGETHER` rows):
+  when the first of them reads, one product over the senders written so far gives each its
+  share, and each adds its own product over the senders written since when it reads. A product
+  of a few dozen rows is bound by reading `moved`, so two layers' rows cost little more than
+  one's;
 - where its distinct rows drop, or keep, only a few of its upstream senders (an MLP or the
   logits, one row; any receiver of a circuit that keeps almost everything or almost nothing),
   each row is summed from those senders alone instead: the dropped ones, or the running total
   of every upstream sender's `moved` (kept once per pass as the senders run) minus the kept
-  ones, for a receiver whose upstream is every sender before it;
+  ones, for a receiver whose upstream is every sender before it; unless that reads more than
+  1 / `JOIN_RATIO` of its upstream, when its row joins its neighbours' product;
 - a head block whose q, k and v come from its input through linear projections only
   (`receiver_grads.head_plans`, found once on the first batch) does not run on its copies: it
   runs on the stream once per round of heads whose projection columns do not overlap, each
@@ -26,7 +34,10 @@ stays fast on a model of a few hundred senders:
   rows (`split_run`'s `head_plans`); with grouped-query attention, a round per query head
   sharing a key/value head;
 - a receiver that drops nothing reads the stream as it is;
-- the corrupted run's senders are kept between calls while they fit in `cache_bytes`.
+- the LM head computes the logits at each prompt's answer position only
+  (`headscope.circuits.target.read_positions`): the metric reads nothing else;
+- the corrupted run's senders (and, for the kl metric, the clean run's logits at the answer
+  positions) are kept between calls while they fit in `cache_bytes`.
 """
 from __future__ import annotations
 
