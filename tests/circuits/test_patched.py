@@ -208,3 +208,22 @@ def test_the_kl_metric_reads_the_clean_run_at_the_answer_positions(dtype):
         assert patched.metric(np.zeros(patched.n_edges, dtype=bool)) == pytest.approx(expected, rel=1e-4, abs=1e-6)
     for cached in patched.cached.values():  # the reference: one position per prompt
         assert cached[2].stride(1) == 0
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gptj", "qwen2"])
+def test_patched_runs_equal_the_edge_by_edge_sum_on_other_block_shapes(family):
+    """Post-norms (Gemma 2), parallel attention and MLP (GPT-J), grouped keys with biases (Qwen2):
+    products of several receivers at once, row sums and the answer positions' logits give the sum
+    written out edge by edge."""
+    import headscope.circuits.edge_patching as edge_patching
+
+    model = scaled_family(family)
+    task = _task(seed=7)
+    target = Target(model, task)
+    graph = graph_of(target, task)
+    patched = Patched(target, graph, task, batch_size=3)
+    rng = np.random.default_rng(5)
+    masks = [rng.random(patched.n_edges) < p for p in (0.05, 0.5, 0.95)]
+    assert any(len(g) > 1 for kept in masks for g in edge_patching._product_groups(graph, patched._plans(kept)).values())
+    for kept in masks:
+        assert patched.metric(kept) == pytest.approx(_edge_by_edge(model, task, kept), abs=1e-5)
