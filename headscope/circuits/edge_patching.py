@@ -111,6 +111,20 @@ def _row_sums(rows: np.ndarray, upstream: np.ndarray, product: int) -> Optional[
     return (prefix if any(f for f, _ in plan) else 0, plan) if reads * SUM_MARGIN <= product else None
 
 
+def _distinct_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(rows, which)`: the distinct rows of a boolean `mask` in the order they first appear, and
+    the one each row of `mask` is (`np.unique(mask, axis=0, return_inverse=True)` up to the
+    rows' order, without its per-column record dtype: 25 ms of every patched run on SmolLM2)."""
+    seen: dict = {}
+    firsts, which = [], np.empty(len(mask), dtype=np.int64)
+    for i, key in enumerate(np.packbits(mask, axis=1)):
+        number = seen.setdefault(key.tobytes(), len(seen))
+        if number == len(firsts):
+            firsts.append(i)
+        which[i] = number
+    return mask[firsts], which
+
+
 ROWS_TOGETHER = 64  # receivers' mask rows multiplied with the senders in one product, read once for all
 JOIN_RATIO = 20  # a sender summed on its own costs about this many rows' share of a product's read of it
 
@@ -195,7 +209,7 @@ class Patched:
             dropped = ~kept[span].reshape(len(receiver.names), len(receiver.upstream))
             if not dropped.any():
                 continue
-            rows, which = np.unique(dropped, axis=0, return_inverse=True)
+            rows, which = _distinct_rows(dropped)
             used = rows.any(axis=0)
             upstream = np.asarray(receiver.upstream)
             senders = upstream[used]

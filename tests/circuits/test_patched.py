@@ -227,3 +227,21 @@ def test_patched_runs_equal_the_edge_by_edge_sum_on_other_block_shapes(family):
     assert any(len(g) > 1 for kept in masks for g in edge_patching._product_groups(graph, patched._plans(kept)).values())
     for kept in masks:
         assert patched.metric(kept) == pytest.approx(_edge_by_edge(model, task, kept), abs=1e-5)
+
+
+def test_distinct_rows_are_numpys_up_to_their_order():
+    """A receiver's distinct mask rows and which row each name reads, as `np.unique(axis=0)` gives
+    them (first appearance order instead of sorted)."""
+    from headscope.circuits.edge_patching import _distinct_rows
+
+    rng = np.random.default_rng(6)
+    for shape, share in [((27, 300), 0.9), ((27, 9), 0.5), ((5, 3), 0.5), ((1, 10), 0.1), ((27, 1), 0.5),
+                         ((12, 40), 0.0), ((12, 40), 1.0)]:
+        mask = rng.random(shape) < share
+        rows, which = _distinct_rows(mask)
+        expected, inverse = np.unique(mask, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        assert np.array_equal(rows[which], mask)
+        assert {r.tobytes() for r in rows} == {r.tobytes() for r in expected} and len(rows) == len(expected)
+        assert np.array_equal(which[:, None] == which[None, :], inverse[:, None] == inverse[None, :])
+        assert list(which[np.sort(np.unique(which, return_index=True)[1])]) == list(range(len(rows)))
