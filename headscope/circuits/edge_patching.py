@@ -49,7 +49,7 @@ import torch
 from ..errors import HeadscopeError
 from .edges import Graph
 from .receiver_grads import head_plans
-from .target import Target, batches, output_logits, reading
+from .target import Target, batches, output_logits, read_positions
 from .stream_copies import split_run
 
 __all__ = ["Patched", "plain_senders", "sender_change", "CACHE_BYTES"]
@@ -84,7 +84,7 @@ def sender_change(target: Target, graph: Graph, clean: dict, corrupted: dict,
     logits = []
     with torch.no_grad():
         for inputs, sign in ((corrupted, 1.0), (clean, -1.0)):
-            with split_run(target, graph, store=add(sign)), reading(target.model, positions) as head:
+            with split_run(target, graph, store=add(sign)), read_positions(target.model, positions) as head:
                 logits.append(head.logits(target.model(**inputs, use_cache=False)))
     missing = [graph.senders[i][0] for i in range(len(graph.senders)) if (1.0, i) not in seen or (-1.0, i) not in seen]
     if missing:
@@ -140,7 +140,7 @@ def _product_groups(graph: Graph, plans: dict) -> dict:
     found, run, rows = {}, [], 0
 
     def close():
-        if len([r for r in run if plans[id(r)][4] is None]) > 0 and len(run) > 1:
+        if len(run) > 1 and any(plans[id(r)][4] is None for r in run):  # (some receiver's own product)
             group = tuple(run)
             found.update({id(r): group for r in group})
 
@@ -185,7 +185,8 @@ class Patched:
         reference = None
         if self.task.metric == "kl":  # kept with the batch: the clean run's logits at the metric's positions only,
             # run as the patched runs are (a half-precision model's plain forward rounds differently)
-            with torch.no_grad(), split_run(self.target, self.graph), reading(self.target.model, positions) as head:
+            with torch.no_grad(), split_run(self.target, self.graph), \
+                    read_positions(self.target.model, positions) as head:
                 reference = self.target.aligned(head.logits(self.target.model(**clean, use_cache=False)))
         if not need_corrupted:
             return clean, positions, reference, None
@@ -198,12 +199,13 @@ class Patched:
     def _plans(self, kept: np.ndarray) -> dict:
         """Per receiver that drops an edge: `(weights [C, hi - lo + 1] float, which [names], senders,
         lo, sums)`: the distinct rows of its dropped mask, negated, as weights over the senders
-        lo..hi (a run of the `moved` buffer, so the product reads a view of it and is the delta), `which` the row each name reads,
-        `senders` the ones some row drops (the only ones with a nonzero weight); `sums`, where
-        adding a few senders per row reads fewer of them than the product, `(prefix, rows)`: each
-        row as `(from_total, indices)`, minus the sum of `moved` over the dropped `indices`
-        (from_total False), or the running total of the first `prefix` senders' `moved` (the
-        receiver's whole upstream) minus the sum over the kept `indices` (True); else None."""
+        lo..hi (a run of the `moved` buffer, so the product reads a view of it and is the delta),
+        `which` the row each name reads, `senders` the ones some row drops (the only ones with a
+        nonzero weight); `sums`, where adding a few senders per row reads fewer of them than the
+        product, `(prefix, rows)`: each row as `(from_total, indices)`, minus the sum of `moved`
+        over the dropped `indices` (from_total False), or the running total of the first `prefix`
+        senders' `moved` (the receiver's whole upstream) minus the sum over the kept `indices`
+        (True); else None."""
         plans = {}
         for receiver, span in zip(self.graph.receivers, self.spans):
             dropped = ~kept[span].reshape(len(receiver.names), len(receiver.upstream))
@@ -335,7 +337,7 @@ class Patched:
             if plans and self.head_plans is None:
                 self.head_plans = head_plans(self.target, self.graph, clean)
             with split_run(self.target, self.graph, delta_for, head_plans=self.head_plans) as state, \
-                    reading(self.target.model, positions) as head:  # (the metric reads no other logits)
+                    read_positions(self.target.model, positions) as head:  # (the metric reads no other logits)
                 logits = head.logits(self.target.model(**clean, use_cache=False))
             rows = self.task.subset(part)
             total += float(rows.score(self.target.aligned(logits), reference=reference).double().sum())

@@ -46,7 +46,7 @@ import torch
 from ..attention.kernel import expand_kv
 from ..hf.route import Session, layer_map, routed
 from .stream_copies import _first, _with_first
-from .target import reading
+from .target import read_positions
 
 __all__ = ["receiver_gradients", "head_plans", "HeadPlan"]
 
@@ -233,7 +233,7 @@ def _graph_pass(target, graph, inputs: dict, metric_of: Optional[Callable], embe
             hook(model.get_input_embeddings().register_forward_hook(mixed_embedding))
         hooks.enter_context(torch.enable_grad())
         hooks.enter_context(routed(model, kept))
-        head = hooks.enter_context(reading(model, positions if metric_of is not None else None))
+        head = hooks.enter_context(read_positions(model, positions if metric_of is not None else None))
         logits = head.logits(model(**inputs, use_cache=False))
         return kept, (metric_of(logits) if metric_of is not None else None)
 

@@ -26,7 +26,7 @@ from ..hf.adapters import head_sizes
 from ..hf.route import selection
 from ..probes.copy import decoder_start_token
 
-__all__ = ["Target", "batches", "output_logits", "check_token_inputs", "read_positions", "reading"]
+__all__ = ["Target", "batches", "output_logits", "check_token_inputs", "read_positions"]
 
 
 def batches(n: int, batch_size: int) -> list[slice]:
@@ -51,7 +51,7 @@ def output_logits(out) -> torch.Tensor:
 class _Positions:
     """What `read_positions` yields: the LM head's input cut to one position per example."""
 
-    def __init__(self, positions: torch.Tensor):
+    def __init__(self, positions: Optional[torch.Tensor]):
         self.positions = positions
         self.length: Optional[int] = None  # the positions the run had, where the head read only one
 
@@ -75,35 +75,21 @@ class _Positions:
 
 
 @contextmanager
-def read_positions(model, positions: torch.Tensor) -> Iterator[_Positions]:
+def read_positions(model, positions: Optional[torch.Tensor]) -> Iterator[_Positions]:
     """Inside it, `model`'s output embeddings (its LM head) read only `positions[i]` of row i
     (the positions `Target.inputs` gives): a run's logits cost one position per example instead
     of every position. Anything the model does after its head (a soft cap, a scale) is
-    elementwise and stays as it is. A model without output embeddings runs as it is."""
+    elementwise and stays as it is. A model without output embeddings, or `positions` None,
+    runs as it is (`.logits(out)` then gives the whole run's)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     kept = _Positions(positions)
-    handle = head.register_forward_pre_hook(kept.cut) if isinstance(head, torch.nn.Module) else None
+    handle = head.register_forward_pre_hook(kept.cut) \
+        if isinstance(head, torch.nn.Module) and positions is not None else None
     try:
         yield kept
     finally:
         if handle is not None:
             handle.remove()
-
-
-class _Everything:
-    @staticmethod
-    def logits(out) -> torch.Tensor:
-        return output_logits(out)
-
-
-@contextmanager
-def reading(model, positions: Optional[torch.Tensor]) -> Iterator:
-    """`read_positions(model, positions)`, or the whole run's logits where `positions` is None."""
-    if positions is None:
-        yield _Everything()
-        return
-    with read_positions(model, positions) as head:
-        yield head
 
 
 def check_token_inputs(model, otherwise: str) -> None:

@@ -40,6 +40,14 @@ def _edge_by_edge(model, task, kept: np.ndarray) -> float:
     return float(task.score(logits).double().mean())
 
 
+def _patched(model, task=None, batch_size: int = 3):
+    """`(graph, patched)`: the model's graph and its `Patched` on `task` (default: seed 7's)."""
+    task = _task(seed=7) if task is None else task
+    target = Target(model, task)
+    graph = graph_of(target, task)
+    return graph, Patched(target, graph, task, batch_size=batch_size)
+
+
 @pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
 def test_patched_runs_equal_the_edge_by_edge_sum(cache_bytes):
     model = _scaled(tiny_model("llama"), 0.2)
@@ -94,11 +102,7 @@ def test_row_sums_from_few_senders_equal_the_product(monkeypatch):
     ones from the running total of its upstream: the metric is the matrix product's."""
     import headscope.circuits.edge_patching as edge_patching
 
-    model = _scaled(tiny_model("llama"), 0.2)
-    task = _task(seed=7)
-    target = Target(model, task)
-    graph = graph_of(target, task)
-    patched = Patched(target, graph, task, batch_size=3)
+    _, patched = _patched(_scaled(tiny_model("llama"), 0.2))
     rng = np.random.default_rng(1)
     masks = [rng.random(patched.n_edges) < p for p in (0.01, 0.5, 0.99)]
     ways = set()
@@ -144,9 +148,7 @@ def test_products_of_several_receivers_at_once_equal_each_alone(monkeypatch):
     torch.manual_seed(0)
     model = _scaled(tf.AutoModelForCausalLM.from_config(config).eval(), 0.2)
     task = _task(seed=7)
-    target = Target(model, task)
-    graph = graph_of(target, task)
-    patched = Patched(target, graph, task, batch_size=3)
+    graph, patched = _patched(model, task)
     masks = [np.random.default_rng(3).random(patched.n_edges) < p for p in (0.3, 0.7)]
     for kept in masks:
         groups = edge_patching._product_groups(graph, patched._plans(kept))
@@ -166,11 +168,7 @@ def test_a_patched_run_leaves_no_buffer_in_a_reference_cycle():
     over an evaluation's runs and slowed them)."""
     import gc
 
-    model = _scaled(tiny_model("llama"), 0.2)
-    task = _task(seed=7)
-    target = Target(model, task)
-    graph = graph_of(target, task)
-    patched = Patched(target, graph, task, batch_size=3)
+    _, patched = _patched(_scaled(tiny_model("llama"), 0.2))
     kept = np.random.default_rng(4).random(patched.n_edges) < 0.3
     patched.metric(kept)
     gc.collect()
@@ -195,9 +193,7 @@ def test_the_kl_metric_reads_the_clean_run_at_the_answer_positions(dtype):
     the full circuit's run is the clean run (KL 0) and the empty circuit's the corrupted one."""
     model = _scaled(tiny_model("llama"), 0.2).to(dtype)
     task = _task(seed=7).with_metric("kl")
-    target = Target(model, task)
-    graph = graph_of(target, task)
-    patched = Patched(target, graph, task, batch_size=3)
+    _, patched = _patched(model, task)
     assert patched.metric(np.ones(patched.n_edges, dtype=bool)) == pytest.approx(0.0, abs=1e-6)
     if dtype == torch.float32:
         with torch.no_grad():
@@ -219,9 +215,7 @@ def test_patched_runs_equal_the_edge_by_edge_sum_on_other_block_shapes(family):
 
     model = scaled_family(family)
     task = _task(seed=7)
-    target = Target(model, task)
-    graph = graph_of(target, task)
-    patched = Patched(target, graph, task, batch_size=3)
+    graph, patched = _patched(model, task)
     rng = np.random.default_rng(5)
     masks = [rng.random(patched.n_edges) < p for p in (0.05, 0.5, 0.95)]
     assert any(len(g) > 1 for kept in masks for g in edge_patching._product_groups(graph, patched._plans(kept)).values())
