@@ -75,7 +75,7 @@ def run_size(loaded, n_tokens: int, batch: int, repeats: int, eager_model) -> di
     generator = torch.Generator().manual_seed(n_tokens * 31 + batch)
     ids = torch.randint(0, loaded.model.config.vocab_size, (batch, n_tokens), generator=generator)
     mask = torch.ones_like(ids, dtype=torch.bool)
-    probe_batch = ProbeBatch(ids, mask, True, 1)
+    probe_batch = ProbeBatch(ids, mask, True, 1).to(device)  # as analyze moves its batches
     detectors = [d for d in REGISTRY.values() if d.lazy and not d.bidirectional_only and d.probe != "needle"]
     ids_dev = ids.to(device)
     kernels = set()

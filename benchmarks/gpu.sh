@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared device check: one run on a machine with a CUDA GPU, at most 8 minutes in all.
+# The prepared device check: one run on a machine with a CUDA GPU, at most 9 minutes in all.
 #
 #   bash benchmarks/gpu.sh [--out DIR]            # on a CUDA machine
 #   bash benchmarks/gpu.sh --dry-run [--out DIR]  # anywhere: the same steps on the CPU path, small sizes
@@ -7,7 +7,8 @@
 # Steps, each with its own time limit, each logged to DIR/log.txt (a failed step does not stop
 # the others; DIR/summary.txt lists every step's exit status and seconds):
 #   1. environment: torch, CUDA, the GPU (env.txt)
-#   2. the CUDA tests: tests/attention/test_cuda.py and the attention module's CUDA tests
+#   2. the CUDA tests: tests/attention/test_cuda.py, the attention module's CUDA tests, the
+#      detectors' and the circuits' (tests/detectors/test_cuda.py, tests/circuits/test_cuda.py)
 #      (the dry run: the same files skip, so it runs the CPU lazy-path tests instead)
 #   3. headscope verify on SmolLM2 in bf16 (dry run: fp32 on the CPU)
 #   4. a short headscope analyze on SmolLM2 in bf16 (dry run: fp32 on the CPU)
@@ -87,8 +88,9 @@ cp "$log" "$out/env.txt"
 if [ "$dry_run" = 1 ]; then
     step tests 240 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py tests/attention/test_lazy.py
 else
-    step tests 120 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
-        tests/attention/test_attention_module.py -k "cuda or flex"
+    step tests 180 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
+        tests/attention/test_attention_module.py tests/detectors/test_cuda.py tests/circuits/test_cuda.py \
+        -k "cuda or flex"
 fi
 step verify 60 python3 -m headscope verify "$model" --device "$device" --dtype "$dtype"
 # The report folder stays in /tmp (a device run brings back 8 files); its scores and meta come back.

@@ -194,8 +194,12 @@ class Detector:
 
     def score(self, pattern, batch) -> torch.Tensor:
         """Per-example scores `[batch, head]` (`[batch, head, variant]` with `variants`) of one
-        layer's pattern (a tensor `[batch, head, query, key]` or a `Pattern`)."""
-        return self.fn(as_pattern(pattern), batch)
+        layer's pattern (a tensor `[batch, head, query, key]` or a `Pattern`). A batch on another
+        device than the pattern's is read on the pattern's (a copy; `analyze` moves it once)."""
+        pattern = as_pattern(pattern)
+        if batch.input_ids.device != pattern.device:
+            batch = batch.to(pattern.device)
+        return self.fn(pattern, batch)
 
     def reduce(self, layer: int, pattern: Pattern, batch: ProbeBatch) -> torch.Tensor:
         """What `analyze` keeps of one layer's pattern on one batch: the per-example scores, fp32."""
