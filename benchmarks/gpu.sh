@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared device check: one run on a machine with a CUDA GPU, at most 9 minutes in all.
+# The prepared device check: one run on a machine with a CUDA GPU, at most 10 minutes in all.
 #
 #   bash benchmarks/gpu.sh [--out DIR]            # on a CUDA machine
 #   bash benchmarks/gpu.sh --dry-run [--out DIR]  # anywhere: the same steps on the CPU path, small sizes
@@ -14,6 +14,8 @@
 #   4. a short headscope analyze on SmolLM2 in bf16 (dry run: fp32 on the CPU)
 #   5. the benchmark rows of benchmarks/bench_gpu.py: 1k x 8, 4k x 4, 16k x 1, 32k x 1 tokens
 #      (dry run: 128 x 2, 256 x 1, one timed repeat), rows in DIR/rows.jsonl
+#   6. one layer's lazy pass in parts against SDPA (benchmarks/bench_gpu_parts.py), same sizes,
+#      rows in DIR/parts.jsonl
 # DIR defaults to $OUT when set (the device tool's folder that comes back), else benchmarks/gpu-run.
 #
 # The model: smollm2-135m where its package is installed; else the folder benchmarks/gpu-model
@@ -88,7 +90,7 @@ cp "$log" "$out/env.txt"
 if [ "$dry_run" = 1 ]; then
     step tests 240 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py tests/attention/test_lazy.py
 else
-    step tests 180 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
+    step tests 150 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
         tests/attention/test_attention_module.py tests/detectors/test_cuda.py tests/circuits/test_cuda.py \
         -k "cuda or flex"
 fi
@@ -102,6 +104,8 @@ cp "$analyzed/scores.csv" "$out/analyze-scores.csv" 2>/dev/null
 cp "$analyzed/meta.json" "$out/analyze-meta.json" 2>/dev/null
 step rows 180 python3 benchmarks/bench_gpu.py --model "$model" --device "$device" --dtype "$dtype" \
     --sizes "$sizes" --repeats "$repeats" --out "$out/rows.jsonl"
+step parts 60 python3 benchmarks/bench_gpu_parts.py --device "$device" --dtype "$dtype" \
+    --sizes "$sizes" --repeats "$repeats" --out "$out/parts.jsonl"
 
-echo "results in $out (summary.txt, log.txt, env.txt, rows.jsonl, analyze-scores.csv, analyze-meta.json)"
+echo "results in $out (summary.txt, log.txt, env.txt, rows.jsonl, parts.jsonl, analyze-scores.csv, analyze-meta.json)"
 ! grep ' rc=' "$summary" | grep -qv ' rc=0 '  # exit 1 when a step failed
