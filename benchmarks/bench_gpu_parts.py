@@ -11,6 +11,9 @@ random q, k, v at each size (tokens x batch), each part timed `--repeats` times 
 - `entropy`: the row entropy the uniform detector reads (on CUDA a second fused pass in fp32);
 - `reads`: the other built-in detectors' reads: diagonals -1 and 0, the first column, and the
   mass on one target a query (an induction-like offset).
+On CUDA two candidates for the entropy's pass are timed beside it, with their largest error
+against it in nats (`entropy_error`): `entropy_tf32` (the same fp32 pass with TF32 products
+allowed) and `entropy_half` (q and k in the model's dtype, statistics still fp32).
 Each part's seconds and its ratio to `sdpa` go to --out as one JSON line per size. A ratio of the
 whole lazy pass (bench_gpu.py) far above the sum of these points at per-layer overhead instead.
 """
@@ -45,6 +48,27 @@ def _timed(fn, device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _entropy_tf32(lazy):
+    import torch
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        lazy._entropy = None
+        return lazy.entropy()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+        lazy._entropy = None
+
+
+def _entropy_half(lazy):
+    from headscope.attention.flex import flex_available, flex_stats
+
+    mean_key, keys_lse = flex_stats(lazy.q, lazy.k, lazy.k, None, lazy.is_causal, lazy.scale,
+                                    compiled=flex_available(lazy.q.device))
+    return lazy._entropy_from(mean_key, keys_lse)
+
+
 def parts_row(n_tokens: int, batch: int, device: str, dtype, repeats: int) -> dict:
     import torch
     import torch.nn.functional as F
@@ -76,8 +100,14 @@ def parts_row(n_tokens: int, batch: int, device: str, dtype, repeats: int) -> di
             "entropy": _timed(entropy, device, repeats),
             "reads": _timed(reads, device, repeats),
         }
+        errors = {}
+        if lazy.kernel == "flex":
+            exact = lazy.entropy().clone()
+            for name, variant in (("entropy_tf32", _entropy_tf32), ("entropy_half", _entropy_half)):
+                seconds[name] = _timed(lambda: variant(lazy), device, repeats)
+                errors[name] = float((variant(lazy) - exact).abs().max())
     row = {"tokens": n_tokens, "batch": batch, "device": device, "dtype": str(dtype), "kernel": lazy.kernel,
-           "seconds": seconds}
+           "seconds": seconds, "entropy_error": errors}
     row["over_sdpa"] = {name: value / seconds["sdpa"] for name, value in seconds.items() if name != "sdpa"}
     return row
 
