@@ -16,6 +16,8 @@
 #      (dry run: 128 x 2, 256 x 1, one timed repeat), rows in DIR/rows.jsonl
 #   6. one layer's lazy pass in parts against SDPA (benchmarks/bench_gpu_parts.py), same sizes,
 #      rows in DIR/parts.jsonl
+#   7. circuits: patched runs (the runs behind Circuit.evaluate) against a forward on IOI, n = 8
+#      (benchmarks/patched_runs.py; dry run: n = 2, one share, one contender), DIR/patched.json
 # DIR defaults to $OUT when set (the device tool's folder that comes back), else benchmarks/gpu-run.
 #
 # The model: smollm2-135m where its package is installed; else the folder benchmarks/gpu-model
@@ -90,7 +92,7 @@ cp "$log" "$out/env.txt"
 if [ "$dry_run" = 1 ]; then
     step tests 240 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py tests/attention/test_lazy.py
 else
-    step tests 150 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
+    step tests 120 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
         tests/attention/test_attention_module.py tests/detectors/test_cuda.py tests/circuits/test_cuda.py \
         -k "cuda or flex"
 fi
@@ -102,10 +104,18 @@ step analyze 90 python3 -m headscope analyze "$model" --device "$device" --dtype
     --out "$analyzed" --force
 cp "$analyzed/scores.csv" "$out/analyze-scores.csv" 2>/dev/null
 cp "$analyzed/meta.json" "$out/analyze-meta.json" 2>/dev/null
-step rows 180 python3 benchmarks/bench_gpu.py --model "$model" --device "$device" --dtype "$dtype" \
+step rows 150 python3 benchmarks/bench_gpu.py --model "$model" --device "$device" --dtype "$dtype" \
     --sizes "$sizes" --repeats "$repeats" --out "$out/rows.jsonl"
 step parts 60 python3 benchmarks/bench_gpu_parts.py --device "$device" --dtype "$dtype" \
     --sizes "$sizes" --repeats "$repeats" --out "$out/parts.jsonl"
+if [ "$dry_run" = 1 ]; then
+    patched_args="--n 2 --repeat 1 --shares 0.001 --no-copies"
+else
+    patched_args="--n 8 --repeat 3"
+fi
+# shellcheck disable=SC2086
+step patched 60 python3 benchmarks/patched_runs.py --model "$model" --device "$device" --dtype "$dtype" \
+    $patched_args --threads "$(nproc)" --out "$out/patched.json"
 
-echo "results in $out (summary.txt, log.txt, env.txt, rows.jsonl, parts.jsonl, analyze-scores.csv, analyze-meta.json)"
+echo "results in $out (summary.txt, log.txt, env.txt, rows.jsonl, parts.jsonl, patched.json, analyze-scores.csv, analyze-meta.json)"
 ! grep ' rc=' "$summary" | grep -qv ' rc=0 '  # exit 1 when a step failed

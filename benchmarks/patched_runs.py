@@ -1,12 +1,16 @@
 """One patched run (the runs behind `Circuit.evaluate`) against a plain forward of the same batch.
 
     python benchmarks/patched_runs.py [--n 8] [--threads 1] [--repeat 3] [--out benchmarks/results-patched-runs.json]
+    python benchmarks/patched_runs.py --model benchmarks/gpu-model --device cuda --dtype bfloat16   # on a GPU
 
 SmolLM2-135M on `headscope.task("ioi", n=N)` in one batch: two `Patched` objects in one process,
 one taking heads' q, k and v by projection columns (the default) and one forced to run every head
 block on its copies; each measures random circuits keeping 0.1%, 10% and 99% of the edges, in
 turn with a plain forward of the batch (`--repeat` times, the fastest of each kept), so that load
 moves all three alike. Both must give the same metric. One thread by default (a second process on the machine makes two threads noise).
+On CUDA each timing waits for the device (`torch.cuda.synchronize`); `--model` takes a folder of
+SmolLM2's shape (`benchmarks/gpu_model.py`), `--shares` the kept fractions, `--no-copies` skips
+the second contender.
 """
 from __future__ import annotations
 
@@ -33,37 +37,55 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each, in turn; the fastest kept")
     parser.add_argument("--out", type=Path, default=HERE / "results-patched-runs.json")
+    parser.add_argument("--model", default="smollm2-135m", help="an alias or a model folder")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: the model's)")
+    parser.add_argument("--shares", default="0.001,0.1,0.99", help="kept fractions of the edges, comma-separated")
+    parser.add_argument("--no-copies", action="store_true", help="time the default (projection columns) only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = headscope.load("smollm2-135m")
+    loaded = headscope.load(args.model, device=args.device, dtype=args.dtype)
+
+    def now() -> float:
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     task = headscope.task("ioi", loaded.tokenizer, n=args.n, seed=0)
     target = Target(loaded, task)
     graph = graph_of(target, task)
-    columns, copies = Patched(target, graph, task, args.n), Patched(target, graph, task, args.n)
-    copies.head_plans = {}
+    columns = Patched(target, graph, task, args.n)
+    copies = None if args.no_copies else Patched(target, graph, task, args.n)
     empty = np.zeros(columns.n_edges, dtype=bool)
-    columns.metric(empty), copies.metric(empty)  # the corrupted senders cached, the columns found
+    columns.metric(empty)  # the corrupted senders cached, the columns found
+    if copies is not None:
+        copies.head_plans = {}
+        copies.metric(empty)
     inputs, _ = target.inputs(task, "clean")
     rng = np.random.default_rng(0)
-    result = {"n": args.n, "threads": args.threads, "repeat": args.repeat, "load_average_start": os.getloadavg(), "runs": []}
-    for share in (0.001, 0.1, 0.99):
+    result = {"n": args.n, "threads": args.threads, "repeat": args.repeat, "model": args.model, "device": args.device,
+              "dtype": str(next(loaded.model.parameters()).dtype), "load_average_start": os.getloadavg(), "runs": []}
+    for share in (float(x) for x in args.shares.split(",")):
         kept = np.zeros(columns.n_edges, dtype=bool)
         kept[rng.choice(columns.n_edges, int(columns.n_edges * share), replace=False)] = True
         plain = seconds_columns = seconds_copies = float("inf")
+        by_copies = None
         for _ in range(args.repeat):  # in turn, the fastest of each kept
             with torch.no_grad():
-                started = time.perf_counter()
+                started = now()
                 loaded.model(**inputs, use_cache=False)
-                plain = min(plain, time.perf_counter() - started)
-            started = time.perf_counter()
+                plain = min(plain, now() - started)
+            started = now()
             by_columns = columns.metric(kept)
-            seconds_columns = min(seconds_columns, time.perf_counter() - started)
-            started = time.perf_counter()
-            by_copies = copies.metric(kept)
-            seconds_copies = min(seconds_copies, time.perf_counter() - started)
-        run = {"kept": share, "plain": plain, "columns": seconds_columns, "copies": seconds_copies,
-               "columns_ratio": seconds_columns / plain, "copies_ratio": seconds_copies / plain,
-               "metric_columns": by_columns, "metric_copies": by_copies}
+            seconds_columns = min(seconds_columns, now() - started)
+            if copies is not None:
+                started = now()
+                by_copies = copies.metric(kept)
+                seconds_copies = min(seconds_copies, now() - started)
+        run = {"kept": share, "plain": plain, "columns": seconds_columns, "columns_ratio": seconds_columns / plain,
+               "metric_columns": by_columns}
+        if copies is not None:
+            run.update(copies=seconds_copies, copies_ratio=seconds_copies / plain, metric_copies=by_copies)
         result["runs"].append(run)
         print(json.dumps(run), flush=True)
     result["load_average_end"] = os.getloadavg()

@@ -5,6 +5,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,12 +27,15 @@ def test_the_dry_run_passes_every_step(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert result.returncode == 0, summary + (out / "log.txt").read_text()[-3000:]
     steps = [line.split()[0] for line in summary.splitlines() if " rc=" in line]
-    assert steps == ["env", "tests", "verify", "analyze", "rows", "parts"]
+    assert steps == ["env", "tests", "verify", "analyze", "rows", "parts", "patched"]
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert [(r["tokens"], r["batch"]) for r in rows] == [(128, 2), (256, 1)]
     assert all(r["lse_kernels"] == ["cpu-flash"] and r["lazy"]["seconds"] > 0 for r in rows)
     parts = [json.loads(line) for line in (out / "parts.jsonl").read_text().splitlines()]
     assert [(r["tokens"], r["batch"]) for r in parts] == [(128, 2), (256, 1)]
     assert all(r["kernel"] == "cpu-flash" and set(r["over_sdpa"]) == {"z_lse", "entropy", "reads"} for r in parts)
+    patched = json.loads((out / "patched.json").read_text())
+    assert patched["device"] == "cpu" and [run["kept"] for run in patched["runs"]] == [0.001]
+    assert patched["runs"][0]["columns"] > 0 and np.isfinite(patched["runs"][0]["metric_columns"])
     meta = json.loads((out / "analyze-meta.json").read_text())
     assert meta["dtype"] == "float32" and {p["lse"] for p in meta["probes"].values()} == {"cpu-flash"}
