@@ -33,7 +33,9 @@ __all__ = ["cache_root", "source_key", "SourceKey", "lookup", "store", "cache_us
            "CacheUsage", "MANIFEST"]
 
 MANIFEST = "headscope-entry.json"
-FORMAT = 2  # bump when what an entry holds changes (2: CRC-32 of every file)
+# Bumped when what an entry holds or how it is keyed changes (2: CRC-32 of every file; 3: no
+# dtype keyed as float32). Entries of another format are stale: the next store removes them.
+FORMAT = 3
 _SAMPLE = 2**20  # bytes hashed from each end of the source file
 
 
@@ -70,7 +72,8 @@ class SourceKey:
 
 
 def source_key(path, dtype) -> SourceKey:
-    """The key of `path` loaded as `dtype` (None: as stored).
+    """The key of `path` loaded as `dtype`. None keys as float32, what a GGUF file dequantises to
+    when no dtype is asked for: one entry serves both.
 
     A changed file gets a new key through its size, its mtime (ns) or its first/last MiB; a
     file edited in the middle with size and mtime restored by hand is not noticed. A new
@@ -88,7 +91,8 @@ def source_key(path, dtype) -> SourceKey:
             digest.update(fh.read(_SAMPLE))
     versions = (("headscope", __version__), ("transformers", version("transformers")),
                 ("gguf", version("gguf")), ("torch", version("torch")), ("format", str(FORMAT)))
-    return SourceKey(str(path), stat.st_size, stat.st_mtime_ns, digest.hexdigest(), str(dtype), versions)
+    dtype = "torch.float32" if dtype is None else str(dtype)
+    return SourceKey(str(path), stat.st_size, stat.st_mtime_ns, digest.hexdigest(), dtype, versions)
 
 
 def _crc32(path: Path) -> int:
@@ -139,8 +143,9 @@ def lookup(key: SourceKey) -> Optional[Path]:
 def store(key: SourceKey, write: Callable[[Path], None]) -> Path:
     """Create the entry for `key`: `write(folder)` fills a temporary folder, renamed into place.
 
-    When another process stored the same entry first, its entry is kept and ours dropped. Older
-    entries of the same source file (other keys) are removed afterwards.
+    When another process stored the same entry first, its entry is kept and ours dropped. Stale
+    entries of the same source file (older contents, or other versions of headscope, transformers,
+    gguf or torch) are removed afterwards; the current file's entries in other dtypes stay.
     """
     final = key.folder
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -165,14 +170,17 @@ def store(key: SourceKey, write: Callable[[Path], None]) -> Path:
 
 
 def _prune_older(key: SourceKey) -> None:
+    current = {name: value for name, value in key.__dict__.items() if name != "dtype"}
+    current["versions"] = [list(pair) for pair in key.versions]  # as JSON gives it back
     for folder in _models_dir().iterdir():
         if folder.name.startswith(".") or folder == key.folder:
             continue
         try:
-            source = json.loads((folder / MANIFEST).read_text())["key"]["source"]
+            other = json.loads((folder / MANIFEST).read_text())["key"]
+            same_file = all(other[name] == value for name, value in current.items())
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if source == key.source:
+        if other["source"] == key.source and not same_file:
             _discard(folder)
 
 

@@ -3,6 +3,7 @@ import json
 import os
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from headscope.loading import load_cache as cache
@@ -32,6 +33,7 @@ def test_key_changes_with_the_file_and_the_dtype(source, own_cache):
     key = cache.source_key(source, None)
     assert cache.source_key(source, None) == key
     assert cache.source_key(source, "torch.bfloat16").digest != key.digest
+    assert cache.source_key(source, torch.float32) == key  # None: float32, what a GGUF file dequantises to
     stat = source.stat()
     for where in (0, stat.st_size - 1):  # first and last MiB, size and mtime put back
         data = bytearray(source.read_bytes())
@@ -85,6 +87,24 @@ def test_a_changed_file_replaces_its_older_entry(source, own_cache):
         fh.write(b"\x00")
     new = cache.store(cache.source_key(source, None), _write_files)
     assert new != old and not old.exists() and new.exists()
+
+
+def test_entries_of_other_dtypes_stay_until_the_file_changes(source, own_cache):
+    as_stored = cache.store(cache.source_key(source, None), _write_files)
+    in_bf16 = cache.store(cache.source_key(source, "torch.bfloat16"), _write_files)
+    assert as_stored.exists() and in_bf16.exists()  # one load in each dtype: no conversion thrashing
+    assert cache.lookup(cache.source_key(source, None)) == as_stored
+    with open(source, "ab") as fh:
+        fh.write(b"\x00")
+    new = cache.store(cache.source_key(source, None), _write_files)
+    assert new.exists() and not as_stored.exists() and not in_bf16.exists()
+
+
+def test_an_entry_of_another_format_is_removed_by_the_next_store(source, own_cache, monkeypatch):
+    old = cache.store(cache.source_key(source, "torch.bfloat16"), _write_files)
+    monkeypatch.setattr(cache, "FORMAT", cache.FORMAT + 1)
+    new = cache.store(cache.source_key(source, None), _write_files)
+    assert new.exists() and not old.exists()
 
 
 def test_a_truncated_entry_is_reported_in_one_line_and_removed(source, own_cache, capfd):

@@ -137,6 +137,13 @@ def test_a_modified_file_of_the_same_name_is_converted_again(gguf_copy, own_cach
     assert all(torch.equal(got[k], expected[k]) for k in expected)
 
 
+def test_float32_and_no_dtype_read_the_same_entry(converted, seeded, own_cache):
+    """The module's entry was stored by a load with no dtype; float32 asks for the same weights."""
+    loaded = headscope.load(str(converted.path), device="cpu", dtype="float32")
+    assert _entries(own_cache) == [seeded] and loaded.model.name_or_path == str(seeded)
+    assert next(loaded.model.parameters()).dtype == torch.float32
+
+
 def test_a_truncated_entry_is_rebuilt_with_one_line(converted, seeded, capfd):
     path, entry = str(converted.path), seeded
     assert headscope.load(path, device="cpu").model.name_or_path == str(entry)  # the copy is read
