@@ -10,7 +10,12 @@ For each model, on `headscope.task("ioi", SmolLM2's tokenizer, n=N)` in micro-ba
   "plain-once": the same passes once (the allocator's growth over repeated passes left out);
 - "eap-ig": `score_edges` with 5 steps (the default left rule): 2 + 5 forward, 5 backward passes;
 - with `--before DIR`, "eap-ig-before": the same scoring with the headscope found in DIR (a
-  checkout of an earlier commit), for before/after numbers.
+  checkout of an earlier commit), for before/after numbers;
+- "forward": one forward pass per micro-batch without a gradient, the baseline of
+- "patched": one patched run of `Circuit.evaluate` (`Patched.metric`, a random circuit keeping
+  10% of the edges) in micro-batches of `--batch` prompts, after the empty circuit's run, which
+  caches the corrupted run's senders as an evaluation does (its memory counted in the growth,
+  its time in `setup_seconds`, not in `seconds`).
 Recorded per contender: the peak resident set of the whole process (VmHWM, model included),
 the resident set once the model and task are loaded, their difference (the growth: what the
 contender itself needed), and the seconds it ran. Before the contender starts, the heap that
@@ -97,12 +102,28 @@ def contender(mode: str, model_name: str, n: int, batch: int) -> None:
             embedded = model.get_input_embeddings()(inputs.pop("input_ids")).detach().requires_grad_()
             metric = rows.score(model(inputs_embeds=embedded, **inputs, use_cache=False).logits.float()).sum()
             torch.autograd.grad(metric, embedded)
+    elif mode == "forward":
+        with torch.no_grad():
+            for start in range(0, n, batch):
+                model(**task.subset(slice(start, min(n, start + batch))).inputs("clean"), use_cache=False)
+    elif mode == "patched":
+        import numpy as np
+
+        from headscope.circuits.edge_patching import Patched
+
+        patched = Patched(target, graph, task, batch)
+        patched.metric(np.zeros(patched.n_edges, dtype=bool))  # the corrupted senders cached
+        kept = np.zeros(patched.n_edges, dtype=bool)
+        kept[np.random.default_rng(0).choice(patched.n_edges, patched.n_edges // 10, replace=False)] = True
+        setup, started = time.perf_counter() - started, time.perf_counter()
+        patched.metric(kept)
     else:
         score_edges(target, graph, task, "eap-ig", STEPS, batch)
     seconds = time.perf_counter() - started
     edges = sum(len(r.names) * len(r.upstream) for r in graph.receivers)
     print(json.dumps({"peak": resident_mib("VmHWM"), "loaded": loaded, "seconds": seconds, "edges": edges,
-                      "headscope": str(Path(headscope.__file__).parent)}))
+                      "headscope": str(Path(headscope.__file__).parent),
+                      **({"setup_seconds": setup} if mode == "patched" else {})}))
 
 
 def main() -> None:
@@ -121,7 +142,7 @@ def main() -> None:
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
     for name in args.models.split(","):
         result = {"n": args.n, "batch": args.batch, "steps": STEPS, "load_average_start": os.getloadavg()}
-        modes = ["plain", "plain-once", "eap-ig"] + (["eap-ig-before"] if args.before else [])
+        modes = ["plain", "plain-once", "eap-ig"] + (["eap-ig-before"] if args.before else []) + ["forward", "patched"]
         if args.modes:  # a rerun of some contenders beside the results already there
             result = dict(results.get(name, {}), load_average_start=os.getloadavg())
             modes = args.modes.split(",")
@@ -146,13 +167,18 @@ def main() -> None:
                 result[mode] = {key: statistics.median(run[key] for run in runs)
                                 for key in ("peak", "loaded", "growth", "seconds")}
                 result[mode].update(edges=runs[0]["edges"], headscope=runs[0]["headscope"], runs=runs)
+                if mode == "patched":
+                    result[mode]["setup_seconds"] = statistics.median(run["setup_seconds"] for run in runs)
             print(name, mode, json.dumps({k: v for k, v in result[mode].items() if k != "runs"}), flush=True)
-        plain, once = result["plain"], result["plain-once"]
+        plain, once = result.get("plain", {}), result.get("plain-once", {})
         for mode in [m for m in ("eap-ig", "eap-ig-before") if m in result]:
-            if "growth" in result[mode]:
+            if "growth" in result[mode] and "growth" in plain and "growth" in once:
                 result[f"{mode}_growth_ratio"] = result[mode]["growth"] / plain["growth"]
                 result[f"{mode}_growth_ratio_once"] = result[mode]["growth"] / once["growth"]
                 result[f"{mode}_time_ratio"] = result[mode]["seconds"] / plain["seconds"]
+        if "growth" in result.get("patched", {}) and "growth" in result.get("forward", {}):
+            result["patched_growth_ratio"] = result["patched"]["growth"] / result["forward"]["growth"]
+            result["patched_time_ratio"] = result["patched"]["seconds"] / result["forward"]["seconds"]
         result["load_average_end"] = os.getloadavg()
         results[name] = result
         print(name, json.dumps({k: v for k, v in result.items() if k.endswith("ratio")}), flush=True)

@@ -200,8 +200,8 @@ def prepare(checkout: Path, tmp: Path, sizes: list[str]) -> dict:
     paths = {"gguf": str(ALIASES["smollm2-135m"].location()), "minilm": str(ALIASES["minilm-l6"].location()),
              "bf16": str(tmp / "smollm2-bf16"), "cache": str(tmp / "cache")}
     script = PREPARE.format(here=str(HERE), bf16=paths["bf16"], sizes=sizes, tmp=str(tmp))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=_environment(checkout, Path(paths["cache"])))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=checkout,
+                         env=_environment(checkout, Path(paths["cache"])))  # (`-c`: the working folder comes first)
     if out.returncode:
         raise SystemExit(f"preparing failed:\n{out.stderr[-3000:]}")
     return {**paths, **json.loads(out.stdout.strip().splitlines()[-1])}

@@ -10,7 +10,10 @@ turn with a plain forward of the batch (`--repeat` times, the fastest of each ke
 moves all three alike. Both must give the same metric. One thread by default (a second process on the machine makes two threads noise).
 On CUDA each timing waits for the device (`torch.cuda.synchronize`); `--model` takes a folder of
 SmolLM2's shape (`benchmarks/gpu_model.py`), `--shares` the kept fractions, `--no-copies` skips
-the second contender.
+the second contender. `--together K` (default 2) adds a third: K circuits of the same share
+(the first and K - 1 more random draws) measured in one pass (`Patched.metrics`, as `evaluate`
+runs them where its batch size holds K copies of the prompts), its time per circuit against the
+plain forward of the N prompts; its first circuit's metric must be the default's.
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: the model's)")
     parser.add_argument("--shares", default="0.001,0.1,0.99", help="kept fractions of the edges, comma-separated")
     parser.add_argument("--no-copies", action="store_true", help="time the default (projection columns) only")
+    parser.add_argument("--together", type=int, default=2, help="circuits a pass for the side-by-side contender "
+                                                                "(1: not timed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = headscope.load(args.model, device=args.device, dtype=args.dtype)
@@ -68,7 +73,13 @@ def main() -> None:
     for share in (float(x) for x in args.shares.split(",")):
         kept = np.zeros(columns.n_edges, dtype=bool)
         kept[rng.choice(columns.n_edges, int(columns.n_edges * share), replace=False)] = True
-        plain = seconds_columns = seconds_copies = float("inf")
+        others = []
+        for _ in range(args.together - 1):
+            more = np.zeros(columns.n_edges, dtype=bool)
+            more[rng.choice(columns.n_edges, int(columns.n_edges * share), replace=False)] = True
+            others.append(more)
+        plain = seconds_columns = seconds_copies = seconds_side = float("inf")
+        side = None
         by_copies = None
         for _ in range(args.repeat):  # in turn, the fastest of each kept
             with torch.no_grad():
@@ -82,10 +93,18 @@ def main() -> None:
                 started = now()
                 by_copies = copies.metric(kept)
                 seconds_copies = min(seconds_copies, now() - started)
+            if others:
+                started = now()
+                side = columns.metrics([kept, *others])
+                seconds_side = min(seconds_side, now() - started)
         run = {"kept": share, "plain": plain, "columns": seconds_columns, "columns_ratio": seconds_columns / plain,
                "metric_columns": by_columns}
         if copies is not None:
             run.update(copies=seconds_copies, copies_ratio=seconds_copies / plain, metric_copies=by_copies)
+        if side is not None:
+            each = seconds_side / args.together
+            run.update(together=args.together, side_by_side_per_circuit=each, side_by_side_ratio=each / plain,
+                       metric_side_by_side=side[0])
         result["runs"].append(run)
         print(json.dumps(run), flush=True)
     result["load_average_end"] = os.getloadavg()

@@ -108,8 +108,9 @@ class Circuit:
             n_random: random circuits of the same sizes drawn as the baseline (0 to `MAX_RANDOM`).
             seed: their seed (0 to 2**63-1).
             loaded: the model (default: the one the circuit was found in; needed after `load`).
-            batch_size: prompts per forward pass.
-            progress: `progress(stage, done, total)`.
+            batch_size: prompts per forward pass; where it holds several copies of the task's
+                prompts, each pass runs that many circuits side by side (one copy each).
+            progress: `progress(stage, done, total)`, counting the circuits measured.
         Returns:
             DataFrame (size, n_edges, faithfulness, metric, random_mean, random_lo, random_hi);
             `attrs`: cpr, cmd, random_cpr, random_cmd, clean_metric, corrupted_metric.

@@ -50,7 +50,7 @@ from ..errors import HeadscopeError
 from .edges import Graph
 from .receiver_grads import head_plans
 from .target import Target, batches, output_logits, read_positions
-from .stream_copies import split_run
+from .stream_copies import _tiled, split_run
 
 __all__ = ["Patched", "plain_senders", "sender_change", "CACHE_BYTES"]
 
@@ -221,124 +221,234 @@ class Patched:
             plans[id(receiver)] = (weights, which.reshape(-1).tolist(), senders, lo, _row_sums(rows, upstream, hi - lo + 1))
         return plans
 
-    @torch.no_grad()
     def metric(self, kept: np.ndarray) -> float:
         """The task's mean metric with only `kept` edges clean."""
-        kept = np.asarray(kept, dtype=bool)
-        if kept.shape != (self.n_edges,):
-            raise HeadscopeError(f"kept marks {kept.size} edges, the graph has {self.n_edges}")
-        plans = self._plans(kept)
-        total = 0.0
+        return self.metrics([kept])[0]
+
+    @torch.no_grad()
+    def metrics(self, kept: list) -> list:
+        """The task's mean metric with only `kept[j]` edges clean, for each circuit j, all of them in
+        the same passes: each batch of prompts runs once with every circuit's copy of it side by side
+        (`len(kept)` times the batch's rows), each copy's receivers reading that circuit's deltas.
+        A circuit's metric equals its own run's (`metric`) up to float rounding."""
+        kept = [np.asarray(k, dtype=bool) for k in kept]
+        bad = next((k for k in kept if k.shape != (self.n_edges,)), None)
+        if bad is not None:
+            raise HeadscopeError(f"kept marks {bad.size} edges, the graph has {self.n_edges}")
+        if not kept:
+            return []
+        plans = [self._plans(k) for k in kept]
+        copies = len(kept)
+        totals = [0.0] * copies
         for index, part in enumerate(self.parts):
-            clean, positions, reference, corrupted = self._batch(index, need_corrupted=bool(plans))
-            shape = corrupted.shape[1:] if corrupted is not None else None  # (B, T, D)
-            moved = torch.empty_like(corrupted) if corrupted is not None else None  # (S, B, T, D); set as read
-            ready = np.zeros(len(self.graph.senders), dtype=bool)
-            running = [torch.zeros_like(moved[0]) if moved is not None else None, 0]  # sum of moved[:count], count
-            most = max((len(plan[0]) for plan in plans.values()), default=0)
-            # every delta is made here: a receiver's is used up (its copies made) before the next one's
-            scratch = moved.new_empty((most, *shape)) if moved is not None else None
-            groups = _product_groups(self.graph, plans)  # id(receiver) -> its group, receivers in pass order
-            widest = max((sum(len(plans[id(r)][0]) for r in g) for g in groups.values()), default=0)
-            buffers = [moved.new_empty((widest, shape.numel())) for _ in range(2)] if groups else []
-            group_of_buffer, group_counter, written_upto = [0, 0], [0], [0]
-            partial: dict = {}  # id(receiver) -> (its share of its group's product, senders then written,
-            #                      the buffer holding it, the group number that wrote the buffer)
-
-            def move(us):
-                for u in us:
-                    if not ready[u]:
-                        torch.sub(state.senders[u].float(), corrupted[u], out=moved[u])
-                        ready[u] = True
-
-            def summed(prefix, rows):
-                """`[C, B, T, D]`: each row's -sum of moved over its dropped senders."""
-                if prefix:
-                    move(range(running[1], prefix))
-                    for u in range(running[1], prefix):
-                        running[0].add_(moved[u])
-                    running[1] = prefix
-                out = scratch[:len(rows)]
-                for row, (from_total, indices) in zip(out, rows):
-                    move(indices)
-                    if from_total:  # -(running total - kept) = kept - total
-                        torch.neg(running[0], out=row)
-                        for u in indices:
-                            row.add_(moved[u])
-                    else:
-                        row.zero_()
-                        for u in indices:
-                            row.sub_(moved[u])
-                return out
-
-            def set_run(first: int, stop: int) -> None:
-                """Every sender first..stop - 1 of `moved` set (a weight 0 times an unset value could be
-                NaN): moved where written, else 0 (not written yet in this pass, and so not dropped)."""
-                for u in range(first, stop):
-                    if u in state.senders:
-                        move((u,))
-                    elif not ready[u]:
-                        moved[u].zero_()
-
-            def product(receiver, weights, lo):
-                """The receiver's delta by the product: its share of its group's product over the senders
-                written when the group's first receiver ran, plus its own over the rest."""
-                group = groups.get(id(receiver))
-                if group is not None and group[0] is receiver:
-                    start_group(group)
-                held = partial.pop(id(receiver), None)
-                if held is None or group_of_buffer[held[2]] != held[3]:  # alone (or its share overwritten)
-                    set_run(lo, lo + weights.shape[1])
-                    sources = moved[lo:lo + weights.shape[1]].reshape(weights.shape[1], -1)  # a view
-                    return torch.mm(weights.to(moved.device), sources, out=scratch[:len(weights)].view(len(weights), -1))
-                out, written, _, _ = held
-                first = max(written, lo)
-                if first < lo + weights.shape[1]:  # the senders written since the group's product
-                    set_run(first, lo + weights.shape[1])
-                    out.addmm_(weights[:, first - lo:].to(moved.device), moved[first:lo + weights.shape[1]].reshape(
-                        lo + weights.shape[1] - first, -1))
-                return out
-
-            def start_group(group):
-                """One product for every receiver of `group` over the senders written so far (read once
-                for all of them), each receiver's share kept for its own call."""
-                while written_upto[0] < len(self.graph.senders) and written_upto[0] in state.senders:
-                    written_upto[0] += 1
-                written = written_upto[0]
-                first = min(plans[id(r)][3] for r in group)
-                if written <= first:
-                    return
-                stacked = torch.zeros(sum(len(plans[id(r)][0]) for r in group), written - first)
-                offsets, at = [], 0
-                for r in group:
-                    weights, lo = plans[id(r)][0], plans[id(r)][3]
-                    width = max(0, min(lo + weights.shape[1], written) - lo)
-                    stacked[at:at + len(weights), lo - first:lo - first + width] = weights[:, :width]
-                    offsets.append(at)
-                    at += len(weights)
-                set_run(first, written)
-                which = group_counter[0] % 2  # two buffers: a group's shares last until its receivers ran
-                group_counter[0] += 1
-                group_of_buffer[which] = group_counter[0]
-                out = buffers[which][:len(stacked)]
-                torch.mm(stacked.to(moved.device), moved[first:written].reshape(written - first, -1), out=out)
-                for r, offset in zip(group, offsets):
-                    partial[id(r)] = (out[offset:offset + len(plans[id(r)][0])], written, which, group_counter[0])
-
-            def delta_for(receiver):
-                plan = plans.get(id(receiver))
-                if plan is None:
-                    return None
-                weights, which, senders, lo, sums = plan
-                delta = summed(*sums) if sums is not None and id(receiver) not in groups else product(receiver, weights, lo)
-                delta = delta.reshape(len(weights), *shape).to(state.senders[int(senders[0])].dtype)
-                return (delta, which) if receiver.kind == "heads" else delta
-
-            if plans and self.head_plans is None:
+            clean, positions, reference, corrupted = self._batch(index, need_corrupted=any(plans))
+            batch = part.stop - part.start
+            if copies > 1:  # every circuit's copy of the batch, one after the other
+                clean, positions = _tiled(clean, batch, copies), positions.repeat(copies)
+            if any(plans) and self.head_plans is None:
                 self.head_plans = head_plans(self.target, self.graph, clean)
-            with split_run(self.target, self.graph, delta_for, head_plans=self.head_plans) as state, \
+            makers = [_Deltas(self.graph, plan, corrupted, slice(j * batch, (j + 1) * batch) if copies > 1 else None)
+                      if plan else None for j, plan in enumerate(plans)]
+            with split_run(self.target, self.graph, _SideBySide(makers, batch),
+                           head_plans=self.head_plans) as state, \
                     read_positions(self.target.model, positions) as head:  # (the metric reads no other logits)
-                logits = head.logits(self.target.model(**clean, use_cache=False))
+                for maker in makers:
+                    if maker is not None:
+                        maker.state = state
+                logits = self.target.aligned(head.logits(self.target.model(**clean, use_cache=False)))
             rows = self.task.subset(part)
-            total += float(rows.score(self.target.aligned(logits), reference=reference).double().sum())
-        return total / self.task.n
+            for j in range(copies):
+                mine = logits[j * batch:(j + 1) * batch]
+                totals[j] += float(rows.score(mine, reference=reference).double().sum())
+        return [total / self.task.n for total in totals]
+
+
+class _SideBySide:
+    """`delta_for` of a pass over every circuit's copy of a batch (`Patched.metrics`): the one
+    circuit's own deltas (`_Deltas.delta_for`), or the circuits' side by side along the batch:
+    an MLP's (or the logits') in one buffer reused by every receiver (a receiver's delta is used
+    up before the next one's is made), a head block's as `_Combined` rows."""
+
+    def __init__(self, makers: list, batch: int):
+        self.makers, self.batch = makers, batch
+        self.buffer: Optional[torch.Tensor] = None
+
+    def __call__(self, receiver):
+        makers, batch = self.makers, self.batch
+        if len(makers) == 1:
+            return makers[0].delta_for(receiver) if makers[0] is not None else None
+        own = [maker.delta_for(receiver) if maker is not None else None for maker in makers]
+        if all(d is None for d in own):
+            return None
+        if receiver.kind == "heads":
+            own = [d if d is None else (d if isinstance(d, tuple) else (d, list(range(len(d))))) for d in own]
+            keys = [tuple(-1 if d is None else d[1][i] for d in own) for i in range(len(receiver.names))]
+            combined: dict = {}
+            which = [combined.setdefault(key, len(combined)) for key in keys]
+            return _Combined([None if d is None else d[0] for d in own], list(combined), batch), which
+        like = next(d for d in own if d is not None)
+        shape = (1, len(makers) * batch, *like.shape[2:])
+        if self.buffer is None or self.buffer.shape != shape or self.buffer.dtype != like.dtype:
+            self.buffer = like.new_empty(shape)
+        for j, d in enumerate(own):
+            part = self.buffer[0, j * batch:(j + 1) * batch]
+            part.zero_() if d is None else part.copy_(d[0])
+        return self.buffer
+
+
+class _Combined:
+    """A head block's delta rows for every circuit's copy of a batch, side by side along the
+    batch, without assembling them: row c is, for circuit j, `own[j][keys[c][j]]` (zero where
+    the key is -1 or the circuit drops nothing there). `added_to(stream, c)` writes
+    `stream + row c` part by part (`headscope.circuits.stream_copies` reads them so);
+    `dense()` assembles the rows."""
+
+    def __init__(self, own: list, keys: list, batch: int):
+        self.own, self.keys, self.batch = own, keys, batch
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _parts(self, c: int):
+        for j, row in enumerate(self.keys[c]):
+            yield slice(j * self.batch, (j + 1) * self.batch), (None if row < 0 else self.own[j][row])
+
+    def added_to(self, stream: torch.Tensor, c: int) -> torch.Tensor:
+        out = torch.empty_like(stream)
+        for part, row in self._parts(c):
+            if row is None:
+                out[part] = stream[part]
+            else:
+                torch.add(stream[part], row.to(stream.dtype), out=out[part])
+        return out
+
+    def dense(self) -> torch.Tensor:
+        like = next(o for o in self.own if o is not None)
+        out = like.new_zeros((len(self.keys), len(self.keys[0]) * self.batch, *like.shape[2:]))
+        for c in range(len(self.keys)):
+            for part, row in self._parts(c):
+                if row is not None:
+                    out[c, part] = row
+        return out
+
+
+class _Deltas:
+    """One circuit's deltas through one pass over one batch (`Patched.metrics`); `part` the rows
+    of the pass that are this circuit's copy of the batch (None: all of them). `state`, the pass's
+    `SplitRun`, is set once the pass starts."""
+
+    def __init__(self, graph: Graph, plans: dict, corrupted: torch.Tensor, part: Optional[slice]):
+        self.graph, self.plans, self.corrupted, self.part = graph, plans, corrupted, part
+        self.state = None
+        self.shape = corrupted.shape[1:]  # (B, T, D)
+        self.moved = torch.empty_like(corrupted)  # (S, B, T, D); set as read
+        self.ready = np.zeros(len(graph.senders), dtype=bool)
+        self.running = [torch.zeros_like(self.moved[0]), 0]  # sum of moved[:count], count
+        most = max(len(plan[0]) for plan in plans.values())
+        # every delta is made here: a receiver's is used up (its copies made) before the next one's
+        self.scratch = self.moved.new_empty((most, *self.shape))
+        self.groups = _product_groups(graph, plans)  # id(receiver) -> its group, receivers in pass order
+        widest = max((sum(len(plans[id(r)][0]) for r in g) for g in self.groups.values()), default=0)
+        self.buffers = [self.moved.new_empty((widest, self.shape.numel())) for _ in range(2)] if self.groups else []
+        self.group_of_buffer, self.group_counter, self.written_upto = [0, 0], 0, 0
+        self.partial: dict = {}  # id(receiver) -> (its share of its group's product, senders then written,
+        #                           the buffer holding it, the group number that wrote the buffer)
+
+    def sender(self, u: int) -> torch.Tensor:
+        value = self.state.senders[u]
+        return value if self.part is None else value[self.part]
+
+    def move(self, us) -> None:
+        for u in us:
+            if not self.ready[u]:
+                torch.sub(self.sender(u).float(), self.corrupted[u], out=self.moved[u])
+                self.ready[u] = True
+
+    def summed(self, prefix, rows):
+        """`[C, B, T, D]`: each row's -sum of moved over its dropped senders."""
+        moved, running = self.moved, self.running
+        if prefix:
+            self.move(range(running[1], prefix))
+            for u in range(running[1], prefix):
+                running[0].add_(moved[u])
+            running[1] = prefix
+        out = self.scratch[:len(rows)]
+        for row, (from_total, indices) in zip(out, rows):
+            self.move(indices)
+            if from_total:  # -(running total - kept) = kept - total
+                torch.neg(running[0], out=row)
+                for u in indices:
+                    row.add_(moved[u])
+            else:
+                row.zero_()
+                for u in indices:
+                    row.sub_(moved[u])
+        return out
+
+    def set_run(self, first: int, stop: int) -> None:
+        """Every sender first..stop - 1 of `moved` set (a weight 0 times an unset value could be
+        NaN): moved where written, else 0 (not written yet in this pass, and so not dropped)."""
+        for u in range(first, stop):
+            if u in self.state.senders:
+                self.move((u,))
+            elif not self.ready[u]:
+                self.moved[u].zero_()
+
+    def product(self, receiver, weights, lo):
+        """The receiver's delta by the product: its share of its group's product over the senders
+        written when the group's first receiver ran, plus its own over the rest."""
+        moved = self.moved
+        group = self.groups.get(id(receiver))
+        if group is not None and group[0] is receiver:
+            self.start_group(group)
+        held = self.partial.pop(id(receiver), None)
+        stop = lo + weights.shape[1]
+        if held is None or self.group_of_buffer[held[2]] != held[3]:  # alone (or its share overwritten)
+            self.set_run(lo, stop)
+            sources = moved[lo:stop].reshape(weights.shape[1], -1)  # a view
+            return torch.mm(weights.to(moved.device), sources, out=self.scratch[:len(weights)].view(len(weights), -1))
+        out, written, _, _ = held
+        first = max(written, lo)
+        if first < stop:  # the senders written since the group's product
+            self.set_run(first, stop)
+            out.addmm_(weights[:, first - lo:].to(moved.device), moved[first:stop].reshape(stop - first, -1))
+        return out
+
+    def start_group(self, group):
+        """One product for every receiver of `group` over the senders written so far (read once
+        for all of them), each receiver's share kept for its own call."""
+        plans, moved = self.plans, self.moved
+        while self.written_upto < len(self.graph.senders) and self.written_upto in self.state.senders:
+            self.written_upto += 1
+        written = self.written_upto
+        first = min(plans[id(r)][3] for r in group)
+        if written <= first:
+            return
+        stacked = torch.zeros(sum(len(plans[id(r)][0]) for r in group), written - first)
+        offsets, at = [], 0
+        for r in group:
+            weights, lo = plans[id(r)][0], plans[id(r)][3]
+            width = max(0, min(lo + weights.shape[1], written) - lo)
+            stacked[at:at + len(weights), lo - first:lo - first + width] = weights[:, :width]
+            offsets.append(at)
+            at += len(weights)
+        self.set_run(first, written)
+        which = self.group_counter % 2  # two buffers: a group's shares last until its receivers ran
+        self.group_counter += 1
+        self.group_of_buffer[which] = self.group_counter
+        out = self.buffers[which][:len(stacked)]
+        torch.mm(stacked.to(moved.device), moved[first:written].reshape(written - first, -1), out=out)
+        for r, offset in zip(group, offsets):
+            self.partial[id(r)] = (out[offset:offset + len(plans[id(r)][0])], written, which, self.group_counter)
+
+    def delta_for(self, receiver):
+        plan = self.plans.get(id(receiver))
+        if plan is None:
+            return None
+        weights, which, senders, lo, sums = plan
+        if sums is not None and id(receiver) not in self.groups:
+            delta = self.summed(*sums)
+        else:
+            delta = self.product(receiver, weights, lo)
+        delta = delta.reshape(len(weights), *self.shape).to(self.sender(int(senders[0])).dtype)
+        return (delta, which) if receiver.kind == "heads" else delta

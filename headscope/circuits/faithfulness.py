@@ -106,6 +106,35 @@ def _aligned_scores(edges, names: list) -> np.ndarray:
     return edges.score.to_numpy(dtype=float)[[position[n] for n in names]]  # rows in any order
 
 
+def _measure(patched: Patched, circuits, together: int, progress, total: int) -> list:
+    """Each of `circuits`' (an iterable of edge masks) mean metric, `together` circuits per pass
+    (`Patched.metrics`), holding no more masks than one pass's; a circuit listed again (a size at
+    which both rankings keep the same edges) runs once. Progress counts the circuits measured,
+    after the empty and full ones."""
+    keys, values, pending = [], {}, {}  # pending: packed mask -> mask, for the next pass
+    shown = [2]
+
+    def run():
+        if pending:
+            values.update(zip(pending, patched.metrics(list(pending.values()))))
+            pending.clear()
+        if progress is not None and shown[0] != 2 + len(keys):
+            shown[0] = 2 + len(keys)
+            progress("evaluate", shown[0], total)
+
+    for kept in circuits:
+        key = np.packbits(kept).tobytes()
+        keys.append(key)
+        if key not in values and key not in pending:
+            pending[key] = kept
+            if len(pending) == together:
+                run()
+        elif not pending:  # measured already, and nothing waits before it
+            run()
+    run()
+    return [values[key] for key in keys]
+
+
 def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batch_size: int = 16, progress=None):
     """Faithfulness of `circuit` at each size and of random circuits of the same sizes (module docstring).
 
@@ -142,33 +171,33 @@ def evaluate(circuit, loaded: Any, sizes, n_random: int = 5, seed: int = 0, batc
     signed = _ranked(toward_clean(scores, clean, empty))
     absolute = _ranked(np.abs(scores))
     rng = np.random.default_rng(seed)
-    measured: dict = {}
+    circuits = []  # (size, edges kept, column suffix or draw) in the order they are drawn
 
-    done = [2]
+    def masks():
+        for size in sizes:
+            count = max(1, int(round(n_edges * size / 100)))
+            for suffix, order in (("", signed), ("_abs", absolute)):
+                kept = np.zeros(n_edges, dtype=bool)
+                kept[order[:count]] = True
+                circuits.append((size, count, suffix))
+                yield kept
+            for draw in range(n_random):
+                chosen = np.zeros(n_edges, dtype=bool)
+                chosen[rng.choice(n_edges, size=count, replace=False)] = True
+                circuits.append((size, count, draw))
+                yield chosen
 
-    def faithfulness(kept) -> tuple:
-        key = np.packbits(kept).tobytes()
-        if key not in measured:  # a size at which both rankings keep the same edges runs once
-            measured[key] = patched.metric(kept)
-        done[0] += 1
-        if progress is not None:  # a run at a time
-            progress("evaluate", done[0], total)
-        return (measured[key] - empty) / (clean - empty), measured[key]
-
-    rows, random_rows = [], []
-    for i, size in enumerate(sizes):
-        count = max(1, int(round(n_edges * size / 100)))
-        row = dict(size=size, n_edges=count)
-        for suffix, order in (("", signed), ("_abs", absolute)):
-            kept = np.zeros(n_edges, dtype=bool)
-            kept[order[:count]] = True
-            row[f"faithfulness{suffix}"], row[f"metric{suffix}"] = faithfulness(kept)
-        rows.append(row)
-        for draw in range(n_random):
-            chosen = np.zeros(n_edges, dtype=bool)
-            chosen[rng.choice(n_edges, size=count, replace=False)] = True
-            f, value = faithfulness(chosen)
-            random_rows.append(dict(draw=draw, size=size, n_edges=count, faithfulness=f, metric=value))
+    together = max(1, batch_size // task.n)  # circuits per pass: as many copies of the prompts as a batch holds
+    measured = _measure(patched, masks(), together, progress, total)
+    rows, random_rows = {}, []
+    for (size, count, which), value in zip(circuits, measured):
+        f = (value - empty) / (clean - empty)
+        if isinstance(which, str):
+            rows.setdefault(size, dict(size=size, n_edges=count)).update({f"faithfulness{which}": f,
+                                                                            f"metric{which}": value})
+        else:
+            random_rows.append(dict(draw=which, size=size, n_edges=count, faithfulness=f, metric=value))
+    rows = list(rows.values())
     evaluation = pd.DataFrame(rows, columns=["size", "n_edges", "faithfulness", "metric", "faithfulness_abs",
                                              "metric_abs"])
     random = pd.DataFrame(random_rows, columns=["draw", "size", "n_edges", "faithfulness", "metric"])

@@ -16,7 +16,9 @@ forward pass of the model
   value from copies (h, k) and (h, v), its key/value head's slice, given to the kernel per
   query head. For a block, `delta_for` may instead return `(rows, which)`: `rows` `[copies,
   batch, pos, d_model]` the distinct deltas and `which[i]` the row that name i reads, so that
-  names with the same delta share one copy;
+  names with the same delta share one copy; `rows` may also be an object of `len(rows)` rows
+  that makes `stream + rows[c]` itself (`rows.added_to(stream, c)`) and gives the tensor on
+  `rows.dense()` (deltas assembled from parts, copied only where the block runs on its copies);
 - with `embed(ids_embedding) -> tensor`, replaces the embedding's output (EAP-IG's interpolation);
 - where a norm stands between a head block and the stream (`graph.head_post`), replaces each
   head's output by its share of the norm's output at the run's frozen scale.
@@ -258,6 +260,8 @@ class SplitRun:
             if picked is not None:
                 self.splitter.pending[receiver.layer] = picked
                 return None
+        if not isinstance(rows, torch.Tensor):  # rows given by parts (`added_to`): the tensor itself
+            rows = rows.dense()
         copies = stream.unsqueeze(0) + rows.to(stream.dtype)  # (C, B, T, D), C = 3H or the distinct rows
         batch = stream.shape[0]
         flat = copies.reshape(-1, *stream.shape[1:])
@@ -307,7 +311,8 @@ class SplitRun:
                     reads.setdefault(which[3 * h + part], []).append((j, cols, h, part))
         values = {}  # (projection index, head, part) -> the copy's value on those columns
         for copy, wanted in reads.items():
-            given = stream + rows[copy].to(stream.dtype)
+            given = stream + rows[copy].to(stream.dtype) if isinstance(rows, torch.Tensor) \
+                else rows.added_to(stream, copy)
             if receiver.norm is not None:
                 given = receiver.norm(given)
             given = given.reshape(-1, given.shape[-1])

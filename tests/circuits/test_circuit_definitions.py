@@ -381,19 +381,40 @@ def test_a_long_run_is_estimated_after_its_first_pass(llama, monkeypatch):
     eap.check_estimate(1.0, 3600)  # exactly an hour: neither
 
 
+def test_an_evaluation_with_several_circuits_a_pass_equals_one_a_pass(llama):
+    """`evaluate` runs as many circuits a pass as `batch_size` holds copies of the prompts: the
+    tables (the method's curves, the random draws, CPR and CMD) are those of a circuit a pass."""
+    task = random_task(seed=1)
+    found = circuit(llama, task, method="eap")
+    one = found.evaluate(sizes=[1, 10, 50], n_random=2, batch_size=task.n)
+    one_random = found.random
+    many = found.evaluate(sizes=[1, 10, 50], n_random=2, batch_size=4 * task.n)
+    many_random = found.random
+    for column in ("faithfulness", "metric", "faithfulness_abs", "metric_abs", "random_mean"):
+        assert many[column].to_numpy() == pytest.approx(one[column].to_numpy(), rel=1e-5, abs=1e-6)
+    assert many_random.faithfulness.to_numpy() == pytest.approx(one_random.faithfulness.to_numpy(), rel=1e-5, abs=1e-6)
+    assert (many_random[["draw", "size", "n_edges"]] == one_random[["draw", "size", "n_edges"]]).all().all()
+    for key in ("cpr", "cmd", "random_cpr", "random_cmd"):
+        assert many.attrs[key] == pytest.approx(one.attrs[key], rel=1e-5, abs=1e-6)
+
+
 def test_an_evaluation_counts_its_runs_and_is_estimated_after_the_empty_circuit(llama, monkeypatch):
-    """Progress moves a patched run at a time up to every run; an evaluation estimated over a day
-    from the empty circuit's run is refused before the other runs."""
+    """Progress moves a patched run at a time up to every run, or a pass at a time where a pass
+    runs several circuits; an evaluation estimated over a day from the empty circuit's run is
+    refused before the other runs."""
     import itertools
 
     from headscope.circuits import faithfulness
 
     task = random_task(seed=1)
     found = circuit(llama, task, method="eap")
-    seen = []
-    found.evaluate(sizes=[1, 50], n_random=2, progress=lambda stage, done, total: seen.append((stage, done, total)))
     # 1%, 50% and the 100% always added: 2 + 3 x (2 rankings + 2 random) runs
-    assert [done for _, done, _ in seen] == list(range(2, 15)) and {total for *_, total in seen} == {14}
+    for batch_size, steps in ((task.n, list(range(2, 15))), (3 * task.n, [2, 5, 8, 11, 12, 13, 14])):  # 1 or 3 a pass
+        # (at 100% every circuit is the full one: measured once, counted as each comes)
+        seen = []
+        found.evaluate(sizes=[1, 50], n_random=2, batch_size=batch_size,
+                       progress=lambda stage, done, total: seen.append((stage, done, total)))
+        assert [done for _, done, _ in seen] == steps and {total for *_, total in seen} == {14}
     ticks = itertools.count(0, 20000.0)
     monkeypatch.setattr(faithfulness.time, "monotonic", lambda: next(ticks))
     runs = []

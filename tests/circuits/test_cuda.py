@@ -56,3 +56,17 @@ def test_bf16_circuits_on_cuda_end_at_the_model_and_the_corrupted_run(family):
     # one the corrupted run, in the model's own dtype: the bf16 forward's metrics within its rounding.
     assert table.attrs["clean_metric"] == pytest.approx(_metric(model, task, "clean"), abs=2e-2)
     assert table.attrs["corrupted_metric"] == pytest.approx(_metric(model, task, "corrupted"), abs=2e-2)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_circuits_side_by_side_on_cuda_equal_the_cpus_one_a_pass(family):
+    """Several circuits a pass (`batch_size` holding 4 copies of the prompts) on the GPU give the
+    CPU's one-circuit-a-pass metrics."""
+    model = scaled_family(family)
+    task = random_task(seed=5)
+    found = circuit(model, task, method="eap", batch_size=3)
+    cpu = found.evaluate(sizes=[1, 10, 50], n_random=2, batch_size=task.n)
+    gpu = found.evaluate(sizes=[1, 10, 50], n_random=2, batch_size=4 * task.n,
+                         loaded=copy.deepcopy(model).to("cuda"))
+    for column in ("metric", "metric_abs", "random_mean"):
+        np.testing.assert_allclose(gpu[column].values, cpu[column].values, rtol=0, atol=1e-5)

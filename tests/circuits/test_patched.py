@@ -239,3 +239,43 @@ def test_distinct_rows_are_numpys_up_to_their_order():
         assert {r.tobytes() for r in rows} == {r.tobytes() for r in expected} and len(rows) == len(expected)
         assert np.array_equal(which[:, None] == which[None, :], inverse[:, None] == inverse[None, :])
         assert list(which[np.sort(np.unique(which, return_index=True)[1])]) == list(range(len(rows)))
+
+
+@pytest.mark.parametrize("family", BLOCK_FAMILIES)
+def test_circuits_side_by_side_in_one_pass_equal_each_run_alone(family):
+    """`Patched.metrics` runs several circuits in one pass, each on its own copy of the batch
+    (a combined copy per distinct combination of the circuits' rows): each circuit's metric is
+    its own run's, with circuits that keep every edge, none, or share rows among them, over
+    batches of uneven size."""
+    model = scaled_family(family).requires_grad_(False)
+    task = _task(seed=4)
+    graph, patched = _patched(model, task)
+    rng = np.random.default_rng(8)
+    n = patched.n_edges
+    heads_only = np.ones(n, dtype=bool)
+    heads_only[patched.spans[0]] = False  # the first receiver alone drops its edges
+    masks = [rng.random(n) < 0.05, np.ones(n, dtype=bool), rng.random(n) < 0.5, heads_only,
+             np.zeros(n, dtype=bool), rng.random(n) < 0.95]
+    alone = [patched.metric(kept) for kept in masks]
+    assert patched.metrics(masks) == pytest.approx(alone, rel=1e-5, abs=1e-6)
+    assert patched.metrics(masks[:2]) == pytest.approx(alone[:2], rel=1e-5, abs=1e-6)
+    assert patched.metrics([]) == []
+    _, copies = _patched(model, task)
+    copies.head_plans = {}  # every head block runs on its copies: the combined rows assembled
+    assert copies.metrics(masks) == pytest.approx(alone, rel=1e-5, abs=1e-6)
+    with pytest.raises(HeadscopeError, match="edges"):
+        patched.metrics([masks[0], np.ones(n - 1, dtype=bool)])
+
+
+def test_circuits_side_by_side_under_the_kl_metric_each_read_the_clean_run():
+    """Under kl every circuit's copy of the batch is scored against the same clean logits."""
+    model = _scaled(tiny_model("llama"), 0.2)
+    task = _task(seed=7).with_metric("kl")
+    _, patched = _patched(model, task)
+    rng = np.random.default_rng(9)
+    masks = [np.ones(patched.n_edges, dtype=bool), rng.random(patched.n_edges) < 0.4,
+             np.zeros(patched.n_edges, dtype=bool)]
+    together = patched.metrics(masks)
+    assert together[0] == pytest.approx(0.0, abs=1e-6)
+    assert together == pytest.approx([patched.metric(kept) for kept in masks], rel=1e-5, abs=1e-6)
+    assert together[2] < -1e-4  # the empty circuit: the corrupted run, away from the clean one
