@@ -16,8 +16,9 @@
 #      (dry run: 128 x 2, 256 x 1, one timed repeat), rows in DIR/rows.jsonl
 #   6. one layer's lazy pass in parts against SDPA (benchmarks/bench_gpu_parts.py), same sizes,
 #      rows in DIR/parts.jsonl
-#   7. circuits: patched runs (the runs behind Circuit.evaluate) against a forward on IOI, n = 8
-#      (benchmarks/patched_runs.py; dry run: n = 2, one share, one contender), DIR/patched.json
+#   7. circuits: patched runs (the runs behind Circuit.evaluate) against a forward on IOI, n = 8,
+#      also two circuits a pass (benchmarks/patched_runs.py; dry run: n = 2, one share, no
+#      copies contender), DIR/patched.json
 # DIR defaults to $OUT when set (the device tool's folder that comes back), else benchmarks/gpu-run.
 #
 # The model: smollm2-135m where its package is installed; else the folder benchmarks/gpu-model

@@ -179,7 +179,7 @@ def circuit_command(
                           seed=seed, metric=metric, device=device, dtype=dtype, no_cache=no_cache)
     built = started.task
     typer.echo(f"task: {built.name}, {built.n} prompt pairs, metric {built.metric}")
-    bars = Bars()
+    bars = Bars(units={"circuit (": "pass", "evaluate": "circuit"})  # scoring's forward/backward pairs, evaluate's circuits
     found = headscope.circuit(started.loaded, built, method=method, steps=steps, batch_size=batch_size, progress=bars,
                               riemann=riemann, max_memory=None if max_memory is None else int(max_memory * 2**30))
     meta = found.meta

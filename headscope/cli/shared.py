@@ -135,12 +135,14 @@ def default_out(model: str) -> Path:
 
 class Bars:
     """tqdm bars on stderr, one per stage, fed by analyze's progress callback. A command that
-    fails closes the bars still open (`close_all`), so its error line starts a line of its own."""
+    fails closes the bars still open (`close_all`), so its error line starts a line of its own.
+    `units` names what a stage counts, by the start of its name (default: batches)."""
 
     open: set = set()
 
-    def __init__(self):
+    def __init__(self, units: Optional[dict] = None):
         self.bars = {}
+        self.units = units or {}
 
     @classmethod
     def close_all(cls) -> None:
@@ -155,7 +157,8 @@ class Bars:
 
         bar = self.bars.get(stage)
         if bar is None:
-            bar = self.bars[stage] = tqdm(total=total, desc=stage, unit="batch", file=sys.stderr, leave=True)
+            unit = next((u for start, u in self.units.items() if stage.startswith(start)), "batch")
+            bar = self.bars[stage] = tqdm(total=total, desc=stage, unit=unit, file=sys.stderr, leave=True)
             Bars.open.add(self)
         bar.update(done - bar.n)
         if done >= total:

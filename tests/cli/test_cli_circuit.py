@@ -50,6 +50,8 @@ def test_the_planted_circuit_and_its_folder(found):
     assert lines[4].startswith("faithfulness: CPR ") and "random circuits" in lines[4]
     assert f"report: {out / 'index.html'}" in lines
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    bars = result.stderr  # scoring counts forward/backward passes, the evaluation circuits
+    assert ("pass/s" in bars or "s/pass" in bars) and ("circuit/s" in bars or "s/circuit" in bars), bars
 
 
 def test_without_evaluation(planted_path, tmp_path):

@@ -37,5 +37,7 @@ def test_the_dry_run_passes_every_step(tmp_path):
     patched = json.loads((out / "patched.json").read_text())
     assert patched["device"] == "cpu" and [run["kept"] for run in patched["runs"]] == [0.001]
     assert patched["runs"][0]["columns"] > 0 and np.isfinite(patched["runs"][0]["metric_columns"])
+    # two circuits a pass: the first one's metric is its own run's
+    assert patched["runs"][0]["metric_side_by_side"] == pytest.approx(patched["runs"][0]["metric_columns"], abs=1e-5)
     meta = json.loads((out / "analyze-meta.json").read_text())
     assert meta["dtype"] == "float32" and {p["lse"] for p in meta["probes"].values()} == {"cpu-flash"}
