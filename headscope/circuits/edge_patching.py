@@ -32,7 +32,9 @@ stays fast on a model of a few hundred senders:
   runs on the stream once per round of heads whose projection columns do not overlap, each
   projection's output columns of the round's heads replaced by their copy times those weight
   rows (`split_run`'s `head_plans`); with grouped-query attention, a round per query head
-  sharing a key/value head;
+  sharing a key/value head. Where the block's norm is an RMSNorm and the stream float32, a copy
+  does not run the norm: its gain goes into those weight rows and the copy's per-row scale
+  multiplies the product (`split_run`'s `norms`, checked against the module once per norm);
 - a receiver that drops nothing reads the stream as it is;
 - the LM head computes the logits at each prompt's answer position only
   (`headscope.circuits.target.read_positions`): the metric reads nothing else;
@@ -176,6 +178,7 @@ class Patched:
             start += width
         self.n_edges = start
         self.head_plans: Optional[dict] = None  # found on the first batch, when a run first needs it
+        self.norms: dict = {}  # the head blocks' norms applied inside their projection columns (`split_run`)
 
     def _batch(self, index: int, need_corrupted: bool):
         if index in self.cached:
@@ -250,7 +253,7 @@ class Patched:
             makers = [_Deltas(self.graph, plan, corrupted, slice(j * batch, (j + 1) * batch) if copies > 1 else None)
                       if plan else None for j, plan in enumerate(plans)]
             with split_run(self.target, self.graph, _SideBySide(makers, batch),
-                           head_plans=self.head_plans) as state, \
+                           head_plans=self.head_plans, norms=self.norms) as state, \
                     read_positions(self.target.model, positions) as head:  # (the metric reads no other logits)
                 for maker in makers:
                     if maker is not None:
@@ -299,7 +302,7 @@ class _SideBySide:
 class _Combined:
     """A head block's delta rows for every circuit's copy of a batch, side by side along the
     batch, without assembling them: row c is, for circuit j, `own[j][keys[c][j]]` (zero where
-    the key is -1 or the circuit drops nothing there). `added_to(stream, c)` writes
+    the key is -1 or the circuit drops nothing there). `added_to(stream, c, out=)` writes
     `stream + row c` part by part (`headscope.circuits.stream_copies` reads them so);
     `dense()` assembles the rows."""
 
@@ -313,8 +316,8 @@ class _Combined:
         for j, row in enumerate(self.keys[c]):
             yield slice(j * self.batch, (j + 1) * self.batch), (None if row < 0 else self.own[j][row])
 
-    def added_to(self, stream: torch.Tensor, c: int) -> torch.Tensor:
-        out = torch.empty_like(stream)
+    def added_to(self, stream: torch.Tensor, c: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        out = torch.empty_like(stream) if out is None else out
         for part, row in self._parts(c):
             if row is None:
                 out[part] = stream[part]

@@ -17,8 +17,11 @@ forward pass of the model
   query head. For a block, `delta_for` may instead return `(rows, which)`: `rows` `[copies,
   batch, pos, d_model]` the distinct deltas and `which[i]` the row that name i reads, so that
   names with the same delta share one copy; `rows` may also be an object of `len(rows)` rows
-  that makes `stream + rows[c]` itself (`rows.added_to(stream, c)`) and gives the tensor on
+  that writes `stream + rows[c]` itself (`rows.added_to(stream, c, out=)`) and gives the tensor on
   `rows.dense()` (deltas assembled from parts, copied only where the block runs on its copies);
+- with `norms` (a dict the caller keeps between runs), a head block whose heads take their q, k
+  and v by projection columns (`head_plans`) applies an RMSNorm on a float32 stream inside those
+  columns instead of running it on every copy (`_RMSForm`, checked against the module once);
 - with `embed(ids_embedding) -> tensor`, replaces the embedding's output (EAP-IG's interpolation);
 - where a norm stands between a head block and the stream (`graph.head_post`), replaces each
   head's output by its share of the norm's output at the run's frozen scale.
@@ -37,7 +40,8 @@ import torch
 from ..errors import HeadscopeError
 from ..hf.hooks import model_hooks
 from ..hf.route import Session, layer_map, routed
-from .residual import close
+from ..head_geometry.norm_gains import norm_gain
+from .residual import close, is_norm, norm_form
 
 __all__ = ["SplitRun", "split_run"]
 
@@ -144,6 +148,38 @@ def _with_first(args, kwargs, value):
     return args, dict(kwargs, hidden_states=value)
 
 
+class _RMSForm:
+    """An RMSNorm as `gain * x * inverse_rms(x)`, so that a copy's projection columns can take the
+    gain in their weight rows and the per-row scale after the product: `norm(x) @ W[cols].T =
+    (x @ (gain * W[cols]).T) * inverse_rms(x)`, the norm's elementwise passes over the copy
+    replaced by one reduction. Equal to the module's output to float rounding (checked on a
+    stream when made)."""
+
+    def __init__(self, gain: torch.Tensor, eps: float):
+        self.gain, self.eps = gain, eps
+
+    def inverse_rms(self, x: torch.Tensor) -> torch.Tensor:
+        """`[rows, 1]`: 1 / sqrt(mean(x^2) + eps) of `x` `[rows, d]` (one pass over x)."""
+        length = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        return torch.rsqrt(length.square_().div_(x.shape[-1]).add_(self.eps))
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, norm, stream: torch.Tensor) -> Optional["_RMSForm"]:
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        if not isinstance(eps, float) or not is_norm(norm, stream.shape[-1]) or norm.weight.device != stream.device:
+            return None  # (a weight elsewhere: an offloaded model's, moved in by its hooks when it runs)
+        d = stream.shape[-1]
+        form = norm_form(norm, d, torch.float32, stream.device)
+        if form.centred or bool(form.bias.abs().max() > 0):
+            return None
+        made = cls(norm_gain(norm, d).to(stream.device), eps)
+        x = stream.reshape(-1, d)
+        own = norm(stream).reshape(-1, d).float()
+        mine = x * made.gain * made.inverse_rms(x)
+        return made if torch.allclose(mine, own, rtol=1e-5, atol=1e-6 * float(own.abs().max())) else None
+
+
 class SplitRun:
     """One split run's hooks and what they keep.
 
@@ -160,10 +196,11 @@ class SplitRun:
     """
 
     def __init__(self, target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None,
-                 store: Optional[Callable] = None, head_plans: Optional[dict] = None):
+                 store: Optional[Callable] = None, head_plans: Optional[dict] = None, norms: Optional[dict] = None):
         self.target, self.graph = target, graph
         self.delta_for, self.embed, self.store = delta_for, embed, store
         self.head_plans = head_plans or {}
+        self.norms = norms  # id(norm) -> `_RMSForm` or None, kept by the caller between runs; None: never fused
         self.splitter = _Splitter(layer_map(target.model, target.sites))
         self.senders: dict = {}
         self.read: dict = {}
@@ -283,6 +320,17 @@ class SplitRun:
             torch.stack([pick(v, which[3 * h + 2], h // group) for h in range(n_heads)], dim=1))
         return None
 
+    def _rms_form(self, norm, stream: torch.Tensor):
+        """`norm` as an `_RMSForm` where the caller keeps them (`norms`) and it is one: an RMSNorm
+        (no centring, no bias) on a float32 stream whose epsilon it names, its output on this
+        stream matching `x * gain / sqrt(mean(x^2) + eps)`; else None (the module runs itself)."""
+        if self.norms is None or norm is None or stream.dtype != torch.float32:
+            return None
+        key = id(norm)
+        if key not in self.norms:
+            self.norms[key] = _RMSForm.of(norm, stream)
+        return self.norms[key]
+
     def _by_columns(self, receiver, module, args, kwargs, stream, rows, which, plan):
         """Each head's q, k and v from its own copy without running the block on the copies: the
         block runs on the stream itself, once per round of `plan` (`headscope.circuits.receiver_grads.HeadPlan`:
@@ -310,15 +358,25 @@ class SplitRun:
                 for cols, h, part in edit:
                     reads.setdefault(which[3 * h + part], []).append((j, cols, h, part))
         values = {}  # (projection index, head, part) -> the copy's value on those columns
+        form = self._rms_form(receiver.norm, stream)
+        copy_buffer = torch.empty_like(stream)  # each copy, one at a time (used up before the next)
         for copy, wanted in reads.items():
-            given = stream + rows[copy].to(stream.dtype) if isinstance(rows, torch.Tensor) \
-                else rows.added_to(stream, copy)
-            if receiver.norm is not None:
+            given = torch.add(stream, rows[copy].to(stream.dtype), out=copy_buffer) \
+                if isinstance(rows, torch.Tensor) else rows.added_to(stream, copy, out=copy_buffer)
+            scale = None
+            if form is not None:  # norm(x) @ W = (x @ (g * W)) / rms(x), the norm's gain in the weight rows
+                given = given.reshape(-1, given.shape[-1])
+                scale = form.inverse_rms(given)
+            elif receiver.norm is not None:
                 given = receiver.norm(given)
             given = given.reshape(-1, given.shape[-1])
             for j, cols, h, part in wanted:
                 _, weight, bias = plan.projections[j]
-                value = given @ weight[cols].to(given.dtype).t()
+                rows_used = weight[cols].to(given.dtype)
+                if scale is not None:
+                    value = torch.mm(given, (rows_used * form.gain).t()).mul_(scale)
+                else:
+                    value = given @ rows_used.t()
                 values[(j, h, part)] = value if bias is None else value + bias[cols].to(value.dtype)
         if receiver.norm is not None:
             self.read[id(receiver.norm)] = stream  # the norm's record stays the stream (its hook saw the copies)
@@ -403,9 +461,9 @@ class SplitRun:
 
 @contextmanager
 def split_run(target, graph, delta_for: Optional[Callable] = None, embed: Optional[Callable] = None,
-              store: Optional[Callable] = None, head_plans: Optional[dict] = None):
+              store: Optional[Callable] = None, head_plans: Optional[dict] = None, norms: Optional[dict] = None):
     """See the module docstring; yields the `SplitRun`."""
-    run = SplitRun(target, graph, delta_for, embed, store, head_plans)
+    run = SplitRun(target, graph, delta_for, embed, store, head_plans, norms)
     handles: list = []
     results = {"layers.*.attn.hook_result": run.keep_results}
     try:
