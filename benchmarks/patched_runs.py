@@ -14,6 +14,8 @@ the second contender. `--together K` (default 2) adds a third: K circuits of the
 (the first and K - 1 more random draws) measured in one pass (`Patched.metrics`, as `evaluate`
 runs them where its batch size holds K copies of the prompts), its time per circuit against the
 plain forward of the N prompts; its first circuit's metric must be the default's.
+`--module-norm` adds a contender whose head blocks run their norm as a module on every copy
+(`Patched.norms = None`) instead of inside the projection columns.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: the model's)")
     parser.add_argument("--shares", default="0.001,0.1,0.99", help="kept fractions of the edges, comma-separated")
     parser.add_argument("--no-copies", action="store_true", help="time the default (projection columns) only")
+    parser.add_argument("--module-norm", action="store_true", help="also time the norm run as a module on each copy")
     parser.add_argument("--together", type=int, default=2, help="circuits a pass for the side-by-side contender "
                                                                 "(1: not timed)")
     args = parser.parse_args()
@@ -61,8 +64,14 @@ def main() -> None:
     graph = graph_of(target, task)
     columns = Patched(target, graph, task, args.n)
     copies = None if args.no_copies else Patched(target, graph, task, args.n)
+    module_norm = None
+    if args.module_norm:
+        module_norm = Patched(target, graph, task, args.n)
+        module_norm.norms = None
     empty = np.zeros(columns.n_edges, dtype=bool)
     columns.metric(empty)  # the corrupted senders cached, the columns found
+    if module_norm is not None:
+        module_norm.metric(empty)
     if copies is not None:
         copies.head_plans = {}
         copies.metric(empty)
@@ -78,8 +87,8 @@ def main() -> None:
             more = np.zeros(columns.n_edges, dtype=bool)
             more[rng.choice(columns.n_edges, int(columns.n_edges * share), replace=False)] = True
             others.append(more)
-        plain = seconds_columns = seconds_copies = seconds_side = float("inf")
-        side = None
+        plain = seconds_columns = seconds_copies = seconds_side = seconds_module = float("inf")
+        side = by_module = None
         by_copies = None
         for _ in range(args.repeat):  # in turn, the fastest of each kept
             with torch.no_grad():
@@ -93,6 +102,10 @@ def main() -> None:
                 started = now()
                 by_copies = copies.metric(kept)
                 seconds_copies = min(seconds_copies, now() - started)
+            if module_norm is not None:
+                started = now()
+                by_module = module_norm.metric(kept)
+                seconds_module = min(seconds_module, now() - started)
             if others:
                 started = now()
                 side = columns.metrics([kept, *others])
@@ -101,6 +114,8 @@ def main() -> None:
                "metric_columns": by_columns}
         if copies is not None:
             run.update(copies=seconds_copies, copies_ratio=seconds_copies / plain, metric_copies=by_copies)
+        if by_module is not None:
+            run.update(module_norm=seconds_module, module_norm_ratio=seconds_module / plain, metric_module_norm=by_module)
         if side is not None:
             each = seconds_side / args.together
             run.update(together=args.together, side_by_side_per_circuit=each, side_by_side_ratio=each / plain,
