@@ -2,7 +2,8 @@
 
 `Patched(target, graph, task, batch_size)`; `Patched.metric(kept)` is the task's mean metric when
 only the edges `kept` marks (a boolean per edge, `Graph.edges()` order) are clean and every other
-edge u -> r carries the corrupted run's value: receiver r reads
+edge u -> r carries the corrupted run's value (`Patched.metrics([kept, ...])`: several circuits in
+the same passes, each on its own copy of the batch); receiver r reads
 
     s_r + delta_r,   delta_r = -sum_{u dropped} (a_u - a_u^corrupted) = -dropped_r @ moved
 
@@ -295,7 +296,10 @@ class _SideBySide:
             self.buffer = like.new_empty(shape)
         for j, d in enumerate(own):
             part = self.buffer[0, j * batch:(j + 1) * batch]
-            part.zero_() if d is None else part.copy_(d[0])
+            if d is None:
+                part.zero_()
+            else:
+                part.copy_(d[0])
         return self.buffer
 
 

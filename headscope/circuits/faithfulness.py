@@ -20,9 +20,10 @@ both by the trapezoid rule over the sizes x (fractions of all edges) from the sm
 
 `MIB_SIZES`: the sizes MIB's circuit track evaluates at, in percent of all edges.
 
-Progress counts patched runs; after the empty circuit's run the whole evaluation is estimated
-from its time (`headscope.circuits.eap.check_estimate`): over an hour is warned about, over a
-day refused.
+Where `batch_size` holds several copies of the task's prompts, each pass runs that many circuits
+side by side (`Patched.metrics`). Progress counts circuits; after the empty circuit's run the
+whole evaluation is estimated from its time, a circuit a run
+(`headscope.circuits.eap.check_estimate`): over an hour is warned about, over a day refused.
 """
 from __future__ import annotations
 
