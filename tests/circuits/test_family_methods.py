@@ -1,6 +1,7 @@
 """The family table's circuit columns, measured: every method runs on each family's tiny model
 where the table says yes (and EAP's patched runs are exact: the full circuit reproduces the clean
-run and the empty one the corrupted run), and is refused in one line with the table's reason
+run and the empty one the corrupted run, and circuits run side by side in one pass measure what
+they measure one a pass), and is refused in one line with the table's reason
 where it says no (`headscope.hf.family_methods`)."""
 import re
 
@@ -70,6 +71,9 @@ def _runs(method: str, loaded, task):
         assert table.attrs["corrupted_metric"] == pytest.approx(_plain_metric(loaded.model, task, "corrupted"),
                                                                 abs=1e-4 * scale)
         assert float(table.faithfulness.iloc[-1]) == pytest.approx(1.0, abs=1e-4)
+        metrics = table[["metric", "metric_abs"]].to_numpy().copy()
+        together = found.evaluate(sizes=[50, 100], n_random=0, batch_size=3 * task.n)  # the circuits in one pass
+        assert together[["metric", "metric_abs"]].to_numpy() == pytest.approx(metrics, rel=1e-4, abs=1e-4 * scale)
     else:
         table = composition(loaded, kind="k", baseline_samples=10)
         assert len(table) and table.score.notna().all()
