@@ -242,6 +242,7 @@ class Patched:
         if not kept:
             return []
         plans = [self._plans(k) for k in kept]
+        groups = [_product_groups(self.graph, plan) for plan in plans]  # the same for every batch
         copies = len(kept)
         totals = [0.0] * copies
         for index, part in enumerate(self.parts):
@@ -251,8 +252,9 @@ class Patched:
                 clean, positions = _tiled(clean, batch, copies), positions.repeat(copies)
             if any(plans) and self.head_plans is None:
                 self.head_plans = head_plans(self.target, self.graph, clean)
-            makers = [_Deltas(self.graph, plan, corrupted, slice(j * batch, (j + 1) * batch) if copies > 1 else None)
-                      if plan else None for j, plan in enumerate(plans)]
+            makers = [_Deltas(self.graph, plan, group, corrupted,
+                              slice(j * batch, (j + 1) * batch) if copies > 1 else None) if plan else None
+                      for j, (plan, group) in enumerate(zip(plans, groups))]
             with split_run(self.target, self.graph, _SideBySide(makers, batch),
                            head_plans=self.head_plans, norms=self.norms) as state, \
                     read_positions(self.target.model, positions) as head:  # (the metric reads no other logits)
@@ -344,7 +346,7 @@ class _Deltas:
     of the pass that are this circuit's copy of the batch (None: all of them). `state`, the pass's
     `SplitRun`, is set once the pass starts."""
 
-    def __init__(self, graph: Graph, plans: dict, corrupted: torch.Tensor, part: Optional[slice]):
+    def __init__(self, graph: Graph, plans: dict, groups: dict, corrupted: torch.Tensor, part: Optional[slice]):
         self.graph, self.plans, self.corrupted, self.part = graph, plans, corrupted, part
         self.state = None
         self.shape = corrupted.shape[1:]  # (B, T, D)
@@ -354,7 +356,7 @@ class _Deltas:
         most = max(len(plan[0]) for plan in plans.values())
         # every delta is made here: a receiver's is used up (its copies made) before the next one's
         self.scratch = self.moved.new_empty((most, *self.shape))
-        self.groups = _product_groups(graph, plans)  # id(receiver) -> its group, receivers in pass order
+        self.groups = groups  # `_product_groups`: id(receiver) -> its group, receivers in pass order
         widest = max((sum(len(plans[id(r)][0]) for r in g) for g in self.groups.values()), default=0)
         self.buffers = [self.moved.new_empty((widest, self.shape.numel())) for _ in range(2)] if self.groups else []
         self.group_of_buffer, self.group_counter, self.written_upto = [0, 0], 0, 0

@@ -363,13 +363,11 @@ class SplitRun:
         for copy, wanted in reads.items():
             given = torch.add(stream, rows[copy].to(stream.dtype), out=copy_buffer) \
                 if isinstance(rows, torch.Tensor) else rows.added_to(stream, copy, out=copy_buffer)
-            scale = None
-            if form is not None:  # norm(x) @ W = (x @ (g * W)) / rms(x), the norm's gain in the weight rows
-                given = given.reshape(-1, given.shape[-1])
-                scale = form.inverse_rms(given)
-            elif receiver.norm is not None:
+            if form is None and receiver.norm is not None:
                 given = receiver.norm(given)
             given = given.reshape(-1, given.shape[-1])
+            # with the form, norm(x) @ W = (x @ (g * W)) / rms(x): the norm's gain in the weight rows
+            scale = form.inverse_rms(given) if form is not None else None
             for j, cols, h, part in wanted:
                 _, weight, bias = plan.projections[j]
                 rows_used = weight[cols].to(given.dtype)

@@ -302,7 +302,7 @@ def test_a_head_blocks_rmsnorm_goes_into_its_projection_columns(family, fused):
     graph, patched = _patched(model, task)
     kept = np.random.default_rng(1).random(patched.n_edges) < 0.5
     value = patched.metric(kept)
-    forms = [f for f in patched.norms.values()]
+    forms = list(patched.norms.values())
     assert forms and all((f is not None) == fused for f in forms)
     _, module_norms = _patched(model, task)
     module_norms.norms = None  # every norm runs itself
