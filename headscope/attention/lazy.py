@@ -12,7 +12,8 @@ computed in query blocks ("blockwise"). The few entries a detector reads (a diag
 of targets) then cost one dot product each, and the row entropy H_i = -sum_j A[i, j] ln A[i, j]
 = W_i (lse_i - sum_j A'[i, j] s_ij) (A' the pattern without the sink, W_i = sum_j A[i, j]) costs
 one more fused pass with the keys as values (sum_j A'[i, j] k_j), or is computed exactly in query
-blocks.
+blocks. Asked for up front (`entropy=True`), the CPU's fused kernel computes it in the same call as
+z, the keys joining the values.
 
 - `lazy_attention(q, k, v, ...) -> (z, LazyPattern)`: the attention output and the pattern as
   a `LazyPattern` (the row log-sum-exp, q, k and the mask). Its `fused`, `kernel` and
@@ -92,7 +93,7 @@ def _zero_or_hidden(mask: Optional[torch.Tensor]) -> bool:
 
 
 def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=None, sinks=None, fused=True,
-                   kernel: Optional[str] = None, block_bytes=BLOCK_BYTES):
+                   kernel: Optional[str] = None, block_bytes=BLOCK_BYTES, entropy: bool = False):
     """softmax(cap(q k^T * scale) + mask) v, and the pattern as a `LazyPattern`, without the map.
 
     Args:
@@ -111,6 +112,9 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
             `kernel` says which ran.
         block_bytes: fp32 scores the blockwise path holds at once (`BLOCK_BYTES` by default);
             a block is at least one query row.
+        entropy: the caller will read the row entropy: on the CPU's fused kernel (fp32, a mask
+            that only adds 0 or hides) the same kernel call computes it beside z, with the keys
+            joining the values (`_cpu_flash_with_mean_key`); elsewhere it is computed when read.
     Returns:
         `(z [batch, head, query, d_head] in v's dtype, LazyPattern)`.
     """
@@ -126,6 +130,7 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
     if kernel == "cpu-flash" and (softcap is not None or v.shape[-1] != q.shape[-1] or q.device.type != "cpu"):
         kernel = "blockwise"  # aten's CPU kernel: no soft-cap, value and key widths equal
     lazy = LazyPattern(q, k, None, additive, is_causal, scale, softcap, sinks, kernel=kernel, block_bytes=block_bytes)
+    mean_key = None  # sum_j A'[i, j] k_j where the kernel call computes it beside z (`entropy`)
     if kernel == "blockwise" and softcap is not None:
         lazy.lse, _, z = _blockwise_stats(lazy, entropy=False, values=expand_kv(v, n_heads))
         return z.to(v.dtype), lazy
@@ -133,7 +138,10 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
         z, lse = flex_stats(q, k, v, additive, is_causal, scale, softcap, compiled=flex_available(q.device))
     elif kernel == "cpu-flash":
         keys, values = (k, v) if cpu_flash_groups_heads() else (lazy.keys(), expand_kv(v, n_heads))
-        z, lse = _cpu_flash(q, keys, values, is_causal, additive, scale)
+        if entropy and q.dtype == torch.float32 and _zero_or_hidden(additive):
+            z, lse, mean_key = _cpu_flash_with_mean_key(q, keys, values, is_causal, additive, scale)
+        else:
+            z, lse = _cpu_flash(q, keys, values, is_causal, additive, scale)
         lse = lse.float()
     else:
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, is_causal=is_causal, scale=scale,
@@ -141,6 +149,8 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
         lse = _blockwise_stats(LazyPattern(q, k, None, additive, is_causal, scale, block_bytes=block_bytes),
                                entropy=False)[0]
     lazy.lse = lse if sinks is None else torch.logaddexp(lse, lazy.sink_logits())  # (B, H, Tq)
+    if mean_key is not None:
+        lazy._entropy = lazy._entropy_from(mean_key, lse)
     if sinks is not None:  # the sink's share of each row leaves z: z * sum_j A[i, j]
         z = (z.float() * (lse - lazy.lse).exp()[..., None]).to(z.dtype)
     return z, lazy
@@ -150,6 +160,17 @@ def _cpu_flash(q, k, v, is_causal, additive, scale):
     """(out, lse) of aten's fused CPU kernel."""
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     return op(q, k, v, 0.0, is_causal, attn_mask=additive, scale=scale)
+
+
+def _cpu_flash_with_mean_key(q, k, v, is_causal, additive, scale):
+    """(z, lse, sum_j A'[i, j] k_j) of one call of aten's fused CPU kernel: the keys join the
+    values, `[v | k]`. The kernel takes one head width for q, k and v, so q and k are padded with
+    zeros to the joined width (the zeros add nothing to q . k; `scale` is passed, not inferred).
+    One call instead of two: the scores and their exponentials are computed once."""
+    width = v.shape[-1]
+    padding = (0, k.shape[-1])
+    out, lse = _cpu_flash(F.pad(q, padding), F.pad(k, padding), torch.cat([v, k], dim=-1), is_causal, additive, scale)
+    return out[..., :width], lse, out[..., width:]
 
 
 @lru_cache(maxsize=1)

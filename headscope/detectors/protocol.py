@@ -127,6 +127,8 @@ class Detector:
             alignment only cross-attention (`registry.defaults_for`).
         lazy: `fn` reads the pattern only through entries and row statistics (`diagonal`,
             `column`, `mass`, `entropy`), which a `LazyPattern` computes without the map.
+        row_entropy: `fn` reads each row's entropy (`entropy()`): on the lazy path the layer's
+            kernel call computes it beside z where it can, instead of a second call.
         learned: passing claims the model learned the behaviour, so the label also needs the
             head's CI lower bound above the untrained control's best head (`headscope.detectors.labels`);
             False for resting behaviours (sink, uniform), which stay descriptive and yield to
@@ -169,6 +171,7 @@ class Detector:
     fn: Callable
     applies_to: tuple[str, ...] = ("causal", "bidirectional")
     lazy: bool = False
+    row_entropy: bool = False
     learned: bool = True
     outranks_resting: bool = False
     gate: str = "score"

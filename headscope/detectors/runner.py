@@ -189,7 +189,9 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     shown, shown_len = _explorer_rows(loaded, probe, batches, explorer)
     done = []
     kind = loaded.site_kind
-    with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy, sites=loaded.sites) as cap:
+    entropy = lazy and any(d.row_entropy for d in detectors)
+    with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy, sites=loaded.sites,
+                 entropy=entropy) as cap:
         for n, i in enumerate(todo):
             batch = batches[i]
             two = isinstance(batch, Seq2SeqBatch)  # an encoder-decoder's batch: both inputs, the site's view

@@ -113,7 +113,7 @@ class Capture(Session):
     """What `capture` yields: `patterns` (stored maps) or `results` (reducer outputs)."""
 
     def __init__(self, chosen_sites: Selection, layers, heads, to, dtype, reduce: Optional[Reducer],
-                 chunk_heads: Optional[int] = None, lazy: bool = False):
+                 chunk_heads: Optional[int] = None, lazy: bool = False, entropy: bool = False):
         self.layer_of = {id(core): l for l, core in chosen_sites.cores.items() if l in set(layers)}
         self.layers = layers
         self.sites = {l: chosen_sites.sites[l] for l in layers}  # layer -> Site (module path, kind, stack)
@@ -123,6 +123,7 @@ class Capture(Session):
         self.reduce = reduce
         self.chunk_heads = chunk_heads
         self.lazy = lazy
+        self.entropy = entropy
         self._maps: dict[int, list[torch.Tensor]] = defaultdict(list)
         self._pieces: dict[int, list[Any]] = defaultdict(list)
         self.results: dict[int, list[Any]] = defaultdict(list)
@@ -134,6 +135,9 @@ class Capture(Session):
 
     def takes_lazy(self, layer: int) -> bool:
         return self.lazy
+
+    def wants_entropy(self, layer: int) -> bool:
+        return self.entropy
 
     def pattern_chunk(self, layer: int) -> Optional[int]:
         return self.chunk_heads
@@ -200,6 +204,7 @@ def capture(
     chunk_heads: Optional[int] = None,
     lazy: bool = False,
     sites: Optional[str] = None,
+    entropy: bool = False,
 ) -> Iterator[Capture]:
     """Capture per-head attention patterns inside a Hugging Face model.
 
@@ -219,6 +224,8 @@ def capture(
         lazy: with `reduce`, hand the reducer a `headscope.attention.lazy.LazyPattern` instead of the
             pattern: the layer runs the fused kernel, and the reducer computes only the entries
             and row statistics it reads (`diagonal`, `column`, `mass`, `entropy`).
+        entropy: with `lazy`, the reducer reads `entropy()`: on the CPU's fused kernel the
+            layer's one kernel call computes it beside z (`headscope.attention.lazy.lazy_attention`).
         sites: the group of attention sites to capture ("encoder", "decoder.self",
             "decoder.cross"; `headscope.hf.sites`); `layers` are then its layers. Default: the
             analysed stack (the text decoder; an encoder-decoder's encoder).
@@ -238,11 +245,13 @@ def capture(
         raise HeadscopeError("chunk_heads needs a reducer, no heads= selection, and a size of at least 1")
     if lazy and (reduce is None or heads is not None):
         raise HeadscopeError("lazy=True needs a reducer and no heads= selection")
+    if entropy and not lazy:
+        raise HeadscopeError("entropy=True reads the lazy pattern's row entropy: it needs lazy=True")
     if (lazy or chunk_heads is not None) and chosen_sites.packed & set(chosen):
         raise HeadscopeError(f"the {chosen_sites.group} sites run attention once per image or window, and their "
                              f"pattern is joined from the pieces: capture them without lazy= or chunk_heads=")
     session = Capture(chosen_sites, chosen, _check_heads(heads, chosen_sites.n_heads), to, dtype, reduce, chunk_heads,
-                      lazy)
+                      lazy, entropy)
     with routed(model, session):
         yield session
 

@@ -100,6 +100,11 @@ class Session:
         """True if `on_pattern` accepts a `headscope.attention.lazy.LazyPattern` instead of a map."""
         return False
 
+    def wants_entropy(self, layer: int) -> bool:
+        """True if what reads the layer's `LazyPattern` reads its row entropy: the fused kernel
+        then computes it in the call that computes z, where it can."""
+        return False
+
     def pattern_chunk(self, layer: int) -> Optional[int]:
         """Heads per piece if this session can take the pattern in head groups (None: whole)."""
         return None
@@ -225,7 +230,8 @@ def _headscope_attention(module, query, key, value, attention_mask, scaling=None
         for session, layer in watchers:
             session.on_pattern(layer, pattern, attention_mask)
     elif watchers and not dropout and all(s.takes_lazy(layer) for s, layer in watchers):
-        z, lazy = lazy_attention(query, key, value, mask=mask, sinks=sinks, **math)
+        entropy = any(s.wants_entropy(layer) for s, layer in watchers)
+        z, lazy = lazy_attention(query, key, value, mask=mask, sinks=sinks, entropy=entropy, **math)
         for session, layer in watchers:
             session.note(layer, f"lse:{lazy.kernel}")
             session.on_pattern(layer, lazy, attention_mask)

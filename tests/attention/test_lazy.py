@@ -18,10 +18,13 @@ from tests.support.tiny import ODD_FAMILIES, tiny_inputs, tiny_model
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-@pytest.fixture(params=["fused", "blockwise", "flex"])
+@pytest.fixture(params=["fused", "fused with the entropy", "blockwise", "flex"])
 def path(request):
-    """`lazy_attention` keywords of each path: the fused CPU kernel, query blocks, or FlexAttention
-    (CUDA's fused kernel; on the CPU torch runs the same score_mod and block mask uncompiled)."""
+    """`lazy_attention` keywords of each path: the fused CPU kernel (alone, or computing the row
+    entropy in the same call where it can), query blocks, or FlexAttention (CUDA's fused kernel;
+    on the CPU torch runs the same score_mod and block mask uncompiled)."""
+    if request.param == "fused with the entropy":
+        return dict(entropy=True)
     if request.param == "blockwise":
         return dict(fused=False, block_bytes=4 * 2 * 6 * 40 * 7)  # 7 query rows per block of qkv()'s shape
     if request.param == "flex":
@@ -103,6 +106,45 @@ def test_fused_entropy_falls_back_for_an_additive_bias(monkeypatch):
     monkeypatch.setattr(lazy_module, "_blockwise_stats", lambda *a, **kw: calls.append(kw) or original(*a, **kw))
     lazy.entropy()
     assert calls == [{"entropy": True}]
+
+
+def test_the_entropy_asked_for_up_front_comes_from_the_same_kernel_call(monkeypatch):
+    """entropy=True: one call of the CPU kernel gives z, the lse and the row entropy (the keys join
+    the values), the same numbers as the two calls it replaces; none is made when it is read."""
+    q, k, v = qkv()  # grouped: 6 query heads, 2 key/value heads
+    b, h, t, _ = q.shape
+    calls = []
+    original = lazy_module._cpu_flash
+    monkeypatch.setattr(lazy_module, "_cpu_flash", lambda *a: calls.append(a[2].shape[-1]) or original(*a))
+    for mask_kind in ("causal", "padded bool"):
+        mask, is_causal, _ = MASKS[mask_kind](b, h, t)
+        calls.clear()
+        z_two, two = lazy_attention(q, k, v, mask=mask, is_causal=is_causal)
+        entropy_two = two.entropy()
+        assert calls == [v.shape[-1], k.shape[-1]]  # z, then the keys as values
+        calls.clear()
+        z_one, one = lazy_attention(q, k, v, mask=mask, is_causal=is_causal, entropy=True)
+        entropy_one = one.entropy()
+        assert calls == [v.shape[-1] + k.shape[-1]]  # one call, the values widened by the keys
+        torch.testing.assert_close(z_one, z_two, **FP32)
+        torch.testing.assert_close(one.lse, two.lse, **FP32)
+        torch.testing.assert_close(entropy_one, entropy_two, **FP32)
+    calls.clear()
+    _, biased = lazy_attention(q, k, v, mask=alibi(h, t), entropy=True)  # a bias: not 0-or-hidden, computed when read
+    assert calls == [v.shape[-1]] and biased._entropy is None
+
+
+def test_analyze_asks_for_the_entropy_only_where_uniform_reads_it(planted, monkeypatch):
+    """Each layer of the text probe (uniform's) makes one kernel call, the entropy in it; the
+    repeated probe's layers compute none."""
+    widths = []
+    original = lazy_module._cpu_flash
+    monkeypatch.setattr(lazy_module, "_cpu_flash", lambda *a: widths.append(a[2].shape[-1]) or original(*a))
+    analyze(planted, detectors=["uniform", "induction"], probes=[TextProbe(4, 24), RepeatedProbe(4, 6, 3)],
+            explorer_examples=0, control=None, ov=False)
+    d_head = planted.model.config.hidden_size // planted.model.config.num_attention_heads
+    layers = planted.n_layers
+    assert widths == [2 * d_head] * layers + [d_head] * layers  # text: z and the keys together; repeated: z
 
 
 def _lazy_detectors(causal):

@@ -32,6 +32,6 @@ uniform = Detector(
     name="uniform", probe="text", threshold=0.9,
     formula=f"mean over queries with n_i >= {MIN_KEYS} keys of H(A_i) / ln(n_i)",
     source="Clark et al. 2019 (broad heads, entropy >= 3.8 nats); normalised by ln(n_i), threshold 0.9",
-    fn=lambda pattern, batch: uniform_score(pattern, batch), lazy=True, learned=False,
+    fn=lambda pattern, batch: uniform_score(pattern, batch), lazy=True, row_entropy=True, learned=False,
     quantity="normalised entropy", colour="#bcbd22", short="unif", applies_to=("causal", "bidirectional", "cross"),
 )
