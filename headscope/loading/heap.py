@@ -10,8 +10,9 @@ heap; freed, fragmented, they keep the process's resident set above what it hold
 `malloc_trim(0)` returns the free pages of every arena. It frees only memory nobody holds, so it
 changes no result, and needs no environment variable (MALLOC_MMAP_THRESHOLD_) from the user.
 `headscope.load` calls it once at its end (tokenizer tables, a GGUF file's tensors while they
-are decoded); `analyze`'s passes after every sixth layer's reductions
-(`headscope.detectors.runner.TRIM_EVERY`) and once at the end (one walk over the heap's free
+are decoded); `analyze`'s passes after every sixth layer's reductions, or after more layers where
+six have not yet run 24,576 tokens (`headscope.detectors.runner.TRIM_EVERY`, `TRIM_TOKENS`: a
+treebank's small batches), and once at the end (one walk over the heap's free
 blocks per call; the pages returned are faulted in again when the next layers allocate, which is
 what trimming after every layer would cost in time).
 """
