@@ -98,16 +98,12 @@ def test_cached_model_equals_a_fresh_conversion(converted, monkeypatch):
     assert (second.family, second.causal, second.n_layers, second.n_heads) == ("llama", True, 30, 9)
 
 
-def test_conversion_equals_transformers_own_gguf_loading(smollm2):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = ALIASES["smollm2-135m"].location()
-    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+def test_conversion_equals_transformers_own_gguf_loading(smollm2, smollm2_by_transformers):
+    theirs, tokenizer = smollm2_by_transformers
     ours, reference = smollm2.model.state_dict(), theirs.state_dict()
     assert ours.keys() == reference.keys()
     for name, tensor in reference.items():
         assert torch.equal(ours[name], tensor), name
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     assert smollm2.tokenizer(TEXT)["input_ids"] == tokenizer(TEXT)["input_ids"]
     assert type(smollm2.tokenizer) is type(tokenizer)
 

@@ -10,7 +10,6 @@ import torch
 
 import headscope
 from headscope.loading import gguf_file
-from headscope.loading.loader import ALIASES
 
 pytestmark = pytest.mark.slow
 
@@ -18,18 +17,9 @@ TEXT = ["The cat sat on the mat because it was warm.", "Numbers like 42 and 7 ap
 
 
 @pytest.fixture(scope="module")
-def theirs():
-    from transformers import AutoModelForCausalLM
-
-    path = ALIASES["smollm2-135m"].location()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True).eval()
-
-
-def _storages(model) -> set[int]:
-    return {p.untyped_storage().data_ptr() for p in model.parameters()}
-
-
-def test_a_conversion_keeps_the_decoded_tensors_as_the_parameters(monkeypatch):
+def fresh():
+    """`(loaded, decoded)`: a conversion of the bundled file that skips the load cache, and the
+    state dicts its decoding returned."""
     decoded = []
     original = gguf_file.gguf_state_dict
 
@@ -37,8 +27,18 @@ def test_a_conversion_keeps_the_decoded_tensors_as_the_parameters(monkeypatch):
         decoded.append(original(*args, **kwargs))
         return decoded[-1]
 
-    monkeypatch.setattr(gguf_file, "gguf_state_dict", keep)
-    loaded = headscope.load("smollm2-135m", device="cpu", cache=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf_file, "gguf_state_dict", keep)
+        loaded = headscope.load("smollm2-135m", device="cpu", cache=False)
+    return loaded, decoded
+
+
+def _storages(model) -> set[int]:
+    return {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+
+def test_a_conversion_keeps_the_decoded_tensors_as_the_parameters(fresh):
+    loaded, decoded = fresh
     (state_dict,) = decoded
     assert _storages(loaded.model) <= {t.untyped_storage().data_ptr() for t in state_dict.values()}
     assert len(state_dict) == len(list(loaded.model.parameters())) == 272  # lm_head is tied: one tensor
@@ -65,8 +65,8 @@ def test_a_cache_entry_is_read_without_a_copy(smollm2):
 
 
 @torch.no_grad()
-def test_buffers_and_logits_equal_transformers_own_gguf_loading(theirs, smollm2):
-    fresh = headscope.load("smollm2-135m", device="cpu", cache=False)
+def test_buffers_and_logits_equal_transformers_own_gguf_loading(fresh, smollm2_by_transformers, smollm2):
+    theirs = smollm2_by_transformers[0]
     tokenizer = smollm2.tokenizer
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -74,7 +74,7 @@ def test_buffers_and_logits_equal_transformers_own_gguf_loading(theirs, smollm2)
     reference_buffers = dict(theirs.named_buffers())
     assert any("inv_freq" in name for name in reference_buffers)
     reference = theirs(**batch).logits
-    for loaded in (fresh, smollm2):
+    for loaded in (fresh[0], smollm2):
         buffers = dict(loaded.model.named_buffers())
         assert buffers.keys() == reference_buffers.keys()
         for name, buffer in reference_buffers.items():
