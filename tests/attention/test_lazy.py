@@ -182,6 +182,13 @@ def test_lazy_capture_needs_a_reducer():
             pass
 
 
+def test_entropy_in_the_call_needs_the_lazy_path():
+    model = tiny_model("gpt2")
+    with pytest.raises(headscope.HeadscopeError, match="entropy=True .* needs lazy=True"):
+        with headscope.capture(model, reduce=lambda layer, pattern, mask: None, entropy=True):
+            pass
+
+
 def test_analyze_lazy_equals_maps_and_computes_no_map(planted, monkeypatch):
     names = [d.name for d in _lazy_detectors(causal=True)]
     small = dict(detectors=names, probes=[TextProbe(8, 40), RepeatedProbe(8, 10, 4)], explorer_examples=0)
