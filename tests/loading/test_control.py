@@ -5,6 +5,8 @@ analysed as if it were a trained model: with the default control it must get no
 learned-behaviour label, from the default analysis and from each learned detector alone, on
 the bundled treebank and on real UD English (../shared/ud, see its README).
 """
+import gc
+
 import pytest
 import torch
 
@@ -83,21 +85,34 @@ def test_the_twin_analyze_built_is_freed_before_its_last_heap_return(monkeypatch
     import headscope.analysis.analyze as analyze_module
     import headscope.loading.control as control
 
-    twins, alive_at_return = [], []
+    twins, alive_at_return, collections = [], [], []
     real = control.random_twin
+    cycle = []  # whether the next twin is also held by a reference cycle
 
     def built(*args):
         twin = real(*args)
         twins.append(weakref.ref(twin.model))
+        if cycle:
+            twin.model.held_by_itself = [twin.model]
         return twin
 
     monkeypatch.setattr(control, "random_twin", built)
     monkeypatch.setattr(analyze_module, "return_freed_heap",
                         lambda: alive_at_return.append(any(ref() is not None for ref in twins)) or True)
+    collect = gc.collect
+    monkeypatch.setattr(analyze_module.gc, "collect", lambda *a: collections.append(1) or collect(*a))
     loaded = _random("gpt2")
-    analysis = analyze(loaded, detectors=["previous_token"], explorer_examples=0, **PROBES)
-    assert analysis.meta["control"]["kind"] == "random-init" and len(twins) == 1
-    assert alive_at_return == [False]  # the twin was gone when the heap went back
+    gc.disable()  # only analyze's own collection, if it makes one, may free a cycle
+    try:
+        analysis = analyze(loaded, detectors=["previous_token"], explorer_examples=0, **PROBES)
+        assert analysis.meta["control"]["kind"] == "random-init" and len(twins) == 1
+        assert alive_at_return == [False]  # the twin was gone when the heap went back
+        assert collections == []  # by reference counting: no full collection (0.2 s in a large process)
+        cycle.append(True)
+        analyze(loaded, detectors=["previous_token"], explorer_examples=0, **PROBES)
+        assert alive_at_return == [False, False] and collections == [1]  # a cycle: collected before the return
+    finally:
+        gc.enable()
     given = random_twin(loaded, CONTROL_SEED_OFFSET)
     analyze(loaded, detectors=["previous_token"], explorer_examples=0, control=given, **PROBES)
     assert next(given.model.parameters()).abs().sum() > 0  # the caller's control is untouched
