@@ -4,6 +4,7 @@ Offers:
     Alignment     -- a sentence's token ids with, per token, the index of its word or -1.
     align_words   -- tokenize ``Sentence.text`` and map every token to a word through the
                      tokenizer's character offsets.
+    align_sentences -- the same for many sentences, tokenized in one batch call.
     word_spans    -- each word's character span in ``Sentence.text``.
 
 Rules (the same for every tokenizer family):
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from headscope.errors import HeadscopeError
 
-__all__ = ["Alignment", "align_words", "word_spans"]
+__all__ = ["Alignment", "align_words", "align_sentences", "word_spans"]
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,31 @@ def align_words(tokenizer, sentence, add_special_tokens: bool = True) -> Alignme
     Raises:
         HeadscopeError: the tokenizer reports no offsets (a slow, Python tokenizer).
     """
+    return align_sentences(tokenizer, [sentence], add_special_tokens)[0]
+
+
+def align_sentences(tokenizer, sentences, add_special_tokens: bool = True) -> list[Alignment]:
+    """`align_words` of each sentence, the texts tokenized in one batch call (the same tokens as
+    one call per sentence; far less time per sentence on a treebank).
+
+    Raises:
+        HeadscopeError: the tokenizer reports no offsets (a slow, Python tokenizer).
+    """
     if not getattr(tokenizer, "is_fast", False):
         raise HeadscopeError(
             f"word alignment needs a fast tokenizer with character offsets; {type(tokenizer).__name__} is not one"
         )
+    if not sentences:
+        return []
+    encoding = tokenizer([sentence.text for sentence in sentences], add_special_tokens=add_special_tokens,
+                         return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False)
+    return [_alignment(sentence, ids, offsets, special) for sentence, ids, offsets, special in
+            zip(sentences, encoding["input_ids"], encoding["offset_mapping"], encoding["special_tokens_mask"])]
+
+
+def _alignment(sentence, input_ids, offsets, special_mask) -> Alignment:
+    """One sentence's `Alignment` from its token ids, character offsets and special-token mask."""
     text = sentence.text
-    encoding = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True,
-                         return_special_tokens_mask=True, verbose=False)
     spans = word_spans(sentence)
     word_of_char = [-1] * len(text)  # spaces stay -1
     for index, (start, end) in enumerate(spans):
@@ -99,7 +118,7 @@ def align_words(tokenizer, sentence, add_special_tokens: bool = True) -> Alignme
     starts = [start for start, _ in spans]
 
     token_words = []
-    for (start, end), special in zip(encoding["offset_mapping"], encoding["special_tokens_mask"]):
+    for (start, end), special in zip(offsets, special_mask):
         if special:
             token_words.append(-1)
             continue
@@ -109,4 +128,4 @@ def align_words(tokenizer, sentence, add_special_tokens: bool = True) -> Alignme
         else:  # whitespace-only or empty offsets: the space belongs to the next word
             following = bisect_left(starts, start)
             token_words.append(following if following < len(spans) else -1)
-    return Alignment(tuple(encoding["input_ids"]), tuple(token_words), len(spans))
+    return Alignment(tuple(input_ids), tuple(token_words), len(spans))

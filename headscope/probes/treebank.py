@@ -23,7 +23,7 @@ from ..checks import check_count
 from ..errors import HeadscopeError
 from .base import EvalProbe, ProbeBatch, WordContext, special_tokens
 from .conllu import bundled_treebank, read_conllu, validate_sentences
-from .align import Alignment, align_words
+from .align import Alignment, align_sentences
 from .arcs import Arcs, collect_arcs
 
 __all__ = ["TreebankProbe", "TreebankSet", "eval_sentences", "CAUSAL_NOTE", "SENTENCES_PER_EXAMPLE"]
@@ -134,7 +134,7 @@ class TreebankProbe:
                 sentences = [sentences[i] for i in sorted(chosen.tolist())]
         validate_sentences(sentences, "sentences")
         tokenizer = loaded.tokenizer
-        alignments = [align_words(tokenizer, s) for s in sentences]
+        alignments = align_sentences(tokenizer, sentences)
         bos = [] if alignments[0].token_words[:1] == (-1,) else special_tokens(tokenizer, bos=loaded.causal)[0]
         alignments = [a.with_prefix(bos) for a in alignments] if bos else alignments
         context = loaded.context_length

@@ -159,3 +159,14 @@ def test_slow_tokenizer_is_refused():
 
     with pytest.raises(HeadscopeError, match="fast tokenizer"):
         align_words(NoOffsets(), SENTENCE)
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "metaspace"])
+def test_a_batch_of_sentences_aligns_as_one_at_a_time(kind):
+    """`align_sentences` tokenizes a treebank in one call and gives each sentence's own alignment."""
+    from headscope.probes.align import align_sentences
+
+    tokenizer = _train(kind)
+    sentences = bundled_treebank()[:200] + [SENTENCE]
+    assert align_sentences(tokenizer, sentences) == [align_words(tokenizer, s) for s in sentences]
+    assert align_sentences(tokenizer, []) == []
