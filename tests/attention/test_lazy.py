@@ -9,6 +9,7 @@ import headscope.attention.lazy as lazy_module
 from headscope import detectors
 from headscope.attention.kernel import attention
 from headscope.attention.lazy import lazy_attention
+from headscope.hf.adapters import head_sizes
 from headscope.analysis.analyze import analyze
 from headscope.probes.base import ProbeBatch
 from headscope.probes.kinds import RepeatedProbe, TextProbe, TreebankProbe
@@ -142,7 +143,7 @@ def test_analyze_asks_for_the_entropy_only_where_uniform_reads_it(planted, monke
     monkeypatch.setattr(lazy_module, "_cpu_flash", lambda *a: widths.append(a[2].shape[-1]) or original(*a))
     analyze(planted, detectors=["uniform", "induction"], probes=[TextProbe(4, 24), RepeatedProbe(4, 6, 3)],
             explorer_examples=0, control=None, ov=False)
-    d_head = planted.model.config.hidden_size // planted.model.config.num_attention_heads
+    d_head = head_sizes(planted.model.config)[3]
     layers = planted.n_layers
     assert widths == [2 * d_head] * layers + [d_head] * layers  # text: z and the keys together; repeated: z
 
