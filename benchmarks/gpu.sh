@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu.sh [--out DIR]            # on a CUDA machine
 #   bash benchmarks/gpu.sh --dry-run [--out DIR]  # anywhere: the same steps on the CPU path, small sizes
+#   bash benchmarks/gpu.sh --only tests,rows,parts  # some steps (names as below), the rest skipped
 #
 # Steps, each with its own time limit, each logged to DIR/log.txt (a failed step does not stop
 # the others; DIR/summary.txt lists every step's exit status and seconds):
@@ -31,12 +32,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 dry_run=0
+only=""
 out="${OUT:-benchmarks/gpu-run}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) dry_run=1 ;;
         --out) out="$2"; shift ;;
-        *) echo "gpu.sh: unknown argument $1 (use --dry-run, --out DIR)" >&2; exit 2 ;;
+        --only) only=",$2,"; shift ;;
+        *) echo "gpu.sh: unknown argument $1 (use --dry-run, --out DIR, --only STEP,...)" >&2; exit 2 ;;
     esac
     shift
 done
@@ -73,6 +76,9 @@ echo "model: $model" >>"$summary"
 step() {  # step NAME LIMIT_SECONDS COMMAND...
     local name="$1" limit="$2"
     shift 2
+    if [ -n "$only" ] && [[ "$only" != *",$name,"* ]]; then
+        return 0
+    fi
     local start=$SECONDS
     echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" >>"$log"
     timeout "$limit" "$@" >>"$log" 2>&1
@@ -91,7 +97,7 @@ print('lse kernel', lse_kernel('$device'))
 "
 cp "$log" "$out/env.txt"
 
-step tests 120 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
+step tests 200 python3 -m pytest -q -p no:cacheprovider tests/attention/test_cuda.py \
     tests/attention/test_attention_module.py tests/detectors/test_cuda.py tests/circuits/test_cuda.py \
     -k "cuda or flex"
 step verify 60 python3 -m headscope verify "$model" --device "$device" --dtype "$dtype"

@@ -13,11 +13,13 @@ sliding windows, T5's position bias), read from the mask tensor at (b, h, i, j).
 rule is a block mask (queries aligned to the last keys), so hidden blocks cost nothing. Grouped
 keys and values are read in place (`enable_gqa`), never expanded.
 
-- `flex_available(device)`: whether the fused kernel can run here (CUDA with Triton).
+- `flex_available(device)`: whether the fused kernel can run here (CUDA with Triton); heads
+  narrower than `MIN_HEAD_DIM` take the blockwise path instead (`lazy_attention`).
 - `flex_stats(q, k, v, additive, is_causal, scale, softcap, compiled=True)`: `(z, lse)`.
 
-Compiled (`torch.compile`) is the fused kernel; uncompiled, torch runs the same computation
-densely, which is how the CPU tests check this module's masks and score_mod against full maps.
+Compiled (`torch.compile`, shapes dynamic after the second) is the fused kernel; a new length
+or batch size does not compile again. Uncompiled, torch runs the same computation densely, which
+is how the CPU tests check this module's masks and score_mod against full maps.
 """
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ from typing import Optional
 import torch
 
 __all__ = ["flex_available", "flex_stats"]
+
+
+# The compiled kernel's smallest head width for queries, keys and values (Triton's tiles).
+MIN_HEAD_DIM = 16
 
 
 def flex_available(device) -> bool:
@@ -41,16 +47,55 @@ def flex_available(device) -> bool:
     return bool(has_triton())
 
 
-@lru_cache(maxsize=1)
-def _compiled_flex():
+# torch.compile's backend for the fused kernel; the CPU tests count recompilations with a backend
+# of their own (inductor on the CPU has no log-sum-exp output).
+_BACKEND = "inductor"
+
+
+@lru_cache(maxsize=4)
+def _compiled_flex(backend: str):
+    """FlexAttention compiled with automatic dynamic shapes: the first shape gets a kernel of its
+    own, the second a kernel general in the sizes that changed, after which new lengths and batch
+    sizes reuse it (a batch of one and a single key block still get their own). Compiled for
+    fixed shapes instead, every new length recompiles, and past torch's limit on recompilations
+    (8 a function) torch stops compiling and runs FlexAttention densely, materialising every
+    score: an analysis with batches of many lengths (a treebank's) reaches that in one probe."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention, dynamic=None, backend=backend)
+
+
+# Kernels a process may compile for FlexAttention. With shapes dynamic, torch still specialises a
+# batch of one and a single block of 128 keys, so each dtype and mask form (none, additive,
+# soft-capped) takes up to six kernels: more than torch's default limit of 8 once the entropy's
+# fp32 pass joins a bf16 model's. Past this bound a call raises rather than running densely.
+RECOMPILE_LIMIT = 64
+
+
+def _compile_limits():
+    """torch's recompilation limit raised to `RECOMPILE_LIMIT` during a call, and an error
+    instead of the silent dense fallback past it (the settings this torch has)."""
+    import torch._dynamo.config as config
+
+    limits = {}
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            limits[name] = max(getattr(config, name), RECOMPILE_LIMIT)
+            break
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        limits["fail_on_recompile_limit_hit"] = True
+    if hasattr(config, "specialize_float"):
+        # The scale and soft-cap as constants: made dynamic, inductor fails on a soft-cap read
+        # from a tensor (torch 2.11); each model has one of each.
+        limits["specialize_float"] = True
+    return config.patch(**limits)
 
 
 @lru_cache(maxsize=32)
-def _causal_block_mask(n_query: int, n_key: int, device: str):
-    """Keys after each query hidden, queries aligned to the last keys (as `causal_mask`)."""
+def _block_mask(n_query: int, n_key: int, device: str, is_causal: bool):
+    """Causal: keys after each query hidden, queries aligned to the last keys (as `causal_mask`).
+    Else every block visible: passed explicitly, since a compiled call building its own empty
+    mask fails once shapes are dynamic (torch 2.11)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = n_key - n_query
@@ -58,7 +103,10 @@ def _causal_block_mask(n_query: int, n_key: int, device: str):
     def visible(b, h, i, j):
         return i + offset >= j
 
-    return create_block_mask(visible, None, None, n_query, n_key, device=device)
+    def every(b, h, i, j):
+        return j >= 0
+
+    return create_block_mask(visible if is_causal else every, None, None, n_query, n_key, device=device)
 
 
 def _score_mod(additive: Optional[torch.Tensor], softcap: Optional[float]):
@@ -94,8 +142,21 @@ def flex_stats(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, additive: Opti
     """
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
-    block_mask = _causal_block_mask(q.shape[-2], k.shape[-2], str(q.device)) if is_causal else None
-    run = _compiled_flex() if compiled else flex_attention
-    z, aux = run(q, k, v, score_mod=_score_mod(additive, softcap), block_mask=block_mask, scale=scale,
-                 enable_gqa=k.shape[1] != q.shape[1], return_aux=AuxRequest(lse=True))
+    block_mask = _block_mask(q.shape[-2], k.shape[-2], str(q.device), is_causal)
+    arguments = dict(score_mod=_score_mod(additive, softcap), block_mask=block_mask, scale=scale,
+                     enable_gqa=k.shape[1] != q.shape[1], return_aux=AuxRequest(lse=True))
+    if compiled:
+        import torch._dynamo.exc
+
+        limit_hit = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ())  # absent before torch 2.6
+        try:
+            with _compile_limits():
+                z, aux = _compiled_flex(_BACKEND)(q, k, v, **arguments)
+        except limit_hit as error:
+            raise RuntimeError(
+                f"FlexAttention was compiled {RECOMPILE_LIMIT} times in this process (a kernel per dtype, "
+                "mask form and batch shape); past that it would run densely. Start a new process, or "
+                "raise headscope.attention.flex.RECOMPILE_LIMIT") from error
+    else:
+        z, aux = flex_attention(q, k, v, **arguments)
     return z.to(v.dtype), aux.lse.float()

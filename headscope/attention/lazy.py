@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .flex import flex_available, flex_stats
+from .flex import MIN_HEAD_DIM, flex_available, flex_stats
 from .kernel import _combine, causal_mask, expand_kv
 from .targets import Targets
 
@@ -108,8 +108,9 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
         fused: use torch's fused kernel for the log-sum-exp (and the entropy) where this device
             has one; False computes them in query blocks everywhere (same numbers, more memory).
         kernel: "cpu-flash", "flex" or "blockwise" (default `lse_kernel(q.device, softcap, fused)`);
-            "flex" off CUDA runs FlexAttention uncompiled (dense: for tests). The pattern's
-            `kernel` says which ran.
+            "flex" off CUDA runs FlexAttention uncompiled (dense: for tests); on CUDA, heads
+            narrower than `flex.MIN_HEAD_DIM` (16) take "blockwise". The pattern's `kernel` says
+            which ran.
         block_bytes: fp32 scores the blockwise path holds at once (`BLOCK_BYTES` by default);
             a block is at least one query row.
         entropy: the caller will read the row entropy: on the CPU's fused kernel (fp32, a mask
@@ -129,6 +130,8 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
         raise ValueError(f"unknown kernel {kernel!r}; use one of {', '.join(KERNELS)}")
     if kernel == "cpu-flash" and (softcap is not None or v.shape[-1] != q.shape[-1] or q.device.type != "cpu"):
         kernel = "blockwise"  # aten's CPU kernel: no soft-cap, value and key widths equal
+    if kernel == "flex" and flex_available(q.device) and min(q.shape[-1], v.shape[-1]) < MIN_HEAD_DIM:
+        kernel = "blockwise"  # the compiled kernel's tiles: heads of at least MIN_HEAD_DIM
     lazy = LazyPattern(q, k, None, additive, is_causal, scale, softcap, sinks, kernel=kernel, block_bytes=block_bytes)
     mean_key = None  # sum_j A'[i, j] k_j where the kernel call computes it beside z (`entropy`)
     if kernel == "blockwise" and softcap is not None:
