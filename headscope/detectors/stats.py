@@ -38,15 +38,15 @@ def bootstrap_mean_ci(values: torch.Tensor, n_resamples: int = 1000, level: floa
     filled = torch.where(present, values, torch.zeros_like(values))
     mean = filled.sum(-1) / n.clamp(min=1)
     n_examples = values.shape[-1]
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n_examples, (n_resamples, n_examples), generator=gen)
-    sums = filled[:, idx].sum(-1)  # (rows, resamples)
-    counts = present[:, idx].sum(-1)
+    # Each resample as how often it draws each example: its sums are one product, not a gather
+    # of rows x resamples x examples.
+    drawn = _draw_counts(n_examples, n_resamples, seed)  # (resamples, examples)
+    sums = filled @ drawn.T  # (rows, resamples)
+    counts = present.double() @ drawn.T
     means = sums / counts.clamp(min=1)
     means = torch.where(counts > 0, means, mean[:, None].expand_as(means))
     alpha = (1 - level) / 2
-    low = torch.quantile(means, alpha, dim=-1)
-    high = torch.quantile(means, 1 - alpha, dim=-1)
+    low, high = torch.quantile(means, torch.tensor([alpha, 1 - alpha], dtype=means.dtype), dim=-1)
     nan = torch.full_like(mean, float("nan"))
     return (torch.where(n > 0, mean, nan), torch.where(n > 0, low, nan), torch.where(n > 0, high, nan), n)
 
@@ -63,11 +63,7 @@ def bootstrap_ratio_ci(numerators: torch.Tensor, denominators: torch.Tensor, n_r
         `(ratio, low, high)`, each `[rows]` float64; a resample whose denominators sum to 0 is left out.
     """
     numerators, denominators = numerators.double(), denominators.double()
-    n_examples = denominators.shape[0]
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n_examples, (n_resamples, n_examples), generator=gen)
-    counts = torch.zeros(n_resamples, n_examples, dtype=torch.float64).scatter_add_(
-        1, idx, torch.ones(n_resamples, n_examples, dtype=torch.float64))  # (resamples, examples)
+    counts = _draw_counts(denominators.shape[0], n_resamples, seed)  # (resamples, examples)
     tops, bottoms = numerators @ counts.T, counts @ denominators  # (rows, resamples), (resamples,)
     kept = bottoms != 0
     ratios = tops[:, kept] / bottoms[kept]
@@ -75,7 +71,17 @@ def bootstrap_ratio_ci(numerators: torch.Tensor, denominators: torch.Tensor, n_r
     if ratios.shape[1] == 0:
         return ratio, ratio.clone(), ratio.clone()
     alpha = (1 - level) / 2
-    return ratio, torch.quantile(ratios, alpha, dim=-1), torch.quantile(ratios, 1 - alpha, dim=-1)
+    low, high = torch.quantile(ratios, torch.tensor([alpha, 1 - alpha], dtype=ratios.dtype), dim=-1)
+    return ratio, low, high
+
+
+def _draw_counts(n_examples: int, n_resamples: int, seed: int) -> torch.Tensor:
+    """`[resamples, examples]` float64: how many times each resample (n_examples draws with
+    replacement, seeded) takes each example."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n_examples, (n_resamples, n_examples), generator=gen)
+    return torch.zeros(n_resamples, n_examples, dtype=torch.float64).scatter_add_(
+        1, idx, torch.ones(n_resamples, n_examples, dtype=torch.float64))
 
 
 def random_head_draws(heads: Iterable[tuple[int, int]], excluded, n_heads: int, n_random: int,

@@ -166,6 +166,25 @@ def test_bootstrap_interval_matches_normal_theory():
     assert m.item() == 2.0 and n.item() == 2
 
 
+def test_bootstrap_resamples_are_the_seeded_draws_with_replacement():
+    """The interval from resample means computed draw by draw (NaN left out of each mean),
+    against the function's counts-times-values products."""
+    values = torch.rand(5, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    values[2, 3] = values[4, :6] = float("nan")
+    mean, low, high, n = bootstrap_mean_ci(values, n_resamples=300, seed=7)
+    idx = torch.randint(0, 7, (300, 7), generator=torch.Generator().manual_seed(7))
+    for row in range(5):
+        means = []
+        for draw in idx:
+            picked = values[row, draw]
+            picked = picked[~torch.isnan(picked)]
+            means.append(picked.mean() if len(picked) else values[row][~torch.isnan(values[row])].mean())
+        means = torch.stack(means)
+        assert low[row].item() == pytest.approx(torch.quantile(means, 0.025).item(), rel=1e-12)
+        assert high[row].item() == pytest.approx(torch.quantile(means, 0.975).item(), rel=1e-12)
+    assert n.tolist() == [7, 7, 6, 7, 1]
+
+
 def test_labels_mixed_none_and_resting():
     thresholds = {"induction": 0.4, "sink": 0.6, "previous_token": 0.5, "self": 0.5}
     rows = [
