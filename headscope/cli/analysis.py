@@ -66,7 +66,7 @@ def analyze_command(
     detectors: Annotated[Optional[str], typer.Option("--detectors", help="Comma-separated detector names (default: all that apply); your own as mypkg.module:name.")] = None,
     n_examples: Annotated[int, typer.Option("--n-examples", help="Probe examples per probe.")] = 16,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text example.")] = 128,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward pass.")] = 8,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward pass (a treebank example: 4 sentences).")] = 8,
     repeat_len: Annotated[int, typer.Option("--repeat-len", help="Random tokens per repeat in the induction probe.")] = 25,
     repeats: Annotated[int, typer.Option("--repeats", help="Repeats in the induction probe.")] = 4,
     device: DeviceOpt = "auto",

@@ -356,3 +356,23 @@ def test_smollm2_causal_directions_only(smollm2):
     assert set(result.table[result.table.relation == "det"].direction) == {"head->dep"}
     assert len(result.head_scores) == 30 * 9
     assert (result.best.accuracy > result.best.baseline_accuracy).any()  # some relation beats its baseline
+
+
+def test_analyze_counts_four_sentences_an_example():
+    """`analyze`'s batch size counts examples; a treebank example is 4 sentences, so a pass takes
+    4 x batch_size sentences, with the same scores as one sentence a pass."""
+    from headscope.analysis.analyze import analyze
+    from headscope.probes.kinds import TreebankProbe
+
+    loaded = _tiny("llama")
+    sentences = [s for s in bundled_treebank() if len(s.text) <= 60]  # 267, enough arcs for every head
+    calls = []
+    two = analyze(loaded, detectors=["syntactic"], probes=[TreebankProbe(sentences)], batch_size=2, control=None,
+                  progress=lambda *a: calls.append(a))
+    treebank_calls = [c for c in calls if c[0] == "probe treebank"]
+    assert treebank_calls[-1][1:] == (-(-len(sentences) // 8),) * 2  # every sentence fits: 8 a pass
+    one = run_syntax(loaded, sentences, batch_size=1, seed=0)
+    scored = two.scores[two.scores.detector == "syntactic"].sort_values(["layer", "head"])
+    expected = one.head_scores.sort_values(["layer", "head"])
+    assert not expected.score.isna().any()
+    torch.testing.assert_close(torch.tensor(scored.score.to_numpy()), torch.tensor(expected.score.to_numpy()))

@@ -55,7 +55,7 @@ class SyntaxResult:
     meta: dict = field(default_factory=dict)
 
 
-def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[Progress] = None,
+def run_syntax(loaded, sentences=None, batch_size: int = 32, progress: Optional[Progress] = None,
                min_arcs: int = MIN_ARCS, seed: int = 0, max_sentences: Optional[int] = None,
                threshold: float = THRESHOLD, control=None) -> SyntaxResult:
     """Score every head of a model as a syntactic head (Clark et al. 2019; Voita et al. 2019).
@@ -63,7 +63,8 @@ def run_syntax(loaded, sentences=None, batch_size: int = 8, progress: Optional[P
     Args:
         loaded: a ``headscope.load(...)`` result (model, fast tokenizer, causal flag).
         sentences: ``Sentence`` objects (default: ``bundled_treebank()``, 1,016 sentences).
-        batch_size: sentences per forward pass (padded on the right).
+        batch_size: sentences per forward pass (padded on the right; 32, as `analyze`'s 8
+            examples of 4 sentences).
         progress: ``fn(stage, done, total)`` called as batches finish.
         min_arcs: a (relation, direction) needs this many arcs in each half of the sentences
             to count for a head's score, and this many in all for ``best``.
