@@ -28,6 +28,8 @@ from typing import Optional
 
 import torch
 
+from ..errors import HeadscopeError
+
 __all__ = ["flex_available", "flex_stats"]
 
 
@@ -67,7 +69,7 @@ def _compiled_flex(backend: str):
 
 # Kernels a process may compile for FlexAttention. With shapes dynamic, torch still specialises a
 # batch of one and a single block of 128 keys, so each dtype and mask form (none, additive,
-# soft-capped) takes up to six kernels: more than torch's default limit of 8 once the entropy's
+# soft-capped) takes up to seven kernels: more than torch's default limit of 8 once the entropy's
 # fp32 pass joins a bf16 model's. Past this bound a call raises rather than running densely.
 RECOMPILE_LIMIT = 64
 
@@ -153,7 +155,7 @@ def flex_stats(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, additive: Opti
             with _compile_limits():
                 z, aux = _compiled_flex(_BACKEND)(q, k, v, **arguments)
         except limit_hit as error:
-            raise RuntimeError(
+            raise HeadscopeError(
                 f"FlexAttention was compiled {RECOMPILE_LIMIT} times in this process (a kernel per dtype, "
                 "mask form and batch shape); past that it would run densely. Start a new process, or "
                 "raise headscope.attention.flex.RECOMPILE_LIMIT") from error
