@@ -130,7 +130,8 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
         raise ValueError(f"unknown kernel {kernel!r}; use one of {', '.join(KERNELS)}")
     if kernel == "cpu-flash" and (softcap is not None or v.shape[-1] != q.shape[-1] or q.device.type != "cpu"):
         kernel = "blockwise"  # aten's CPU kernel: no soft-cap, value and key widths equal
-    if kernel == "flex" and flex_available(q.device) and min(q.shape[-1], v.shape[-1]) < MIN_HEAD_DIM:
+    compiled = kernel == "flex" and flex_available(q.device)  # else "flex" runs uncompiled (tests)
+    if compiled and min(q.shape[-1], v.shape[-1]) < MIN_HEAD_DIM:
         kernel = "blockwise"  # the compiled kernel's tiles: heads of at least MIN_HEAD_DIM
     lazy = LazyPattern(q, k, None, additive, is_causal, scale, softcap, sinks, kernel=kernel, block_bytes=block_bytes)
     mean_key = None  # sum_j A'[i, j] k_j where the kernel call computes it beside z (`entropy`)
@@ -138,7 +139,7 @@ def lazy_attention(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=N
         lazy.lse, _, z = _blockwise_stats(lazy, entropy=False, values=expand_kv(v, n_heads))
         return z.to(v.dtype), lazy
     if kernel == "flex":
-        z, lse = flex_stats(q, k, v, additive, is_causal, scale, softcap, compiled=flex_available(q.device))
+        z, lse = flex_stats(q, k, v, additive, is_causal, scale, softcap, compiled=compiled)
     elif kernel == "cpu-flash":
         keys, values = (k, v) if cpu_flash_groups_heads() else (lazy.keys(), expand_kv(v, n_heads))
         if entropy and q.dtype == torch.float32 and _zero_or_hidden(additive):
