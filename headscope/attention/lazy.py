@@ -336,7 +336,7 @@ class LazyPattern:
         n = min(n_query - first_query, n_key - (first_query + offset))
         queries = self._grouped(self.q[:, :, first_query:first_query + n].float())  # (B, KV, G, n, D), a view
         keys = self.k[:, :, None, first_query + offset:first_query + offset + n].float()  # (B, KV, 1, n, D)
-        logits = self.capped((queries * keys).sum(-1).flatten(1, 2))  # (B, H, n)
+        logits = self.capped(torch.linalg.vecdot(queries, keys).flatten(1, 2))  # (B, H, n)
         i = torch.arange(first_query, first_query + n, device=self.device)
         return self._probs(logits, None, i, i + offset)
 
@@ -358,7 +358,7 @@ class LazyPattern:
         b, i, j = targets.b, targets.i, targets.j
         q = self._grouped(self.q.permute(0, 2, 1, 3)[b, i].float())  # (n, KV, G, D)
         k = self.k.permute(0, 2, 1, 3)[b, j].float()[:, :, None]  # (n, KV, 1, D)
-        logits = self.capped((q * k).sum(-1).flatten(1, 2))  # (n, H)
+        logits = self.capped(torch.linalg.vecdot(q, k).flatten(1, 2))  # (n, H)
         return targets.sum_over(self._probs(logits, b, i, j))  # (B, H, Tq)
 
     def entropy(self) -> torch.Tensor:
@@ -387,7 +387,7 @@ class LazyPattern:
 
     def _entropy_from(self, mean_key: torch.Tensor, keys_lse: torch.Tensor) -> torch.Tensor:
         """H_i = W_i (lse_i - scale * q_i . sum_j A'[i, j] k_j), from the fused pass with the keys as values."""
-        entropy = self.lse - (self.q.float() * mean_key.float()).sum(-1) * self.scale  # mean_key: (B, H, Tq, D)
+        entropy = self.lse - torch.linalg.vecdot(self.q.float(), mean_key.float()) * self.scale  # mean_key: (B, H, Tq, D)
         if self.sinks is None:
             return entropy
         return (keys_lse.float() - self.lse).exp() * entropy  # the keys' share W_i, (B, H, Tq)
