@@ -71,5 +71,5 @@ def _key_tokens(loaded, probe, keys, i):
 def explorer_maps(loaded, inputs) -> torch.Tensor:
     """`[example, layer, head, query, key]` the analysed sites' maps on `inputs` (on the CPU)."""
     with capture(loaded.model, to="cpu", sites=loaded.sites) as cap:
-        loaded.body(**inputs)
+        loaded.probe_pass(**inputs)
     return stack_layers(cap.patterns, loaded.n_layers)  # (N, L, H, Tq, Tk)

@@ -177,6 +177,13 @@ def _cpu_flash_with_mean_key(q, k, v, is_causal, additive, scale):
     return out[..., :width], lse, out[..., width:]
 
 
+def _token_major(x: torch.Tensor) -> bool:
+    """Whether `[batch, head, token, d_head]` x lies in memory token by token, heads inside (as
+    `proj(h).view(B, T, H, D).transpose(1, 2)` leaves it), so that reductions over d_head read it
+    fastest through `x.transpose(1, 2)`."""
+    return x.stride(1) < x.stride(2)
+
+
 @lru_cache(maxsize=1)
 def cpu_flash_groups_heads() -> bool:
     """True when aten's fused CPU kernel reads grouped keys and values itself (fewer key/value
@@ -334,9 +341,15 @@ class LazyPattern:
         n_query, n_key = self.shape[2], self.shape[3]
         first_query = max(0, -offset)
         n = min(n_query - first_query, n_key - (first_query + offset))
-        queries = self._grouped(self.q[:, :, first_query:first_query + n].float())  # (B, KV, G, n, D), a view
-        keys = self.k[:, :, None, first_query + offset:first_query + offset + n].float()  # (B, KV, 1, n, D)
-        logits = self.capped(torch.linalg.vecdot(queries, keys).flatten(1, 2))  # (B, H, n)
+        queries = self.q[:, :, first_query:first_query + n].float()  # (B, H, n, D), a view
+        keys = self.k[:, :, first_query + offset:first_query + offset + n].float()  # (B, KV, n, D)
+        if _token_major(self.q) and _token_major(self.k):  # read both as laid out: (B, n, KV, G, D) . (B, n, KV, 1, D)
+            products = torch.linalg.vecdot(queries.transpose(1, 2).unflatten(2, (self.k.shape[1], self.groups)),
+                                           keys.transpose(1, 2)[:, :, :, None])  # (B, n, KV, G)
+            products = products.flatten(2).transpose(1, 2)
+        else:
+            products = torch.linalg.vecdot(self._grouped(queries), keys[:, :, None]).flatten(1, 2)
+        logits = self.capped(products)  # (B, H, n)
         i = torch.arange(first_query, first_query + n, device=self.device)
         return self._probs(logits, None, i, i + offset)
 
@@ -387,7 +400,12 @@ class LazyPattern:
 
     def _entropy_from(self, mean_key: torch.Tensor, keys_lse: torch.Tensor) -> torch.Tensor:
         """H_i = W_i (lse_i - scale * q_i . sum_j A'[i, j] k_j), from the fused pass with the keys as values."""
-        entropy = self.lse - torch.linalg.vecdot(self.q.float(), mean_key.float()) * self.scale  # mean_key: (B, H, Tq, D)
+        q, mean_key = self.q.float(), mean_key.float()  # mean_key: (B, H, Tq, D)
+        if _token_major(q):  # q read as laid out; the same sums either way
+            products = torch.linalg.vecdot(q.transpose(1, 2), mean_key.transpose(1, 2)).transpose(1, 2)
+        else:
+            products = torch.linalg.vecdot(q, mean_key)
+        entropy = self.lse - products * self.scale
         if self.sinks is None:
             return entropy
         return (keys_lse.float() - self.lse).exp() * entropy  # the keys' share W_i, (B, H, Tq)

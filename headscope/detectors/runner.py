@@ -19,10 +19,8 @@
 """
 from __future__ import annotations
 
-import inspect
 import time
 from contextlib import contextmanager
-from functools import lru_cache
 from typing import NamedTuple, Optional
 
 import torch
@@ -206,7 +204,7 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
             inputs = batch.model_inputs(loaded.device) if two else {
                 "input_ids": batch.input_ids.to(loaded.device),
                 "attention_mask": batch.attention_mask.long().to(loaded.device)}
-            out = loaded.body(**inputs, **_no_cache(type(loaded.body)))
+            out = loaded.probe_pass(**inputs)
             _check_finite(loaded, out, inputs, f"{stage}, batch {i + 1} of {len(batches)}")
             done.append((i, {layer: results.pop() for layer, results in cap.results.items()}))
             if report:
@@ -236,15 +234,6 @@ def _explorer_maps(loaded, per_batch: list) -> Optional[torch.Tensor]:
     return stack_layers({layer: torch.cat(maps) for layer, maps in pieces.items()}, loaded.n_layers)
 
 
-@lru_cache(maxsize=None)
-def _no_cache(body_class) -> dict:
-    """`{"use_cache": False}` where the model's forward takes `use_cache`, else `{}`. A probe's pass
-    is one forward with no tokens to generate after it: a key/value cache would only copy every
-    layer's keys and values and hold them until the pass ends (at 1024 x 4 tokens on SmolLM2,
-    30 layers x 6.3 MB), and the outputs are the same without it."""
-    return {"use_cache": False} if "use_cache" in inspect.signature(body_class.forward).parameters else {}
-
-
 def _check_finite(loaded, out, inputs: dict, where: str) -> None:
     """HeadscopeError when the batch's last hidden state is NaN or inf at a real token; the batch
     then runs once more with every layer's output kept, to name the layer it started in. (An
@@ -253,7 +242,7 @@ def _check_finite(loaded, out, inputs: dict, where: str) -> None:
     mask = inputs.get("decoder_attention_mask", inputs["attention_mask"])
     if last is None or torch.isfinite(last[mask.bool()]).all():
         return
-    again = loaded.body(**inputs, output_hidden_states=True, **_no_cache(type(loaded.body)))
+    again = loaded.probe_pass(**inputs, output_hidden_states=True)
     check_hidden_states(getattr(again, "decoder_hidden_states", None) or again.hidden_states, mask.bool(), where)
     raise HeadscopeError(f"non-finite activations (NaN or inf) in the model's output on {where}")
 

@@ -169,7 +169,7 @@ def pattern_divergence(loaded, probe, batch_size: int = 4, top_k: int = 8) -> Di
     for batch in probe.batches(batch_size, loaded.causal, loaded.device):
         allowed = batch.key_allowed()  # (B, Tq, Tk)
         with capture(loaded.model, reduce=lambda layer, pattern, mask: acc.add_layer(layer, pattern, allowed)):
-            loaded.body(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long())
+            loaded.probe_pass(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long())
         acc.end_batch()
     return acc
 

@@ -1,10 +1,14 @@
-"""A probe's pass runs the model without a key/value cache: nothing is generated after it, so a
-cache would only copy and hold every layer's keys and values until the pass ends."""
+"""A probe's pass runs the model without a key/value cache (`Loaded.probe_pass`): nothing is
+generated after it, so a cache would only copy and hold every layer's keys and values until the
+pass ends. The scoring pass, the explorer's own pass and the head-similarity pass all go through it."""
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from headscope.analysis.explorer import explorer_maps
 from headscope.detectors import get, runner
 from headscope.detectors.registry import defaults
+from headscope.head_geometry.similarity import pattern_divergence
+from headscope.loading import loader
 from headscope.loading.loader import Loaded
 from headscope.probes.base import ProbeSet
 from tests.support.tiny import tiny_model
@@ -24,7 +28,7 @@ def test_a_pass_builds_no_cache_and_scores_as_a_cached_forward_would(monkeypatch
     monkeypatch.setattr(DynamicLayer, "update", lambda self, *a, **k: updates.append(1) or original(self, *a, **k))
     without = runner.collect(loaded, probe, chosen, batch_size=2)
     assert updates == []
-    monkeypatch.setattr(runner, "_no_cache", lambda body_class: {})  # the model's default: a cache
+    monkeypatch.setattr(loader, "no_cache", lambda body_class: {})  # the model's default: a cache
     with_cache = runner.collect(loaded, probe, chosen, batch_size=2)
     assert len(updates) == len(loaded.attention_layers)  # the cache was there to be skipped
     for name, collected in without.values.items():
@@ -38,5 +42,22 @@ def test_the_flag_is_passed_only_to_a_forward_that_takes_it():
         def forward(self, input_ids, attention_mask=None, **kwargs):
             return input_ids
 
-    assert runner._no_cache(type(tiny_model("llama").model)) == {"use_cache": False}
-    assert runner._no_cache(Plain) == {}
+    assert loader.no_cache(type(tiny_model("llama").model)) == {"use_cache": False}
+    assert loader.no_cache(Plain) == {}
+
+
+def test_the_explorer_and_similarity_passes_build_no_cache(monkeypatch):
+    loaded = Loaded.from_model(tiny_model("llama"), tokenizer=None)
+    probe = _probe(loaded)
+    updates = []
+    original = DynamicLayer.update
+    monkeypatch.setattr(DynamicLayer, "update", lambda self, *a, **k: updates.append(1) or original(self, *a, **k))
+    inputs = {"input_ids": probe.input_ids, "attention_mask": torch.ones_like(probe.input_ids)}
+    maps = explorer_maps(loaded, inputs)
+    divergence = pattern_divergence(loaded, probe, batch_size=2)
+    assert updates == []
+    monkeypatch.setattr(loader, "no_cache", lambda body_class: {})
+    assert torch.equal(explorer_maps(loaded, inputs), maps)
+    cached = pattern_divergence(loaded, probe, batch_size=2)
+    assert len(updates) == 2 * len(loaded.attention_layers)  # one cache per pass, there to be skipped
+    assert torch.equal(cached.divergence(), divergence.divergence())
