@@ -47,7 +47,6 @@ from ..detectors.labels import OV_COPIES_SHARE, label_heads, ov_qualified_labels
 from ..head_geometry.ov_circuit import OV_TOKENS, ov_table
 from ..probes.audio import SilentAudio
 from ..probes.kinds import probe_settings
-from ..probes.treebank import SENTENCES_PER_EXAMPLE, TreebankSet
 from .decoder_sites import as_copies, silence_note, silent_audio
 from .explorer import shown_examples
 from ..detectors.protocol import SCORE_COLUMNS
@@ -119,7 +118,8 @@ def analyze(
             `[TextProbe(n_examples=16, seq_len=128), RepeatedProbe(repeat_len=25, repeats=4),
             TreebankProbe("my.conllu", n_sentences=100)]` (`headscope.probes.kinds`), or your own
             built `ProbeSet`s; a probe not given takes its defaults.
-        batch_size: examples per forward pass (a treebank example: `SENTENCES_PER_EXAMPLE` sentences).
+        batch_size: examples per forward pass (a treebank example: `SENTENCES_PER_EXAMPLE` sentences,
+            `headscope.probes.treebank`).
         seed: chooses text windows, random tokens, treebank samples and bootstrap resamples.
         explorer_examples, explorer_len: examples per probe whose full maps are kept for the
             report's head explorer, truncated to this many tokens.
@@ -270,11 +270,13 @@ def _plan(loaded, detectors, probes, batch_size, control, seed, timings, audio=N
 
 
 def _probe_batch(built, batch_size: int) -> int:
-    """Rows a forward pass of this probe takes: `batch_size` examples, a treebank example being
-    `SENTENCES_PER_EXAMPLE` sentences (as `validate` counts them). A sentence is a fifth of a
-    text example's tokens, and at 8 sentences a pass spends more on per-layer calls than on
-    tokens: SmolLM2's pass over the bundled treebank takes 0.78x the time at 32 a batch."""
-    return batch_size * SENTENCES_PER_EXAMPLE if isinstance(built, TreebankSet) else batch_size
+    """Rows a forward pass of this probe takes: `batch_size` examples of `built.rows_per_example`
+    rows each (1 where the probe does not say; a treebank example is
+    `headscope.probes.treebank.SENTENCES_PER_EXAMPLE` sentences, as `validate` counts them). A
+    sentence is a fifth of a text example's tokens, and at 8 sentences a pass spends more on
+    per-layer calls than on tokens: SmolLM2's pass over the bundled treebank takes 0.78x the time
+    at 32 a batch."""
+    return batch_size * getattr(built, "rows_per_example", 1)
 
 
 def _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings, shown=None) -> _Run:

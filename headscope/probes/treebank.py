@@ -47,6 +47,7 @@ class TreebankSet:
     bos_added: bool
     name: str = "treebank"
     _order: list[int] = field(default_factory=list, repr=False)
+    rows_per_example: ClassVar[int] = SENTENCES_PER_EXAMPLE  # sentences a pass takes per example of its batch
 
     @property
     def n_words(self) -> int:
