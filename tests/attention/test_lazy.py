@@ -62,6 +62,26 @@ def test_grouped_keys_go_to_the_fused_kernel_uncopied_or_repeated_with_the_same_
     assert torch.equal(grouped_entropy, repeated.entropy())
 
 
+@pytest.mark.parametrize("path_kind", ["fused", "fused with the entropy"])
+def test_q_and_k_laid_out_token_by_token_give_the_same_numbers(path_kind):
+    """A layer's projections leave q and k token by token in memory (`[batch, token, head, d]`
+    viewed as `[batch, head, token, d]`); the diagonals and the entropy read them in that order.
+    Every number equals that of the same tensors laid out head by head, and the pattern's."""
+    q, k, v = qkv()
+    token_major = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
+    assert lazy_module._token_major(token_major[0]) and not lazy_module._token_major(q)
+    keywords = dict(is_causal=True, entropy=path_kind == "fused with the entropy")
+    _, heads_first = lazy_attention(q, k, v, **keywords)
+    _, tokens_first = lazy_attention(*token_major, **keywords)
+    _, pattern = attention(q, k, v, is_causal=True, need_pattern=True)
+    for offset in (-3, -1, 0):
+        assert torch.equal(tokens_first.diagonal(offset), heads_first.diagonal(offset))
+        torch.testing.assert_close(tokens_first.diagonal(offset), pattern.diagonal(offset, -2, -1), **FP32)
+    assert torch.equal(tokens_first.entropy(), heads_first.entropy())
+    exact = -(pattern * pattern.clamp_min(1e-30).log()).sum(-1)
+    torch.testing.assert_close(tokens_first.entropy(), exact, **FP32)
+
+
 @pytest.mark.parametrize("extra", list(EXTRAS))
 @pytest.mark.parametrize("mask_kind", ["causal", "padded bool", "additive bias"])
 def test_lazy_entries_with_softcap_and_sinks(path, mask_kind, extra):
