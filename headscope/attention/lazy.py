@@ -177,6 +177,18 @@ def _cpu_flash_with_mean_key(q, k, v, is_causal, additive, scale):
     return out[..., :width], lse, out[..., width:]
 
 
+def _head_dots(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """`[batch, head, n]` the fp32 dot products queries[b, h, i] . keys[b, h // groups, i]:
+    queries `[batch, head, n, d]`, keys `[batch, kv_head, n, d]` (no key copied per query head).
+    Read token by token where the queries lie so (`_token_major`); the same sums either way."""
+    kv, groups = keys.shape[1], queries.shape[1] // keys.shape[1]
+    if _token_major(queries):  # (B, n, KV, G, D) . (B, n, KV, 1, D)
+        dots = torch.linalg.vecdot(queries.transpose(1, 2).unflatten(2, (kv, groups)),
+                                   keys.transpose(1, 2)[:, :, :, None])
+        return dots.flatten(2).transpose(1, 2)
+    return torch.linalg.vecdot(queries.unflatten(1, (kv, groups)), keys[:, :, None]).flatten(1, 2)
+
+
 def _token_major(x: torch.Tensor) -> bool:
     """Whether `[batch, head, token, d_head]` x lies in memory token by token, heads inside (as
     `proj(h).view(B, T, H, D).transpose(1, 2)` leaves it), so that reductions over d_head read it
@@ -343,13 +355,7 @@ class LazyPattern:
         n = min(n_query - first_query, n_key - (first_query + offset))
         queries = self.q[:, :, first_query:first_query + n].float()  # (B, H, n, D), a view
         keys = self.k[:, :, first_query + offset:first_query + offset + n].float()  # (B, KV, n, D)
-        if _token_major(self.q) and _token_major(self.k):  # read both as laid out: (B, n, KV, G, D) . (B, n, KV, 1, D)
-            products = torch.linalg.vecdot(queries.transpose(1, 2).unflatten(2, (self.k.shape[1], self.groups)),
-                                           keys.transpose(1, 2)[:, :, :, None])  # (B, n, KV, G)
-            products = products.flatten(2).transpose(1, 2)
-        else:
-            products = torch.linalg.vecdot(self._grouped(queries), keys[:, :, None]).flatten(1, 2)
-        logits = self.capped(products)  # (B, H, n)
+        logits = self.capped(_head_dots(queries, keys))  # (B, H, n)
         i = torch.arange(first_query, first_query + n, device=self.device)
         return self._probs(logits, None, i, i + offset)
 
@@ -400,12 +406,7 @@ class LazyPattern:
 
     def _entropy_from(self, mean_key: torch.Tensor, keys_lse: torch.Tensor) -> torch.Tensor:
         """H_i = W_i (lse_i - scale * q_i . sum_j A'[i, j] k_j), from the fused pass with the keys as values."""
-        q, mean_key = self.q.float(), mean_key.float()  # mean_key: (B, H, Tq, D)
-        if _token_major(q):  # q read as laid out; the same sums either way
-            products = torch.linalg.vecdot(q.transpose(1, 2), mean_key.transpose(1, 2)).transpose(1, 2)
-        else:
-            products = torch.linalg.vecdot(q, mean_key)
-        entropy = self.lse - products * self.scale
+        entropy = self.lse - _head_dots(self.q.float(), mean_key.float()) * self.scale  # mean_key: (B, H, Tq, D)
         if self.sinks is None:
             return entropy
         return (keys_lse.float() - self.lse).exp() * entropy  # the keys' share W_i, (B, H, Tq)

@@ -1,6 +1,7 @@
 """A probe's pass runs the model without a key/value cache (`Loaded.probe_pass`): nothing is
 generated after it, so a cache would only copy and hold every layer's keys and values until the
 pass ends. The scoring pass, the explorer's own pass and the head-similarity pass all go through it."""
+import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
@@ -19,13 +20,19 @@ def _probe(loaded):
     return ProbeSet("text", ids, 1, "random tokens")
 
 
-def test_a_pass_builds_no_cache_and_scores_as_a_cached_forward_would(monkeypatch):
+@pytest.fixture
+def updates(monkeypatch):
+    """A list that grows by one each time a cache layer takes keys and values."""
+    seen = []
+    original = DynamicLayer.update
+    monkeypatch.setattr(DynamicLayer, "update", lambda self, *a, **k: seen.append(1) or original(self, *a, **k))
+    return seen
+
+
+def test_a_pass_builds_no_cache_and_scores_as_a_cached_forward_would(monkeypatch, updates):
     loaded = Loaded.from_model(tiny_model("llama"), tokenizer=None)
     chosen = [get(name) for name in defaults(loaded.causal) if get(name).probe == "text"]
     probe = _probe(loaded)
-    updates = []
-    original = DynamicLayer.update
-    monkeypatch.setattr(DynamicLayer, "update", lambda self, *a, **k: updates.append(1) or original(self, *a, **k))
     without = runner.collect(loaded, probe, chosen, batch_size=2)
     assert updates == []
     monkeypatch.setattr(loader, "no_cache", lambda body_class: {})  # the model's default: a cache
@@ -46,12 +53,9 @@ def test_the_flag_is_passed_only_to_a_forward_that_takes_it():
     assert loader.no_cache(Plain) == {}
 
 
-def test_the_explorer_and_similarity_passes_build_no_cache(monkeypatch):
+def test_the_explorer_and_similarity_passes_build_no_cache(monkeypatch, updates):
     loaded = Loaded.from_model(tiny_model("llama"), tokenizer=None)
     probe = _probe(loaded)
-    updates = []
-    original = DynamicLayer.update
-    monkeypatch.setattr(DynamicLayer, "update", lambda self, *a, **k: updates.append(1) or original(self, *a, **k))
     inputs = {"input_ids": probe.input_ids, "attention_mask": torch.ones_like(probe.input_ids)}
     maps = explorer_maps(loaded, inputs)
     divergence = pattern_divergence(loaded, probe, batch_size=2)
