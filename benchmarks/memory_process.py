@@ -29,6 +29,9 @@ of T tokens each, built once by `memory_by_detector._probes` and saved for both 
   reads) and its tokenizer and runs the model body's SDPA forward over both probes;
 - `headscope forward`: `headscope.load("smollm2-135m")` and the same forward (the model as
   headscope loads it: its process and allocator state, the same weights);
+- `transformers forward, heap held`: the transformers forward inside `headscope.loading.heap.heap_held()`,
+  the allocator settings `analyze` runs under (glibc keeps freed heap for the next layer instead
+  of faulting it in again): what of analyze's time against the plain forward is the allocator's;
 - `headscope entropy pass`: `headscope.load` and only the fused kernel call per layer that
   `uniform`'s exact row entropy adds (`memory_by_detector.entropy_pass`), the time no plain
   forward spends and an exact analysis must;
@@ -38,7 +41,7 @@ Fields: `peak_mib` (the process's VmHWM at the end), `end_mib` (VmRSS), `seconds
 the entropy pass or the analysis alone: each contender's imports, and the entropy pass's random
 q and k, come before the clock), `import_seconds` (analyze's first import of the analysis
 modules, pandas among them, which a process pays once). The time floor of an analysis is a forward plus the
-entropy pass: the ratios give analyze's time over it, with either forward.
+entropy pass: the ratios give analyze's time over it, with each forward.
 
 With the control twin (`--only control`, with `--only analyze` for the ratios against the time
 floor): `transformers forward x2` runs the forward twice (the twin's pass is a second forward, of
@@ -68,7 +71,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 LOADS = ["transformers gguf", "headscope gguf converting", "headscope gguf cached", "transformers bf16 folder",
          "headscope bf16 folder", "transformers minilm", "headscope minilm"]
-ANALYZE = ["transformers forward", "headscope forward", "headscope entropy pass", "headscope analyze"]
+ANALYZE = ["transformers forward", "transformers forward, heap held", "headscope forward", "headscope entropy pass",
+           "headscope analyze"]
 CONTROL = ["transformers forward x2", "headscope analyze+control"]
 PAIRS = [("headscope gguf converting", "transformers gguf"), ("headscope gguf cached", "transformers gguf"),
          ("headscope bf16 folder", "transformers bf16 folder"), ("headscope minilm", "transformers minilm")]
@@ -85,7 +89,7 @@ def _load(name: str, paths: dict):
     """(model body to run, `headscope.Loaded` or the transformers model) as the contender loads it."""
     import torch
 
-    kind = name.split()[1]
+    kind = name.split()[1].rstrip(",")
     if name.startswith("headscope"):
         import headscope
 
@@ -146,10 +150,15 @@ def child(name: str, size: str, paths: dict) -> dict:
 
         imports = time.perf_counter() - start
     start = time.perf_counter()
-    if name in ("transformers forward", "headscope forward", "transformers forward x2"):
-        for _ in range(2 if name.endswith("x2") else 1):
-            for probe in probes["probes"]:
-                body(input_ids=probe.input_ids, attention_mask=torch.ones_like(probe.input_ids))
+    if name in ("transformers forward", "headscope forward", "transformers forward x2", "transformers forward, heap held"):
+        from contextlib import nullcontext
+
+        from headscope.loading.heap import heap_held
+
+        with heap_held() if name.endswith("heap held") else nullcontext():
+            for _ in range(2 if name.endswith("x2") else 1):
+                for probe in probes["probes"]:
+                    body(input_ids=probe.input_ids, attention_mask=torch.ones_like(probe.input_ids))
     elif name == "headscope entropy pass":
         run_entropy()
     else:
@@ -236,11 +245,11 @@ def _ratios(results: dict) -> dict:
             ratios[f"analyze / forward @{size}"] = {key: ours[key] / theirs[key]
                                                     for key in ("peak_mib", "end_mib", "seconds")}
         entropy = results.get(f"headscope entropy pass@{size}")
-        for who in ("transformers", "headscope"):
-            forward = results.get(f"{who} forward@{size}")
+        for who in ("transformers forward", "transformers forward, heap held", "headscope forward"):
+            forward = results.get(f"{who}@{size}")
             if ours and forward and entropy:  # the time floor: a plain forward plus the entropy pass
                 floor = forward["seconds"] + entropy["seconds"]
-                ratios[f"analyze / ({who} forward + entropy pass) @{size}"] = {"seconds": ours["seconds"] / floor}
+                ratios[f"analyze / ({who} + entropy pass) @{size}"] = {"seconds": ours["seconds"] / floor}
         with_twin, twice = results.get(f"headscope analyze+control@{size}"), results.get(f"transformers forward x2@{size}")
         if with_twin and twice:
             ratios[f"analyze+control / forward x2 @{size}"] = {key: with_twin[key] / twice[key]

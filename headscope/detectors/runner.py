@@ -26,6 +26,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..loading.distributed import gather, mine, rank_and_size
+from ..loading import heap
 from ..loading.heap import return_freed_heap
 from ..loading.integrity import check_hidden_states
 from ..hf.capture import capture, stack_layers
@@ -73,7 +74,7 @@ class Timings:
         return {name: round(value, 3) for name, value in self.seconds.items()}
 
 EXPLORER = "explorer maps"  # the reducers' key for the explorer examples' maps (no detector's name)
-TRIM_EVERY = 6  # at least this many layer reductions between two returns of the freed heap (`return_freed_heap`)
+TRIM_EVERY = 6  # heap not held: at least this many layer reductions between two returns of the freed heap
 TRIM_TOKENS = 6 * 4096  # and at least this many tokens through them (each reduction's batch x queries, summed)
 
 
@@ -93,6 +94,7 @@ class _Reducers:
         self.batch = None
         self.on: dict = {}
         self.calls = self.tokens = 0  # reductions and their tokens since the heap was last given back
+        self.free_limit: Optional[int] = None  # held heap: the free bytes kept (set after the first layer)
 
     def start(self, batch, explorer_rows=None, explorer_len: int = 0) -> None:
         """The batch the next layers run on; `explorer_rows` (indices into it) are the examples
@@ -107,20 +109,36 @@ class _Reducers:
         reduced = {det.name: det.reduce(layer, pattern, self.on[device]).cpu() for det in self.detectors}
         if self.explorer_rows is not None:
             reduced[EXPLORER] = _corner(pattern, self.explorer_rows, self.explorer_len).cpu()
-        # The layers' temporaries are mostly below glibc's (self-raising) mmap threshold, so freed
-        # they stay in the heap; fragmented, they can make the process grow layer over layer (as
-        # a plain forward's does: up to +300 MiB over SmolLM2's at 1024 x 4, depending on the
-        # order the threads allocate in). Given back every TRIM_EVERY layers, the growth stays
-        # within a few layers' temporaries; each trim costs the pages the next layers fault in
-        # again (after every layer: +0.7 s on that forward's 8 s). Small batches (a treebank's
-        # sentences) have small temporaries: the TRIM_TOKENS they must also have run spare them
-        # a trim every few layers (each a walk over the heap: 1.8 ms, 0.35 s of a 7.8 s pass).
+        self._give_back_heap()
+        return reduced
+
+    def _give_back_heap(self) -> None:
+        """After a layer's reductions: give freed heap back where it has grown too large.
+
+        Held (`headscope.loading.heap.heap_held`): when the heap's free bytes pass
+        `held_free_limit` of what was free after the pass's first layer; a pass's own
+        temporaries stay for the next layer, fragmentation beyond them goes back.
+        Not held (glibc before 2.33, a process with its own MALLOC_* settings): the layers'
+        temporaries are mostly below glibc's self-raising mmap threshold, so freed they stay in
+        the heap; fragmented, they can make the process grow layer over layer (up to +300 MiB
+        over SmolLM2's plain forward at 1024 x 4). Given back every TRIM_EVERY layers, the
+        growth stays within a few layers' temporaries; each return costs the pages the next
+        layers fault in again (after every layer: +0.7 s on that forward's 8 s). Small batches
+        (a treebank's sentences) must also have run TRIM_TOKENS tokens, which spares them a
+        return every few layers (each a walk over the heap: 1.8 ms, 0.35 s of a 7.8 s pass).
+        """
+        free = heap.free_heap_bytes() if heap.holding() else None
+        if free is not None:
+            if self.free_limit is None:
+                self.free_limit = heap.held_free_limit(free)
+            elif free > self.free_limit:
+                return_freed_heap()
+            return
         self.calls += 1
         self.tokens += self.batch.input_ids.numel()
         if self.calls >= TRIM_EVERY and self.tokens >= TRIM_TOKENS:
             return_freed_heap()
             self.calls = self.tokens = 0
-        return reduced
 
 
 def _corner(pattern, rows: torch.Tensor, length: int) -> torch.Tensor:
@@ -195,8 +213,8 @@ def collect(loaded, probe, detectors, batch_size: int, progress: Optional[Progre
     done = []
     kind = loaded.site_kind
     entropy = lazy and any(d.row_entropy for d in detectors)
-    with capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy, sites=loaded.sites,
-                 entropy=entropy) as cap:
+    with heap.heap_held(), capture(loaded.model, reduce=reducers, chunk_heads=chunk, lazy=lazy, sites=loaded.sites,
+                                   entropy=entropy) as cap:
         for n, i in enumerate(todo):
             batch = batches[i]
             two = isinstance(batch, Seq2SeqBatch)  # an encoder-decoder's batch: both inputs, the site's view
