@@ -76,6 +76,7 @@ class Timings:
 EXPLORER = "explorer maps"  # the reducers' key for the explorer examples' maps (no detector's name)
 TRIM_EVERY = 6  # heap not held: at least this many layer reductions between two returns of the freed heap
 TRIM_TOKENS = 6 * 4096  # and at least this many tokens through them (each reduction's batch x queries, summed)
+HELD_CHECK_TOKENS = 4096  # heap held: tokens through the reductions between two reads of its free bytes
 
 
 def _head_chunk(batch: int, length: int, n_heads: int, budget: int = MAP_BUDGET) -> Optional[int]:
@@ -116,8 +117,11 @@ class _Reducers:
         """After a layer's reductions: give freed heap back where it has grown too large.
 
         Held (`headscope.loading.heap.heap_held`): when the heap's free bytes pass
-        `held_free_limit` of what was free after the pass's first layer; a pass's own
-        temporaries stay for the next layer, fragmentation beyond them goes back.
+        `held_free_limit` of what was free at the pass's first reading; a pass's own
+        temporaries stay for the next layer, fragmentation beyond them goes back. The free bytes
+        are read once HELD_CHECK_TOKENS tokens have gone through the reductions since the last
+        reading (each reading walks the heap's free blocks: up to 1 ms), so a treebank's small
+        batches read them every few layers.
         Not held (glibc before 2.33, a process with its own MALLOC_* settings): the layers'
         temporaries are mostly below glibc's self-raising mmap threshold, so freed they stay in
         the heap; fragmented, they can make the process grow layer over layer (up to +300 MiB
@@ -127,15 +131,18 @@ class _Reducers:
         (a treebank's sentences) must also have run TRIM_TOKENS tokens, which spares them a
         return every few layers (each a walk over the heap: 1.8 ms, 0.35 s of a 7.8 s pass).
         """
-        free = heap.free_heap_bytes() if heap.holding() else None
-        if free is not None:
+        self.calls += 1
+        self.tokens += self.batch.input_ids.numel()
+        if heap.holding():
+            if self.tokens < HELD_CHECK_TOKENS:
+                return
+            self.calls = self.tokens = 0
+            free = heap.free_heap_bytes()
             if self.free_limit is None:
                 self.free_limit = heap.held_free_limit(free)
             elif free > self.free_limit:
                 return_freed_heap()
             return
-        self.calls += 1
-        self.tokens += self.batch.input_ids.numel()
         if self.calls >= TRIM_EVERY and self.tokens >= TRIM_TOKENS:
             return_freed_heap()
             self.calls = self.tokens = 0

@@ -19,10 +19,10 @@ the pass), a number that varies from process to process with the order the block
 above stay mappings, as they are now), and the trim threshold to 2 GiB, so freed blocks stay
 in the heap and the next layer reuses them without a fault. `analyze` and every probe pass run
 inside it. Held heap is bounded twice:
-- after each layer's reductions the pass reads the heap's free bytes (`mallinfo2`) and gives the
-  heap back when they exceed `held_free_limit` (at least `HELD_FREE_FLOOR`, 256 MiB, or four
-  times what was free after the pass's first layer: a pass's own temporaries are not trimmed
-  layer after layer, fragmentation that grows past them is);
+- every few layers (`headscope.detectors.runner.HELD_CHECK_TOKENS`) the pass reads the heap's
+  free bytes (`mallinfo2`) and gives the heap back when they exceed `held_free_limit` (at least
+  `HELD_FREE_FLOOR`, 256 MiB, or four times its first reading: a pass's own temporaries are
+  not trimmed layer after layer, fragmentation that grows past them is);
 - leaving the outermost `heap_held()` calls `malloc_trim(0)`, and sets the thresholds to glibc's
   ceiling (`CEILING_MMAP` 32 MiB, `CEILING_TRIM` 64 MiB: where its own adjustment ends once a
   block of 32 MiB has been freed, as in any process that ran a model). glibc has no call that
@@ -53,7 +53,7 @@ HELD_MMAP = 32 << 20  # glibc refuses an mmap threshold above half its 64 MiB pe
 HELD_TRIM = 2**31 - 1  # mallopt takes an int
 CEILING_MMAP, CEILING_TRIM = 32 << 20, 64 << 20  # glibc's own adjustment ends here (DEFAULT_MMAP_THRESHOLD_MAX)
 HELD_FREE_FLOOR = 256 << 20
-HELD_FREE_FIRST_LAYERS = 4  # times the free heap after a pass's first layer
+HELD_FREE_FIRST = 4  # times the free heap at a pass's first reading
 
 
 class _MallInfo2(ctypes.Structure):
@@ -133,10 +133,10 @@ def free_heap_bytes() -> Optional[int]:
     return None if tuning is None else int(tuning[1]().fordblks)
 
 
-def held_free_limit(after_first_layer: int) -> int:
+def held_free_limit(first_reading: int) -> int:
     """The free heap a held pass keeps before giving it back: `HELD_FREE_FLOOR` or
-    `HELD_FREE_FIRST_LAYERS` times what was free after the pass's first layer, the larger."""
-    return max(HELD_FREE_FLOOR, HELD_FREE_FIRST_LAYERS * after_first_layer)
+    `HELD_FREE_FIRST` times the free bytes of the pass's first reading, the larger."""
+    return max(HELD_FREE_FLOOR, HELD_FREE_FIRST * first_reading)
 
 
 @contextmanager

@@ -52,23 +52,27 @@ class _Glibc:
         return heap._MallInfo2(fordblks=self.free.pop(0))
 
 
-def test_a_held_heap_goes_back_only_past_the_pass_limit(monkeypatch):
-    """Held: the free bytes after the pass's first layer set its limit (four times them, at
-    least 256 MiB); after that the heap goes back at every layer whose free bytes pass it, and
-    once more when the pass ends."""
+@pytest.mark.parametrize("every", [1, 3])
+def test_a_held_heap_goes_back_only_past_the_pass_limit(monkeypatch, every):
+    """Held: the heap's free bytes are read once every `every` reductions' tokens have passed
+    HELD_CHECK_TOKENS; the first reading sets the pass's limit (four times it, at least 256 MiB);
+    after that the heap goes back at every reading that passes it, and once more when the pass
+    ends."""
     mib = 2**20
     first = 100 * mib  # limit: 400 MiB
     free = [first] + [300 * mib, 401 * mib, 350 * mib, 500 * mib] * 40
     glibc = _Glibc(free)
     monkeypatch.setattr(heap, "_tuning", lambda: (glibc.mallopt, glibc.mallinfo2))
+    monkeypatch.setattr(runner, "HELD_CHECK_TOKENS", 17 * every)  # batches of one example of 17 tokens
     inner, at_end = [], []
     monkeypatch.setattr(runner, "return_freed_heap", lambda: inner.append(1) or True)
     monkeypatch.setattr(heap, "return_freed_heap", lambda: at_end.append(1) or True)
     reductions = _six_batches()
-    read = free[:reductions]
+    readings = reductions // every
+    assert len(glibc.free) == len(free) - readings  # (a batch's tokens are counted across batches)
+    read = free[:readings]
     assert len(inner) == sum(value > 4 * first for value in read[1:]) > 0
     assert at_end == [1]
     assert glibc.settings == [(heap.M_MMAP_THRESHOLD, 32 * mib), (heap.M_TRIM_THRESHOLD, 2**31 - 1),
                               (heap.M_TRIM_THRESHOLD, 64 * mib), (heap.M_MMAP_THRESHOLD, 32 * mib)]
     assert heap.held_free_limit(mib) == 256 * mib  # the floor
-
