@@ -53,7 +53,7 @@ from ..detectors.protocol import SCORE_COLUMNS
 from ..detectors.protocol import Progress
 from ..detectors.runner import MAP_BUDGET, Timings, collect_with_control
 from ..loading.distributed import rank_and_size
-from ..loading.heap import heap_held
+from ..loading.heap import return_freed_heap
 from ..loading.integrity import check_weights
 from ..loading.loader import Loaded
 from ..tables import with_sites
@@ -174,19 +174,19 @@ def analyze(
         raise HeadscopeError(NO_VALIDATE_AUDIO.format(name=loaded.name))
     timings = Timings()
     check_weights(loaded.model, loaded.name)  # a NaN in the weights would score as n=0, silently
-    with heap_held():  # freed heap reused layer to layer, given back at the end (the caller keeps only tables)
-        plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings, audio)
-        shown = (explorer_examples, explorer_len) if explorer_examples else None
-        run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings, shown)
-        scored = _score(loaded, plan, run, seed, ov, timings)
-        with timings.step("explorer"):
-            examples = (shown_examples(loaded, plan.built, explorer_examples, explorer_len, run.explorer)
-                        if explorer_examples else [])
-        if plan.control["kind"] == "random-init":  # the twin built here is freed now, before the heap goes back
-            twin = weakref.ref(plan.twin.model)
-            plan.twin = None
-            if twin() is not None:  # held by reference cycles only: a full collection (0.2 s in a large process)
-                gc.collect()
+    plan = _plan(loaded, detectors, probes, batch_size, control, seed, timings, audio)
+    shown = (explorer_examples, explorer_len) if explorer_examples else None
+    run = _run(loaded, plan, batch_size, seed, progress, lazy, map_budget, timings, shown)
+    scored = _score(loaded, plan, run, seed, ov, timings)
+    with timings.step("explorer"):
+        examples = (shown_examples(loaded, plan.built, explorer_examples, explorer_len, run.explorer)
+                    if explorer_examples else [])
+    if plan.control["kind"] == "random-init":  # the twin built here is freed now, its weights with the heap below
+        twin = weakref.ref(plan.twin.model)
+        plan.twin = None
+        if twin() is not None:  # held by reference cycles only: a full collection (0.2 s in a large process)
+            gc.collect()
+    return_freed_heap()  # the statistics' and the explorer's temporaries: the caller keeps only the tables
     timings.total()
     meta = _meta(loaded, plan, run, scored, seed, batch_size, ov, timings)
     analysis = Analysis(scores=scored.scores, labels=scored.labels, meta=meta.to_json(), examples=examples,

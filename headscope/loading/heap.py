@@ -17,8 +17,10 @@ the pass), a number that varies from process to process with the order the block
 
 `heap_held()` sets the mmap threshold to 32 MiB, the most glibc takes from `mallopt` (blocks
 above stay mappings, as they are now), and the trim threshold to 2 GiB, so freed blocks stay
-in the heap and the next layer reuses them without a fault. `analyze` and every probe pass run
-inside it. Held heap is bounded twice:
+in the heap and the next layer reuses them without a fault. Each probe pass of an analysis
+(`headscope.detectors.runner.collect`: the model's and the control twin's) runs inside it;
+between the passes (building the twin, the OV table, the statistics) glibc's own policy applies,
+so their temporaries do not add to a held heap. Held heap is bounded twice:
 - every few layers (`headscope.detectors.runner.HELD_CHECK_TOKENS`) the pass reads the heap's
   free bytes (`mallinfo2`) and gives the heap back when they exceed `held_free_limit` (at least
   `HELD_FREE_FLOOR`, 256 MiB, or four times its first reading: a pass's own temporaries are

@@ -83,7 +83,6 @@ def test_the_twin_analyze_built_is_freed_before_its_last_heap_return(monkeypatch
     import weakref
 
     import headscope.analysis.analyze as analyze_module
-    import headscope.loading.heap as heap
     import headscope.loading.control as control
 
     twins, alive_at_return, collections = [], [], []
@@ -98,7 +97,7 @@ def test_the_twin_analyze_built_is_freed_before_its_last_heap_return(monkeypatch
         return twin
 
     monkeypatch.setattr(control, "random_twin", built)
-    monkeypatch.setattr(heap, "return_freed_heap",
+    monkeypatch.setattr(analyze_module, "return_freed_heap",
                         lambda: alive_at_return.append(any(ref() is not None for ref in twins)) or True)
     collect = gc.collect
     monkeypatch.setattr(analyze_module.gc, "collect", lambda *a: collections.append(1) or collect(*a))
