@@ -95,7 +95,7 @@ class _Reducers:
         self.batch = None
         self.on: dict = {}
         self.calls = self.tokens = 0  # reductions and their tokens since the heap was last given back
-        self.free_limit: Optional[int] = None  # held heap: the free bytes kept (set after the first layer)
+        self.free_limit: Optional[int] = None  # held heap: the free bytes kept (set at the pass's first reading)
 
     def start(self, batch, explorer_rows=None, explorer_len: int = 0) -> None:
         """The batch the next layers run on; `explorer_rows` (indices into it) are the examples

@@ -11,9 +11,10 @@ freed, and smaller ones from the heap, where freed blocks stay resident for reus
 starts at 128 KiB and rises to the size of each mapped block freed (up to 32 MiB); free heap at
 the top above the trim threshold (twice the mmap threshold) goes back to the operating system
 whenever a block there is freed. A forward pass allocates and frees each layer's activations,
-so the same memory goes back and is faulted in again layer after layer: on SmolLM2 at 1024 x 4
-tokens, 0.5 to 1.4 million minor page faults a pass (1 to 2.7 s of system time, about a tenth of
-the pass), a number that varies from process to process with the order the blocks are freed in.
+so the same memory goes back and is faulted in again layer after layer: a plain forward of
+SmolLM2 over the two pattern probes at 1024 x 4 tokens takes 0.6 to 1.6 million minor page
+faults (1.1 to 2.7 s of system time), a number that varies from process to process with the
+order the blocks are freed in.
 
 `heap_held()` sets the mmap threshold to 32 MiB, the most glibc takes from `mallopt` (blocks
 above stay mappings, as they are now), and the trim threshold to 2 GiB, so freed blocks stay
